@@ -1,0 +1,42 @@
+#include "actors/connect.hpp"
+
+#include <caf/io/middleman.hpp>
+
+#include <charconv>
+#include <thread>
+
+namespace troupe::actors {
+
+caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                  std::chrono::milliseconds timeout, std::string& error) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto backoff = std::chrono::milliseconds(20);
+  std::string last;
+  for (;;) {
+    auto h = sys.middleman().remote_actor(host, port);
+    if (h && *h) return *h;
+    last = h ? "nothing is published there" : sys.render(h.error());
+    if (std::chrono::steady_clock::now() + backoff >= deadline) break;
+    std::this_thread::sleep_for(backoff);  // retry pacing, not a wait for a condition
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+  error = "cannot reach the coordinator at " + host + ":" + std::to_string(port) + " within " +
+          std::to_string(timeout.count() / 1000) + " s (" + last +
+          "); is `troupe coordinator` running there, and is the address right?";
+  return {};
+}
+
+bool parse_endpoint(const std::string& text, std::string& host, uint16_t& port) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) return false;
+  unsigned value = 0;
+  const char* first = text.data() + colon + 1;
+  const char* last = text.data() + text.size();
+  auto [end, ec] = std::from_chars(first, last, value);
+  if (ec != std::errc() || end != last || value == 0 || value > 65535) return false;
+  host = text.substr(0, colon);
+  port = static_cast<uint16_t>(value);
+  return true;
+}
+
+}  // namespace troupe::actors

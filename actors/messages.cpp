@@ -1,0 +1,29 @@
+#include "actors/messages.hpp"
+
+#include <chrono>
+
+namespace troupe::actors {
+
+system_config::system_config() {
+  add_message_type<hello>("troupe::hello");
+  add_message_type<welcome>("troupe::welcome");
+  add_message_type<agent_hello>("troupe::agent_hello");
+  add_message_type<launch_plan>("troupe::launch_plan");
+  add_message_type<step_done>("troupe::step_done");
+  add_message_type<commit>("troupe::commit");
+  add_message_type<abort_generation>("troupe::abort_generation");
+  add_message_type<shard_written>("troupe::shard_written");
+  add_message_type<eval_done>("troupe::eval_done");
+  add_message_type<worker_exited>("troupe::worker_exited");
+  add_message_type<job_result>("troupe::job_result");
+  // Heartbeats off means a frozen (SIGSTOPped, partitioned) peer is never noticed;
+  // both settings must be non-zero for the middleman to check.
+  set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});
+  set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(10)});
+  // A handful of threads is plenty for a control plane, and the training threads
+  // need the cores.
+  set("scheduler.max-threads", size_t{2});
+  set("middleman.workers", size_t{1});
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,190 @@
+#pragma once
+// The control plane's whole vocabulary: every atom and message type that crosses a
+// process boundary between the coordinator, agents and ranks, registered in one place.
+
+#include <caf/actor_system_config.hpp>
+#include <caf/atom.hpp>
+#include <caf/meta/type_name.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::actors {
+
+/// Bumped whenever a message below changes shape; checked in the hello handshake so a
+/// worker built from other sources is refused with a clear error instead of silently
+/// receiving empty messages.
+constexpr int32_t protocol_version = 1;
+
+using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
+using result_atom = caf::atom_constant<caf::atom("result")>;      // the launcher awaits the job's end
+using launch_atom = caf::atom_constant<caf::atom("launch")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+/// A worker introduces itself to the coordinator.
+struct hello {
+  int32_t protocol = protocol_version;
+  int32_t rank = -1;
+  int32_t pid = 0;
+  std::string host;
+};
+
+/// The coordinator's answer: everything a rank needs to join the current generation.
+struct welcome {
+  uint64_t generation = 0;
+  int32_t world = 0;
+  std::string config_json;   ///< the validated job config (runtime/config.hpp to_json)
+  std::string store_host;    ///< key-value store that bootstraps the communicators
+  int32_t store_port = 0;
+  int64_t start_step = 0;    ///< committed steps already done (from a checkpoint)
+  std::string error;         ///< non-empty: the rank is refused (and why)
+};
+
+/// An agent offers its node; the coordinator answers with a launch plan.
+struct agent_hello {
+  int32_t protocol = protocol_version;
+  std::string host;
+  int32_t pid = 0;
+};
+struct launch_plan {
+  uint64_t generation = 0;
+  std::vector<int32_t> ranks;   ///< ranks this agent must start
+  std::string coordinator_host;
+  int32_t coordinator_port = 0;
+  std::string error;
+};
+
+/// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
+struct step_done {
+  uint64_t generation = 0;
+  int64_t step = 0;           ///< 1-based number of the step this vote is for
+  int32_t rank = 0;
+  bool ok = true;
+  std::string error;          ///< why not ok
+  double loss_sum = 0;        ///< sum of per-token losses over this rank's share
+  int64_t tokens = 0;
+  double lr = 0;              ///< learning rate this step applies with
+  double compute_s = 0;       ///< forward + backward
+  double comm_s = 0;          ///< gradient all-reduce
+  double control_s = 0;       ///< previous step's wait for its commit
+  double optim_s = 0;         ///< previous step's optimizer update
+};
+
+/// The coordinator's decision for one step: apply it, and what else to do after.
+struct commit {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  bool checkpoint = false;    ///< write this rank's shard after applying
+  bool evaluate = false;      ///< compute validation loss after applying
+};
+
+/// The job's generation is over (a rank was lost or the job is stopping).
+struct abort_generation {
+  uint64_t generation = 0;
+  std::string reason;
+};
+
+/// A rank's shard of a checkpoint is durable on disk.
+struct shard_written {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int32_t rank = 0;
+  bool ok = true;
+  std::string error;
+  std::string file;
+  uint64_t bytes = 0;
+  std::string hash;
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+
+/// A rank's part of a validation estimate.
+struct eval_done {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int32_t rank = 0;
+  double loss_sum = 0;
+  int64_t batches = 0;
+};
+
+/// An agent reports that one of its worker processes ended.
+struct worker_exited {
+  int32_t rank = 0;
+  int32_t pid = 0;
+  int32_t exit_code = 0;    ///< valid when signal == 0
+  int32_t signal = 0;       ///< the signal that killed it, or 0
+};
+
+/// The job's end, as the launcher (troupe run / troupe coordinator) reports it.
+struct job_result {
+  int32_t exit_code = 0;    ///< 0 done, 1 failed, 130 interrupted
+  std::string message;
+  int64_t steps_done = 0;
+  double final_loss = 0;
+  double val_loss = -1;
+  double tokens_per_s = 0;
+  double wall_s = 0;
+  std::string last_checkpoint;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hello& x) {
+  return f(caf::meta::type_name("troupe::hello"), x.protocol, x.rank, x.pid, x.host);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, welcome& x) {
+  return f(caf::meta::type_name("troupe::welcome"), x.generation, x.world, x.config_json, x.store_host,
+           x.store_port, x.start_step, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
+  return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
+  return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.ranks, x.coordinator_host,
+           x.coordinator_port, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_done& x) {
+  return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error, x.loss_sum,
+           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.optim_s);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, commit& x) {
+  return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {
+  return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
+  return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok, x.error, x.file,
+           x.bytes, x.hash, x.offset, x.count);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, eval_done& x) {
+  return f(caf::meta::type_name("troupe::eval_done"), x.generation, x.step, x.rank, x.loss_sum, x.batches);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {
+  return f(caf::meta::type_name("troupe::worker_exited"), x.rank, x.pid, x.exit_code, x.signal);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, job_result& x) {
+  return f(caf::meta::type_name("troupe::job_result"), x.exit_code, x.message, x.steps_done, x.final_loss,
+           x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint);
+}
+
+/// The actor-system config every troupe process uses: registers the message types
+/// above (on every node, before the system starts), turns on the middleman's
+/// heartbeats so a frozen peer is noticed, and scopes connections to one job.
+class system_config : public caf::actor_system_config {
+ public:
+  system_config();
+};
+
+}  // namespace troupe::actors

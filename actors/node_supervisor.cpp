@@ -1,0 +1,147 @@
+#include "actors/node_supervisor.hpp"
+
+#include "actors/child_process.hpp"
+#include "actors/connect.hpp"
+#include "actors/messages.hpp"
+#include "monitoring/log.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <map>
+#include <memory>
+
+namespace troupe::actors {
+namespace {
+
+constexpr auto reap_interval = std::chrono::milliseconds(20);
+constexpr auto stop_grace = std::chrono::seconds(10);   // workers finish their step, then SIGTERM
+constexpr auto kill_grace = std::chrono::seconds(3);    // then SIGKILL
+
+struct agent_state {
+  agent_args args;
+  caf::actor coordinator;
+  std::map<int32_t, pid_t> workers;   // rank -> pid, until reaped
+  bool stopping = false;
+  int stop_stage = 0;                 // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
+  std::shared_ptr<std::atomic<int>> exit_code;
+  static inline const char* name = "node_supervisor";
+};
+using self_ptr = caf::stateful_actor<agent_state>*;
+
+const monitoring::log_context agent_ctx{"agent", -1, 0, -1};
+
+void signal_all(self_ptr self, int sig) {
+  for (auto& [rank, pid] : self->state.workers) kill(pid, sig);
+}
+
+void begin_stop(self_ptr self, int exit_code) {
+  auto& st = self->state;
+  if (!st.stopping) st.exit_code->store(exit_code);
+  st.stopping = true;
+  if (st.workers.empty()) {
+    self->quit();
+    return;
+  }
+  self->delayed_send(self, exit_code == 0 ? std::chrono::duration_cast<std::chrono::milliseconds>(stop_grace)
+                                          : std::chrono::milliseconds(0),
+                     stop_atom::value, int32_t{1});
+}
+
+caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordinator,
+                              std::shared_ptr<std::atomic<int>> exit_code) {
+  auto& st = self->state;
+  st.args = std::move(args);
+  st.coordinator = coordinator;
+  st.exit_code = std::move(exit_code);
+  self->monitor(coordinator);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    if (dm.source != self->state.coordinator.address()) return;
+    if (!self->state.stopping)
+      monitoring::log(monitoring::level::error, agent_ctx,
+                      "lost the coordinator (" + self->system().render(dm.reason) + "); stopping the workers");
+    begin_stop(self, self->state.stopping ? self->state.exit_code->load() : 1);
+  });
+
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  self->request(coordinator, std::chrono::seconds(30), agent_hello{protocol_version, host, getpid()})
+      .then(
+          [=](const launch_plan& plan) {
+            auto& s = self->state;
+            if (!plan.error.empty()) {
+              monitoring::log(monitoring::level::error, agent_ctx, "the coordinator refused this agent: " + plan.error);
+              begin_stop(self, 1);
+              return;
+            }
+            const std::string exe = self_executable();
+            const std::string endpoint = s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
+            for (int32_t r : plan.ranks) {
+              try {
+                s.workers[r] = spawn_child({exe, "worker", "--coordinator", endpoint, "--rank", std::to_string(r)});
+              } catch (const std::exception& e) {
+                monitoring::log(monitoring::level::error, agent_ctx,
+                                "cannot start rank " + std::to_string(r) + ": " + e.what());
+                self->send(s.coordinator, worker_exited{r, 0, 127, 0});
+              }
+            }
+            self->send(self, tick_atom::value);
+          },
+          [=](caf::error& e) {
+            monitoring::log(monitoring::level::error, agent_ctx,
+                            "the coordinator did not answer: " + self->system().render(e));
+            begin_stop(self, 1);
+          });
+
+  return {
+      [=](tick_atom) {
+        auto& s = self->state;
+        for (auto it = s.workers.begin(); it != s.workers.end();) {
+          if (auto ended = try_reap(it->second)) {
+            if (!s.stopping)
+              self->send(s.coordinator, worker_exited{it->first, it->second, ended->exit_code, ended->signal});
+            it = s.workers.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        if (s.stopping && s.workers.empty()) {
+          self->quit();
+          return;
+        }
+        self->delayed_send(self, reap_interval, tick_atom::value);
+      },
+      [=](stop_atom) { begin_stop(self, 0); },
+      [=](stop_atom, int32_t stage) {
+        auto& s = self->state;
+        if (s.workers.empty() || stage <= s.stop_stage) return;
+        s.stop_stage = stage;
+        signal_all(self, stage == 1 ? SIGTERM : SIGKILL);
+        if (stage == 1) self->delayed_send(self, kill_grace, stop_atom::value, int32_t{2});
+      },
+  };
+}
+
+}  // namespace
+
+int run_agent(const agent_args& args) {
+  system_config cfg;
+  cfg.load<caf::io::middleman>();
+  caf::actor_system sys{cfg};
+  std::string error;
+  auto coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                                            std::chrono::milliseconds(args.connect_timeout_ms), error);
+  if (!coordinator) {
+    monitoring::log(monitoring::level::error, agent_ctx, error);
+    return 1;
+  }
+  auto code = std::make_shared<std::atomic<int>>(0);
+  sys.spawn(node_supervisor, args, coordinator, code);
+  sys.await_all_actors_done();
+  return code->load();
+}
+
+}  // namespace troupe::actors

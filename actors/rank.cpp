@@ -1,0 +1,317 @@
+#include "actors/rank.hpp"
+
+#include "actors/connect.hpp"
+#include "actors/messages.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
+#include "runtime/config.hpp"
+#include "runtime/data/dataset.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/optim/adamw.hpp"
+#include "runtime/trainer.hpp"
+#include "strategies/data_parallel.hpp"
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+
+namespace troupe::actors {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+/// Why the loop ended early: the coordinator said so, or it is gone.
+struct stop_signal {
+  int exit_code;
+  std::string why;
+};
+
+// Everything one rank owns for the lifetime of a generation. Replaced as a whole when
+// the job reconfigures (a later issue); no globals.
+struct rank_context {
+  caf::blocking_actor* self = nullptr;
+  caf::actor coordinator;
+  int rank = 0;
+  int world = 0;
+  uint64_t generation = 0;
+  train_config cfg;
+  std::unique_ptr<comm::kv_store> store;
+  std::unique_ptr<comm::communicator> world_comm;
+  monitoring::log_context log_ctx() const { return {"rank", rank, generation, -1}; }
+};
+
+// Waits for the coordinator's word on `step`. Returns the commit, or throws stop_signal.
+commit await_commit(rank_context& rc, int64_t step) {
+  std::optional<commit> got;
+  std::optional<stop_signal> stop;
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
+  while (!got && !stop) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    if (left.count() <= 0) {
+      stop = stop_signal{1, "no commit for step " + std::to_string(step) + " within " +
+                                std::to_string(rc.cfg.step_timeout_ms * 2 / 1000) + " s"};
+      break;
+    }
+    rc.self->receive(
+        [&](const commit& c) {
+          if (c.generation == rc.generation && c.step == step) got = c;
+        },
+        [&](const abort_generation& a) {
+          if (a.generation == rc.generation) stop = stop_signal{1, "generation aborted: " + a.reason};
+        },
+        [&](stop_atom) { stop = stop_signal{0, "stopped by the coordinator"}; },
+        [&](caf::down_msg& dm) {
+          if (dm.source == rc.coordinator.address())
+            stop = stop_signal{1, "lost the coordinator (" + rc.self->system().render(dm.reason) + ")"};
+        },
+        caf::after(left) >> [] {});
+  }
+  if (stop) throw *stop;
+  return *got;
+}
+
+// Non-blocking look at the mailbox between steps, so a stop or a lost coordinator is
+// noticed without waiting for the next vote.
+void poll_control(rank_context& rc) {
+  std::optional<stop_signal> stop;
+  bool more = true;
+  while (more && !stop) {
+    more = false;
+    rc.self->receive(
+        [&](const abort_generation& a) {
+          more = true;
+          if (a.generation == rc.generation) stop = stop_signal{1, "generation aborted: " + a.reason};
+        },
+        [&](stop_atom) { stop = stop_signal{0, "stopped by the coordinator"}; },
+        [&](caf::down_msg& dm) {
+          more = true;
+          if (dm.source == rc.coordinator.address())
+            stop = stop_signal{1, "lost the coordinator (" + rc.self->system().render(dm.reason) + ")"};
+        },
+        caf::after(std::chrono::seconds(0)) >> [] {});
+  }
+  if (stop) throw *stop;
+}
+
+// After the last step: stay until the coordinator says stop (it may still be collecting
+// shards), but never past a deadline.
+int await_stop(rank_context& rc) {
+  int code = -1;
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
+  while (code < 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    if (left.count() <= 0) {
+      monitoring::log(monitoring::level::error, rc.log_ctx(), "the coordinator never said stop; exiting");
+      return 1;
+    }
+    rc.self->receive([&](stop_atom) { code = 0; },
+                     [&](const abort_generation& a) {
+                       if (a.generation == rc.generation) code = 1;
+                     },
+                     [&](caf::down_msg& dm) {
+                       if (dm.source == rc.coordinator.address()) code = 0;  // job over, coordinator gone
+                     },
+                     [&](const commit&) {}, caf::after(left) >> [] {});
+  }
+  return code;
+}
+
+// Loads the committed checkpoint the coordinator resumed from into the model and optimizer.
+void restore(rank_context& rc, int64_t start_step, gpt& model, adamw& opt) {
+  auto man = ckpt::latest_committed(rc.cfg.run_dir);
+  if (!man || man->step != start_step)
+    throw std::runtime_error("checkpoint for step " + std::to_string(start_step) + " not found in " +
+                             rc.cfg.run_dir);
+  auto full = ckpt::load_full_state(rc.cfg.run_dir, *man);
+  if (full.params.size() != model.num_params())
+    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
+                             " parameters but the model has " + std::to_string(model.num_params()));
+  std::copy(full.params.begin(), full.params.end(), model.params());
+  opt.exp_avg() = std::move(full.exp_avg);
+  opt.exp_avg_sq() = std::move(full.exp_avg_sq);
+  opt.t() = full.adam_t;
+}
+
+shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model, adamw& opt) {
+  shard_written out;
+  out.generation = rc.generation;
+  out.step = step;
+  out.rank = rc.rank;
+  try {
+    ckpt::shard_state s;
+    s.rank = rc.rank;
+    s.world = rc.world;
+    s.step = step;
+    s.adam_t = opt.t();
+    s.seed = rc.cfg.seed;
+    s.rng_state = rc.cfg.seed;  // samples are a function of (seed, step): no hidden RNG state
+    s.global_numel = model.num_params();
+    s.range = ckpt::owned_range(s.global_numel, rc.rank, rc.world);
+    auto slice = [&](const float* p) {
+      return std::vector<float>(p + s.range.offset, p + s.range.offset + s.range.count);
+    };
+    s.params = slice(model.params());
+    s.exp_avg = slice(opt.exp_avg().data());
+    s.exp_avg_sq = slice(opt.exp_avg_sq().data());
+    auto entry = ckpt::write_shard(rc.cfg.run_dir, s);
+    out.file = entry.file;
+    out.bytes = entry.bytes;
+    out.hash = entry.hash;
+    out.offset = entry.range.offset;
+    out.count = entry.range.count;
+  } catch (const std::exception& e) {
+    out.ok = false;
+    out.error = e.what();
+  }
+  return out;
+}
+
+// This rank's part of the validation estimate: the eval micro-batches b with
+// b % world == rank, so the whole set is the same for every world size.
+eval_done evaluate_share(rank_context& rc, int64_t step, gpt& model, const byte_dataset& data) {
+  eval_done out;
+  out.generation = rc.generation;
+  out.step = step;
+  out.rank = rc.rank;
+  const int B = rc.cfg.micro_batch, T = rc.cfg.model.context;
+  std::vector<uint8_t> in(static_cast<size_t>(B) * T), tgt(in.size());
+  for (int b = rc.rank; b < rc.cfg.eval_batches; b += rc.world) {
+    data.fill_val(rc.cfg.seed, b, 0, B, T, in.data(), tgt.data());
+    out.loss_sum += model.forward_loss(in.data(), tgt.data(), B, T);
+    ++out.batches;
+  }
+  return out;
+}
+
+int train(rank_context& rc, const welcome& w) {
+  rc.generation = w.generation;
+  rc.world = w.world;
+  rc.cfg = config_from_json(w.config_json);
+  set_blas_threads(rc.cfg.blas_threads);
+  const auto op_timeout = std::chrono::milliseconds(rc.cfg.step_timeout_ms);
+
+  rc.store = comm::connect_tcp_store(w.store_host, static_cast<uint16_t>(w.store_port), op_timeout);
+  comm::comm_identity id{rc.generation, "world", rc.rank, rc.world};
+  comm::gloo_options gopts;
+  gopts.connect_timeout = op_timeout;
+  rc.world_comm = comm::make_gloo_communicator(*rc.store, id, gopts);
+
+  auto data = byte_dataset::open(rc.cfg.data, rc.cfg.val_fraction);
+  gpt model(rc.cfg.model);
+  model.init_params(rc.cfg.seed);
+  adamw opt(rc.cfg.optim, model.param_table(), model.num_params());
+  if (w.start_step > 0) restore(rc, w.start_step, model, opt);
+  strategies::gradient_allreducer dp(static_cast<size_t>(rc.cfg.bucket_bytes));
+  const size_t n = model.num_params();
+
+  double prev_control = 0, prev_optim = 0;
+  for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
+    poll_control(rc);
+    auto t0 = clock_type::now();
+    grad_result g = compute_gradients(model, data, rc.cfg, step - 1, rc.rank, rc.world);
+    auto t1 = clock_type::now();
+    step_done vote;
+    vote.generation = rc.generation;
+    vote.step = step;
+    vote.rank = rc.rank;
+    try {
+      dp.all_reduce(*rc.world_comm, model.grads(), n, comm::op_options{op_timeout});
+    } catch (const comm::comm_error& e) {
+      vote.ok = false;
+      vote.error = e.what();
+      rc.self->send(rc.coordinator, vote);
+      throw stop_signal{1, std::string("gradient all-reduce failed: ") + e.what()};
+    }
+    auto t2 = clock_type::now();
+    vote.loss_sum = g.loss_sum;
+    vote.tokens = g.tokens;
+    vote.lr = opt.learning_rate(step - 1, rc.cfg.steps);
+    vote.compute_s = seconds_between(t0, t1);
+    vote.comm_s = seconds_between(t1, t2);
+    vote.control_s = prev_control;
+    vote.optim_s = prev_optim;
+    rc.self->send(rc.coordinator, vote);
+
+    commit c = await_commit(rc, step);
+    auto t3 = clock_type::now();
+    opt.clip_gradients(model.grads(), n);
+    opt.step(model.params(), model.grads(), step - 1, rc.cfg.steps);
+    auto t4 = clock_type::now();
+    prev_control = seconds_between(t2, t3);
+    prev_optim = seconds_between(t3, t4);
+    if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, model, opt));
+    if (c.evaluate) rc.self->send(rc.coordinator, evaluate_share(rc, step, model, data));
+  }
+  return await_stop(rc);
+}
+
+void rank_actor(caf::blocking_actor* self, caf::actor coordinator, int rank, std::shared_ptr<std::atomic<int>> code) {
+  rank_context rc;
+  rc.self = self;
+  rc.coordinator = coordinator;
+  rc.rank = rank;
+  self->monitor(coordinator);
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  std::optional<welcome> w;
+  std::string error;
+  self->request(coordinator, std::chrono::seconds(30), hello{protocol_version, rank, getpid(), host})
+      .receive([&](welcome& x) { w = std::move(x); },
+               [&](caf::error& e) { error = "the coordinator did not answer hello: " + self->system().render(e); });
+  if (w && !w->error.empty()) error = "the coordinator refused this rank: " + w->error;
+  if (!error.empty()) {
+    monitoring::log(monitoring::level::error, rc.log_ctx(), error);
+    code->store(1);
+    return;
+  }
+  try {
+    code->store(train(rc, *w));
+  } catch (const stop_signal& s) {
+    if (s.exit_code != 0) monitoring::log(monitoring::level::error, rc.log_ctx(), s.why);
+    code->store(s.exit_code);
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::error, rc.log_ctx(), e.what());
+    step_done vote;
+    vote.generation = rc.generation;
+    vote.step = -1;
+    vote.rank = rank;
+    vote.ok = false;
+    vote.error = e.what();
+    self->send(coordinator, vote);
+    code->store(1);
+  }
+  if (rc.world_comm) rc.world_comm->abort();
+}
+
+}  // namespace
+
+int run_worker(const worker_args& args) {
+  system_config cfg;
+  cfg.load<caf::io::middleman>();
+  caf::actor_system sys{cfg};
+  monitoring::log_context lc{"rank", args.rank, 0, -1};
+  std::string error;
+  auto coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                                            std::chrono::milliseconds(args.connect_timeout_ms), error);
+  if (!coordinator) {
+    monitoring::log(monitoring::level::error, lc, error);
+    return 1;
+  }
+  auto code = std::make_shared<std::atomic<int>>(1);
+  sys.spawn(rank_actor, coordinator, args.rank, code);
+  sys.await_all_actors_done();
+  return code->load();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,157 @@
+// Which checkpoints a run directory holds: LATEST, the manifests, and retention.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/manifest.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Printable, bounded rendering of untrusted file content for an error message.
+std::string quote(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text.substr(0, 64)) {
+    out += (c >= 0x20 && c < 0x7F) ? c : '?';
+  }
+  return out + (text.size() > 64 ? "...\"" : "\"");
+}
+
+std::string list_for_message(const std::vector<int64_t>& steps) {
+  if (steps.empty()) return "none";
+  std::string out;
+  for (int64_t s : steps) out += (out.empty() ? "" : ", ") + format::step_dir_name(s);
+  return out;
+}
+
+/// The step LATEST names, nullopt when there is no LATEST. Throws on a malformed LATEST.
+std::optional<int64_t> read_latest_step(const std::string& run_dir) {
+  const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
+  std::error_code ec;
+  if (!fs::exists(latest, ec)) return std::nullopt;
+  const auto raw = io::read_file(latest);
+  std::string_view text(reinterpret_cast<const char*>(raw.data()), raw.size());
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) {
+    text.remove_suffix(1);
+  }
+  const auto step = format::parse_step_dir_name(text);
+  if (!step) {
+    const std::vector<int64_t> found = list_committed(run_dir);
+    io::fail(error_kind::corrupt, latest,
+             "is corrupt: it contains " + quote(text) +
+                 " where the name of a step directory (like step-00000010) belongs. Step "
+                 "directories with a manifest: " +
+                 list_for_message(found) +
+                 ". Write the newest good one's name into LATEST, or remove LATEST to start "
+                 "the run from scratch.");
+  }
+  return step;
+}
+
+}  // namespace
+
+manifest read_manifest(const std::string& run_dir, int64_t step) {
+  const fs::path path = format::step_dir(run_dir, step) / format::manifest_name;
+  const auto raw = io::read_file(path);
+  manifest m = manifest_json::from_json(
+      std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), path);
+  if (m.step != step) {
+    io::fail(error_kind::mismatch, path,
+             "records step " + std::to_string(m.step) + " but lives in the directory of step " +
+                 std::to_string(step) + ": directories were renamed. Move it back.");
+  }
+  return m;
+}
+
+std::optional<manifest> latest_committed(const std::string& run_dir) {
+  const std::optional<int64_t> step = read_latest_step(run_dir);
+  if (!step) return std::nullopt;
+  const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
+  const fs::path dir = format::step_dir(run_dir, *step);
+  std::error_code ec;
+  const auto fix = [&] {
+    return ". Step directories with a manifest: " + list_for_message(list_committed(run_dir)) +
+           ". Point LATEST at one of them (echo NAME > LATEST) or restore the missing files.";
+  };
+  if (!fs::is_directory(dir, ec)) {
+    io::fail(
+        error_kind::missing, latest,
+        "names " + format::step_dir_name(*step) + " but that directory does not exist" + fix());
+  }
+  if (!fs::exists(dir / format::manifest_name, ec)) {
+    io::fail(error_kind::missing, latest,
+             "names " + format::step_dir_name(*step) + " but it has no " +
+                 std::string(format::manifest_name) + fix());
+  }
+  return read_manifest(run_dir, *step);
+}
+
+std::vector<int64_t> list_committed(const std::string& run_dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  const fs::path root = format::checkpoints_dir(run_dir);
+  if (!fs::is_directory(root, ec)) return steps;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const auto step = format::parse_step_dir_name(entry.path().filename().string());
+    std::error_code missing;  // a step without a manifest is simply not committed
+    if (step && fs::is_regular_file(entry.path() / format::manifest_name, missing)) {
+      steps.push_back(*step);
+    }
+  }
+  if (ec) io::fail_errno(root, "listing", ec.value());
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, size_t keep_last) {
+  std::vector<int64_t> removed;
+  // Without a readable LATEST nothing is known to be safe to delete.
+  const std::optional<int64_t> latest = read_latest_step(run_dir);
+  if (!latest) return removed;
+
+  const std::vector<int64_t> committed = list_committed(run_dir);
+  std::set<int64_t> keep(
+      committed.end() - static_cast<std::ptrdiff_t>(std::min(keep_last, committed.size())),
+      committed.end());
+  keep.insert(*latest);
+
+  const fs::path root = format::checkpoints_dir(run_dir);
+  std::vector<std::pair<int64_t, fs::path>> victims;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const auto step = format::parse_step_dir_name(entry.path().filename().string());
+    // Newer than LATEST: possibly being written or committed right now; never touch.
+    if (!step || *step >= *latest || keep.contains(*step)) continue;
+    victims.emplace_back(*step, entry.path());
+  }
+  if (ec) io::fail_errno(root, "listing", ec.value());
+  std::sort(victims.begin(), victims.end());
+
+  for (const auto& [step, dir] : victims) {
+    // Uncommit first, durably: a crash midway then leaves only an ignored directory.
+    const fs::path manifest_path = dir / format::manifest_name;
+    if (::unlink(manifest_path.c_str()) == 0) {
+      io::fsync_dir(dir);
+    } else if (errno != ENOENT) {
+      io::fail_errno(manifest_path, "removing", errno);
+    }
+    fs::remove_all(dir, ec);
+    if (ec) io::fail_errno(dir, "removing", ec.value());
+    removed.push_back(step);
+  }
+  if (!removed.empty()) io::fsync_dir(root);
+  return removed;
+}
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,179 @@
+#pragma once
+// The public face of troupe's checkpoints: each rank writes the shard it owns, the
+// coordinator commits a manifest once every shard is durable, and a restore reads and
+// verifies the shards back for any world size.
+//
+// On disk (format_version 1):
+//
+//   RUN_DIR/checkpoints/LATEST                         "step-00000010\n": the committed one
+//   RUN_DIR/checkpoints/step-00000010/manifest.json    written last; its presence + LATEST
+//   RUN_DIR/checkpoints/step-00000010/shard-00003.bin  rank 3's range of the flat state
+//
+// Every file is written to a temporary name, fsync'ed, renamed into place and its
+// directory fsync'ed, so a crash at any point leaves either the old or the new file and
+// never a torn one; until LATEST names a step, that step does not exist for a restore.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace troupe::ckpt {
+
+/// The newest on-disk format this build writes and reads (shard headers and manifests).
+inline constexpr int format_version = 1;
+
+/// A contiguous slice [offset, offset + count) of the global flat state.
+struct shard_range {
+  size_t offset = 0;
+  size_t count = 0;
+  friend bool operator==(const shard_range&, const shard_range&) = default;
+};
+
+/// The slice that `rank` of `world` owns in data parallelism: a balanced split of
+/// `global_numel` where the first `global_numel % world` ranks take one extra element.
+/// Throws checkpoint_error (invalid_argument) unless 0 <= rank < world.
+shard_range owned_range(size_t global_numel, int rank, int world);
+
+/// What one rank writes: its slice of the flat parameters and AdamW moments, plus the
+/// scalar state needed to continue the run bit-for-bit.
+struct shard_state {
+  int rank = 0;
+  int world = 1;
+  int64_t step = 0;    ///< steps completed; the data position is f(seed, step)
+  int64_t adam_t = 0;  ///< AdamW bias-correction step count
+  uint64_t seed = 0;
+  uint64_t rng_state = 0;                          ///< this rank's RNG state
+  size_t global_numel = 0;                         ///< N: length of the whole flat layout
+  shard_range range;                               ///< the slice this shard holds
+  std::vector<float> params, exp_avg, exp_avg_sq;  ///< each range.count long
+};
+
+/// One committed shard as the manifest records it.
+struct shard_entry {
+  int rank = 0;
+  std::string file;    ///< name inside the step directory, e.g. "shard-00003.bin"
+  uint64_t bytes = 0;  ///< whole file size, header included
+  std::string hash;    ///< trp64 of the body (everything after the header), 16 hex digits
+  shard_range range;
+  friend bool operator==(const shard_entry&, const shard_entry&) = default;
+};
+
+/// Where one named tensor lives in the global flat layout; what a restore needs to
+/// re-slice it for another layout (tensor or pipeline parallelism) later.
+struct tensor_entry {
+  std::string name;            ///< e.g. "h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;  ///< global shape; numel = product (1 for a scalar)
+  size_t offset = 0;           ///< first element in the flat layout
+  friend bool operator==(const tensor_entry&, const tensor_entry&) = default;
+};
+
+/// The commit record of one checkpoint: what was saved, by whom, and how to verify it.
+struct manifest {
+  int format_version = ckpt::format_version;
+  int64_t step = 0;
+  int world = 1;  ///< world size that wrote the shards
+  size_t global_numel = 0;
+  uint64_t seed = 0;
+  std::string config_json;            ///< the job config, verbatim
+  std::vector<tensor_entry> tensors;  ///< optional; passed in by the caller
+  std::vector<shard_entry> shards;    ///< one per rank; their ranges tile [0, global_numel)
+  friend bool operator==(const manifest&, const manifest&) = default;
+};
+
+/// What went wrong, for callers that react differently (retry, fall back, give up).
+enum class error_kind {
+  invalid_argument,     ///< the caller passed inconsistent state; a bug, not a disk fault
+  io,                   ///< the operating system refused (permissions, disk full, ...)
+  missing,              ///< a file the checkpoint needs is not there
+  truncated,            ///< a file is shorter (or longer) than recorded
+  corrupt,              ///< bytes do not match their hash, or a file does not parse
+  bad_magic,            ///< not a troupe shard at all
+  unsupported_version,  ///< written by a newer troupe
+  wrong_endianness,     ///< written on a machine of the other byte order
+  mismatch,             ///< a field disagrees with the manifest (rank, step, range, ...)
+  incompatible,         ///< a valid checkpoint of a different run or model
+  already_committed,    ///< refusing to overwrite a committed checkpoint
+};
+
+/// Every failure of this module. what() names the file, what is wrong and what to do.
+class checkpoint_error : public std::runtime_error {
+ public:
+  checkpoint_error(error_kind kind, std::string path, const std::string& message)
+      : std::runtime_error(message), kind_(kind), path_(std::move(path)) {}
+  /// The category, for programmatic handling.
+  [[nodiscard]] error_kind kind() const noexcept { return kind_; }
+  /// The file or directory at fault (may be empty for pure argument errors).
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  error_kind kind_;
+  std::string path_;
+};
+
+/// Writes RUN_DIR/checkpoints/step-NNNNNNNN/shard-RRRRR.bin durably (temp name, fsync,
+/// rename, directory fsync) and returns the entry the coordinator puts in the manifest.
+/// Throws checkpoint_error: invalid_argument on inconsistent state, already_committed if
+/// that step already has a manifest, io if the disk refuses.
+shard_entry write_shard(const std::string& run_dir, const shard_state& state);
+
+/// Coordinator side, after every rank reported its entry: checks the manifest (ranks,
+/// ranges tile the layout, each shard file exists with its recorded size), writes
+/// manifest.json durably, then points LATEST at the step atomically. Only after LATEST is
+/// renamed into place is the checkpoint committed. Re-committing an identical manifest
+/// (a retry after a crash) is allowed; a different one for a committed step is not.
+void commit_manifest(const std::string& run_dir, const manifest& m);
+
+/// The checkpoint LATEST names, or nullopt when nothing was ever committed. Step
+/// directories without a manifest (a crash before commit) are ignored. Throws
+/// checkpoint_error when LATEST or its manifest is corrupt, or points at nothing.
+std::optional<manifest> latest_committed(const std::string& run_dir);
+
+/// Reads and validates step-NNNNNNNN/manifest.json whether or not LATEST names it.
+manifest read_manifest(const std::string& run_dir, int64_t step);
+
+/// Steps whose directory holds a manifest, oldest first, not verified further. The
+/// fallback list when LATEST's checkpoint turns out to be damaged.
+std::vector<int64_t> list_committed(const std::string& run_dir);
+
+/// The whole flat training state of a checkpoint.
+struct full_state {
+  int64_t step = 0;
+  int64_t adam_t = 0;
+  uint64_t seed = 0;
+  uint64_t rng_state = 0;                          ///< rank 0's RNG state
+  std::vector<uint64_t> rank_rng_states;           ///< every writing rank's, indexed by old rank
+  std::vector<float> params, exp_avg, exp_avg_sq;  ///< each global_numel long
+};
+
+/// Reads every shard of `m`, verifies size, header (magic, version, byte order, rank,
+/// world, step) and every body byte against its hash, and assembles the full state.
+/// Independent of the world size that will use it.
+full_state load_full_state(const std::string& run_dir, const manifest& m);
+
+/// Re-slices a checkpoint for `rank` of a new `world`: reads (and verifies) only the
+/// shards that overlap that rank's owned_range. The result can be written again as is.
+shard_state load_owned(const std::string& run_dir, const manifest& m, int rank, int world);
+
+/// The part of `full` that `rank` of `world` owns, as a shard ready for write_shard.
+shard_state slice_state(const full_state& full, int rank, int world);
+
+/// Throws checkpoint_error (incompatible) unless `m` belongs to this run: the same
+/// global_numel and the same config, compared as JSON values (key order and whitespace
+/// do not matter). Keys listed in `ignored` (JSON pointers such as "/world" or "/steps")
+/// may differ, e.g. those an elastic restart or a longer schedule changes on purpose.
+void require_compatible(const manifest& m, std::string_view config_json, size_t global_numel,
+                        std::span<const std::string> ignored = {});
+
+/// Deletes all but the newest `keep_last` committed checkpoints (never the one LATEST
+/// names), and abandoned step directories older than LATEST. Each victim's manifest is
+/// removed first, so a crash midway leaves at worst an uncommitted directory. Returns
+/// the steps removed.
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, size_t keep_last);
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,372 @@
+// The manifest's JSON schema, its validation, and the same-run check of a restore.
+//
+// Schema of format_version 1 (every key required, no others read):
+//
+//   { "kind": "troupe-checkpoint-manifest", "format_version": 1,
+//     "step": int, "world": int, "global_numel": uint, "seed": uint,
+//     "hash_algorithm": "trp64", "config_json": string (the job config, verbatim),
+//     "tensors": [ { "name": string, "shape": [int...], "offset": uint } ... ],
+//     "shards":  [ { "rank": int, "file": string, "bytes": uint, "hash": 16 hex digits,
+//                    "offset": uint, "count": uint } ... ],
+//     "manifest_hash": 16 hex digits }
+//
+// manifest_hash seals the manifest itself: trp64 of the compact JSON dump (no spaces, keys
+// in file order) of the document without that key. Any edit, by a disk or a person, shows.
+
+#include "checkpoint/manifest.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/hash.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace manifest_json {
+
+namespace {
+
+// Key order matters for the seal, so the manifest is handled as an ordered document.
+using doc_json = nlohmann::ordered_json;
+
+constexpr const char* seal_key = "manifest_hash";
+
+/// The seal of `doc`, which must not contain seal_key.
+std::string seal_of(const doc_json& doc) {
+  const std::string compact = doc.dump();
+  return hash_to_hex(hash64(compact.data(), compact.size()));
+}
+
+/// A malformed field is reported by its JSON path; nlohmann's own message is too vague.
+[[noreturn]] void bad_field(const fs::path& where, const std::string& field,
+                            const std::string& what) {
+  io::fail(error_kind::corrupt, where,
+           "manifest field \"" + field + "\" " + what +
+               ". The manifest is damaged or was edited by hand; restore it from a copy or "
+               "restore from an earlier checkpoint.");
+}
+
+const doc_json& field(const doc_json& obj, const char* key, const fs::path& where,
+                      const std::string& context) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) bad_field(where, context + key, "is missing");
+  return *it;
+}
+
+uint64_t get_uint(const doc_json& obj, const char* key, const fs::path& where,
+                  const std::string& context = "") {
+  const doc_json& v = field(obj, key, where, context);
+  if (!v.is_number_unsigned()) bad_field(where, context + key, "is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+int64_t get_int(const doc_json& obj, const char* key, const fs::path& where, int64_t max_value,
+                const std::string& context = "") {
+  const uint64_t v = get_uint(obj, key, where, context);
+  if (v > static_cast<uint64_t>(max_value)) bad_field(where, context + key, "is out of range");
+  return static_cast<int64_t>(v);
+}
+
+std::string get_string(const doc_json& obj, const char* key, const fs::path& where,
+                       const std::string& context = "") {
+  const doc_json& v = field(obj, key, where, context);
+  if (!v.is_string()) bad_field(where, context + key, "is not a string");
+  return v.get<std::string>();
+}
+
+const doc_json& get_array(const doc_json& obj, const char* key, const fs::path& where) {
+  const doc_json& v = field(obj, key, where, "");
+  if (!v.is_array()) bad_field(where, key, "is not an array");
+  return v;
+}
+
+[[noreturn]] void broken(const fs::path& where, error_kind kind, const std::string& rule) {
+  const std::string fix = kind == error_kind::invalid_argument
+                              ? " This is a bug in the caller that assembled the manifest."
+                              : " The manifest is damaged or was edited by hand; restore it "
+                                "from a copy or restore from an earlier checkpoint.";
+  io::fail(kind, where, "invalid manifest: " + rule + "." + fix);
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace
+
+std::string to_json(const manifest& m) {
+  doc_json tensors = doc_json::array();
+  for (const tensor_entry& t : m.tensors) {
+    tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+  }
+  doc_json shards = doc_json::array();
+  for (const shard_entry& s : m.shards) {
+    shards.push_back({{"rank", s.rank},
+                      {"file", s.file},
+                      {"bytes", s.bytes},
+                      {"hash", s.hash},
+                      {"offset", s.range.offset},
+                      {"count", s.range.count}});
+  }
+  // Key order as written here, which reads better than alphabetical.
+  doc_json doc;
+  doc["kind"] = format::manifest_kind;
+  doc["format_version"] = m.format_version;
+  doc["step"] = m.step;
+  doc["world"] = m.world;
+  doc["global_numel"] = m.global_numel;
+  doc["seed"] = m.seed;
+  doc["hash_algorithm"] = hash_algorithm_name;
+  doc["config_json"] = m.config_json;
+  doc["tensors"] = tensors;
+  doc["shards"] = shards;
+  doc[seal_key] = seal_of(doc);
+  return doc.dump(2) + "\n";
+}
+
+manifest from_json(std::string_view text, const fs::path& where) {
+  doc_json doc;
+  try {
+    doc = doc_json::parse(text.begin(), text.end());
+  } catch (const doc_json::parse_error& e) {
+    io::fail(error_kind::corrupt, where,
+             std::string("is not valid JSON (") + e.what() +
+                 "); it was damaged or written partially by a tool other than troupe. Restore "
+                 "it from a copy or restore from an earlier checkpoint.");
+  }
+  if (!doc.is_object()) bad_field(where, "(top level)", "is not a JSON object");
+  if (get_string(doc, "kind", where) != format::manifest_kind) {
+    bad_field(where, "kind", "is not \"" + std::string(format::manifest_kind) + "\"");
+  }
+  // The version decides how to read everything else, so it is judged first.
+  const uint64_t version = get_uint(doc, "format_version", where);
+  if (version > static_cast<uint64_t>(format_version)) {
+    io::fail(error_kind::unsupported_version, where,
+             "has format_version " + std::to_string(version) + " but this build reads up to " +
+                 std::to_string(format_version) +
+                 ". It was written by a newer troupe; restore with that version.");
+  }
+  if (version < 1) bad_field(where, "format_version", "is 0, which no troupe ever wrote");
+  const std::string recorded_seal = get_string(doc, seal_key, where);
+  doc.erase(seal_key);
+  if (const std::string seal = seal_of(doc); seal != recorded_seal) {
+    io::fail(error_kind::corrupt, where,
+             "does not match its manifest_hash (recorded " + recorded_seal + ", computed " + seal +
+                 "): it was damaged or edited. Restore it from a copy or restore from an "
+                 "earlier checkpoint.");
+  }
+  if (get_string(doc, "hash_algorithm", where) != hash_algorithm_name) {
+    bad_field(where, "hash_algorithm", "names a hash this build does not know");
+  }
+
+  manifest m;
+  m.format_version = static_cast<int>(version);
+  m.step = get_int(doc, "step", where, std::numeric_limits<int64_t>::max());
+  m.world = static_cast<int>(get_int(doc, "world", where, std::numeric_limits<int>::max()));
+  m.global_numel = get_uint(doc, "global_numel", where);
+  m.seed = get_uint(doc, "seed", where);
+  m.config_json = get_string(doc, "config_json", where);
+
+  const doc_json& tensors = get_array(doc, "tensors", where);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string ctx = "tensors/" + std::to_string(i) + "/";
+    const doc_json& t = tensors[i];
+    if (!t.is_object()) bad_field(where, ctx, "is not an object");
+    tensor_entry e;
+    e.name = get_string(t, "name", where, ctx);
+    e.offset = get_uint(t, "offset", where, ctx);
+    const doc_json& shape = field(t, "shape", where, ctx);
+    if (!shape.is_array()) bad_field(where, ctx + "shape", "is not an array");
+    for (const doc_json& d : shape) {
+      if (!d.is_number_unsigned() ||
+          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        bad_field(where, ctx + "shape", "holds something other than a non-negative integer");
+      }
+      e.shape.push_back(d.get<int64_t>());
+    }
+    m.tensors.push_back(std::move(e));
+  }
+
+  const doc_json& shards = get_array(doc, "shards", where);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string ctx = "shards/" + std::to_string(i) + "/";
+    const doc_json& s = shards[i];
+    if (!s.is_object()) bad_field(where, ctx, "is not an object");
+    shard_entry e;
+    e.rank = static_cast<int>(get_int(s, "rank", where, std::numeric_limits<int>::max(), ctx));
+    e.file = get_string(s, "file", where, ctx);
+    e.bytes = get_uint(s, "bytes", where, ctx);
+    e.hash = get_string(s, "hash", where, ctx);
+    e.range.offset = get_uint(s, "offset", where, ctx);
+    e.range.count = get_uint(s, "count", where, ctx);
+    m.shards.push_back(std::move(e));
+  }
+  validate(m, where, error_kind::corrupt);
+  return m;
+}
+
+void validate(const manifest& m, const fs::path& where, error_kind kind) {
+  if (m.format_version != format_version) {
+    broken(where, kind,
+           "format_version is " + std::to_string(m.format_version) + ", this build handles " +
+               std::to_string(format_version));
+  }
+  if (m.step < 0) broken(where, kind, "step is negative");
+  if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
+  if (m.shards.size() != static_cast<size_t>(m.world)) {
+    broken(where, kind,
+           "it lists " + std::to_string(m.shards.size()) + " shards for a world of " +
+               std::to_string(m.world) + " (one per rank is required)");
+  }
+  std::vector<const shard_entry*> by_rank(m.shards.size(), nullptr);
+  for (const shard_entry& s : m.shards) {
+    if (s.rank < 0 || s.rank >= m.world) {
+      broken(where, kind, "shard rank " + std::to_string(s.rank) + " is outside the world");
+    }
+    if (by_rank[static_cast<size_t>(s.rank)] != nullptr) {
+      broken(where, kind, "rank " + std::to_string(s.rank) + " has two shards");
+    }
+    by_rank[static_cast<size_t>(s.rank)] = &s;
+    if (!is_plain_file_name(s.file)) {
+      broken(where, kind, "shard file \"" + s.file + "\" is not a plain file name");
+    }
+    if (!hash_from_hex(s.hash)) {
+      broken(where, kind, "shard hash \"" + s.hash + "\" is not 16 lowercase hex digits");
+    }
+    if (s.bytes < format::header_bytes) {
+      broken(where, kind, "shard " + s.file + " is recorded as smaller than its header");
+    }
+  }
+  // Ranges must tile the layout exactly; rank order need not be offset order, so that a
+  // later layout (e.g. ZeRO with a different partition) fits the same manifest.
+  std::vector<shard_range> ranges;
+  for (const shard_entry& s : m.shards) ranges.push_back(s.range);
+  std::sort(ranges.begin(), ranges.end(), [](const shard_range& a, const shard_range& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.count < b.count;
+  });
+  size_t next = 0;
+  for (const shard_range& r : ranges) {
+    if (r.offset != next) {
+      broken(where, kind,
+             "shard ranges leave a gap or overlap at element " + std::to_string(next) +
+                 " (a shard starts at " + std::to_string(r.offset) + ")");
+    }
+    if (r.count > m.global_numel - next) {
+      broken(where, kind, "a shard range runs past global_numel");
+    }
+    next += r.count;
+  }
+  if (next != m.global_numel) {
+    broken(where, kind,
+           "shards cover " + std::to_string(next) + " of " + std::to_string(m.global_numel) +
+               " elements");
+  }
+
+  std::vector<std::pair<size_t, size_t>> spans;  // [offset, end) of each tensor
+  std::vector<std::string> names;
+  for (const tensor_entry& t : m.tensors) {
+    if (t.name.empty()) broken(where, kind, "a tensor has an empty name");
+    names.push_back(t.name);
+    size_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0) broken(where, kind, "tensor " + t.name + " has a negative dimension");
+      const auto du = static_cast<size_t>(d);
+      if (du != 0 && numel > m.global_numel / du) {
+        broken(where, kind, "tensor " + t.name + " is larger than the whole layout");
+      }
+      numel *= du;
+    }
+    if (t.offset > m.global_numel || numel > m.global_numel - t.offset) {
+      broken(where, kind, "tensor " + t.name + " runs past global_numel");
+    }
+    if (numel > 0) spans.emplace_back(t.offset, t.offset + numel);
+  }
+  std::sort(names.begin(), names.end());
+  if (const auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
+    broken(where, kind, "tensor name " + *dup + " appears twice");
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].first < spans[i - 1].second) {
+      broken(where, kind, "two tensors overlap at element " + std::to_string(spans[i].first));
+    }
+  }
+}
+
+}  // namespace manifest_json
+
+namespace {
+
+/// The value at `path` in `doc`, abbreviated for an error message.
+std::string value_at(const json& doc, const std::string& path) {
+  try {
+    const json::json_pointer ptr(path);
+    if (!doc.contains(ptr)) return "absent";
+    std::string s = doc.at(ptr).dump();
+    if (s.size() > 60) s = s.substr(0, 57) + "...";
+    return s;
+  } catch (const json::exception&) {
+    return "absent";  // e.g. the "/-" (append) pointers of a diff
+  }
+}
+
+bool is_ignored(const std::string& path, std::span<const std::string> ignored) {
+  return std::any_of(ignored.begin(), ignored.end(), [&](const std::string& prefix) {
+    return path == prefix ||
+           (path.starts_with(prefix) && path.size() > prefix.size() && path[prefix.size()] == '/');
+  });
+}
+
+}  // namespace
+
+void require_compatible(const manifest& m, std::string_view config_json, size_t global_numel,
+                        std::span<const std::string> ignored) {
+  const fs::path where = fs::path(std::string(format::checkpoints_dir_name)) /
+                         format::step_dir_name(m.step) / format::manifest_name;
+  if (m.global_numel != global_numel) {
+    io::fail(error_kind::incompatible, where,
+             "holds a flat state of " + std::to_string(m.global_numel) +
+                 " floats but this model has " + std::to_string(global_numel) +
+                 ": it belongs to a model of another shape. Restore with that model's config "
+                 "or use a new run directory.");
+  }
+  json saved;
+  json current;
+  try {
+    saved = json::parse(m.config_json);
+    current = json::parse(config_json);
+  } catch (const json::parse_error&) {
+    // Not JSON on one side: only byte equality can vouch for it.
+    if (m.config_json == config_json) return;
+    io::fail(error_kind::incompatible, where,
+             "was written with a different config (not comparable as JSON). Restore with the "
+             "checkpoint's config or use a new run directory.");
+  }
+  std::string differences;
+  size_t shown = 0;
+  for (const json& op : json::diff(saved, current)) {
+    const std::string path = op.at("path").get<std::string>();
+    if (is_ignored(path, ignored)) continue;
+    if (++shown > 5) {
+      differences += "; ...";
+      break;
+    }
+    differences += (differences.empty() ? "" : "; ") + path + " was " + value_at(saved, path) +
+                   ", now " + value_at(current, path);
+  }
+  if (!differences.empty()) {
+    io::fail(error_kind::incompatible, where,
+             "was written by a run with a different config (" + differences +
+                 "). Resume with the checkpoint's config, or start a new run directory.");
+  }
+}
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,14 @@
+#pragma once
+// The coordinator process of a job: prepares the run directory, serves the key-value
+// store and the metrics, hosts the job supervisor, optionally launches the local agent
+// (`troupe run`), handles Ctrl-C, and prints the summary.
+
+#include "cli/options.hpp"
+
+namespace troupe::cli {
+
+/// Runs the job to its end and returns the exit code (0, 1, 2 or 130).
+/// `launch_local_agent`: true for `troupe run`, false for `troupe coordinator`.
+int run_job(const job_options& opts, bool launch_local_agent);
+
+}  // namespace troupe::cli

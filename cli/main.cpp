@@ -1,0 +1,116 @@
+// `troupe`: one binary for every role of a job (run, coordinator, agent, worker).
+
+#include "actors/connect.hpp"
+#include "actors/node_supervisor.hpp"
+#include "actors/rank.hpp"
+#include "cli/job_runner.hpp"
+#include "cli/options.hpp"
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using troupe::cli::usage_error;
+
+// Parses `--coordinator HOST:PORT` (+ `--rank R` for workers).
+void parse_member_args(const std::string& command, const std::vector<std::string>& args, std::string& host,
+                       uint16_t& port, int* rank) {
+  bool have_endpoint = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw usage_error("troupe " + command + ": option " + a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--coordinator") {
+      std::string v = value();
+      if (!troupe::actors::parse_endpoint(v, host, port))
+        throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v + "'");
+      have_endpoint = true;
+    } else if (a == "--rank" && rank) {
+      std::string v = value();
+      try {
+        size_t used = 0;
+        *rank = std::stoi(v, &used);
+        if (used != v.size() || *rank < 0) throw std::invalid_argument("rank");
+      } catch (const std::exception&) {
+        throw usage_error("troupe worker: --rank must be a non-negative integer, got '" + v + "'");
+      }
+    } else {
+      throw usage_error("troupe " + command + ": unknown option '" + a + "'; see troupe " + command + " --help");
+    }
+  }
+  if (!have_endpoint) throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
+  if (rank && *rank < 0) throw usage_error("troupe worker: --rank R is required");
+}
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+int dispatch(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(troupe::cli::main_help().c_str(), stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(troupe::cli::main_help().c_str(), stdout);
+    return 0;
+  }
+  if (command == "--version") {
+    std::puts("troupe 0.1.0");
+    return 0;
+  }
+  if (command == "run" || command == "coordinator") {
+    bool coordinator_only = command == "coordinator";
+    auto opts = troupe::cli::parse_job_options(args, coordinator_only);
+    if (opts.help) {
+      std::fputs((coordinator_only ? troupe::cli::coordinator_help() : troupe::cli::run_help()).c_str(), stdout);
+      return 0;
+    }
+    return troupe::cli::run_job(opts, !coordinator_only);
+  }
+  if (command == "agent") {
+    if (wants_help(args)) {
+      std::fputs(troupe::cli::agent_help().c_str(), stdout);
+      return 0;
+    }
+    troupe::actors::agent_args a;
+    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, nullptr);
+    return troupe::actors::run_agent(a);
+  }
+  if (command == "worker") {
+    if (wants_help(args)) {
+      std::fputs(troupe::cli::worker_help().c_str(), stdout);
+      return 0;
+    }
+    troupe::actors::worker_args w;
+    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.rank);
+    return troupe::actors::run_worker(w);
+  }
+  throw usage_error("troupe: unknown command '" + command + "'; commands: run, coordinator, agent, worker");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return dispatch(argc, argv);
+  } catch (const troupe::cli::usage_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const troupe::config_error& e) {
+    std::fprintf(stderr, "troupe: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,178 @@
+#include "cli/options.hpp"
+
+#include <map>
+
+namespace troupe::cli {
+namespace {
+
+// Command-line spellings of the config fields a user sets most; anything else goes
+// through --set KEY=VALUE with the config file's dotted names.
+const std::map<std::string, std::string>& flag_fields() {
+  static const std::map<std::string, std::string> table = {
+      {"--world", "world"},
+      {"--steps", "steps"},
+      {"--seed", "seed"},
+      {"--run-dir", "run_dir"},
+      {"--metrics-port", "metrics_port"},
+      {"--checkpoint-every", "checkpoint_every"},
+      {"--exit-after-step", "exit_after_step"},
+      {"--batch", "batch"},
+      {"--micro-batch", "micro_batch"},
+      {"--lr", "optim.lr"},
+      {"--data", "data"},
+      {"--eval-every", "eval_every"},
+      {"--layers", "model.n_layer"},
+      {"--heads", "model.n_head"},
+      {"--d-model", "model.d_model"},
+      {"--context", "model.context"},
+      {"--step-timeout-ms", "step_timeout_ms"},
+      {"--blas-threads", "blas_threads"},
+  };
+  return table;
+}
+
+}  // namespace
+
+job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only) {
+  job_options out;
+  const std::string command = coordinator_only ? "coordinator" : "run";
+  // Split "--flag=value" and find the config file first, so command-line options win.
+  std::vector<std::pair<std::string, std::string>> items;  // flag, value ("" if none)
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    std::string value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    bool boolean = flag == "--resume" || flag == "--help" || flag == "-h" || flag == "--no-progress";
+    if (flag.rfind("-", 0) != 0)
+      throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " + command + " --help");
+    if (!boolean && !has_value) {
+      if (i + 1 >= args.size())
+        throw usage_error("troupe " + command + ": option " + flag + " needs a value; see troupe " + command + " --help");
+      value = args[++i];
+    }
+    items.emplace_back(flag, value);
+  }
+  for (const auto& [flag, value] : items)
+    if (flag == "--config") load_config_file(value, out.cfg);
+  for (const auto& [flag, value] : items) {
+    if (flag == "--config") continue;
+    if (flag == "--help" || flag == "-h") {
+      out.help = true;
+    } else if (flag == "--resume") {
+      out.cfg.resume = true;
+    } else if (flag == "--no-progress") {
+      out.cfg.progress = false;
+    } else if (flag == "--set") {
+      auto eq = value.find('=');
+      if (eq == std::string::npos || eq == 0)
+        throw usage_error("troupe " + command + ": --set needs KEY=VALUE (e.g. --set optim.lr=0.001), got '" + value + "'");
+      set_config_field(out.cfg, value.substr(0, eq), value.substr(eq + 1));
+    } else if (coordinator_only && flag == "--host") {
+      out.listen_host = value;
+    } else if (coordinator_only && flag == "--port") {
+      try {
+        size_t used = 0;
+        int p = std::stoi(value, &used);
+        if (used != value.size() || p < 0 || p > 65535) throw std::out_of_range("port");
+        out.listen_port = static_cast<uint16_t>(p);
+      } catch (const std::exception&) {
+        throw usage_error("troupe coordinator: --port must be a number in 0..65535, got '" + value + "'");
+      }
+    } else if (auto it = flag_fields().find(flag); it != flag_fields().end()) {
+      try {
+        set_config_field(out.cfg, it->second, value);
+      } catch (const config_error& e) {
+        throw usage_error("troupe " + command + ": bad value for " + flag + ": '" + value + "' (" + e.what() + ")");
+      }
+    } else {
+      throw usage_error("troupe " + command + ": unknown option '" + flag + "'; see troupe " + command + " --help");
+    }
+  }
+  if (!out.help) validate(out.cfg);
+  return out;
+}
+
+std::string main_help() {
+  return R"(troupe: a fault-tolerant, elastic training runtime
+
+usage: troupe <command> [options]
+
+commands:
+  run           train on this machine: a coordinator, an agent and --world worker processes
+  coordinator   run only the coordinator of a job; agents connect to it
+  agent         run the agent of one node: starts that node's workers
+  worker        one rank (started by an agent; not usually run by hand)
+
+Run `troupe <command> --help` for a command's options.
+)";
+}
+
+namespace {
+const char* job_flags = R"(  --config FILE          JSON config file (keys as in `--set`); options below override it
+  --world N              worker ranks (default 2)
+  --steps N              training steps (default 400)
+  --seed N               seed for initialisation and data order (default 1337)
+  --batch N              global batch in sequences per step, for any world size (default 16)
+  --micro-batch N        sequences per forward/backward (default 4)
+  --lr X                 peak learning rate (default 0.003)
+  --layers N, --heads N, --d-model N, --context N    model shape (default 4, 4, 128, 64)
+  --data FILE            training text (default: the King James Bible corpus built at setup)
+  --run-dir DIR          where events.jsonl and checkpoints go (default runs/latest)
+  --resume               continue from the latest committed checkpoint in --run-dir
+  --checkpoint-every K   checkpoint every K steps; 0 = only at the end (default 100)
+  --exit-after-step N    stop cleanly after step N with a checkpoint (the schedule still
+                         runs to --steps; --resume continues); 0 = off
+  --eval-every K         validation loss every K steps; 0 = only at the end (default 100)
+  --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
+  --step-timeout-ms MS   deadline for one step's collectives (default 60000)
+  --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
+  --no-progress          no progress line
+  -h, --help             this help
+)";
+}
+
+std::string run_help() {
+  return std::string(R"(usage: troupe run [options]
+
+Trains a GPT on this machine: starts a coordinator (in this process), one agent and
+--world worker processes, shows progress, and ends with a summary. Ctrl-C stops the whole
+job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config, 130 interrupted.
+
+options:
+)") + job_flags;
+}
+
+std::string coordinator_help() {
+  return std::string(R"(usage: troupe coordinator [options]
+
+Runs the job's coordinator and waits for an agent (`troupe agent --coordinator HOST:PORT`)
+to start the workers. Takes every option of `troupe run`, plus:
+  --host HOST            address to listen on (default 127.0.0.1)
+  --port PORT            port to listen on; 0 = any free port, printed at start (default 0)
+
+options:
+)") + job_flags;
+}
+
+std::string agent_help() {
+  return R"(usage: troupe agent --coordinator HOST:PORT
+
+Runs the agent of this node: asks the coordinator which ranks to run, starts them as
+worker processes, reports their exits, and stops them when the job ends or the
+coordinator is lost.
+)";
+}
+
+std::string worker_help() {
+  return R"(usage: troupe worker --coordinator HOST:PORT --rank R
+
+One rank of a job. Agents start workers; run one by hand only to debug.
+)";
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,52 @@
+// An append-only file of JSON lines, one per job event (joins, failures, commits,
+// reconfigurations), each stamped with the time and flushed at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::monitoring {
+
+/// The file could not be opened or written, or the event was not a JSON object.
+class event_log_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// One JSON object per line ("JSON Lines"). Every line starts with "ts" (ISO-8601 UTC with
+/// milliseconds, e.g. "2024-05-01T12:00:00.123Z") and "unix_ms" (milliseconds since the
+/// epoch), followed by the caller's fields. Each line goes to the file in one write and is
+/// flushed before write() returns, so a crash of the process loses nothing already written,
+/// and several processes appending to one file do not split each other's lines. Thread-safe.
+/// Movable; a moved-from log throws on write().
+class event_log {
+ public:
+  /// Opens `path` for appending, creating it if needed (not its directory). Throws
+  /// event_log_error with the path and the OS's reason on failure.
+  static event_log open(const std::string& path);
+
+  event_log(event_log&&) noexcept;
+  event_log& operator=(event_log&&) noexcept;
+  ~event_log();
+
+  /// Appends `object` with "ts" and "unix_ms" added (replacing fields of those names).
+  /// Throws event_log_error if `object` is not a JSON object or the write fails. Strings that
+  /// are not valid UTF-8 are written with U+FFFD in place of the bad bytes.
+  void write(nlohmann::json object);
+
+  /// The path given to open().
+  [[nodiscard]] const std::string& path() const;
+
+ private:
+  struct state;
+  explicit event_log(std::unique_ptr<state> s);
+  std::unique_ptr<state> state_;
+};
+
+/// `unix_ms` as ISO-8601 UTC with milliseconds: "YYYY-MM-DDTHH:MM:SS.mmmZ".
+[[nodiscard]] std::string format_iso8601_utc(std::int64_t unix_ms);
+
+}  // namespace troupe::monitoring

@@ -1,0 +1,22 @@
+// Names of the data plane's error codes, for messages and logs.
+#include "runtime/comm/communicator.hpp"
+
+namespace troupe::comm {
+
+const char* to_string(comm_errc code) {
+  switch (code) {
+    case comm_errc::timeout:
+      return "timeout";
+    case comm_errc::peer_lost:
+      return "peer_lost";
+    case comm_errc::aborted:
+      return "aborted";
+    case comm_errc::invalid:
+      return "invalid";
+    case comm_errc::internal:
+      return "internal";
+  }
+  return "unknown";
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,78 @@
+#pragma once
+// The data plane's one interface: collectives over a group of ranks, each with its own
+// deadline, abortable from another thread, belonging to exactly one generation.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::comm {
+
+/// Why a collective failed. Every failure of the data plane is one of these.
+enum class comm_errc : uint8_t {
+  timeout = 1,   ///< the deadline passed before the collective finished
+  peer_lost,     ///< a peer's connection closed (the process died or aborted)
+  aborted,       ///< abort() was called on this communicator
+  invalid,       ///< bad arguments (sizes, ranks, root)
+  internal,      ///< the backend failed in a way none of the above describes
+};
+
+const char* to_string(comm_errc code);
+
+/// Typed error thrown by every communicator operation. Carries the context a log
+/// line needs: the operation, the group, the generation and this rank.
+class comm_error : public std::runtime_error {
+ public:
+  comm_error(comm_errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  comm_errc code() const { return code_; }
+
+ private:
+  comm_errc code_;
+};
+
+enum class reduce_op : uint8_t { sum, average };
+
+/// Options every collective takes. There is no global timeout: each call says its own.
+struct op_options {
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+};
+
+/// Identity of a communicator: which group of which generation, and where this rank sits.
+struct comm_identity {
+  uint64_t generation = 0;
+  std::string group = "world";  ///< e.g. "world", "dp0", "tp1"
+  int rank = 0;                 ///< rank within the group
+  int size = 1;                 ///< group size
+};
+
+/// A group communicator. Collectives are blocking and called from one thread;
+/// abort() may be called from any thread and makes a blocked collective throw
+/// comm_error{aborted} promptly. After abort() or a peer_lost/timeout error the
+/// communicator is dead: every later call throws, and the owner replaces it with
+/// one of the next generation.
+class communicator {
+ public:
+  virtual ~communicator() = default;
+
+  virtual const comm_identity& identity() const = 0;
+  int rank() const { return identity().rank; }
+  int size() const { return identity().size; }
+  uint64_t generation() const { return identity().generation; }
+
+  /// In-place all-reduce of `count` floats.
+  virtual void all_reduce(float* data, size_t count, reduce_op op, const op_options& opts) = 0;
+  /// In-place broadcast of `bytes` bytes from `root` (a rank within the group).
+  virtual void broadcast(void* data, size_t bytes, int root, const op_options& opts) = 0;
+  /// Returns once every rank of the group has entered the barrier.
+  virtual void barrier(const op_options& opts) = 0;
+
+  /// Makes any collective in flight (and every later one) fail with comm_errc::aborted.
+  /// Thread-safe and idempotent.
+  virtual void abort() = 0;
+  virtual bool aborted() const = 0;
+};
+
+}  // namespace troupe::comm

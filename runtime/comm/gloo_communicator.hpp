@@ -1,0 +1,45 @@
+#pragma once
+// The CPU backend of the data plane: a communicator whose collectives are troupe's own
+// abortable algorithms over gloo's TCP transport pairs.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/comm/store.hpp"
+
+namespace troupe::comm {
+
+/// How a gloo communicator connects and moves data. Every knob has its default here.
+struct gloo_options {
+  /// Address the transport pairs listen on; peers connect to it, so it must be reachable from
+  /// them (127.0.0.1 is enough when every rank is on this machine).
+  std::string bind_host = "127.0.0.1";
+  /// Bound on the whole rendezvous: waiting for every rank's address in the store and
+  /// connecting every pair.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  /// Pipelining unit of the ring all-reduce and the chain broadcast.
+  size_t segment_bytes = size_t{512} << 10;
+  /// Segments in flight per ring step; the all-reduce keeps this many receive buffers.
+  int pipeline_depth = 4;
+  /// All-reduces of at most this many bytes exchange whole buffers in one round instead of
+  /// running the ring (lower latency; every rank sums in rank order, so results are identical).
+  size_t small_all_reduce_bytes = size_t{64} << 10;
+  /// Broadcasts of at most this many bytes go from the root to each rank directly.
+  size_t small_broadcast_bytes = size_t{256} << 10;
+};
+
+/// Connects rank `id.rank` of group `id.group`, generation `id.generation`, through `store`
+/// and returns its communicator. Every rank of the group must call this with the same group,
+/// generation and size. Keys live under "g<generation>/<group>/", so a new generation never
+/// sees an older one's keys; one (generation, group) must be created only once per store.
+/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout,
+/// peer_lost if a peer's connection fails, invalid for a bad identity.
+/// Side effect: SIGPIPE is ignored in this process if it was at its default (gloo writes to
+/// sockets whose peer may be dead; the error is then reported, not fatal).
+std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm_identity& id,
+                                                     const gloo_options& opts = {});
+
+}  // namespace troupe::comm

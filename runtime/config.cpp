@@ -1,0 +1,242 @@
+#include "runtime/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::json;
+
+// One table of every field: its dotted name and how to read and write it. The config
+// file, the command line and to_json all go through this table, so a knob is declared
+// once.
+struct field {
+  std::string name;
+  std::function<void(train_config&, const json&)> set;
+  std::function<json(const train_config&)> get;
+};
+
+template <class T>
+T parse_number(const std::string& name, const json& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_string()) {
+      auto s = v.get<std::string>();
+      if (s == "true" || s == "1" || s == "yes") return true;
+      if (s == "false" || s == "0" || s == "no") return false;
+    }
+    throw config_error("config: '" + name + "' must be true or false, got " + v.dump());
+  } else if constexpr (std::is_integral_v<T>) {
+    if (v.is_number_integer()) {
+      auto x = v.get<int64_t>();
+      if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          (x > 0 && static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
+        throw config_error("config: '" + name + "' is out of range: " + v.dump());
+      return static_cast<T>(x);
+    }
+    if (v.is_string()) {
+      auto s = v.get<std::string>();
+      T x{};
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+      if (ec == std::errc() && end == s.data() + s.size()) return x;
+    }
+    throw config_error("config: '" + name + "' must be an integer, got " + v.dump());
+  } else {
+    if (v.is_number()) return v.get<T>();
+    if (v.is_string()) {
+      auto s = v.get<std::string>();
+      try {
+        size_t used = 0;
+        double x = std::stod(s, &used);
+        if (used == s.size()) return static_cast<T>(x);
+      } catch (const std::exception&) {
+      }
+    }
+    throw config_error("config: '" + name + "' must be a number, got " + v.dump());
+  }
+}
+
+template <class T>
+field make_field(std::string name, T train_config::*member) {
+  return {name, [name, member](train_config& c, const json& v) { c.*member = parse_number<T>(name, v); },
+          [member](const train_config& c) { return json(c.*member); }};
+}
+template <class S, class T>
+field make_field(std::string name, S train_config::*section, T S::*member) {
+  return {name,
+          [name, section, member](train_config& c, const json& v) {
+            (c.*section).*member = parse_number<T>(name, v);
+          },
+          [section, member](const train_config& c) { return json((c.*section).*member); }};
+}
+field string_field(std::string name, std::string train_config::*member) {
+  return {name,
+          [name, member](train_config& c, const json& v) {
+            if (!v.is_string()) throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+            c.*member = v.get<std::string>();
+          },
+          [member](const train_config& c) { return json(c.*member); }};
+}
+
+const std::vector<field>& fields() {
+  static const std::vector<field> table = {
+      make_field("model.n_layer", &train_config::model, &model_config::n_layer),
+      make_field("model.n_head", &train_config::model, &model_config::n_head),
+      make_field("model.d_model", &train_config::model, &model_config::d_model),
+      make_field("model.context", &train_config::model, &model_config::context),
+      make_field("model.vocab", &train_config::model, &model_config::vocab),
+      make_field("optim.lr", &train_config::optim, &optim_config::lr),
+      make_field("optim.min_lr_ratio", &train_config::optim, &optim_config::min_lr_ratio),
+      make_field("optim.warmup_steps", &train_config::optim, &optim_config::warmup_steps),
+      make_field("optim.weight_decay", &train_config::optim, &optim_config::weight_decay),
+      make_field("optim.beta1", &train_config::optim, &optim_config::beta1),
+      make_field("optim.beta2", &train_config::optim, &optim_config::beta2),
+      make_field("optim.eps", &train_config::optim, &optim_config::eps),
+      make_field("optim.grad_clip", &train_config::optim, &optim_config::grad_clip),
+      make_field("world", &train_config::world),
+      make_field("steps", &train_config::steps),
+      make_field("batch", &train_config::batch),
+      make_field("micro_batch", &train_config::micro_batch),
+      make_field("seed", &train_config::seed),
+      string_field("data", &train_config::data),
+      make_field("val_fraction", &train_config::val_fraction),
+      make_field("eval_every", &train_config::eval_every),
+      make_field("eval_batches", &train_config::eval_batches),
+      string_field("run_dir", &train_config::run_dir),
+      make_field("resume", &train_config::resume),
+      make_field("checkpoint_every", &train_config::checkpoint_every),
+      make_field("exit_after_step", &train_config::exit_after_step),
+      make_field("metrics_port", &train_config::metrics_port),
+      string_field("metrics_host", &train_config::metrics_host),
+      make_field("blas_threads", &train_config::blas_threads),
+      make_field("step_timeout_ms", &train_config::step_timeout_ms),
+      make_field("bucket_bytes", &train_config::bucket_bytes),
+      make_field("progress", &train_config::progress),
+  };
+  return table;
+}
+
+const field* find_field(const std::string& name) {
+  for (const auto& f : fields())
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+std::string known_names() {
+  std::string out;
+  for (const auto& f : fields()) out += (out.empty() ? "" : ", ") + f.name;
+  return out;
+}
+
+void apply_object(train_config& cfg, const json& obj, const std::string& prefix) {
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it.value().is_object()) {
+      apply_object(cfg, it.value(), name);
+      continue;
+    }
+    const field* f = find_field(name);
+    if (!f) throw config_error("config: unknown key '" + name + "'; known keys: " + known_names());
+    f->set(cfg, it.value());
+  }
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw config_error(message);
+}
+
+}  // namespace
+
+void load_config_file(const std::string& path, train_config& cfg) {
+  std::ifstream in(path);
+  if (!in) throw config_error("config: cannot open config file '" + path + "'; check the --config path");
+  json doc;
+  try {
+    doc = json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw config_error("config: '" + path + "' is not valid JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object()) throw config_error("config: '" + path + "' must hold a JSON object");
+  apply_object(cfg, doc, "");
+}
+
+void set_config_field(train_config& cfg, const std::string& name, const std::string& value) {
+  const field* f = find_field(name);
+  if (!f) throw config_error("config: unknown setting '" + name + "'; known: " + known_names());
+  f->set(cfg, json(value));
+}
+
+void validate(const train_config& c) {
+  const auto& m = c.model;
+  require(m.n_layer >= 1, "config: model.n_layer must be >= 1");
+  require(m.n_head >= 1, "config: model.n_head must be >= 1");
+  require(m.d_model >= 1, "config: model.d_model must be >= 1");
+  require(m.d_model % m.n_head == 0,
+          "config: model.n_head (" + std::to_string(m.n_head) + ") must divide model.d_model (" +
+              std::to_string(m.d_model) + "); pick a head count that divides it");
+  require(m.context >= 2, "config: model.context must be >= 2");
+  require(m.vocab == 256, "config: model.vocab must be 256 (the model reads bytes)");
+  require(c.optim.lr > 0, "config: optim.lr must be > 0");
+  require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "config: optim.min_lr_ratio must be in [0, 1]");
+  require(c.optim.warmup_steps >= 0, "config: optim.warmup_steps must be >= 0");
+  require(c.optim.weight_decay >= 0, "config: optim.weight_decay must be >= 0");
+  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "config: optim.beta1 must be in [0, 1)");
+  require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "config: optim.beta2 must be in [0, 1)");
+  require(c.optim.eps > 0, "config: optim.eps must be > 0");
+  require(c.optim.grad_clip >= 0, "config: optim.grad_clip must be >= 0 (0 = off)");
+  require(c.world >= 1 && c.world <= 256, "config: world must be between 1 and 256");
+  require(c.steps >= 1, "config: steps must be >= 1");
+  require(c.batch >= 1, "config: batch must be >= 1");
+  require(c.micro_batch >= 1, "config: micro_batch must be >= 1");
+  require(c.batch % c.micro_batch == 0,
+          "config: batch (" + std::to_string(c.batch) + ") must be a multiple of micro_batch (" +
+              std::to_string(c.micro_batch) + ")");
+  const int micro_batches = c.batch / c.micro_batch;
+  require(micro_batches % c.world == 0,
+          "config: world (" + std::to_string(c.world) + ") must divide the " + std::to_string(micro_batches) +
+              " micro-batches of a step (batch " + std::to_string(c.batch) + " / micro_batch " +
+              std::to_string(c.micro_batch) + "); use --world " + std::to_string(micro_batches) +
+              " or fewer that divides it, or change batch/micro_batch");
+  require(c.val_fraction > 0 && c.val_fraction < 0.5, "config: val_fraction must be in (0, 0.5)");
+  require(c.eval_every >= 0, "config: eval_every must be >= 0");
+  require(c.eval_batches >= 1, "config: eval_batches must be >= 1");
+  require(!c.run_dir.empty(), "config: run_dir must not be empty");
+  require(c.checkpoint_every >= 0, "config: checkpoint_every must be >= 0 (0 = only at the end)");
+  require(c.exit_after_step >= 0 && c.exit_after_step <= c.steps,
+          "config: exit_after_step must be in 0..steps (0 = off)");
+  require(c.metrics_port >= 0 && c.metrics_port <= 65535, "config: metrics_port must be in 0..65535 (0 = off)");
+  require(c.blas_threads >= 1, "config: blas_threads must be >= 1");
+  require(c.step_timeout_ms >= 100, "config: step_timeout_ms must be >= 100");
+  require(c.bucket_bytes >= 1024, "config: bucket_bytes must be >= 1024");
+}
+
+std::string to_json(const train_config& cfg) {
+  json out = json::object();
+  for (const auto& f : fields()) {
+    auto dot = f.name.find('.');
+    if (dot == std::string::npos)
+      out[f.name] = f.get(cfg);
+    else
+      out[f.name.substr(0, dot)][f.name.substr(dot + 1)] = f.get(cfg);
+  }
+  return out.dump();
+}
+
+train_config config_from_json(const std::string& text) {
+  train_config cfg;
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw config_error(std::string("config: malformed config JSON (") + e.what() + ")");
+  }
+  apply_object(cfg, doc, "");
+  return cfg;
+}
+
+}  // namespace troupe

@@ -1,0 +1,88 @@
+#pragma once
+// The job's configuration: one struct with every knob and its default, loaded from a
+// JSON file plus command-line overrides, and validated before anything starts.
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+/// Shape of the GPT. Shapes are named once: B (micro-batch), T (context), C (d_model),
+/// V (vocab), L (layers), NH (heads).
+struct model_config {
+  int n_layer = 4;
+  int n_head = 4;
+  int d_model = 128;
+  int context = 64;   ///< T: tokens per sequence
+  int vocab = 256;    ///< byte-level
+};
+
+struct optim_config {
+  double lr = 3e-3;          ///< peak learning rate
+  double min_lr_ratio = 0.1; ///< cosine decays to lr * min_lr_ratio
+  int warmup_steps = 20;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;    ///< global L2 norm; 0 = off
+};
+
+struct train_config {
+  model_config model;
+  optim_config optim;
+  int world = 2;               ///< number of worker ranks
+  int steps = 400;
+  int batch = 16;              ///< global batch in sequences per step (any world size)
+  int micro_batch = 4;         ///< sequences per forward/backward on one rank
+  uint64_t seed = 1337;
+  std::string data;            ///< corpus path; empty = the default corpus
+  double val_fraction = 0.05;  ///< tail of the corpus held out for validation
+  int eval_every = 100;        ///< steps between validation losses; 0 = only at the end
+  int eval_batches = 8;        ///< micro-batches per validation estimate
+  std::string run_dir = "runs/latest";
+  bool resume = false;
+  int checkpoint_every = 100;  ///< 0 = only at the end
+  int exit_after_step = 0;     ///< stop cleanly (with a checkpoint) after this step; 0 = off.
+                               ///< The schedule still runs to `steps`, so --resume continues it.
+  int metrics_port = 9400;     ///< 0 = off
+  std::string metrics_host = "127.0.0.1";
+  int blas_threads = 1;
+  int step_timeout_ms = 60000;     ///< deadline for one step's collectives and votes
+  int bucket_bytes = 4 << 20;      ///< gradient all-reduce bucket size
+  bool progress = true;            ///< progress line on stderr
+};
+
+/// A configuration error names the field and the fix; the CLI prints it and exits 2.
+class config_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Reads a JSON config file into `cfg` (keys not present keep their value).
+/// Throws config_error naming the key on unknown keys, wrong types or bad JSON.
+void load_config_file(const std::string& path, train_config& cfg);
+
+/// Sets one field by its dotted name ("steps", "model.n_layer", "optim.lr", ...)
+/// from its text form. Throws config_error on an unknown name or a bad value.
+void set_config_field(train_config& cfg, const std::string& name, const std::string& value);
+
+/// Checks every constraint between fields (heads divide d_model, the global batch
+/// splits over the world in whole micro-batches, ...). Throws config_error naming
+/// the field and the fix.
+void validate(const train_config& cfg);
+
+/// The last step this session trains: exit_after_step when set, else steps.
+inline int64_t session_last_step(const train_config& c) {
+  return c.exit_after_step > 0 ? c.exit_after_step : c.steps;
+}
+
+/// The config as a JSON object (for the run directory and the checkpoint manifest).
+std::string to_json(const train_config& cfg);
+/// Parses what to_json wrote.
+train_config config_from_json(const std::string& text);
+
+}  // namespace troupe

@@ -1,0 +1,91 @@
+#pragma once
+// The byte-level GPT of one rank: its parameters and gradients in flat buffers, and the
+// forward and backward pass over one micro-batch, composed from runtime/model/layers.hpp.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/config.hpp"
+
+namespace troupe {
+
+/// One named tensor inside the flat parameter (and gradient) buffer.
+struct param_tensor {
+  std::string name;            ///< e.g. "h.0.attn.qkv.weight" (PyTorch-style names)
+  std::vector<int64_t> shape;  ///< row-major; Linear weights are [out, in]
+  size_t offset = 0;           ///< first element in the flat buffer
+  size_t numel = 0;
+  bool decay = false;  ///< weight decay applies: every 2-D tensor (embeddings included)
+};
+
+/// A GPT over bytes: token and position embeddings, n_layer pre-LayerNorm blocks (causal
+/// self-attention with a fused QKV projection, GELU MLP of width 4C), a final LayerNorm
+/// and an output head tied to the token embedding. F is float for training and double for
+/// gradient checks; use `gpt` (float) everywhere else.
+///
+/// Parameter layout, in order: wte [V,C], wpe [context,C], then per layer ln_1 (weight,
+/// bias), attn.qkv (weight [3C,C], bias), attn.proj (weight [C,C], bias), ln_2, mlp.fc
+/// (weight [4C,C], bias), mlp.proj (weight [C,4C], bias); then ln_f. Each layer is one
+/// contiguous range, so a pipeline stage owns a contiguous slice.
+template <typename F>
+class basic_gpt {
+ public:
+  /// Throws std::invalid_argument when the shape is unusable (heads must divide d_model,
+  /// vocab must cover the 256 byte values, sizes positive).
+  explicit basic_gpt(const model_config& cfg);
+
+  const model_config& config() const { return cfg_; }
+  size_t num_params() const { return params_.size(); }
+  const std::vector<param_tensor>& param_table() const { return table_; }
+  /// The tensor named `name`; throws std::out_of_range if there is none.
+  const param_tensor& tensor(const std::string& name) const;
+
+  /// One flat contiguous buffer of num_params() values, laid out as param_table().
+  F* params() { return params_.data(); }
+  const F* params() const { return params_.data(); }
+  /// Gradients, same layout as params().
+  F* grads() { return grads_.data(); }
+  const F* grads() const { return grads_.data(); }
+
+  /// GPT-2 initialisation, a pure function of seed: weights N(0, 0.02), the two residual
+  /// projections of each block N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
+  void init_params(uint64_t seed);
+  void zero_grads();
+
+  /// One micro-batch of B sequences of T <= context tokens; targets are the next bytes.
+  /// Accumulates grad_scale * d(mean loss)/d(params) into grads() and returns the mean
+  /// cross-entropy in nats over the B*T tokens.
+  double forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
+                          float grad_scale);
+  /// The mean loss only; grads() are untouched.
+  double forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T);
+
+ private:
+  void check_batch(int B, int T) const;
+  void reserve(int B);
+  double forward(const uint8_t* inputs, const uint8_t* targets, int B, int T);
+  void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss);
+
+  model_config cfg_;
+  std::vector<param_tensor> table_;
+  std::vector<F> params_;
+  std::vector<F> grads_;
+  // Activations and their gradients, sized for the largest B seen and then reused: fresh
+  // memory is slow to touch, so nothing is allocated per step.
+  int capacity_b_ = 0;
+  std::vector<F> acts_;
+  std::vector<F> grad_acts_;
+};
+
+extern template class basic_gpt<float>;
+extern template class basic_gpt<double>;
+
+/// The float32 model every rank trains.
+class gpt : public basic_gpt<float> {
+ public:
+  using basic_gpt<float>::basic_gpt;
+};
+
+}  // namespace troupe

@@ -1,0 +1,98 @@
+#include "runtime/optim/adamw.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+adamw::adamw(const optim_config& cfg, const std::vector<param_tensor>& table, size_t num_params)
+    : cfg_(cfg), m_(num_params, 0.0f), v_(num_params, 0.0f) {
+  auto fail = [](const std::string& why) { throw std::invalid_argument("adamw: " + why); };
+  if (!(cfg.lr >= 0)) fail("lr must be >= 0");
+  if (!(cfg.beta1 >= 0 && cfg.beta1 < 1 && cfg.beta2 >= 0 && cfg.beta2 < 1)) {
+    fail("beta1 and beta2 must lie in [0, 1)");
+  }
+  if (!(cfg.eps > 0)) fail("eps must be > 0");
+  if (!(cfg.weight_decay >= 0)) fail("weight_decay must be >= 0");
+  if (!(cfg.grad_clip >= 0)) fail("grad_clip must be >= 0 (0 turns clipping off)");
+  if (!(cfg.min_lr_ratio >= 0 && cfg.min_lr_ratio <= 1)) fail("min_lr_ratio must lie in [0, 1]");
+  if (cfg.warmup_steps < 0) fail("warmup_steps must be >= 0");
+
+  // Cover [0, num_params) with ranges: decay where the table says so, none elsewhere.
+  std::vector<range> decayed;
+  for (const param_tensor& t : table) {
+    if (t.offset + t.numel > num_params) {
+      fail("tensor '" + t.name + "' lies outside the " + std::to_string(num_params) +
+           " parameters");
+    }
+    if (t.decay && t.numel > 0) decayed.push_back({t.offset, t.offset + t.numel, true});
+  }
+  std::sort(decayed.begin(), decayed.end(),
+            [](const range& a, const range& b) { return a.begin < b.begin; });
+  size_t at = 0;
+  for (const range& r : decayed) {
+    if (r.begin < at) fail("overlapping tensors in the table");
+    if (r.begin > at) ranges_.push_back({at, r.begin, false});
+    ranges_.push_back(r);
+    at = r.end;
+  }
+  if (at < num_params) ranges_.push_back({at, num_params, false});
+}
+
+double adamw::learning_rate(int64_t step, int64_t total_steps) const {
+  const double peak = cfg_.lr;
+  const double floor = cfg_.lr * cfg_.min_lr_ratio;
+  if (step < cfg_.warmup_steps) {
+    return peak * static_cast<double>(step + 1) / static_cast<double>(cfg_.warmup_steps);
+  }
+  const int64_t decay_steps = total_steps - cfg_.warmup_steps;
+  if (decay_steps <= 0) return peak;
+  const double progress = std::clamp(
+      static_cast<double>(step - cfg_.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
+  return floor + 0.5 * (peak - floor) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+double adamw::grad_norm(const float* grads, size_t n) {
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i) sum += static_cast<double>(grads[i]) * grads[i];
+  return std::sqrt(sum);
+}
+
+double adamw::clip_gradients(float* grads, size_t n) const {
+  const double norm = grad_norm(grads, n);
+  if (cfg_.grad_clip > 0 && std::isfinite(norm) && norm > cfg_.grad_clip) {
+    const auto scale = static_cast<float>(cfg_.grad_clip / (norm + 1e-6));
+    for (size_t i = 0; i < n; ++i) grads[i] *= scale;
+  }
+  return norm;
+}
+
+void adamw::step(float* params, const float* grads, int64_t step, int64_t total_steps) {
+  ++t_;
+  const double lr = learning_rate(step, total_steps);
+  const auto b1 = static_cast<float>(cfg_.beta1);
+  const auto b2 = static_cast<float>(cfg_.beta2);
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(t_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(t_));
+  // p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps): PyTorch's arrangement of the same update.
+  const auto step_size = static_cast<float>(lr / bc1);
+  const auto inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const auto eps = static_cast<float>(cfg_.eps);
+  float* m = m_.data();
+  float* v = v_.data();
+  for (const range& r : ranges_) {
+    const float keep = r.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
+    for (size_t i = r.begin; i < r.end; ++i) {
+      const float g = grads[i];
+      m[i] = b1 * m[i] + (1.0f - b1) * g;
+      v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+      const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
+      params[i] = params[i] * keep - step_size * m[i] / denom;
+    }
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,63 @@
+#pragma once
+// AdamW with decoupled weight decay, a warm-up + cosine learning-rate schedule and global
+// gradient-norm clipping, over the flat parameter buffer of one rank.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "runtime/config.hpp"
+#include "runtime/model/gpt.hpp"
+
+namespace troupe {
+
+/// The optimizer of one rank. Its state (moments, step count) covers num_params values in
+/// the layout of the model's flat buffer; a rank that owns a shard passes that shard's
+/// table (offsets relative to the shard) and size.
+class adamw {
+ public:
+  /// `table` says which ranges get weight decay (param_tensor::decay); ranges not named in
+  /// it get none. Throws std::invalid_argument on bad hyper-parameters or a table entry
+  /// outside [0, num_params).
+  adamw(const optim_config& cfg, const std::vector<param_tensor>& table, size_t num_params);
+
+  /// Learning rate of 0-based `step`: linear warm-up over warmup_steps reaching lr at step
+  /// warmup_steps - 1, then cosine decay to lr * min_lr_ratio at step total_steps.
+  double learning_rate(int64_t step, int64_t total_steps) const;
+
+  /// Scales grads so that their global L2 norm is at most grad_clip (0 = never), with
+  /// PyTorch's factor grad_clip / (norm + 1e-6). Returns the norm before clipping
+  /// (computed in double). A non-finite norm is returned as is and grads are left alone,
+  /// so the caller can skip the step.
+  double clip_gradients(float* grads, size_t n) const;
+
+  /// L2 norm of grads, accumulated in double.
+  static double grad_norm(const float* grads, size_t n);
+
+  /// One update at the learning rate of `step`: t += 1, then for every parameter
+  /// p -= lr * (wd * p [decay tensors only] + m_hat / (sqrt(v_hat) + eps)).
+  void step(float* params, const float* grads, int64_t step, int64_t total_steps);
+
+  const optim_config& config() const { return cfg_; }
+  /// First moments (checkpoint state).
+  std::vector<float>& exp_avg() { return m_; }
+  /// Second moments (checkpoint state).
+  std::vector<float>& exp_avg_sq() { return v_; }
+  /// Number of updates applied so far; drives the bias corrections.
+  int64_t& t() { return t_; }
+
+ private:
+  /// A run of parameters with one weight-decay setting.
+  struct range {
+    size_t begin, end;
+    bool decay;
+  };
+
+  optim_config cfg_;
+  std::vector<range> ranges_;
+  std::vector<float> m_;
+  std::vector<float> v_;
+  int64_t t_ = 0;
+};
+
+}  // namespace troupe

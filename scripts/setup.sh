@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs every Debian package troupe's build and tests need; does nothing when they are
+# all present. Usage: scripts/setup.sh [--bench]   (--bench adds the peers that
+# bench/ compares against: PyTorch and Open MPI)
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libcaf-dev            # actors: the control plane (CAF 0.17)
+  libgloo-dev           # data plane on CPUs
+  libopenblas-dev       # sgemm
+  libcereal-dev         # checkpoint shards
+  libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store
+  nlohmann-json3-dev    # config files, events.jsonl, manifests
+  cppzmq-dev libzmq3-dev
+  libgtest-dev
+  prometheus            # promtool + the real server the tests scrape with
+  bible-kjv             # renders the default corpus (King James Bible, public domain)
+  python3
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  sudo_cmd=(); [[ $(id -u) -eq 0 ]] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# The distribution's prometheus package enables its own service; the tests start their
+# own servers on free ports, so it is not needed (and may not even run in a container).

@@ -1,0 +1,71 @@
+"""Bad options and bad configs end with exit code 2 and a one-line message naming the field."""
+
+import json
+import os
+import subprocess
+import tempfile
+
+from harness import TROUPE, fail, main
+
+
+def run(args):
+    p = subprocess.run([TROUPE] + args, capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def expect_usage_error(args, *needles):
+    code, out = run(args)
+    if code != 2:
+        fail(f"{args}: expected exit code 2, got {code}:\n{out}")
+    for n in needles:
+        if n not in out:
+            fail(f"{args}: message should mention {n!r}:\n{out}")
+    if len(out.strip().splitlines()) != 1:
+        fail(f"{args}: expected a one-line message, got:\n{out}")
+
+
+def test():
+    with tempfile.TemporaryDirectory() as tmp:
+        def config(name, text):
+            path = os.path.join(tmp, name)
+            with open(path, "w") as f:
+                f.write(text)
+            return path
+
+        rd = ["--run-dir", os.path.join(tmp, "run")]
+        expect_usage_error(["run", "--bogus"], "--bogus")
+        expect_usage_error(["run", "--world"], "--world")
+        expect_usage_error(["run", "--world", "abc"], "--world", "integer")
+        expect_usage_error(["run", "--steps", "0"], "steps")
+        expect_usage_error(["run", "--heads", "3"], "model.n_head", "model.d_model")
+        expect_usage_error(["run", "--world", "3"], "world", "micro-batches")
+        expect_usage_error(["run", "--world", "64"], "world")
+        expect_usage_error(["run", "--batch", "10", "--micro-batch", "4"], "batch", "micro_batch")
+        expect_usage_error(["run", "--set", "optim.lr"], "--set", "KEY=VALUE")
+        expect_usage_error(["run", "--set", "optim.nope=1"], "optim.nope")
+        expect_usage_error(["run", "--config", os.path.join(tmp, "missing.json")], "missing.json")
+        expect_usage_error(["run", "--config", config("bad.json", "{ steps: ")], "bad.json", "JSON")
+        expect_usage_error(["run", "--config", config("unknown.json", '{"stpes": 10}')], "stpes")
+        expect_usage_error(["run", "--config", config("type.json", '{"model": {"n_layer": "four"}}')],
+                           "model.n_layer", "integer")
+        expect_usage_error(["run", "--config", config("heads.json", json.dumps({"model": {"n_head": 5}}))],
+                           "model.n_head")
+        expect_usage_error(["run", "--data", os.path.join(tmp, "nothing.txt")] + rd, "nothing.txt")
+        expect_usage_error(["run", "--resume"] + rd, "resume", "checkpoint")
+        expect_usage_error(["agent"], "--coordinator")
+        expect_usage_error(["agent", "--coordinator", "nohost"], "HOST:PORT")
+        expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--rank", "x"], "--rank")
+        expect_usage_error(["dance"], "dance")
+        for cmd in (["run"], ["coordinator"], ["agent"], ["worker"], []):
+            code, out = run(cmd + ["--help"])
+            if code != 0 or "usage" not in out:
+                fail(f"troupe {' '.join(cmd)} --help: exit {code}:\n{out}")
+        # A valid config file is accepted and options override it.
+        good = config("good.json", json.dumps({"steps": 7, "model": {"n_layer": 1}}))
+        code, out = run(["run", "--config", good, "--steps", "0"])
+        if code != 2 or "steps" not in out:
+            fail(f"an option should override the config file (steps 0 is invalid):\n{out}")
+
+
+if __name__ == "__main__":
+    main(test)

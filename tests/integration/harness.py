@@ -1,0 +1,169 @@
+"""Shared helpers for troupe's end-to-end tests: start real `troupe` processes on free
+ports in temporary run directories, wait on conditions with deadlines, read events.jsonl,
+and make sure every process a test started is gone afterwards (by pid)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+TROUPE = os.environ.get("TROUPE_BIN", "")
+SMALL_MODEL = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32",
+               "--batch", "8", "--micro-batch", "2", "--eval-every", "0", "--no-progress"]
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", flush=True)
+    raise SystemExit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, what):
+    """Polls `predicate` until it returns a truthy value or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    pause = 0.01
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.25)
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def read_events(run_dir):
+    path = os.path.join(run_dir, "events.jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
+
+
+def last_job(events):
+    """The events of the newest job in a run directory (resumed jobs append to the file)."""
+    starts = [i for i, e in enumerate(events) if e.get("event") == "job_start"]
+    return events[starts[-1]:] if starts else events
+
+
+def step_losses(events):
+    return {e["step"]: e["loss"] for e in events if e.get("event") == "step"}
+
+
+def job_pids(events):
+    """Every process the job reported: agents and ranks."""
+    return [e["pid"] for e in events if e.get("event") in ("rank_joined", "agent_joined")]
+
+
+class Job:
+    """One `troupe` process (run or coordinator), its output, and cleanup of everything
+    it and its children reported."""
+
+    def __init__(self, args, run_dir=None, command="run", env=None):
+        if not TROUPE:
+            fail("TROUPE_BIN is not set")
+        self.tmp = tempfile.TemporaryDirectory(prefix="troupe-test-")
+        self.run_dir = run_dir or os.path.join(self.tmp.name, "run")
+        self.log_path = os.path.join(self.tmp.name, "output.log")
+        self.log = open(self.log_path, "w")
+        full = [TROUPE, command, "--run-dir", self.run_dir] + list(args)
+        self.proc = subprocess.Popen(full, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=env or os.environ.copy())
+        self.extra_pids = []
+
+    def events(self):
+        return read_events(self.run_dir)
+
+    def output(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            fail(f"troupe did not finish within {timeout}s; output:\n{self.output()}")
+
+    def all_pids(self):
+        return [self.proc.pid] + job_pids(self.events()) + self.extra_pids
+
+    def kill_all(self):
+        for pid in self.all_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def assert_no_process_left(self, timeout=20):
+        pids = self.all_pids()
+        wait_until(lambda: not any(pid_alive(p) for p in pids), timeout,
+                   f"processes {[p for p in pids if pid_alive(p)]} to exit")
+
+    def close(self):
+        self.kill_all()
+        self.log.close()
+        self.tmp.cleanup()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def run_to_end(args, timeout, run_dir=None):
+    """Runs a job to completion; returns (exit code, events, output)."""
+    with Job(args, run_dir=run_dir) as job:
+        code = job.wait(timeout)
+        return code, job.events(), job.output()
+
+
+def relative_difference(a, b):
+    return abs(a - b) / max(abs(a), abs(b), 1e-30)
+
+
+def main(test):
+    """Runs `test()` and prints a plain closing line that CTest logs show."""
+    try:
+        test()
+    except SystemExit as e:
+        if e.code not in (0, None):
+            print("0 passed, 1 failed", flush=True)
+        raise
+    print("1 passed, 0 failed", flush=True)
+    sys.exit(0)

@@ -1,0 +1,146 @@
+// The event log writes whole, timestamped JSON lines, appends across reopen, and keeps lines
+// whole under concurrent writers.
+#include "monitoring/event_log.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "subprocess.hpp"
+
+namespace troupe::monitoring {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+TEST(event_log, lines_are_json_with_timestamps_first) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  const std::int64_t before = now_ms();
+  {
+    event_log events = event_log::open(path);
+    events.write({{"event", "rank_joined"}, {"rank", 3}, {"generation", 1}});
+    events.write(json::object());
+    events.write({{"event", "x"}, {"ts", "caller's ts is replaced"}});
+  }
+  const std::int64_t after = now_ms();
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  const std::regex iso(R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$)");
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.rfind("{\"ts\":\"", 0), 0u) << line;
+    const json doc = json::parse(line);
+    ASSERT_TRUE(doc.is_object());
+    EXPECT_TRUE(std::regex_match(doc.at("ts").get<std::string>(), iso)) << line;
+    const auto ms = doc.at("unix_ms").get<std::int64_t>();
+    EXPECT_GE(ms, before);
+    EXPECT_LE(ms, after);
+    EXPECT_EQ(doc.at("ts").get<std::string>(), format_iso8601_utc(ms));
+  }
+  const json first = json::parse(lines[0]);
+  EXPECT_EQ(first.at("event"), "rank_joined");
+  EXPECT_EQ(first.at("rank"), 3);
+  EXPECT_EQ(json::parse(lines[1]).size(), 2u);  // just ts and unix_ms
+  EXPECT_NE(json::parse(lines[2]).at("ts"), "caller's ts is replaced");
+}
+
+TEST(event_log, iso8601_formatting_is_exact) {
+  EXPECT_EQ(format_iso8601_utc(0), "1970-01-01T00:00:00.000Z");
+  EXPECT_EQ(format_iso8601_utc(1714564800123), "2024-05-01T12:00:00.123Z");
+  EXPECT_EQ(format_iso8601_utc(-1), "1969-12-31T23:59:59.999Z");
+}
+
+TEST(event_log, reopening_appends) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  event_log::open(path).write({{"n", 1}});
+  event_log::open(path).write({{"n", 2}});
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(json::parse(lines[0]).at("n"), 1);
+  EXPECT_EQ(json::parse(lines[1]).at("n"), 2);
+}
+
+TEST(event_log, each_line_is_on_disk_before_write_returns) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  event_log events = event_log::open(path);
+  events.write({{"event", "commit"}, {"step", 7}});
+  // Still open: a crash now must not lose the line, so it is already in the file.
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(json::parse(lines[0]).at("step"), 7);
+}
+
+TEST(event_log, concurrent_writers_produce_whole_lines) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  constexpr int threads = 8;
+  constexpr int per_thread = 500;
+  event_log shared = event_log::open(path);
+  // A second handle on the same file stands in for another process appending.
+  event_log other = event_log::open(path);
+  const std::string padding(3000, 'p');  // long lines make tearing likelier if it could happen
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      event_log& log = t % 2 == 0 ? shared : other;
+      for (int i = 0; i < per_thread; ++i) log.write({{"thread", t}, {"i", i}, {"pad", padding}});
+    });
+  }
+  for (auto& w : workers) w.join();
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), static_cast<std::size_t>(threads * per_thread));
+  std::set<std::pair<int, int>> seen;
+  for (const std::string& line : lines) {
+    const json doc = json::parse(line);  // throws, failing the test, on a torn line
+    seen.emplace(doc.at("thread").get<int>(), doc.at("i").get<int>());
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(threads * per_thread));
+}
+
+TEST(event_log, errors_are_typed) {
+  EXPECT_THROW(event_log::open("/nonexistent-dir/for/sure/events.jsonl"), event_log_error);
+  try {
+    event_log::open("/nonexistent-dir/for/sure/events.jsonl");
+  } catch (const event_log_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/for/sure/events.jsonl"),
+              std::string::npos);
+  }
+  testing::temp_dir dir;
+  event_log events = event_log::open(dir.file("e.jsonl"));
+  EXPECT_THROW(events.write(json::array({1, 2})), event_log_error);
+  EXPECT_THROW(events.write(42), event_log_error);
+  event_log moved = std::move(events);
+  EXPECT_THROW(events.write(json::object()), event_log_error);  // NOLINT(bugprone-use-after-move)
+  EXPECT_NO_THROW(moved.write(json::object()));
+}
+
+TEST(event_log, invalid_utf8_is_replaced_not_thrown) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("e.jsonl");
+  event_log::open(path).write({{"msg", std::string("bad \xff byte")}});
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(json::parse(lines[0]).at("msg"), "bad \xEF\xBF\xBD byte");
+}
+
+}  // namespace
+}  // namespace troupe::monitoring

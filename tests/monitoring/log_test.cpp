@@ -1,0 +1,51 @@
+// The logger's line format, level parsing and threshold.
+#include "monitoring/log.hpp"
+
+#include <gtest/gtest.h>
+
+namespace troupe::monitoring {
+namespace {
+
+TEST(log, prefix_carries_only_the_fields_that_are_set) {
+  log_context coordinator{.role = "coordinator", .rank = -1, .generation = 1, .step = 12};
+  EXPECT_EQ(format_log_line(level::info, coordinator, "training"),
+            "[troupe coordinator gen=1 step=12] training\n");
+
+  log_context worker{.role = "worker", .rank = 3, .generation = 0, .step = -1};
+  EXPECT_EQ(format_log_line(level::warn, worker, "slow peer"),
+            "[troupe worker rank=3] warn: slow peer\n");
+
+  EXPECT_EQ(format_log_line(level::error, {}, "boom\n"), "[troupe] error: boom\n");
+  EXPECT_EQ(
+      format_log_line(level::debug, {.role = "agent", .rank = 0, .generation = 4, .step = 0}, "x"),
+      "[troupe agent rank=0 gen=4 step=0] debug: x\n");
+}
+
+TEST(log, levels_parse_case_insensitively) {
+  EXPECT_EQ(parse_level("DEBUG"), level::debug);
+  EXPECT_EQ(parse_level("info"), level::info);
+  EXPECT_EQ(parse_level("Warn"), level::warn);
+  EXPECT_EQ(parse_level("warning"), level::warn);
+  EXPECT_EQ(parse_level("error"), level::error);
+  EXPECT_EQ(parse_level("loud"), std::nullopt);
+  EXPECT_EQ(level_name(level::warn), "warn");
+}
+
+TEST(log, threshold_filters_lower_levels) {
+  const level before = log_threshold();
+  set_log_threshold(level::warn);
+  EXPECT_FALSE(log_enabled(level::debug));
+  EXPECT_FALSE(log_enabled(level::info));
+  EXPECT_TRUE(log_enabled(level::warn));
+  EXPECT_TRUE(log_enabled(level::error));
+
+  ::testing::internal::CaptureStderr();
+  log(level::info, {.role = "worker"}, "hidden");
+  log(level::error, {.role = "worker"}, "shown");
+  const std::string captured = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(captured, "[troupe worker] error: shown\n");
+  set_log_threshold(before);
+}
+
+}  // namespace
+}  // namespace troupe::monitoring

@@ -1,0 +1,216 @@
+// The gloo data plane across real processes: correctness against a local reference on 2, 3
+// and 4 ranks, and the failure modes the supervisor relies on (a killed peer, a silent peer,
+// abort from another thread, rebuilding a generation on the same store).
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/child_process.hpp"
+#include "tests/runtime/comm/patterns.hpp"
+
+using namespace troupe;
+using namespace troupe::comm;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// How much later than its deadline a failing collective may return (scheduling, teardown).
+constexpr auto slack = 2s;
+
+/// A store served by this process and peer processes (ranks) started against it.
+class group : public ::testing::Test {
+ protected:
+  void spawn(int rank, int size, const std::string& scenario) {
+    peers_.push_back(
+        test::child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
+                                    std::to_string(rank), std::to_string(size), scenario}));
+  }
+
+  std::unique_ptr<kv_store> client() { return connect_tcp_store("127.0.0.1", server_.port(), 5s); }
+
+  /// Every peer exits 0 within `timeout`.
+  void expect_peers_succeed(std::chrono::milliseconds timeout = 150s) {
+    const auto deadline = clock_type::now() + timeout;
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+      const auto status = peers_[i].wait_exit(std::max(left, 0ms));
+      ASSERT_TRUE(status.has_value()) << "peer " << i << " still running";
+      EXPECT_EQ(*status, 0) << "peer " << i << " " << test::describe_status(*status);
+    }
+  }
+
+  test::child_process& peer(size_t i) { return peers_.at(i); }
+
+  tcp_store_server server_;
+  std::vector<test::child_process> peers_;
+};
+
+/// Rank 0, in this process, joins generation 1 and does the warm-up the peers do; returns
+/// once every peer has finished its warm-up, so none is still in flight when a test then kills
+/// or stops one.
+std::unique_ptr<communicator> join_and_warm_up(kv_store& store, int size) {
+  auto c = make_gloo_communicator(store, {1, "world", 0, size});
+  auto v = test::contributions(0, 1000);
+  c->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+  EXPECT_EQ(test::check_reduced(v, size, reduce_op::sum), "");
+  std::vector<std::string> warm;
+  for (int r = 1; r < size; ++r) warm.push_back("warm/" + std::to_string(r));
+  store.wait(warm, 30s);
+  return c;
+}
+
+class collectives : public group, public ::testing::WithParamInterface<int> {};
+
+TEST_P(collectives, match_the_local_reference) {
+  const int size = GetParam();
+  for (int r = 0; r < size; ++r) spawn(r, size, "collectives");
+  expect_peers_succeed();
+}
+
+INSTANTIATE_TEST_SUITE_P(processes, collectives, ::testing::Values(2, 3, 4),
+                         [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
+
+TEST_F(group, generations_on_one_store_do_not_collide) {
+  for (int r = 0; r < 3; ++r) spawn(r, 3, "generations");
+  expect_peers_succeed();
+}
+
+TEST_F(group, killed_peer_fails_the_collective_within_its_deadline) {
+  spawn(1, 3, "expect_lost");
+  spawn(2, 3, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 3);
+  peer(1).kill();  // SIGKILL and reap: rank 2 is certainly gone
+
+  const auto timeout = 5s;
+  auto v = test::contributions(0, (size_t{1} << 20) + 3);
+  const auto start = clock_type::now();
+  try {
+    c->all_reduce(v.data(), v.size(), reduce_op::sum, {timeout});
+    FAIL() << "all_reduce succeeded with a dead peer";
+  } catch (const comm_error& e) {
+    EXPECT_TRUE(e.code() == comm_errc::peer_lost || e.code() == comm_errc::timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("generation 1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, timeout + slack);
+
+  // Dead now: later calls fail at once.
+  EXPECT_THROW(c->barrier({1s}), comm_error);
+  // Rank 1 was in the same all-reduce and must have seen peer_lost too (it checks itself).
+  const auto status = peer(0).wait_exit(15s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << test::describe_status(*status);
+}
+
+TEST_F(group, silent_peer_times_out_at_the_deadline) {
+  spawn(1, 2, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+  peer(0).signal(SIGSTOP);  // alive, connected, and silent
+
+  const auto timeout = 1500ms;
+  std::vector<float> v(1000, 1.0f);
+  const auto start = clock_type::now();
+  try {
+    c->all_reduce(v.data(), v.size(), reduce_op::sum, {timeout});
+    FAIL() << "all_reduce succeeded against a stopped peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
+  }
+  const auto took = clock_type::now() - start;
+  EXPECT_GE(took, timeout - 50ms);
+  EXPECT_LT(took, timeout + slack);
+  try {
+    c->barrier({30s});
+    FAIL() << "a timed-out communicator accepted another op";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
+  }
+}
+
+TEST_F(group, abort_from_another_thread_unblocks_a_collective_in_flight) {
+  spawn(1, 2, "hang");  // after the warm-up it never joins another op
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+
+  // The delay only makes it likely that the call is already blocked when abort() lands; the
+  // call must throw `aborted` promptly either way.
+  const auto abort_after = 300ms;
+  auto aborter = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(abort_after);
+    c->abort();
+  });
+  auto v = test::contributions(0, (size_t{1} << 20) + 3);
+  const auto start = clock_type::now();
+  try {
+    c->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    FAIL() << "all_reduce finished without its peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::aborted) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, abort_after + slack);
+  aborter.get();
+  EXPECT_TRUE(c->aborted());
+  try {
+    c->barrier({1s});
+    FAIL() << "an aborted communicator accepted another op";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::aborted) << e.what();
+  }
+  c->abort();  // idempotent
+}
+
+TEST_F(group, abort_while_idle_fails_the_peers_promptly) {
+  spawn(1, 2, "expect_lost");  // its next all_reduce must end in peer_lost, well before 20 s
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+  c->abort();
+  EXPECT_TRUE(c->aborted());
+  const auto status = peer(0).wait_exit(15s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << test::describe_status(*status);
+}
+
+TEST_F(group, survivors_rebuild_as_generation_2_on_the_same_store) {
+  spawn(1, 3, "survivor");
+  spawn(2, 3, "hang");
+  auto store = client();
+  auto c1 = join_and_warm_up(*store, 3);
+  peer(1).kill();
+  std::vector<float> v(1000, 1.0f);
+  EXPECT_THROW(c1->all_reduce(v.data(), v.size(), reduce_op::sum, {10s}), comm_error);
+  c1.reset();
+
+  auto c2 = make_gloo_communicator(*store, {2, "world", 0, 2});
+  for (const size_t count : {size_t{1000}, (size_t{1} << 20) + 3}) {
+    auto w = test::contributions(0, count);
+    c2->all_reduce(w.data(), count, reduce_op::average, {30s});
+    EXPECT_EQ(test::check_reduced(w, 2, reduce_op::average), "") << count;
+  }
+  c2->barrier({30s});
+  const auto status = peer(0).wait_exit(30s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << test::describe_status(*status);
+}
+
+TEST_F(group, missing_rank_times_out_the_connect) {
+  auto store = client();
+  const auto start = clock_type::now();
+  gloo_options opts;
+  opts.connect_timeout = 500ms;
+  try {
+    make_gloo_communicator(*store, {1, "world", 0, 2}, opts);
+    FAIL() << "connected without rank 1";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 500ms + slack);
+}
+
+}  // namespace
