@@ -2,6 +2,7 @@
 
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
+#include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/comm/gloo_communicator.hpp"
@@ -205,7 +206,8 @@ int train(rank_context& rc, const welcome& w) {
   comm::comm_identity id{rc.generation, "world", rc.rank, rc.world};
   comm::gloo_options gopts;
   gopts.connect_timeout = op_timeout;
-  rc.world_comm = comm::make_gloo_communicator(*rc.store, id, gopts);
+  // Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>; unset, this is a no-op.
+  rc.world_comm = chaos::inject_from_environment(comm::make_gloo_communicator(*rc.store, id, gopts), rc.rank);
 
   auto data = byte_dataset::open(rc.cfg.data, rc.cfg.val_fraction);
   gpt model(rc.cfg.model);

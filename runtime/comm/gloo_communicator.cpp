@@ -14,6 +14,7 @@
 #include <atomic>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "runtime/comm/gloo_store.hpp"
@@ -217,7 +218,9 @@ class gloo_communicator final : public communicator {
     op_ctx op{name, clock_type::now() + opts.timeout, opts.timeout, 0};
     {
       std::lock_guard<std::mutex> lock(m_);
-      if (!dead_ && aborted_) dead_.emplace(comm_errc::aborted, "aborted");
+      if (!dead_ && aborted_) {
+        dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string(-1) + ")");
+      }
       if (dead_) {
         throw comm_error(dead_->code(),
                          std::string("gloo ") + name +

@@ -125,7 +125,9 @@ class nccl_communicator final : public communicator {
     const auto deadline = clock_type::now() + opts.timeout;
     {
       std::lock_guard<std::mutex> lock(m_);
-      if (!dead_ && aborted_) dead_.emplace(comm_errc::aborted, "aborted");
+      if (!dead_ && aborted_) {
+        dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string() + ")");
+      }
       if (dead_) {
         throw comm_error(dead_->code(),
                          std::string("nccl ") + name +

@@ -82,7 +82,8 @@ class prefix_store final : public kv_store {
 
 /// The store server the coordinator runs: TCP, many clients, its own I/O thread. A get or
 /// wait on a missing key is answered when the key is set or when the client's deadline passes.
-/// State lives in memory only; it dies with the server.
+/// State lives in memory only; it dies with the server. A client that disconnects while
+/// blocked is noticed when its answer falls due (its deadline at the latest).
 class tcp_store_server {
  public:
   /// Listens on bind_host:port (port 0 picks a free one) and starts serving at once.

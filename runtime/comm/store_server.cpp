@@ -324,7 +324,13 @@ tcp_store_server::tcp_store_server(const std::string& bind_host, uint16_t port)
   });
 }
 
-tcp_store_server::~tcp_store_server() { stop(); }
+tcp_store_server::~tcp_store_server() {
+  try {
+    stop();
+  } catch (const std::exception&) {
+    // Only joining the I/O thread can throw here; nothing better to do in a destructor.
+  }
+}
 
 uint16_t tcp_store_server::port() const { return impl_->port; }
 

@@ -173,6 +173,15 @@ int generations(const peer_args& a) {
 /// The store seen from another process; see store_multiproc_test.cpp for the other side.
 int store_ops(const peer_args& a) {
   auto& s = a.store;
+  const auto start = clock_type::now();
+  try {
+    s.get("never", 200ms);
+    return failed(a, "get of a key nobody sets returned");
+  } catch (const comm::store_error& e) {
+    const auto took = clock_type::now() - start;
+    if (e.code() != comm::store_errc::timeout) return failed(a, std::string("got ") + e.what());
+    if (took < 200ms || took > 2200ms) return failed(a, "timeout not at its deadline");
+  }
   if (s.get_string("from_test", 20s) != "hello") return failed(a, "wrong from_test");
   if (s.add("counter", 5) != 5) return failed(a, "counter did not start at 0");
   s.set_string("from_peer/a", "alpha");

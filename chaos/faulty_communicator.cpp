@@ -1,0 +1,108 @@
+#include "chaos/faulty_communicator.hpp"
+
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace troupe::chaos {
+
+std::optional<fault_plan> parse_fault_plan(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  fault_plan plan;
+  std::stringstream parts(text);
+  std::string part;
+  bool first = true;
+  while (std::getline(parts, part, ',')) {
+    if (first) {
+      first = false;
+      auto at = part.find('@');
+      std::string kind = part.substr(0, at);
+      if (kind == "fail") plan.kind = fault_kind::fail;
+      else if (kind == "delay") plan.kind = fault_kind::delay;
+      else if (kind == "hang") plan.kind = fault_kind::hang;
+      else throw std::invalid_argument("fault plan '" + text + "': unknown fault '" + kind + "' (fail, delay, hang)");
+      if (at != std::string::npos) {
+        try {
+          plan.at_call = std::stoull(part.substr(at + 1));
+        } catch (const std::exception&) {
+          throw std::invalid_argument("fault plan '" + text + "': '" + part + "' needs a call number after @");
+        }
+        if (plan.at_call == 0) throw std::invalid_argument("fault plan '" + text + "': calls count from 1");
+      }
+    } else if (part == "every") {
+      plan.every = true;
+    } else if (part.rfind("delay:", 0) == 0) {
+      try {
+        plan.delay = std::chrono::milliseconds(std::stoll(part.substr(6)));
+      } catch (const std::exception&) {
+        throw std::invalid_argument("fault plan '" + text + "': bad delay '" + part + "' (delay:MS)");
+      }
+    } else {
+      throw std::invalid_argument("fault plan '" + text + "': unknown part '" + part + "'");
+    }
+  }
+  return plan;
+}
+
+faulty_communicator::faulty_communicator(std::unique_ptr<comm::communicator> inner, fault_plan plan)
+    : inner_(std::move(inner)), plan_(plan) {}
+
+void faulty_communicator::before_collective(const char* op, const comm::op_options& opts) {
+  const uint64_t call = ++calls_;
+  const bool hit = plan_.kind != fault_kind::none &&
+                   (call == plan_.at_call || (plan_.every && call > plan_.at_call));
+  if (!hit) return;
+  const auto& id = inner_->identity();
+  const std::string where = std::string(op) + " #" + std::to_string(call) + " on group " + id.group + " gen " +
+                            std::to_string(id.generation) + " rank " + std::to_string(id.rank);
+  switch (plan_.kind) {
+    case fault_kind::fail:
+      throw comm::comm_error(comm::comm_errc::peer_lost, "injected fault: " + where);
+    case fault_kind::delay:
+      std::this_thread::sleep_for(plan_.delay);  // the fault is the delay itself
+      return;
+    case fault_kind::hang: {
+      std::unique_lock lock(mutex_);
+      if (!wake_.wait_for(lock, opts.timeout, [&] { return aborted_; }))
+        throw comm::comm_error(comm::comm_errc::timeout, "injected hang timed out: " + where);
+      throw comm::comm_error(comm::comm_errc::aborted, "injected hang aborted: " + where);
+    }
+    case fault_kind::none:
+      return;
+  }
+}
+
+void faulty_communicator::all_reduce(float* data, size_t count, comm::reduce_op op, const comm::op_options& opts) {
+  before_collective("all_reduce", opts);
+  inner_->all_reduce(data, count, op, opts);
+}
+
+void faulty_communicator::broadcast(void* data, size_t bytes, int root, const comm::op_options& opts) {
+  before_collective("broadcast", opts);
+  inner_->broadcast(data, bytes, root, opts);
+}
+
+void faulty_communicator::barrier(const comm::op_options& opts) {
+  before_collective("barrier", opts);
+  inner_->barrier(opts);
+}
+
+void faulty_communicator::abort() {
+  {
+    std::lock_guard lock(mutex_);
+    aborted_ = true;
+  }
+  wake_.notify_all();
+  inner_->abort();
+}
+
+std::unique_ptr<comm::communicator> inject_from_environment(std::unique_ptr<comm::communicator> inner, int rank) {
+  const char* text = std::getenv(("TROUPE_CHAOS_RANK" + std::to_string(rank)).c_str());
+  if (!text || !*text) return inner;
+  auto plan = parse_fault_plan(text);
+  if (!plan) return inner;
+  return std::make_unique<faulty_communicator>(std::move(inner), *plan);
+}
+
+}  // namespace troupe::chaos
