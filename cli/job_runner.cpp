@@ -10,6 +10,7 @@
 #include "monitoring/log.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/comm/store.hpp"
+#include "runtime/model/gpt.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -63,12 +64,17 @@ int64_t resume_point(const train_config& cfg) {
   if (!man)
     throw config_error("resume: no committed checkpoint in " + cfg.run_dir +
                        "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
-  auto saved = config_from_json(man->config_json);
-  const auto &a = saved.model, &b = cfg.model;
-  if (a.n_layer != b.n_layer || a.n_head != b.n_head || a.d_model != b.d_model || a.context != b.context)
-    throw config_error("resume: the checkpoint's model (layers " + std::to_string(a.n_layer) + ", heads " +
-                       std::to_string(a.n_head) + ", d_model " + std::to_string(a.d_model) + ", context " +
-                       std::to_string(a.context) + ") differs from the config's; use the same model settings");
+  // Everything that shapes the math must match; what only says how or how long to run
+  // (world size, step budget, ports, paths, cadences) may change between sessions.
+  static const std::vector<std::string> may_change = {
+      "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host", "/progress",
+      "/exit_after_step", "/checkpoint_every", "/eval_every", "/eval_batches", "/step_timeout_ms",
+      "/bucket_bytes", "/blas_threads", "/data"};
+  try {
+    ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
+  } catch (const ckpt::checkpoint_error& e) {
+    throw config_error(std::string("resume: ") + e.what());
+  }
   if (man->step >= cfg.steps)
     throw config_error("resume: the checkpoint is at step " + std::to_string(man->step) +
                        ", which is not before --steps " + std::to_string(cfg.steps) + "; raise --steps");
