@@ -26,15 +26,17 @@ struct options {
   int measure_from = -1;  ///< throughput mode: time the steps from this one on
 };
 
-[[noreturn]] void usage(const char* why) {
+/// Prints "why flag value" and the usage, then exits with status 2.
+[[noreturn]] void usage(const char* why, const std::string& flag = "",
+                        const std::string& value = "") {
   std::fprintf(stderr,
-               "troupe_train_single: %s\n"
+               "troupe_train_single: %s %s %s\n"
                "usage: troupe_train_single [--data PATH] [--steps N] [--batch N]\n"
                "  [--micro-batch N] [--lr X] [--warmup N] [--layers N] [--heads N]\n"
                "  [--d-model N] [--context N] [--seed N] [--eval-every N]\n"
                "  [--eval-batches N] [--print-every N] [--blas-threads N]\n"
                "  [--throughput SKIP]  (time steps SKIP.. and print tokens/s; no eval)\n",
-               why);
+               why, flag.c_str(), value.c_str());
   std::exit(2);
 }
 
@@ -58,23 +60,23 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") usage("training options");
-    if (i + 1 >= argc) usage(("missing value after " + flag).c_str());
+    if (i + 1 >= argc) usage("missing value after", flag);
     const std::string v = argv[++i];
     char* end = nullptr;
     if (flag == "--data") {
       c.data = v;
     } else if (flag == "--lr") {
       c.optim.lr = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0') usage(("not a number: --lr " + v).c_str());
+      if (end == v.c_str() || *end != '\0') usage("not a number:", flag, v);
     } else if (flag == "--seed") {
       c.seed = std::strtoull(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0') usage(("not an integer: --seed " + v).c_str());
+      if (end == v.c_str() || *end != '\0') usage("not an integer:", flag, v);
     } else if (auto it = ints.find(flag); it != ints.end()) {
       const long x = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0') usage(("not an integer: " + flag + " " + v).c_str());
+      if (end == v.c_str() || *end != '\0') usage("not an integer:", flag, v);
       *it->second = static_cast<int>(x);
     } else {
-      usage(("unknown flag " + flag).c_str());
+      usage("unknown flag", flag);
     }
   }
   if (o.measure_from >= c.steps) usage("--throughput SKIP must be below --steps");

@@ -31,7 +31,8 @@ grad_result compute_gradients(gpt& m, const byte_dataset& d, const train_config&
 /// (the same windows every call, so successive values are comparable). No gradients.
 double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg);
 
-/// Threads OpenBLAS may use in this process (one per rank when ranks share a machine).
+/// Threads OpenBLAS may use (n < 1 counts as 1). Process-wide: ranks that are threads of
+/// one process share it; ranks that are processes on one machine should each use 1.
 void set_blas_threads(int n);
 
 }  // namespace troupe

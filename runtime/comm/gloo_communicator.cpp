@@ -85,7 +85,7 @@ class gloo_communicator final : public communicator {
 
   void all_reduce(float* data, size_t count, reduce_op op, const op_options& opts) override {
     if (count > 0 && data == nullptr) invalid("all_reduce", "null data with a non-zero count");
-    run("all_reduce", op_kind::all_reduce, opts, [&](const op_ctx& ctx) {
+    run("all_reduce", op_kind::all_reduce, count, opts, [&](const op_ctx& ctx) {
       if (count == 0 || id_.size == 1) return;  // average over one rank is the identity
       if (count * sizeof(float) <= opts_.small_all_reduce_bytes) {
         all_reduce_small(ctx, data, count, op);
@@ -100,18 +100,19 @@ class gloo_communicator final : public communicator {
       invalid("broadcast", "root " + std::to_string(root) + " is not a rank of the group");
     }
     if (bytes > 0 && data == nullptr) invalid("broadcast", "null data with a non-zero size");
-    run("broadcast", op_kind::broadcast, opts, [&](const op_ctx& ctx) {
-      if (bytes == 0 || id_.size == 1) return;
-      if (bytes <= opts_.small_broadcast_bytes || id_.size == 2) {
-        broadcast_star(ctx, static_cast<char*>(data), bytes, root);
-      } else {
-        broadcast_chain(ctx, static_cast<char*>(data), bytes, root);
-      }
-    });
+    run("broadcast", op_kind::broadcast, bytes * 131 + static_cast<uint64_t>(root), opts,
+        [&](const op_ctx& ctx) {
+          if (bytes == 0 || id_.size == 1) return;
+          if (bytes <= opts_.small_broadcast_bytes || id_.size == 2) {
+            broadcast_star(ctx, static_cast<char*>(data), bytes, root);
+          } else {
+            broadcast_chain(ctx, static_cast<char*>(data), bytes, root);
+          }
+        });
   }
 
   void barrier(const op_options& opts) override {
-    run("barrier", op_kind::barrier, opts, [&](const op_ctx& ctx) {
+    run("barrier", op_kind::barrier, 0, opts, [&](const op_ctx& ctx) {
       if (id_.size > 1) barrier_dissemination(ctx);
     });
   }
@@ -140,9 +141,16 @@ class gloo_communicator final : public communicator {
     uint64_t slot;  ///< base slot; an op uses slot .. slot + 255
   };
 
-  /// Part of every slot, so that ranks that disagree on which op comes next wait (and time
-  /// out) instead of delivering one op's bytes into another's buffers.
+  /// Part of every slot, with a tag of the op's shape, so that ranks that disagree on which op
+  /// comes next (or on its size or root) wait and time out instead of delivering one op's bytes
+  /// into another's buffers (which gloo answers by failing an assertion on its I/O thread).
   enum class op_kind : uint64_t { all_reduce = 1, broadcast = 2, barrier = 3 };
+
+  /// Slot layout: [63..24] op sequence number, [23..12] shape tag, [11..8] kind, [7..0] step.
+  static uint64_t slot_of(uint64_t seq, op_kind kind, uint64_t shape) {
+    const uint64_t tag = (shape * 0x9E3779B97F4A7C15ull) >> 52;  // 12 well-mixed bits
+    return (seq << 24) | (tag << 12) | (static_cast<uint64_t>(kind) << 8);
+  }
 
   /// Makes buffers visible to abort() for the lifetime of this object (and checks for an abort
   /// that came before they were visible). Declare it after the buffers it names.
@@ -213,7 +221,7 @@ class gloo_communicator final : public communicator {
   /// failure marks the communicator dead and closes its connections so peers blocked on this
   /// rank fail promptly instead of waiting for their deadlines.
   template <class Body>
-  void run(const char* name, op_kind kind, const op_options& opts, Body&& body) {
+  void run(const char* name, op_kind kind, uint64_t shape, const op_options& opts, Body&& body) {
     if (opts.timeout.count() <= 0) invalid(name, "timeout must be positive");
     op_ctx op{name, clock_type::now() + opts.timeout, opts.timeout, 0};
     {
@@ -227,7 +235,7 @@ class gloo_communicator final : public communicator {
                              ": communicator is dead after an earlier failure: " + dead_->what());
       }
       in_flight_ = true;
-      op.slot = (next_op_++ << 12) | (static_cast<uint64_t>(kind) << 8);
+      op.slot = slot_of(next_op_++, kind, shape);
     }
     try {
       try {

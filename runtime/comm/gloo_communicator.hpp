@@ -37,6 +37,8 @@ struct gloo_options {
 /// sees an older one's keys; one (generation, group) must be created only once per store.
 /// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout,
 /// peer_lost if a peer's connection fails, invalid for a bad identity.
+/// All ranks must call the same collectives in the same order with the same sizes and roots;
+/// ranks that disagree wait for each other until the deadline (comm_errc::timeout).
 /// Side effect: SIGPIPE is ignored in this process if it was at its default (gloo writes to
 /// sockets whose peer may be dead; the error is then reported, not fatal).
 std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm_identity& id,

@@ -29,6 +29,9 @@ struct param_tensor {
 /// bias), attn.qkv (weight [3C,C], bias), attn.proj (weight [C,C], bias), ln_2, mlp.fc
 /// (weight [4C,C], bias), mlp.proj (weight [C,4C], bias); then ln_f. Each layer is one
 /// contiguous range, so a pipeline stage owns a contiguous slice.
+///
+/// Not thread-safe: a forward/backward pass reuses the object's activation buffers. Give
+/// each rank (thread or process) its own model.
 template <typename F>
 class basic_gpt {
  public:

@@ -61,11 +61,19 @@ double adamw::grad_norm(const float* grads, size_t n) {
   return std::sqrt(sum);
 }
 
+double adamw::clip_scale(double norm) const {
+  if (cfg_.grad_clip > 0 && std::isfinite(norm) && norm > cfg_.grad_clip) {
+    return cfg_.grad_clip / (norm + 1e-6);
+  }
+  return 1.0;
+}
+
 double adamw::clip_gradients(float* grads, size_t n) const {
   const double norm = grad_norm(grads, n);
-  if (cfg_.grad_clip > 0 && std::isfinite(norm) && norm > cfg_.grad_clip) {
-    const auto scale = static_cast<float>(cfg_.grad_clip / (norm + 1e-6));
-    for (size_t i = 0; i < n; ++i) grads[i] *= scale;
+  const double scale = clip_scale(norm);
+  if (scale != 1.0) {
+    const auto s = static_cast<float>(scale);
+    for (size_t i = 0; i < n; ++i) grads[i] *= s;
   }
   return norm;
 }

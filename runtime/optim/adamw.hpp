@@ -34,6 +34,11 @@ class adamw {
   /// L2 norm of grads, accumulated in double.
   static double grad_norm(const float* grads, size_t n);
 
+  /// The factor clip_gradients applies for a global norm `norm`: grad_clip / (norm + 1e-6)
+  /// when clipping is on and norm exceeds grad_clip, else 1. For sharded gradients: sum
+  /// grad_norm(shard)^2 over the shards, take the root, and scale every shard by this.
+  double clip_scale(double norm) const;
+
   /// One update at the learning rate of `step`: t += 1, then for every parameter
   /// p -= lr * (wd * p [decay tensors only] + m_hat / (sqrt(v_hat) + eps)).
   void step(float* params, const float* grads, int64_t step, int64_t total_steps);

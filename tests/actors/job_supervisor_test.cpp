@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 
 namespace troupe::actors {
 namespace {
@@ -133,7 +134,12 @@ TEST_F(JobSupervisorTest, CommitsOnlyWhenEveryRankVoted) {
   ASSERT_TRUE(c0 && c1);
   EXPECT_EQ(c0->step, 1);
   EXPECT_FALSE(c0->checkpoint);
-  // (10 + 20) / (5 + 5) tokens
+  // (10 + 20) / (5 + 5) tokens. The commit goes out before the metrics are updated (the
+  // ranks should not wait for bookkeeping), so wait for the gauge with a deadline.
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (registry_.render_prometheus().find("\ntroupe_loss 3\n") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(1ms);
   EXPECT_NE(registry_.render_prometheus().find("\ntroupe_loss 3\n"), std::string::npos)
       << registry_.render_prometheus();
 }

@@ -101,6 +101,9 @@ TEST(adamw, clipping_bounds_the_global_norm) {
   EXPECT_NEAR(off.clip_gradients(big.data(), 2), 50.0, 1e-9);
   EXPECT_EQ(big[0], 30.0f);
 
+  EXPECT_DOUBLE_EQ(opt.clip_scale(5.0), 1.0 / (5.0 + 1e-6));
+  EXPECT_EQ(opt.clip_scale(0.5), 1.0);
+
   std::vector<float> bad{1.0f, std::numeric_limits<float>::quiet_NaN()};
   EXPECT_TRUE(std::isnan(opt.clip_gradients(bad.data(), 2)));
   EXPECT_EQ(bad[0], 1.0f);

@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -203,12 +204,13 @@ int bench(const peer_args& a) {
     const size_t count = (mib << 20) / sizeof(float);
     std::vector<float> v(count, 1.0f);  // touched before timing: first touch is slow here
     for (int i = 0; i < 2; ++i) c->all_reduce(v.data(), count, reduce_op::sum, default_op);
-    int iters = 0;
+    // Every rank must run the same number of ops, so rank 0 picks it (about 2 s worth).
+    const auto probe = clock_type::now();
+    c->all_reduce(v.data(), count, reduce_op::sum, default_op);
+    int iters = static_cast<int>(std::clamp(2s / (clock_type::now() - probe), 3L, 500L));
+    c->broadcast(&iters, sizeof(iters), 0, default_op);
     const auto start = clock_type::now();
-    while (iters < 3 || clock_type::now() - start < 2s) {
-      c->all_reduce(v.data(), count, reduce_op::sum, default_op);
-      ++iters;
-    }
+    for (int i = 0; i < iters; ++i) c->all_reduce(v.data(), count, reduce_op::sum, default_op);
     const double secs = std::chrono::duration<double>(clock_type::now() - start).count() / iters;
     const double algbw = static_cast<double>(count * sizeof(float)) / secs / 1e9;
     const double busbw = algbw * 2.0 * (a.size - 1) / a.size;
@@ -221,14 +223,24 @@ int bench(const peer_args& a) {
   return 0;
 }
 
+/// Many all-reduces of mixed sizes, each checked: for soak runs (`launch N stress`).
+int stress(const peer_args& a) {
+  auto c = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  const size_t counts[] = {(size_t{4} << 20) / 4 + 3, 1000, (size_t{16} << 20) / 4, 7, 100003};
+  for (int i = 0; i < 400; ++i) {
+    const size_t count = counts[i % 5];
+    if (auto err = reduce_and_check(*c, count, reduce_op::sum, a.rank, a.size); !err.empty()) {
+      return failed(a, "iteration " + std::to_string(i) + ": " + err);
+    }
+  }
+  return 0;
+}
+
 const std::map<std::string, std::function<int(const peer_args&)>> scenarios{
-    {"collectives", collectives},
-    {"hang", hang},
-    {"expect_lost", expect_lost},
-    {"survivor", survivor},
-    {"generations", generations},
-    {"store_ops", store_ops},
-    {"bench", bench},
+    {"stress", stress},       {"collectives", collectives},
+    {"hang", hang},           {"expect_lost", expect_lost},
+    {"survivor", survivor},   {"generations", generations},
+    {"store_ops", store_ops}, {"bench", bench},
 };
 
 int serve() {

@@ -86,4 +86,31 @@ TEST(gloo_threads, barrier_and_invalid_arguments) {
   });
 }
 
+TEST(gloo_threads, ranks_that_disagree_time_out_instead_of_mixing_data) {
+  on_ranks(2, {}, [](int r, communicator& c) {
+    // Different sizes on the two ranks (both small-message and ring sized).
+    std::vector<float> v(r == 0 ? 1000 : 1001, 1.0f);
+    try {
+      c.all_reduce(v.data(), v.size(), reduce_op::sum, {500ms});
+      FAIL() << "all_reduce of mismatched sizes succeeded";
+    } catch (const comm_error& e) {
+      // The first rank to time out closes its connections; the other may see that first.
+      EXPECT_TRUE(e.code() == comm_errc::timeout || e.code() == comm_errc::peer_lost) << e.what();
+    }
+  });
+  on_ranks(2, {}, [](int r, communicator& c) {
+    char b = 0;
+    try {
+      if (r == 0) {
+        c.barrier({500ms});
+      } else {
+        c.broadcast(&b, 1, 0, {500ms});
+      }
+      FAIL() << "a barrier matched a broadcast";
+    } catch (const comm_error& e) {
+      EXPECT_TRUE(e.code() == comm_errc::timeout || e.code() == comm_errc::peer_lost) << e.what();
+    }
+  });
+}
+
 }  // namespace
