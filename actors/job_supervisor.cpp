@@ -354,7 +354,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
           s.training_started = s.last_commit = clock_type::now();
           emit(self, {{"event", "training_started"}, {"world", s.setup.cfg.world},
                       {"generation", s.generation}, {"start_step", s.setup.start_step},
-                      {"layout", {{"dp", s.setup.cfg.world}, {"tp", 1}, {"pp", 1}, {"ep", 1}}}});
+                      {"layout", {{"dp", s.setup.cfg.world}, {"tp", 1}, {"pp", 1}, {"ep", 1},
+                                  {"zero", s.setup.cfg.parallel.zero}}}});
           monitoring::log(monitoring::level::info, ctx(self),
                           "all " + std::to_string(s.setup.cfg.world) + " ranks joined; training");
           arm_watchdog(self, std::chrono::milliseconds(s.setup.cfg.step_timeout_ms * 2));
@@ -368,6 +369,10 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
           fail(self, "rank " + std::to_string(d.rank) + " failed step " + std::to_string(d.step) + ": " + d.error);
           return;
         }
+        if (d.optim_state_bytes > 0)
+          emit(self, {{"event", "memory"}, {"rank", d.rank}, {"step", d.step}, {"generation", s.generation},
+                      {"optimizer_state_bytes", d.optim_state_bytes}, {"peak_rss_bytes", d.peak_rss_bytes},
+                      {"zero", s.setup.cfg.parallel.zero}});
         auto& v = s.pending;
         if (v.step != d.step) v = votes{d.step};
         ++v.count;

@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 1;
+constexpr int32_t protocol_version = 2;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -70,6 +70,8 @@ struct step_done {
   double comm_s = 0;          ///< gradient all-reduce
   double control_s = 0;       ///< previous step's wait for its commit
   double optim_s = 0;         ///< previous step's optimizer update
+  int64_t optim_state_bytes = 0;  ///< optimizer state this rank holds, as allocated
+  int64_t peak_rss_bytes = 0;     ///< the process's peak resident memory so far
 };
 
 /// The coordinator's decision for one step: apply it, and what else to do after.
@@ -150,7 +152,8 @@ typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
   return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error, x.loss_sum,
-           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.optim_s);
+           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.optim_s, x.optim_state_bytes,
+           x.peak_rss_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {

@@ -13,12 +13,14 @@
 #include "runtime/optim/adamw.hpp"
 #include "runtime/trainer.hpp"
 #include "strategies/data_parallel.hpp"
+#include "strategies/zero.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -27,6 +29,14 @@ namespace troupe::actors {
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// The process's peak resident set (VmHWM), in bytes; 0 if /proc cannot tell.
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
 
 double seconds_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -128,8 +138,26 @@ int await_stop(rank_context& rc) {
   return code;
 }
 
+// How this rank turns gradients into new parameters: replicated AdamW after an
+// all-reduce (plain data parallelism) or ZeRO-1 (state sharded over the group).
+struct optimizer_state {
+  std::optional<adamw> replicated;
+  std::optional<strategies::zero1_optimizer> zero;
+  ckpt::shard_range owned;  // the slice of the flat state this rank checkpoints
+
+  std::vector<float>& exp_avg() { return zero ? zero->exp_avg() : replicated->exp_avg(); }
+  std::vector<float>& exp_avg_sq() { return zero ? zero->exp_avg_sq() : replicated->exp_avg_sq(); }
+  int64_t& t() { return zero ? zero->t() : replicated->t(); }
+  double learning_rate(int64_t step, int64_t total) const {
+    return zero ? zero->learning_rate(step, total) : replicated->learning_rate(step, total);
+  }
+  // The moments as checkpointed: the owned slice of the full vectors (replicated) or the
+  // whole shard (ZeRO, where the owned slice is exactly the shard).
+  const float* moment_slice(std::vector<float>& v) const { return zero ? v.data() : v.data() + owned.offset; }
+};
+
 // Loads the committed checkpoint the coordinator resumed from into the model and optimizer.
-void restore(rank_context& rc, int64_t start_step, gpt& model, adamw& opt) {
+void restore(rank_context& rc, int64_t start_step, gpt& model, optimizer_state& opt) {
   auto man = ckpt::latest_committed(rc.cfg.run_dir);
   if (!man || man->step != start_step)
     throw std::runtime_error("checkpoint for step " + std::to_string(start_step) + " not found in " +
@@ -139,12 +167,23 @@ void restore(rank_context& rc, int64_t start_step, gpt& model, adamw& opt) {
     throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
                              " parameters but the model has " + std::to_string(model.num_params()));
   std::copy(full.params.begin(), full.params.end(), model.params());
-  opt.exp_avg() = std::move(full.exp_avg);
-  opt.exp_avg_sq() = std::move(full.exp_avg_sq);
+  if (opt.zero) {
+    // The checkpoint's layout is flat, so any shard of any world size can be cut from it.
+    const auto& sh = opt.zero->shard();
+    auto cut = [&](const std::vector<float>& v, std::vector<float>& into) {
+      std::copy(v.begin() + static_cast<std::ptrdiff_t>(sh.offset),
+                v.begin() + static_cast<std::ptrdiff_t>(sh.offset + sh.count), into.begin());
+    };
+    cut(full.exp_avg, opt.exp_avg());
+    cut(full.exp_avg_sq, opt.exp_avg_sq());
+  } else {
+    opt.exp_avg() = std::move(full.exp_avg);
+    opt.exp_avg_sq() = std::move(full.exp_avg_sq);
+  }
   opt.t() = full.adam_t;
 }
 
-shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model, adamw& opt) {
+shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model, optimizer_state& opt) {
   shard_written out;
   out.generation = rc.generation;
   out.step = step;
@@ -158,13 +197,11 @@ shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model,
     s.seed = rc.cfg.seed;
     s.rng_state = rc.cfg.seed;  // samples are a function of (seed, step): no hidden RNG state
     s.global_numel = model.num_params();
-    s.range = ckpt::owned_range(s.global_numel, rc.rank, rc.world);
-    auto slice = [&](const float* p) {
-      return std::vector<float>(p + s.range.offset, p + s.range.offset + s.range.count);
-    };
-    s.params = slice(model.params());
-    s.exp_avg = slice(opt.exp_avg().data());
-    s.exp_avg_sq = slice(opt.exp_avg_sq().data());
+    s.range = opt.owned;
+    auto take = [&](const float* p) { return std::vector<float>(p, p + s.range.count); };
+    s.params = take(model.params() + s.range.offset);
+    s.exp_avg = take(opt.moment_slice(opt.exp_avg()));
+    s.exp_avg_sq = take(opt.moment_slice(opt.exp_avg_sq()));
     auto entry = ckpt::write_shard(rc.cfg.run_dir, s);
     out.file = entry.file;
     out.bytes = entry.bytes;
@@ -212,10 +249,18 @@ int train(rank_context& rc, const welcome& w) {
   auto data = byte_dataset::open(rc.cfg.data, rc.cfg.val_fraction);
   gpt model(rc.cfg.model);
   model.init_params(rc.cfg.seed);
-  adamw opt(rc.cfg.optim, model.param_table(), model.num_params());
+  const size_t n = model.num_params();
+  optimizer_state opt;
+  if (rc.cfg.parallel.zero == 1) {
+    opt.zero.emplace(rc.cfg.optim, model.param_table(), n, rc.rank, rc.world);
+    opt.owned = {opt.zero->shard().offset, opt.zero->shard().count};
+  } else {
+    opt.replicated.emplace(rc.cfg.optim, model.param_table(), n);
+    opt.owned = ckpt::owned_range(n, rc.rank, rc.world);
+  }
   if (w.start_step > 0) restore(rc, w.start_step, model, opt);
   strategies::gradient_allreducer dp(static_cast<size_t>(rc.cfg.bucket_bytes));
-  const size_t n = model.num_params();
+  const comm::op_options step_opts{op_timeout};
 
   double prev_control = 0, prev_optim = 0;
   for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
@@ -228,7 +273,10 @@ int train(rank_context& rc, const welcome& w) {
     vote.step = step;
     vote.rank = rc.rank;
     try {
-      dp.all_reduce(*rc.world_comm, model.grads(), n, comm::op_options{op_timeout});
+      if (opt.zero)
+        opt.zero->reduce_gradients(*rc.world_comm, model.grads(), step_opts);
+      else
+        dp.all_reduce(*rc.world_comm, model.grads(), n, step_opts);
     } catch (const comm::comm_error& e) {
       vote.ok = false;
       vote.error = e.what();
@@ -243,12 +291,28 @@ int train(rank_context& rc, const welcome& w) {
     vote.comm_s = seconds_between(t1, t2);
     vote.control_s = prev_control;
     vote.optim_s = prev_optim;
+    if (step == w.start_step + 1) {
+      auto& m = opt.exp_avg();
+      auto& v = opt.exp_avg_sq();
+      vote.optim_state_bytes = static_cast<int64_t>((m.capacity() + v.capacity()) * sizeof(float));
+      vote.peak_rss_bytes = peak_rss_bytes();
+    }
     rc.self->send(rc.coordinator, vote);
 
     commit c = await_commit(rc, step);
     auto t3 = clock_type::now();
-    opt.clip_gradients(model.grads(), n);
-    opt.step(model.params(), model.grads(), step - 1, rc.cfg.steps);
+    if (opt.zero) {
+      // The all-gather of the updated shards is a collective too: a failure here is a
+      // failed step like any other.
+      try {
+        opt.zero->apply(*rc.world_comm, model.params(), step - 1, rc.cfg.steps, step_opts);
+      } catch (const comm::comm_error& e) {
+        throw stop_signal{1, std::string("ZeRO parameter all-gather failed: ") + e.what()};
+      }
+    } else {
+      opt.replicated->clip_gradients(model.grads(), n);
+      opt.replicated->step(model.params(), model.grads(), step - 1, rc.cfg.steps);
+    }
     auto t4 = clock_type::now();
     prev_control = seconds_between(t2, t3);
     prev_optim = seconds_between(t3, t4);

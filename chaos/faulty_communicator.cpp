@@ -88,6 +88,38 @@ void faulty_communicator::barrier(const comm::op_options& opts) {
   inner_->barrier(opts);
 }
 
+void faulty_communicator::reduce_scatter(const float* in, float* out, size_t count, comm::reduce_op op,
+                                         const comm::op_options& opts) {
+  before_collective("reduce_scatter", opts);
+  inner_->reduce_scatter(in, out, count, op, opts);
+}
+
+void faulty_communicator::all_gather(const void* in, void* out, size_t bytes, const comm::op_options& opts) {
+  before_collective("all_gather", opts);
+  inner_->all_gather(in, out, bytes, opts);
+}
+
+void faulty_communicator::all_to_all(const void* in, void* out, size_t bytes_per_rank, const comm::op_options& opts) {
+  before_collective("all_to_all", opts);
+  inner_->all_to_all(in, out, bytes_per_rank, opts);
+}
+
+void faulty_communicator::all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                      const std::vector<size_t>& recv_bytes, const comm::op_options& opts) {
+  before_collective("all_to_allv", opts);
+  inner_->all_to_allv(in, send_bytes, out, recv_bytes, opts);
+}
+
+void faulty_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) {
+  before_collective("send", opts);
+  inner_->send(data, bytes, peer, tag, opts);
+}
+
+void faulty_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) {
+  before_collective("recv", opts);
+  inner_->recv(data, bytes, peer, tag, opts);
+}
+
 void faulty_communicator::abort() {
   {
     std::lock_guard lock(mutex_);

@@ -45,6 +45,14 @@ class faulty_communicator final : public comm::communicator {
   void all_reduce(float* data, size_t count, comm::reduce_op op, const comm::op_options& opts) override;
   void broadcast(void* data, size_t bytes, int root, const comm::op_options& opts) override;
   void barrier(const comm::op_options& opts) override;
+  void reduce_scatter(const float* in, float* out, size_t count, comm::reduce_op op,
+                      const comm::op_options& opts) override;
+  void all_gather(const void* in, void* out, size_t bytes, const comm::op_options& opts) override;
+  void all_to_all(const void* in, void* out, size_t bytes_per_rank, const comm::op_options& opts) override;
+  void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes, const comm::op_options& opts) override;
+  void send(const void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) override;
+  void recv(void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) override;
   void abort() override;
   bool aborted() const override { return inner_->aborted(); }
 

@@ -27,6 +27,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--context", "model.context"},
       {"--step-timeout-ms", "step_timeout_ms"},
       {"--blas-threads", "blas_threads"},
+      {"--zero", "parallel.zero"},
   };
   return table;
 }
@@ -128,6 +129,7 @@ const char* job_flags = R"(  --config FILE          JSON config file (keys as in
   --exit-after-step N    stop cleanly after step N with a checkpoint (the schedule still
                          runs to --steps; --resume continues); 0 = off
   --eval-every K         validation loss every K steps; 0 = only at the end (default 100)
+  --zero 0|1             1 = ZeRO-1: optimizer state sharded over the data-parallel ranks
   --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)

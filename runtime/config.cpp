@@ -74,6 +74,15 @@ field make_field(std::string name, S train_config::*section, T S::*member) {
           },
           [section, member](const train_config& c) { return json((c.*section).*member); }};
 }
+field section_string_field(std::string name, parallel_config train_config::*section,
+                           std::string parallel_config::*member) {
+  return {name,
+          [name, section, member](train_config& c, const json& v) {
+            if (!v.is_string()) throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+            (c.*section).*member = v.get<std::string>();
+          },
+          [section, member](const train_config& c) { return json((c.*section).*member); }};
+}
 field string_field(std::string name, std::string train_config::*member) {
   return {name,
           [name, member](train_config& c, const json& v) {
@@ -90,6 +99,16 @@ const std::vector<field>& fields() {
       make_field("model.d_model", &train_config::model, &model_config::d_model),
       make_field("model.context", &train_config::model, &model_config::context),
       make_field("model.vocab", &train_config::model, &model_config::vocab),
+      make_field("model.experts", &train_config::model, &model_config::experts),
+      make_field("model.top_k", &train_config::model, &model_config::top_k),
+      make_field("model.capacity_factor", &train_config::model, &model_config::capacity_factor),
+      make_field("model.aux_loss_coef", &train_config::model, &model_config::aux_loss_coef),
+      make_field("parallel.tp", &train_config::parallel, &parallel_config::tp),
+      make_field("parallel.pp", &train_config::parallel, &parallel_config::pp),
+      make_field("parallel.ep", &train_config::parallel, &parallel_config::ep),
+      make_field("parallel.micro_batches", &train_config::parallel, &parallel_config::micro_batches),
+      make_field("parallel.zero", &train_config::parallel, &parallel_config::zero),
+      section_string_field("parallel.schedule", &train_config::parallel, &parallel_config::schedule),
       make_field("optim.lr", &train_config::optim, &optim_config::lr),
       make_field("optim.min_lr_ratio", &train_config::optim, &optim_config::min_lr_ratio),
       make_field("optim.warmup_steps", &train_config::optim, &optim_config::warmup_steps),
@@ -181,6 +200,21 @@ void validate(const train_config& c) {
               std::to_string(m.d_model) + "); pick a head count that divides it");
   require(m.context >= 2, "config: model.context must be >= 2");
   require(m.vocab == 256, "config: model.vocab must be 256 (the model reads bytes)");
+  require(m.experts >= 0, "config: model.experts must be >= 0 (0 = dense MLP)");
+  require(m.top_k == 1 || m.top_k == 2, "config: model.top_k must be 1 or 2");
+  require(m.experts == 0 || m.top_k <= m.experts, "config: model.top_k must not exceed model.experts");
+  require(m.capacity_factor > 0, "config: model.capacity_factor must be > 0");
+  require(m.aux_loss_coef >= 0, "config: model.aux_loss_coef must be >= 0");
+  const auto& p = c.parallel;
+  require(p.tp >= 1 && p.pp >= 1 && p.ep >= 1, "config: parallel.tp, parallel.pp and parallel.ep must be >= 1");
+  require(p.schedule == "gpipe" || p.schedule == "1f1b", "config: parallel.schedule must be gpipe or 1f1b");
+  require(p.zero == 0 || p.zero == 1, "config: parallel.zero must be 0 or 1");
+  require(p.micro_batches >= 0, "config: parallel.micro_batches must be >= 0");
+  // The step loop of `troupe run` is data-parallel today; the tensor, pipeline and expert
+  // parallel strategies are being built (issue 3) and are refused here until wired in.
+  require(p.tp == 1 && p.pp == 1 && p.ep == 1 && m.experts == 0,
+          "config: parallel.tp/pp/ep and model.experts are not supported by `troupe run` yet; "
+          "leave them at 1 and 0 (data parallelism, optionally with parallel.zero=1, uses every rank)");
   require(c.optim.lr > 0, "config: optim.lr must be > 0");
   require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "config: optim.min_lr_ratio must be in [0, 1]");
   require(c.optim.warmup_steps >= 0, "config: optim.warmup_steps must be >= 0");

@@ -18,6 +18,20 @@ struct model_config {
   int d_model = 128;
   int context = 64;   ///< T: tokens per sequence
   int vocab = 256;    ///< byte-level
+  int experts = 0;    ///< E: experts per MoE MLP; 0 = dense MLP
+  int top_k = 1;      ///< experts each token is routed to (1 or 2)
+  double capacity_factor = 1.25;  ///< expert capacity = ceil(factor * tokens * top_k / E)
+  double aux_loss_coef = 0.01;    ///< weight of the load-balancing loss
+};
+
+/// The parallel layout dp x tp x pp x ep. dp is whatever the world leaves.
+struct parallel_config {
+  int tp = 1;
+  int pp = 1;
+  int ep = 1;
+  int micro_batches = 0;        ///< pipeline micro-batches per step; 0 = batch / micro_batch
+  std::string schedule = "1f1b"; ///< gpipe | 1f1b
+  int zero = 0;                 ///< 0 = replicated optimizer state, 1 = sharded over dp
 };
 
 struct optim_config {
@@ -34,6 +48,7 @@ struct optim_config {
 struct train_config {
   model_config model;
   optim_config optim;
+  parallel_config parallel;
   int world = 2;               ///< number of worker ranks
   int steps = 400;
   int batch = 16;              ///< global batch in sequences per step (any world size)

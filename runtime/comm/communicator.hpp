@@ -8,16 +8,17 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace troupe::comm {
 
 /// Why a collective failed. Every failure of the data plane is one of these.
 enum class comm_errc : uint8_t {
-  timeout = 1,   ///< the deadline passed before the collective finished
-  peer_lost,     ///< a peer's connection closed (the process died or aborted)
-  aborted,       ///< abort() was called on this communicator
-  invalid,       ///< bad arguments (sizes, ranks, root)
-  internal,      ///< the backend failed in a way none of the above describes
+  timeout = 1,  ///< the deadline passed before the collective finished
+  peer_lost,    ///< a peer's connection closed (the process died or aborted)
+  aborted,      ///< abort() was called on this communicator
+  invalid,      ///< bad arguments (sizes, ranks, root)
+  internal,     ///< the backend failed in a way none of the above describes
 };
 
 const char* to_string(comm_errc code);
@@ -68,6 +69,28 @@ class communicator {
   virtual void broadcast(void* data, size_t bytes, int root, const op_options& opts) = 0;
   /// Returns once every rank of the group has entered the barrier.
   virtual void barrier(const op_options& opts) = 0;
+
+  /// `in` holds size() blocks of `count` floats; block j of the result (reduced over all
+  /// ranks) lands in this rank's `out` when j == rank(). `out` holds `count` floats.
+  virtual void reduce_scatter(const float* in, float* out, size_t count, reduce_op op,
+                              const op_options& opts) = 0;
+  /// Every rank's `bytes` of `in`, concatenated in rank order into `out` (size() * bytes).
+  virtual void all_gather(const void* in, void* out, size_t bytes, const op_options& opts) = 0;
+  /// Block j (`bytes_per_rank` bytes) of `in` goes to rank j; block j of `out` came from rank j.
+  virtual void all_to_all(const void* in, void* out, size_t bytes_per_rank,
+                          const op_options& opts) = 0;
+  /// Uneven all-to-all. `in` packs, in rank order, send_bytes[j] bytes for each rank j; `out`
+  /// receives, in rank order, recv_bytes[j] bytes from each rank j. Both vectors have size()
+  /// entries, and recv_bytes[j] must equal what rank j sends here (exchange counts first).
+  virtual void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                           const std::vector<size_t>& recv_bytes, const op_options& opts) = 0;
+  /// Point-to-point, matched by (peer, tag) on both sides and, per (peer, tag), in call order;
+  /// for pipeline stages. Both sides must give the same size. Only the two ranks take part.
+  /// A zero-byte transfer completes at once without contacting the peer.
+  virtual void send(const void* data, size_t bytes, int peer, uint32_t tag,
+                    const op_options& opts) = 0;
+  /// The receiving side of send(): `bytes` bytes from `peer` with `tag` into `data`.
+  virtual void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) = 0;
 
   /// Makes any collective in flight (and every later one) fail with comm_errc::aborted.
   /// Thread-safe and idempotent.

@@ -46,8 +46,10 @@ class adamw {
   const optim_config& config() const { return cfg_; }
   /// First moments (checkpoint state).
   std::vector<float>& exp_avg() { return m_; }
+  const std::vector<float>& exp_avg() const { return m_; }
   /// Second moments (checkpoint state).
   std::vector<float>& exp_avg_sq() { return v_; }
+  const std::vector<float>& exp_avg_sq() const { return v_; }
   /// Number of updates applied so far; drives the bias corrections.
   int64_t& t() { return t_; }
 

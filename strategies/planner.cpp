@@ -1,0 +1,380 @@
+#include "strategies/planner.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
+
+namespace troupe::strategies {
+namespace {
+
+// Worlds above this are refused with a reason rather than enumerated: the cost model walks
+// every group, and the config itself stops at 256 ranks.
+constexpr int max_world = 4096;
+
+std::string str(int v) { return std::to_string(v); }
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::string list(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + str(v[i]);
+  return out;
+}
+
+// The sizes tp may take for this model: common divisors of the head count, MLP width and
+// vocabulary (for the fix part of a reason).
+std::vector<int> valid_tp(const model_config& m) {
+  std::vector<int> out;
+  for (int t : divisors(m.n_head))
+    if ((4 * m.d_model) % t == 0 && m.vocab % t == 0) out.push_back(t);
+  return out;
+}
+
+// M, the micro-batches of one step, or 0 when the batch does not split.
+int step_micro_batches(const plan_constraints& c) {
+  if (c.micro_batches > 0) return c.batch % c.micro_batches == 0 ? c.micro_batches : 0;
+  return c.batch % c.micro_batch == 0 ? c.batch / c.micro_batch : 0;
+}
+
+// Rules that involve only the model, the batch and the fixed sizes, not the world: checked
+// first so a request that no world can satisfy gets the one reason that matters.
+std::string check_inputs(const model_config& m, const plan_constraints& c) {
+  if (m.n_layer < 1 || m.n_head < 1 || m.d_model < 1 || m.vocab < 1 || m.context < 1 ||
+      m.experts < 0 || m.top_k < 1)
+    return "model: n_layer, n_head, d_model, vocab, context and top_k must be >= 1 and experts "
+           ">= 0; fix the model section of the config";
+  if (c.batch < 1 || c.micro_batch < 1 || c.micro_batches < 0)
+    return "batch and micro_batch must be >= 1 and parallel.micro_batches >= 0";
+  if (c.tp < 0 || c.pp < 0 || c.ep < 0)
+    return "parallel.tp, parallel.pp and parallel.ep must be >= 1 (or 0 = let the planner choose)";
+  if (c.ranks_per_node < 1) return "ranks_per_node must be >= 1";
+  if (c.micro_batches > 0 && c.batch % c.micro_batches != 0)
+    return "parallel.micro_batches (" + str(c.micro_batches) + ") must divide batch (" +
+           str(c.batch) + "); use one of " + list(divisors(c.batch));
+  if (c.micro_batches == 0 && c.batch % c.micro_batch != 0)
+    return "micro_batch (" + str(c.micro_batch) + ") must divide batch (" + str(c.batch) +
+           "); use one of " + list(divisors(c.batch));
+  if (c.tp > 0) {
+    const auto why = [&](const char* what, int n) {
+      return "parallel.tp (" + str(c.tp) + ") must divide " + what + " (" + str(n) +
+             "); use one of " + list(valid_tp(m));
+    };
+    if (m.n_head % c.tp != 0) return why("model.n_head", m.n_head);
+    if ((4 * m.d_model) % c.tp != 0) return why("the MLP width 4 * model.d_model", 4 * m.d_model);
+    if (m.vocab % c.tp != 0) return why("model.vocab (vocab-parallel embedding)", m.vocab);
+  }
+  if (c.pp > m.n_layer)
+    return "parallel.pp (" + str(c.pp) + ") must not exceed model.n_layer (" + str(m.n_layer) +
+           "): every stage needs at least one layer; use pp <= " + str(m.n_layer);
+  if (c.ep > 1 && m.experts == 0)
+    return "parallel.ep (" + str(c.ep) +
+           ") > 1 needs an MoE model (model.experts > 0); set ep "
+           "to 1 or give the model experts";
+  if (c.ep > 1 && m.experts % c.ep != 0)
+    return "parallel.ep (" + str(c.ep) + ") must divide model.experts (" + str(m.experts) +
+           "); use one of " + list(divisors(m.experts));
+  if (c.pp > 1 && step_micro_batches(c) < c.pp)
+    return "parallel.pp (" + str(c.pp) + ") needs at least " + str(c.pp) +
+           " micro-batches per step to fill the pipeline, but the step has " +
+           str(step_micro_batches(c)) + " (batch / micro_batch); lower micro_batch or pp";
+  return {};
+}
+
+// ---- estimates ---------------------------------------------------------------------------
+
+struct estimate {
+  double params_per_rank = 0;  // fullest rank
+  double dense_per_rank = 0;   // its parameters summed over dp
+  double expert_per_rank = 0;  // its parameters summed over edp
+  double memory_bytes = 0;
+  double step_seconds = 0;
+};
+
+double mlp_params(double c) { return 8 * c * c + 5 * c; }  // fc [C,4C]+b, proj [4C,C]+b
+
+bool spans_nodes(const layout& l, group_kind k, int ranks_per_node) {
+  for (const auto& g : groups_of(l, k))
+    for (int r : g.ranks)
+      if (r / ranks_per_node != g.ranks.front() / ranks_per_node) return true;
+  return false;
+}
+
+estimate estimate_of(const layout& l, const model_config& m, const plan_constraints& c,
+                     const std::vector<layer_range>& stages, int micro_batches) {
+  const double C = m.d_model, V = m.vocab, T = m.context, E = m.experts;
+  const double tp = l.tp, dp = l.dp, ep = l.ep, edp = l.dp / l.ep;
+  // One layer's parameters on one rank: attention and MLP matrices are split over tp, the
+  // layer norms are replicated, and each rank holds E / ep experts.
+  const double attn = (4 * C * C + 4 * C) / tp + 4 * C;
+  const double dense_mlp = E > 0 ? C * E : mlp_params(C) / tp;  // router or dense MLP
+  const double expert_mlp = E > 0 ? (E / ep) * mlp_params(C) / tp : 0;
+  const double embed = V * C / tp;  // vocab-parallel token embedding (tied output head)
+  estimate e;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const double n = stages[s].size();
+    double dense = n * (attn + dense_mlp);
+    if (s == 0) dense += embed + T * C;                  // wte, wpe
+    if (s + 1 == stages.size()) dense += embed + 2 * C;  // tied head copy (if pp > 1), ln_f
+    if (s == 0 && stages.size() == 1) dense -= embed;    // one stage holds wte once
+    const double expert = n * expert_mlp;
+    if (dense + expert > e.params_per_rank) {
+      e.params_per_rank = dense + expert;
+      e.dense_per_rank = dense;
+      e.expert_per_rank = expert;
+    }
+  }
+  // fp32 weights and gradients, AdamW's two moments (sharded over dp with ZeRO-1).
+  e.memory_bytes = e.params_per_rank * (8 + 8 / (c.zero == 1 ? dp : 1.0));
+
+  const int max_layers = stages.front().size();  // the first stages are the fullest
+  const double mb = static_cast<double>(c.batch) / micro_batches;  // sequences / micro-batch
+  const double m_rep = static_cast<double>(micro_batches) / l.dp;
+  const double tokens = static_cast<double>(c.batch) * T;
+  const double active_mlp = E > 0 ? m.top_k * mlp_params(C) + C * E : mlp_params(C);
+  const double flops = 6 * tokens * (m.n_layer * (4 * C * C + active_mlp) + V * C) +
+                       12 * tokens * m.n_layer * T * C;  // attention scores and mixing
+  const double bubble = pipeline_bubble(l.pp, static_cast<int>(m_rep));
+  double seconds = flops / l.world() / c.flops_per_s / (1 - bubble);
+
+  const auto bw = [&](group_kind k) {
+    return spans_nodes(l, k, c.ranks_per_node) ? c.inter_node_bytes_per_s
+                                               : c.intra_node_bytes_per_s;
+  };
+  const auto ring = [](double n) { return 2 * (n - 1) / n; };  // all-reduce volume factor
+  const double act = mb * T * C * 4;                           // one activation, bytes
+  // Each collective call also pays a fixed latency, which is what keeps small models off
+  // tp: its many small all-reduces cost more in latency than they save in bandwidth.
+  const double a = c.latency_s;
+  if (l.dp > 1) seconds += a + e.dense_per_rank * 4 * ring(dp) / bw(group_kind::dp);
+  if (edp > 1) seconds += a + e.expert_per_rank * 4 * ring(edp) / bw(group_kind::edp);
+  if (l.pp > 1) seconds += a + embed * 4 * ring(2) / bw(group_kind::embd);
+  // Two all-reduces forward and two backward per layer and micro-batch.
+  const double per_layer = max_layers * m_rep;
+  if (l.tp > 1) seconds += 4 * per_layer * (a + act * ring(tp) / bw(group_kind::tp));
+  // One activation forward and one gradient backward per stage boundary and micro-batch.
+  if (l.pp > 1) seconds += 2 * m_rep * (a + act / bw(group_kind::pp));
+  // Dispatch and combine, forward and backward, of every routed token per MoE layer.
+  if (l.ep > 1) seconds += 4 * per_layer * (a + act * m.top_k * (ep - 1) / ep / bw(group_kind::ep));
+  e.step_seconds = seconds;
+  return e;
+}
+
+std::string memory_text(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+// The rule against free tp crossing a node; not a validity rule, so kept apart from
+// check_plan (a user who fixes tp gets what they asked for).
+std::string check_free_tp(const layout& l, const plan_constraints& c) {
+  if (c.tp == 0 && l.tp > 1 && c.ranks_per_node % l.tp != 0)
+    return "tp (" + str(l.tp) + ") would not divide a node of " + str(c.ranks_per_node) +
+           " ranks (ranks_per_node), so tensor-parallel peers would cross nodes; fix "
+           "parallel.tp to allow it";
+  return {};
+}
+
+struct search_result {
+  std::optional<layout_plan> best;
+  std::vector<std::string> rejected;  // "dp4xtp2xpp1: reason"
+};
+
+// Every candidate layout of exactly `world` ranks that matches the fixed sizes, the best
+// by the cost model, and why the others were rejected.
+search_result search(int world, const model_config& m, const plan_constraints& c) {
+  search_result out;
+  // A fixed size is tried even when it cannot work, so the reason says why.
+  const auto sizes = [](int fixed, int n) {
+    return fixed > 0 ? std::vector<int>{fixed} : divisors(n);
+  };
+  for (int tp : sizes(c.tp, world)) {
+    if (world % tp != 0) {
+      out.rejected.push_back("parallel.tp (" + str(tp) + ") does not divide the world of " +
+                             str(world) + " ranks");
+      continue;
+    }
+    for (int pp : sizes(c.pp, world / tp)) {
+      if ((world / tp) % pp != 0) {
+        out.rejected.push_back("tp (" + str(tp) + ") * parallel.pp (" + str(pp) +
+                               ") does not divide the world of " + str(world) + " ranks");
+        continue;
+      }
+      const int dp = world / (tp * pp);
+      for (int ep : sizes(c.ep, dp)) {
+        if (c.ep == 0 && ep > 1 && m.experts == 0) continue;  // never a reason worth listing
+        const layout l{dp, tp, pp, ep, c.order};
+        std::string why = check_plan(l, m, c);
+        if (why.empty()) why = check_free_tp(l, c);
+        if (!why.empty()) {
+          out.rejected.push_back(describe(l) + ": " + why);
+          continue;
+        }
+        layout_plan p = make_plan(l, m, c);
+        const auto rank = [](const layout_plan& q) {
+          const layout& s = q.shape;
+          return std::make_tuple(q.step_seconds, s.tp * s.pp, s.pp, s.tp, s.ep);
+        };
+        if (!out.best || rank(p) < rank(*out.best)) out.best = std::move(p);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<layer_range> stage_layers(int n_layer, int pp) {
+  if (pp < 1 || pp > n_layer)
+    throw std::invalid_argument("stage_layers: need 1 <= pp (" + str(pp) + ") <= n_layer (" +
+                                str(n_layer) + ")");
+  std::vector<layer_range> out;
+  const int base = n_layer / pp, extra = n_layer % pp;
+  int first = 0;
+  for (int s = 0; s < pp; ++s) {
+    const int n = base + (s < extra ? 1 : 0);
+    out.push_back({first, first + n});
+    first += n;
+  }
+  return out;
+}
+
+double pipeline_bubble(int pp, int m) {
+  if (pp <= 1) return 0;
+  if (m < 1) return 1;
+  return static_cast<double>(pp - 1) / (m + pp - 1);
+}
+
+plan_constraints constraints_from(const train_config& cfg) {
+  plan_constraints c;
+  c.batch = cfg.batch;
+  c.micro_batch = cfg.micro_batch;
+  c.micro_batches = cfg.parallel.micro_batches;
+  c.tp = cfg.parallel.tp > 1 ? cfg.parallel.tp : 0;
+  c.pp = cfg.parallel.pp > 1 ? cfg.parallel.pp : 0;
+  c.ep = cfg.parallel.ep > 1 ? cfg.parallel.ep : 0;
+  c.zero = cfg.parallel.zero;
+  return c;
+}
+
+std::string check_plan(const layout& l, const model_config& m, const plan_constraints& c) {
+  if (auto why = check_layout(l); !why.empty()) return why;
+  const auto fixed = [&](const char* name, int want, int got) {
+    return "parallel." + std::string(name) + " is fixed at " + str(want) + " but the layout has " +
+           str(got);
+  };
+  if (c.tp > 0 && l.tp != c.tp) return fixed("tp", c.tp, l.tp);
+  if (c.pp > 0 && l.pp != c.pp) return fixed("pp", c.pp, l.pp);
+  if (c.ep > 0 && l.ep != c.ep) return fixed("ep", c.ep, l.ep);
+  if (auto why = check_inputs(m, c); !why.empty()) return why;
+  const std::string t = "tp (" + str(l.tp) + ") must divide ";
+  if (m.n_head % l.tp != 0) return t + "model.n_head (" + str(m.n_head) + ")";
+  if ((4 * m.d_model) % l.tp != 0)
+    return t + "the MLP width 4 * model.d_model (" + str(4 * m.d_model) + ")";
+  if (m.vocab % l.tp != 0)
+    return t + "model.vocab (" + str(m.vocab) + ") for the vocab-parallel embedding";
+  if (l.pp > m.n_layer)
+    return "pp (" + str(l.pp) + ") must not exceed model.n_layer (" + str(m.n_layer) +
+           "): every stage needs a layer";
+  if (l.ep > 1 && m.experts == 0) return "ep (" + str(l.ep) + ") > 1 needs model.experts > 0";
+  if (l.ep > 1 && m.experts % l.ep != 0)
+    return "ep (" + str(l.ep) + ") must divide model.experts (" + str(m.experts) + ")";
+  const int M = step_micro_batches(c);
+  if (M % l.dp != 0)
+    return "dp (" + str(l.dp) + ") must divide the " + str(M) +
+           " micro-batches of a step (batch / micro_batch) so each replica runs whole "
+           "micro-batches; use more tp/pp, fewer ranks, or a batch with more micro-batches";
+  const int m_rep = M / l.dp;
+  if (l.pp > 1 && m_rep < l.pp)
+    return "pp (" + str(l.pp) + ") needs at least " + str(l.pp) +
+           " micro-batches per replica to fill the pipeline, but each of the " + str(l.dp) +
+           " replicas gets " + str(m_rep) +
+           " (batch / micro_batch / dp); use fewer stages or "
+           "replicas, or smaller micro-batches";
+  if (c.memory_bytes > 0) {
+    const double need = estimate_of(l, m, c, stage_layers(m.n_layer, l.pp), M).memory_bytes;
+    if (need > c.memory_bytes)
+      return "the fullest rank needs about " + memory_text(need) +
+             " for weights, gradients and AdamW state, over the memory budget of " +
+             memory_text(c.memory_bytes) + "; use more tp/pp/ep or parallel.zero = 1";
+  }
+  return {};
+}
+
+layout_plan make_plan(const layout& l, const model_config& m, const plan_constraints& c) {
+  if (auto why = check_plan(l, m, c); !why.empty()) throw std::invalid_argument(why);
+  layout_plan p;
+  p.shape = l;
+  p.stages = stage_layers(m.n_layer, l.pp);
+  p.micro_batches = step_micro_batches(c);
+  p.micro_batch_size = c.batch / p.micro_batches;
+  p.micro_batches_per_replica = p.micro_batches / l.dp;
+  p.bubble = pipeline_bubble(l.pp, p.micro_batches_per_replica);
+  const estimate e = estimate_of(l, m, c, p.stages, p.micro_batches);
+  p.params_per_rank = e.params_per_rank;
+  p.memory_bytes = e.memory_bytes;
+  p.step_seconds = e.step_seconds;
+  return p;
+}
+
+plan_result plan_layout(int world, const model_config& m, const plan_constraints& c) {
+  if (world < 1 || world > max_world)
+    return "world (" + str(world) + ") must be between 1 and " + str(max_world) + " ranks";
+  if (auto why = check_inputs(m, c); !why.empty()) return why;
+  auto found = search(world, m, c);
+  if (found.best) return std::move(*found.best);
+
+  // The nearest smaller world that fits: the spare-rank plan, or the fix in the reason.
+  std::optional<layout_plan> smaller;
+  for (int w = world - 1; w >= 1 && !smaller; --w) {
+    auto s = search(w, m, c);
+    if (s.best) {
+      smaller = std::move(s.best);
+      smaller->spares = world - w;
+    }
+  }
+  if (c.allow_spares && smaller) return std::move(*smaller);
+
+  std::string why = "no layout of " + str(world) + " ranks fits";
+  const size_t shown = std::min<size_t>(found.rejected.size(), 6);
+  for (size_t i = 0; i < shown; ++i) why += (i ? "; " : ": ") + found.rejected[i];
+  if (found.rejected.size() > shown)
+    why += "; and " + str(static_cast<int>(found.rejected.size() - shown)) + " more";
+  if (smaller)
+    why += ". Fix: " + str(smaller->shape.world()) + " ranks would fit as " +
+           describe(smaller->shape) + " (or allow spare ranks)";
+  else
+    why +=
+        ". Fix: no smaller world fits either; change the batch, micro_batch or the fixed "
+        "parallel sizes";
+  return why;
+}
+
+plan_result plan_layout(int world, const train_config& cfg) {
+  return plan_layout(world, cfg.model, constraints_from(cfg));
+}
+
+std::string to_json(const layout_plan& p) {
+  std::string stages;
+  for (size_t i = 0; i < p.stages.size(); ++i)
+    stages += (i ? "," : "") + std::string("[") + str(p.stages[i].first) + "," +
+              str(p.stages[i].last) + "]";
+  char nums[160];
+  std::snprintf(nums, sizeof nums,
+                "\"bubble\":%.6g,\"params_per_rank\":%.6g,"
+                "\"memory_bytes\":%.6g,\"step_seconds\":%.6g",
+                p.bubble, p.params_per_rank, p.memory_bytes, p.step_seconds);
+  return "{\"layout\":" + to_json(p.shape) + ",\"spares\":" + str(p.spares) + ",\"stages\":[" +
+         stages + "],\"micro_batches\":" + str(p.micro_batches) +
+         ",\"micro_batch_size\":" + str(p.micro_batch_size) +
+         ",\"micro_batches_per_replica\":" + str(p.micro_batches_per_replica) + "," + nums + "}";
+}
+
+}  // namespace troupe::strategies

@@ -1,0 +1,62 @@
+#pragma once
+// ZeRO stage 1: the optimizer state is sharded over the data-parallel group. Gradients are
+// reduce-scattered, each rank updates only the parameters it owns, and the updated
+// parameters are all-gathered back, so optimizer memory per rank falls as 1/dp.
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/config.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/optim/adamw.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace troupe::strategies {
+
+/// The contiguous slice of the flat parameter layout one data-parallel rank owns. Slices
+/// are equal (`block` floats, the last one shorter) so reduce-scatter and all-gather work
+/// on equal blocks; together they tile [0, num_params).
+struct zero_shard {
+  size_t block = 0;   ///< ceil(num_params / dp)
+  size_t offset = 0;  ///< first owned parameter
+  size_t count = 0;   ///< owned parameters (block, or less for the last ranks)
+};
+zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size);
+
+/// The weight-decay table of `full_table` restricted to a shard, offsets made relative to it.
+std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table, const zero_shard& shard);
+
+class zero1_optimizer {
+ public:
+  zero1_optimizer(const optim_config& cfg, const std::vector<param_tensor>& table, size_t num_params,
+                  int dp_rank, int dp_size);
+
+  /// Stage 3, before the vote: sums every rank's gradients and keeps this rank's shard.
+  void reduce_gradients(comm::communicator& dp, const float* grads, const comm::op_options& opts);
+  /// Stage 4, after the commit: clips by the global gradient norm (over all shards), updates
+  /// the owned parameters with AdamW and all-gathers every rank's updated parameters into
+  /// `params` (the full flat buffer). Returns the global norm before clipping.
+  double apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
+               const comm::op_options& opts);
+
+  const zero_shard& shard() const { return shard_; }
+  double learning_rate(int64_t step, int64_t total_steps) const { return adam_.learning_rate(step, total_steps); }
+  /// Shard state, for checkpoints (each `shard().count` long).
+  std::vector<float>& exp_avg() { return adam_.exp_avg(); }
+  std::vector<float>& exp_avg_sq() { return adam_.exp_avg_sq(); }
+  int64_t& t() { return adam_.t(); }
+  /// Bytes of optimizer state this rank holds (both moments), as allocated.
+  size_t state_bytes() const;
+
+ private:
+  size_t num_params_;
+  int dp_size_;
+  zero_shard shard_;
+  adamw adam_;
+  std::vector<float> padded_;      // dp * block floats: reduce-scatter input / all-gather output
+  std::vector<float> grad_shard_;  // block floats: this rank's summed gradients
+  std::vector<float> param_shard_; // block floats: this rank's parameters during the update
+};
+
+}  // namespace troupe::strategies

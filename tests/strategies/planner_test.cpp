@@ -1,0 +1,460 @@
+// The layout planner: every plan it returns is rechecked here against the rules written out
+// independently, a reason comes back exactly when no layout satisfies them, the choice is
+// the cheapest by the cost model, fixed sizes are honoured, and impossible requests name
+// the constraint they break.
+
+#include "strategies/planner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ts = troupe::strategies;
+using troupe::model_config;
+
+namespace {
+
+model_config dense_small() { return model_config{}; }  // L4, NH4, C128
+
+model_config dense_6x12() {
+  model_config m;
+  m.n_layer = 12;
+  m.n_head = 6;
+  m.d_model = 192;
+  return m;
+}
+
+model_config moe_8() {
+  model_config m;
+  m.experts = 8;
+  m.top_k = 2;
+  return m;
+}
+
+// Nothing divides nicely: 5 layers, 3 heads (so only tp 1 fits the byte vocabulary),
+// 6 experts.
+model_config awkward() {
+  model_config m;
+  m.n_layer = 5;
+  m.n_head = 3;
+  m.d_model = 96;
+  m.experts = 6;
+  return m;
+}
+
+struct named_model {
+  const char* name;
+  model_config m;
+};
+const std::vector<named_model> models = {{"dense_small", dense_small()},
+                                         {"dense_6x12", dense_6x12()},
+                                         {"moe_8", moe_8()},
+                                         {"awkward", awkward()}};
+
+ts::plan_constraints batch_of(int batch, int micro_batch, int micro_batches = 0) {
+  ts::plan_constraints c;
+  c.batch = batch;
+  c.micro_batch = micro_batch;
+  c.micro_batches = micro_batches;
+  return c;
+}
+
+const std::vector<ts::plan_constraints> batches = {
+    batch_of(16, 4), batch_of(64, 4), batch_of(48, 1), batch_of(60, 2), batch_of(64, 1, 32)};
+
+// The rules, written out again without the planner's help. Returns true when `l` may be
+// chosen for these inputs (the free-tp node rule included).
+bool independently_valid(const ts::layout& l, const model_config& m,
+                         const ts::plan_constraints& c) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.ep < 1) return false;
+  if (c.tp > 0 && l.tp != c.tp) return false;
+  if (c.pp > 0 && l.pp != c.pp) return false;
+  if (c.ep > 0 && l.ep != c.ep) return false;
+  if (m.n_head % l.tp || (4 * m.d_model) % l.tp || m.vocab % l.tp) return false;
+  if (l.pp > m.n_layer) return false;
+  if (l.ep > 1 && (m.experts == 0 || m.experts % l.ep || l.dp % l.ep)) return false;
+  const int M = c.micro_batches > 0 ? c.micro_batches : c.batch / c.micro_batch;
+  if (c.batch % M) return false;
+  if (M % l.dp) return false;
+  if (l.pp > 1 && M / l.dp < l.pp) return false;
+  if (c.tp == 0 && l.tp > 1 && c.ranks_per_node % l.tp) return false;
+  return true;
+}
+
+std::vector<ts::layout> all_layouts(int world) {
+  std::vector<ts::layout> out;
+  for (int tp = 1; tp <= world; ++tp)
+    for (int pp = 1; pp <= world; ++pp)
+      if (world % (tp * pp) == 0)
+        for (int ep = 1; ep <= world / (tp * pp); ++ep)
+          out.push_back({world / (tp * pp), tp, pp, ep});
+  return out;
+}
+
+std::vector<ts::layout> valid_layouts(int world, const model_config& m,
+                                      const ts::plan_constraints& c) {
+  std::vector<ts::layout> out;
+  for (const auto& l : all_layouts(world))
+    if (independently_valid(l, m, c)) out.push_back(l);
+  return out;
+}
+
+void expect_plan_consistent(const ts::layout_plan& p, int world, const model_config& m,
+                            const ts::plan_constraints& c) {
+  const auto& l = p.shape;
+  ASSERT_TRUE(independently_valid(l, m, c)) << ts::describe(l);
+  ASSERT_EQ(l.world() + p.spares, world);
+  ASSERT_EQ(ts::check_layout(l), "");
+  ASSERT_EQ(ts::check_plan(l, m, c), "");
+  const int M = c.micro_batches > 0 ? c.micro_batches : c.batch / c.micro_batch;
+  ASSERT_EQ(p.micro_batches, M);
+  ASSERT_EQ(p.micro_batch_size * M, c.batch);
+  ASSERT_EQ(p.micro_batches_per_replica * l.dp, M);
+  ASSERT_EQ(static_cast<int>(p.stages.size()), l.pp);
+  int next = 0;
+  for (const auto& s : p.stages) {
+    ASSERT_EQ(s.first, next);
+    ASSERT_GE(s.size(), 1);
+    next = s.last;
+  }
+  ASSERT_EQ(next, m.n_layer);
+  const int m_rep = p.micro_batches_per_replica;
+  ASSERT_DOUBLE_EQ(p.bubble, l.pp == 1 ? 0.0 : double(l.pp - 1) / (m_rep + l.pp - 1));
+  ASSERT_GT(p.step_seconds, 0);
+  ASSERT_GT(p.params_per_rank, 0);
+  ASSERT_GT(p.memory_bytes, 0);
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(StageLayers, GoldenSplits) {
+  using r = std::vector<ts::layer_range>;
+  EXPECT_EQ(ts::stage_layers(4, 1), (r{{0, 4}}));
+  EXPECT_EQ(ts::stage_layers(4, 2), (r{{0, 2}, {2, 4}}));
+  EXPECT_EQ(ts::stage_layers(12, 5), (r{{0, 3}, {3, 6}, {6, 8}, {8, 10}, {10, 12}}));
+  EXPECT_EQ(ts::stage_layers(5, 5), (r{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}}));
+  EXPECT_EQ(ts::stage_layers(7, 3), (r{{0, 3}, {3, 5}, {5, 7}}));
+}
+
+TEST(StageLayers, EverySplitCoversTheLayersEvenly) {
+  for (int n = 1; n <= 64; ++n)
+    for (int pp = 1; pp <= n; ++pp) {
+      const auto s = ts::stage_layers(n, pp);
+      ASSERT_EQ(static_cast<int>(s.size()), pp);
+      int next = 0;
+      for (size_t i = 0; i < s.size(); ++i) {
+        ASSERT_EQ(s[i].first, next);
+        ASSERT_TRUE(s[i].size() == n / pp || s[i].size() == n / pp + 1);
+        // The remainder goes to the first stages.
+        ASSERT_EQ(s[i].size(), n / pp + (static_cast<int>(i) < n % pp ? 1 : 0));
+        next = s[i].last;
+      }
+      ASSERT_EQ(next, n);
+    }
+  EXPECT_THROW(ts::stage_layers(4, 5), std::invalid_argument);
+  EXPECT_THROW(ts::stage_layers(4, 0), std::invalid_argument);
+}
+
+TEST(PipelineBubble, Formula) {
+  EXPECT_DOUBLE_EQ(ts::pipeline_bubble(1, 1), 0.0);
+  EXPECT_DOUBLE_EQ(ts::pipeline_bubble(1, 8), 0.0);
+  EXPECT_DOUBLE_EQ(ts::pipeline_bubble(2, 2), 1.0 / 3);
+  EXPECT_DOUBLE_EQ(ts::pipeline_bubble(4, 4), 3.0 / 7);
+  EXPECT_DOUBLE_EQ(ts::pipeline_bubble(4, 12), 3.0 / 15);
+  EXPECT_LT(ts::pipeline_bubble(4, 64), ts::pipeline_bubble(4, 8));
+}
+
+TEST(Planner, PlanExistsExactlyWhenAValidLayoutDoesAndIsTheCheapest) {
+  int plans = 0, reasons = 0;
+  for (const auto& nm : models)
+    for (const auto& c : batches)
+      for (int world = 1; world <= 64; ++world) {
+        SCOPED_TRACE(std::string(nm.name) + " world " + std::to_string(world) + " batch " +
+                     std::to_string(c.batch) + "/" + std::to_string(c.micro_batch));
+        const auto r = ts::plan_layout(world, nm.m, c);
+        const auto valid = valid_layouts(world, nm.m, c);
+        ASSERT_EQ(ts::has_plan(r), !valid.empty()) << (ts::has_plan(r) ? "" : ts::reason_of(r));
+        if (!ts::has_plan(r)) {
+          ++reasons;
+          ASSERT_TRUE(contains(ts::reason_of(r), "no layout of " + std::to_string(world)));
+          ASSERT_TRUE(contains(ts::reason_of(r), "Fix:")) << ts::reason_of(r);
+          continue;
+        }
+        ++plans;
+        const auto& p = ts::plan_of(r);
+        expect_plan_consistent(p, world, nm.m, c);
+        ASSERT_EQ(p.spares, 0);
+        // No valid layout is cheaper by the planner's own estimate.
+        for (const auto& l : valid)
+          ASSERT_LE(p.step_seconds, ts::make_plan(l, nm.m, c).step_seconds) << ts::describe(l);
+      }
+  EXPECT_GT(plans, 250);
+  EXPECT_GT(reasons, 50);
+}
+
+TEST(Planner, SpareRanksGiveTheLargestWorldThatFits) {
+  for (const auto& nm : models)
+    for (auto c : batches) {
+      c.allow_spares = true;
+      for (int world = 1; world <= 64; ++world) {
+        const auto r = ts::plan_layout(world, nm.m, c);
+        int largest = 0;
+        for (int w = world; w >= 1 && !largest; --w)
+          if (!valid_layouts(w, nm.m, c).empty()) largest = w;
+        ASSERT_EQ(ts::has_plan(r), largest > 0) << nm.name << " world " << world;
+        if (!largest) continue;
+        const auto& p = ts::plan_of(r);
+        expect_plan_consistent(p, world, nm.m, c);
+        ASSERT_EQ(p.shape.world(), largest) << nm.name << " world " << world;
+      }
+    }
+}
+
+TEST(Planner, FixedSizesAreHonoured) {
+  for (const auto& nm : models)
+    for (auto c : batches)
+      for (int tp : {0, 1, 2, 4})
+        for (int pp : {0, 1, 2, 3})
+          for (int ep : {0, 1, 2}) {
+            c.tp = tp;
+            c.pp = pp;
+            c.ep = ep;
+            for (int world = 1; world <= 32; ++world) {
+              const auto r = ts::plan_layout(world, nm.m, c);
+              ASSERT_EQ(ts::has_plan(r), !valid_layouts(world, nm.m, c).empty())
+                  << nm.name << " world " << world << " tp " << tp << " pp " << pp << " ep " << ep;
+              if (!ts::has_plan(r)) continue;
+              const auto& l = ts::plan_of(r).shape;
+              ASSERT_TRUE(tp == 0 || l.tp == tp) << ts::describe(l);
+              ASSERT_TRUE(pp == 0 || l.pp == pp) << ts::describe(l);
+              ASSERT_TRUE(ep == 0 || l.ep == ep) << ts::describe(l);
+            }
+          }
+}
+
+TEST(Planner, SmallDenseModelsAreDataParallel) {
+  // Enough micro-batches for every rank: pure data parallelism costs least.
+  for (int world : {1, 2, 4, 8, 16}) {
+    const auto r = ts::plan_layout(world, dense_small(), batch_of(64, 4));
+    ASSERT_TRUE(ts::has_plan(r));
+    EXPECT_EQ(ts::plan_of(r).shape, (ts::layout{world, 1, 1, 1})) << world;
+  }
+  troupe::train_config cfg;  // the defaults: world 2, batch 16 / micro_batch 4
+  const auto r = ts::plan_layout(cfg.world, cfg);
+  ASSERT_TRUE(ts::has_plan(r));
+  EXPECT_EQ(ts::describe(ts::plan_of(r).shape), "dp2xtp1xpp1");
+}
+
+TEST(Planner, ModelParallelismFillsRanksTheBatchCannot) {
+  // 4 micro-batches for 8 ranks: dp stops at 4, the rest must be tp or pp.
+  const auto r = ts::plan_layout(8, dense_small(), batch_of(16, 4));
+  ASSERT_TRUE(ts::has_plan(r));
+  const auto& l = ts::plan_of(r).shape;
+  EXPECT_LE(l.dp, 4);
+  EXPECT_GT(l.tp * l.pp, 1);
+}
+
+TEST(Planner, FreeTensorParallelismStaysInsideANode) {
+  for (int rpn : {1, 2, 4}) {
+    auto c = batch_of(16, 16);  // one micro-batch: dp 1, pp 1, everything else is tp
+    c.ranks_per_node = rpn;
+    for (int world = 1; world <= 16; ++world) {
+      const auto r = ts::plan_layout(world, dense_small(), c);
+      if (ts::has_plan(r)) {
+        EXPECT_EQ(rpn % ts::plan_of(r).shape.tp, 0) << world;
+      } else {
+        EXPECT_TRUE(world > rpn || world == 3) << world << ": " << ts::reason_of(r);
+      }
+    }
+    // Fixing tp overrides the node rule.
+    c.tp = 4;
+    if (rpn < 4) {
+      const auto r = ts::plan_layout(4, dense_small(), c);
+      ASSERT_TRUE(ts::has_plan(r)) << ts::reason_of(r);
+      EXPECT_EQ(ts::plan_of(r).shape.tp, 4);
+    }
+  }
+}
+
+TEST(Planner, MemoryBudgetForcesModelParallelism) {
+  model_config big;
+  big.n_layer = 24;
+  big.n_head = 16;
+  big.d_model = 1024;
+  auto c = batch_of(256, 4);  // 64 micro-batches
+  const auto free = ts::plan_layout(16, big, c);
+  ASSERT_TRUE(ts::has_plan(free));
+  const double whole = ts::plan_of(free).memory_bytes;
+  c.memory_bytes = whole / 3;
+  const auto r = ts::plan_layout(16, big, c);
+  ASSERT_TRUE(ts::has_plan(r)) << ts::reason_of(r);
+  EXPECT_LE(ts::plan_of(r).memory_bytes, c.memory_bytes);
+  EXPECT_GE(ts::plan_of(r).shape.tp * ts::plan_of(r).shape.pp, 3);
+  c.memory_bytes = 1024;  // nothing fits in a kibibyte
+  const auto none = ts::plan_layout(16, big, c);
+  ASSERT_FALSE(ts::has_plan(none));
+  EXPECT_TRUE(contains(ts::reason_of(none), "memory budget")) << ts::reason_of(none);
+  // ZeRO-1 shards the AdamW state, so the same layout needs less.
+  auto z = batch_of(256, 4);
+  z.zero = 1;
+  EXPECT_LT(ts::make_plan({16, 1, 1, 1}, big, z).memory_bytes,
+            ts::make_plan({16, 1, 1, 1}, big, batch_of(256, 4)).memory_bytes);
+}
+
+TEST(Planner, ImpossibleRequestsNameTheConstraint) {
+  struct impossible {
+    const char* what;
+    int world;
+    model_config m;
+    ts::plan_constraints c;
+    std::vector<std::string> must_mention;
+  };
+  auto fixed = [](ts::plan_constraints c, int tp, int pp, int ep) {
+    c.tp = tp;
+    c.pp = pp;
+    c.ep = ep;
+    return c;
+  };
+  const std::vector<impossible> cases = {
+      {"tp 3 with 4 heads",
+       6,
+       dense_small(),
+       fixed(batch_of(16, 4), 3, 0, 0),
+       {"parallel.tp (3)", "model.n_head (4)", "use one of 1, 2, 4"}},
+      {"tp 8 with 6 heads",
+       8,
+       dense_6x12(),
+       fixed(batch_of(16, 4), 8, 0, 0),
+       {"parallel.tp (8)", "model.n_head"}},
+      {"pp above the layers",
+       8,
+       dense_small(),
+       fixed(batch_of(64, 4), 0, 8, 0),
+       {"parallel.pp (8)", "model.n_layer (4)"}},
+      {"ep not dividing experts",
+       6,
+       moe_8(),
+       fixed(batch_of(48, 4), 0, 0, 3),
+       {"parallel.ep (3)", "model.experts (8)"}},
+      {"ep on a dense model",
+       4,
+       dense_small(),
+       fixed(batch_of(16, 4), 0, 0, 2),
+       {"parallel.ep (2)", "model.experts > 0"}},
+      {"pp without enough micro-batches",
+       4,
+       dense_small(),
+       fixed(batch_of(16, 8), 0, 4, 0),
+       {"parallel.pp (4)", "micro-batches"}},
+      {"world the batch cannot feed",
+       5,
+       dense_small(),
+       batch_of(16, 4),
+       {"no layout of 5 ranks", "micro-batches", "model.n_layer", "Fix: 4 ranks would fit"}},
+      {"world 3 with one micro-batch",
+       3,
+       dense_small(),
+       batch_of(4, 4),
+       {"no layout of 3 ranks", "dp (3) must divide the 1 micro-batches", "tp (3) must divide",
+        "pp (3) needs at least 3 micro-batches"}},
+      {"micro_batch not dividing batch",
+       2,
+       dense_small(),
+       batch_of(10, 4),
+       {"micro_batch (4) must divide batch (10)"}},
+      {"micro_batches not dividing batch",
+       2,
+       dense_small(),
+       batch_of(10, 1, 4),
+       {"parallel.micro_batches (4) must divide batch (10)"}},
+      {"fixed sizes not dividing the world",
+       6,
+       dense_small(),
+       fixed(batch_of(16, 4), 4, 0, 0),
+       {"no layout of 6 ranks", "parallel.tp (4) does not divide the world of 6 ranks"}},
+      {"ep not dividing dp",
+       6,
+       moe_8(),
+       fixed(batch_of(48, 4), 0, 0, 4),
+       {"ep (4) must divide dp"}},
+      {"no world", 0, dense_small(), batch_of(16, 4), {"world (0)"}},
+      {"bad model", 2, model_config{0, 4, 128, 64, 256}, batch_of(16, 4), {"n_layer"}},
+      {"bad batch", 2, dense_small(), batch_of(0, 4), {"batch"}},
+  };
+  for (const auto& x : cases) {
+    const auto r = ts::plan_layout(x.world, x.m, x.c);
+    ASSERT_FALSE(ts::has_plan(r)) << x.what;
+    for (const auto& part : x.must_mention)
+      EXPECT_TRUE(contains(ts::reason_of(r), part)) << x.what << ": " << ts::reason_of(r);
+  }
+}
+
+TEST(Planner, CheckPlanAndMakePlanAgree) {
+  const auto c = batch_of(64, 4);
+  EXPECT_EQ(ts::check_plan({4, 2, 2, 1}, dense_small(), c), "");
+  EXPECT_TRUE(contains(ts::check_plan({2, 3, 1, 1}, dense_6x12(), c), "4 * model.d_model") ||
+              contains(ts::check_plan({2, 3, 1, 1}, dense_6x12(), c), "model.vocab"));
+  EXPECT_TRUE(contains(ts::check_plan({3, 1, 1, 1}, dense_small(), c), "dp (3) must divide"));
+  EXPECT_TRUE(contains(ts::check_plan({2, 1, 1, 3}, moe_8(), c), "ep (3) must divide dp"));
+  EXPECT_THROW(ts::make_plan({3, 1, 1, 1}, dense_small(), c), std::invalid_argument);
+  const auto p = ts::make_plan({4, 2, 2, 1}, dense_small(), c);
+  EXPECT_EQ(p.micro_batches_per_replica, 4);
+  EXPECT_EQ(p.micro_batch_size, 4);
+  EXPECT_DOUBLE_EQ(p.bubble, 1.0 / 5);
+}
+
+TEST(Planner, ConstraintsFromConfigTreatOneAsFree) {
+  troupe::train_config cfg;
+  cfg.batch = 32;
+  cfg.micro_batch = 2;
+  cfg.parallel.tp = 1;
+  cfg.parallel.pp = 2;
+  cfg.parallel.ep = 1;
+  cfg.parallel.micro_batches = 8;
+  cfg.parallel.zero = 1;
+  const auto c = ts::constraints_from(cfg);
+  EXPECT_EQ(c.batch, 32);
+  EXPECT_EQ(c.micro_batch, 2);
+  EXPECT_EQ(c.micro_batches, 8);
+  EXPECT_EQ(c.tp, 0);
+  EXPECT_EQ(c.pp, 2);
+  EXPECT_EQ(c.ep, 0);
+  EXPECT_EQ(c.zero, 1);
+  const auto r = ts::plan_layout(4, cfg);
+  ASSERT_TRUE(ts::has_plan(r)) << ts::reason_of(r);
+  EXPECT_EQ(ts::plan_of(r).shape.pp, 2);
+  EXPECT_EQ(ts::plan_of(r).micro_batches, 8);
+  EXPECT_EQ(ts::plan_of(r).micro_batch_size, 4);
+}
+
+TEST(Planner, DeterministicAndPure) {
+  for (const auto& nm : models)
+    for (const auto& c : batches)
+      for (int world : {1, 6, 8, 12, 24, 64}) {
+        const auto a = ts::plan_layout(world, nm.m, c);
+        const auto b = ts::plan_layout(world, nm.m, c);
+        ASSERT_EQ(ts::has_plan(a), ts::has_plan(b));
+        if (ts::has_plan(a))
+          ASSERT_EQ(ts::to_json(ts::plan_of(a)), ts::to_json(ts::plan_of(b)));
+        else
+          ASSERT_EQ(ts::reason_of(a), ts::reason_of(b));
+      }
+}
+
+TEST(Planner, PlanJsonNamesTheLayout) {
+  const auto p = ts::make_plan({2, 2, 2, 1}, dense_small(), batch_of(16, 4));
+  const auto j = ts::to_json(p);
+  EXPECT_TRUE(contains(
+      j, R"("layout":{"dp":2,"tp":2,"pp":2,"ep":1,"order":"tp-ep-dp-pp","name":"dp2xtp2xpp2"})"))
+      << j;
+  EXPECT_TRUE(contains(j, R"("stages":[[0,2],[2,4]])")) << j;
+  EXPECT_TRUE(contains(j, R"("micro_batches_per_replica":2)")) << j;
+  EXPECT_TRUE(contains(j, R"("spares":0)")) << j;
+}
