@@ -354,8 +354,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
           s.training_started = s.last_commit = clock_type::now();
           emit(self, {{"event", "training_started"}, {"world", s.setup.cfg.world},
                       {"generation", s.generation}, {"start_step", s.setup.start_step},
-                      {"layout", {{"dp", s.setup.cfg.world}, {"tp", 1}, {"pp", 1}, {"ep", 1},
-                                  {"zero", s.setup.cfg.parallel.zero}}}});
+                      {"layout", json::parse(s.setup.layout_json)}});
           monitoring::log(monitoring::level::info, ctx(self),
                           "all " + std::to_string(s.setup.cfg.world) + " ranks joined; training");
           arm_watchdog(self, std::chrono::milliseconds(s.setup.cfg.step_timeout_ms * 2));

@@ -26,6 +26,7 @@ struct job_setup {
   monitoring::metrics_registry* metrics = nullptr;
   caf::actor listener;                    ///< receives (result_atom, job_result) at the end
   int form_timeout_ms = 60000;            ///< all ranks must have joined by then
+  std::string layout_json = "{}";         ///< the planner's layout, for events.jsonl
 };
 
 /// Pure decisions of the step protocol, tested without actors.

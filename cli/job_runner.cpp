@@ -11,6 +11,8 @@
 #include "monitoring/metrics.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/model/gpt.hpp"
+#include "strategies/mesh.hpp"
+#include "strategies/planner.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -81,6 +83,24 @@ int64_t resume_point(const train_config& cfg) {
   return man->step;
 }
 
+// Stage 1: the layout for this world, from the planner (a pure function the elastic path
+// will call again with a new world size). Returns its JSON for events.jsonl.
+std::string plan_job(const train_config& cfg) {
+  auto planned = strategies::plan_layout(cfg.world, cfg);
+  if (!strategies::has_plan(planned)) throw config_error("layout: " + strategies::reason_of(planned));
+  const auto& plan = strategies::plan_of(planned);
+  const auto& shape = plan.shape;
+  if (shape.tp != 1 || shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0)
+    throw config_error("layout: " + strategies::describe(shape) +
+                       (cfg.model.experts > 0 ? " with MoE experts" : "") +
+                       " is valid, but `troupe run` trains data-parallel layouts only so far (tensor, pipeline "
+                       "and expert parallelism are being wired in); use --tp 1 --pp 1 --ep 1 --experts 0");
+  auto doc = nlohmann::json::parse(strategies::to_json(plan));
+  doc["describe"] = strategies::describe(shape);
+  doc["zero"] = cfg.parallel.zero;
+  return doc.dump();
+}
+
 void print_summary(const train_config& cfg, const actors::job_result& r) {
   const char* verdict = r.exit_code == 0 ? "done" : r.exit_code == 130 ? "interrupted" : "FAILED";
   std::printf("troupe: %s in %s — %s\n", verdict, format_duration(r.wall_s).c_str(), r.message.c_str());
@@ -106,6 +126,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   train_config cfg = opts.cfg;
+  const std::string layout_json = plan_job(cfg);
   prepare_paths(cfg);
   int64_t start_step = cfg.resume ? resume_point(cfg) : 0;
   {
@@ -115,7 +136,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
 
   auto events = monitoring::event_log::open(cfg.run_dir + "/events.jsonl");
   events.write({{"event", "job_start"}, {"world", cfg.world}, {"steps", cfg.steps}, {"resume", cfg.resume},
-                {"start_step", start_step}, {"config", nlohmann::json::parse(to_json(cfg))}, {"pid", getpid()}});
+                {"start_step", start_step}, {"config", nlohmann::json::parse(to_json(cfg))}, {"pid", getpid()},
+                {"layout", nlohmann::json::parse(layout_json)}});
 
   monitoring::metrics_registry registry;
   std::optional<monitoring::metrics_server> metrics;
@@ -141,6 +163,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   setup.events = &events;
   setup.metrics = &registry;
   setup.listener = caf::actor_cast<caf::actor>(self);
+  setup.layout_json = layout_json;
   auto supervisor = actors::spawn_job_supervisor(sys, setup);
   self->monitor(supervisor);
 

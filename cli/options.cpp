@@ -28,6 +28,13 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--step-timeout-ms", "step_timeout_ms"},
       {"--blas-threads", "blas_threads"},
       {"--zero", "parallel.zero"},
+      {"--tp", "parallel.tp"},
+      {"--pp", "parallel.pp"},
+      {"--ep", "parallel.ep"},
+      {"--micro-batches", "parallel.micro_batches"},
+      {"--schedule", "parallel.schedule"},
+      {"--experts", "model.experts"},
+      {"--top-k", "model.top_k"},
   };
   return table;
 }
@@ -130,6 +137,12 @@ const char* job_flags = R"(  --config FILE          JSON config file (keys as in
                          runs to --steps; --resume continues); 0 = off
   --eval-every K         validation loss every K steps; 0 = only at the end (default 100)
   --zero 0|1             1 = ZeRO-1: optimizer state sharded over the data-parallel ranks
+  --tp N, --pp N, --ep N tensor, pipeline and expert parallel sizes; dp is the rest of the
+                         world. The layout planner checks them (and picks them when left
+                         at 1); `troupe run` trains data-parallel layouts so far
+  --micro-batches M      pipeline micro-batches per step (default batch / micro-batch)
+  --schedule gpipe|1f1b  pipeline schedule (default 1f1b)
+  --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K
   --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)

@@ -210,19 +210,6 @@ void validate(const train_config& c) {
   require(p.schedule == "gpipe" || p.schedule == "1f1b", "config: parallel.schedule must be gpipe or 1f1b");
   require(p.zero == 0 || p.zero == 1, "config: parallel.zero must be 0 or 1");
   require(p.micro_batches >= 0, "config: parallel.micro_batches must be >= 0");
-  // The step loop of `troupe run` is data-parallel today; the tensor, pipeline and expert
-  // parallel strategies are being built (issue 3) and are refused here until wired in.
-  require(p.tp == 1 && p.pp == 1 && p.ep == 1 && m.experts == 0,
-          "config: parallel.tp/pp/ep and model.experts are not supported by `troupe run` yet; "
-          "leave them at 1 and 0 (data parallelism, optionally with parallel.zero=1, uses every rank)");
-  require(c.optim.lr > 0, "config: optim.lr must be > 0");
-  require(c.optim.min_lr_ratio >= 0 && c.optim.min_lr_ratio <= 1, "config: optim.min_lr_ratio must be in [0, 1]");
-  require(c.optim.warmup_steps >= 0, "config: optim.warmup_steps must be >= 0");
-  require(c.optim.weight_decay >= 0, "config: optim.weight_decay must be >= 0");
-  require(c.optim.beta1 >= 0 && c.optim.beta1 < 1, "config: optim.beta1 must be in [0, 1)");
-  require(c.optim.beta2 >= 0 && c.optim.beta2 < 1, "config: optim.beta2 must be in [0, 1)");
-  require(c.optim.eps > 0, "config: optim.eps must be > 0");
-  require(c.optim.grad_clip >= 0, "config: optim.grad_clip must be >= 0 (0 = off)");
   require(c.world >= 1 && c.world <= 256, "config: world must be between 1 and 256");
   require(c.steps >= 1, "config: steps must be >= 1");
   require(c.batch >= 1, "config: batch must be >= 1");
@@ -231,7 +218,9 @@ void validate(const train_config& c) {
           "config: batch (" + std::to_string(c.batch) + ") must be a multiple of micro_batch (" +
               std::to_string(c.micro_batch) + ")");
   const int micro_batches = c.batch / c.micro_batch;
-  require(micro_batches % c.world == 0,
+  // With model parallelism fixed by the user the layout planner checks the data-parallel
+  // share; for plain data parallelism every rank is a replica, so say it here in its terms.
+  require(p.tp > 1 || p.pp > 1 || micro_batches % c.world == 0,
           "config: world (" + std::to_string(c.world) + ") must divide the " + std::to_string(micro_batches) +
               " micro-batches of a step (batch " + std::to_string(c.batch) + " / micro_batch " +
               std::to_string(c.micro_batch) + "); use --world " + std::to_string(micro_batches) +
