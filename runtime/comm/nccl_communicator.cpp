@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 namespace troupe::comm {
 namespace {
@@ -82,6 +83,79 @@ class nccl_communicator final : public communicator {
         [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_); });
   }
 
+  void reduce_scatter(const float* in, float* out, size_t count, reduce_op op,
+                      const op_options& opts) override {
+    run("reduce_scatter", opts, [&] {
+      return ncclReduceScatter(in, out, count, ncclFloat, op == reduce_op::sum ? ncclSum : ncclAvg,
+                               comm_, stream_);
+    });
+  }
+
+  void all_gather(const void* in, void* out, size_t bytes, const op_options& opts) override {
+    run("all_gather", opts,
+        [&] { return ncclAllGather(in, out, bytes, ncclChar, comm_, stream_); });
+  }
+
+  void all_to_all(const void* in, void* out, size_t bytes_per_rank,
+                  const op_options& opts) override {
+    std::vector<size_t> even(static_cast<size_t>(id_.size), bytes_per_rank);
+    all_to_allv(in, even, out, even, opts);
+  }
+
+  /// NCCL has no all-to-all; one group of sends and receives is its documented equivalent.
+  void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes, const op_options& opts) override {
+    const auto p = static_cast<size_t>(id_.size);
+    if (send_bytes.size() != p || recv_bytes.size() != p ||
+        send_bytes[static_cast<size_t>(id_.rank)] != recv_bytes[static_cast<size_t>(id_.rank)]) {
+      throw comm_error(comm_errc::invalid, "nccl all_to_allv: count vectors must have " +
+                                               std::to_string(p) + " entries (" + context_string() +
+                                               ")");
+    }
+    run("all_to_allv", opts, [&] {
+      const auto* src = static_cast<const char*>(in);
+      auto* dst = static_cast<char*>(out);
+      // This rank's own block is a device copy on the same stream, ordered with the rest.
+      size_t send_at = 0;
+      size_t recv_at = 0;
+      for (size_t j = 0; j < static_cast<size_t>(id_.rank); ++j) {
+        send_at += send_bytes[j];
+        recv_at += recv_bytes[j];
+      }
+      const size_t own = send_bytes[static_cast<size_t>(id_.rank)];
+      if (own > 0 && cudaMemcpyAsync(dst + recv_at, src + send_at, own, cudaMemcpyDeviceToDevice,
+                                     stream_) != cudaSuccess) {
+        return ncclUnhandledCudaError;
+      }
+      ncclResult_t r = ncclGroupStart();
+      for (size_t j = 0; j < p && (r == ncclSuccess || r == ncclInProgress); ++j) {
+        if (j != static_cast<size_t>(id_.rank) && send_bytes[j] > 0) {
+          r = ncclSend(src, send_bytes[j], ncclChar, static_cast<int>(j), comm_, stream_);
+        }
+        if ((r == ncclSuccess || r == ncclInProgress) && j != static_cast<size_t>(id_.rank) &&
+            recv_bytes[j] > 0) {
+          r = ncclRecv(dst, recv_bytes[j], ncclChar, static_cast<int>(j), comm_, stream_);
+        }
+        src += send_bytes[j];
+        dst += recv_bytes[j];
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return (r == ncclSuccess || r == ncclInProgress) ? end : r;
+    });
+  }
+
+  // NCCL matches point-to-point operations per peer in call order and has no tags, so the tag
+  // is only checked for range here; callers must issue matching pairs in the same order.
+  void send(const void* data, size_t bytes, int peer, uint32_t, const op_options& opts) override {
+    check_peer("send", peer);
+    run("send", opts, [&] { return ncclSend(data, bytes, ncclChar, peer, comm_, stream_); });
+  }
+
+  void recv(void* data, size_t bytes, int peer, uint32_t, const op_options& opts) override {
+    check_peer("recv", peer);
+    run("recv", opts, [&] { return ncclRecv(data, bytes, ncclChar, peer, comm_, stream_); });
+  }
+
   void abort() override {
     aborted_.store(true);
     std::lock_guard<std::mutex> lock(m_);
@@ -96,6 +170,14 @@ class nccl_communicator final : public communicator {
     return "group " + id_.group + ", generation " + std::to_string(id_.generation) + ", rank " +
            std::to_string(id_.rank) + " of " + std::to_string(id_.size) + ", device " +
            std::to_string(device_);
+  }
+
+  void check_peer(const char* name, int peer) const {
+    if (peer < 0 || peer >= id_.size || peer == id_.rank) {
+      throw comm_error(comm_errc::invalid, std::string("nccl ") + name + ": peer " +
+                                               std::to_string(peer) + " is not another rank (" +
+                                               context_string() + ")");
+    }
   }
 
   void abort_locked() {

@@ -16,6 +16,7 @@ template <typename F>
 struct block_params {
   F *ln1_w, *ln1_b, *qkv_w, *qkv_b, *proj_w, *proj_b;
   F *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
+  F *router_w, *experts;  // MoE blocks (the mlp.* pointers are then null)
 };
 
 /// Hands out consecutive ranges of a buffer; with a null base it only counts, which is how
@@ -32,22 +33,31 @@ struct carver {
 };
 
 /// The tensors of the model in buffer order. Everything that depends on that order
-/// (the table, the views below) is derived from this one list.
-std::vector<param_tensor> build_table(const model_config& m) {
+/// (the table, the views below) is derived from this one list. An MoE model that is rank
+/// `ep_rank` of `ep_size` keeps only its experts; `stream` receives each kept tensor's
+/// index in the full (unsharded) table and `block_first` each block's first tensor.
+std::vector<param_tensor> build_table(const model_config& m, int ep_rank, int ep_size,
+                                      std::vector<size_t>& block_first,
+                                      std::vector<size_t>& stream) {
   const int64_t C = m.d_model;
   std::vector<param_tensor> table;
   size_t offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape) {
+  size_t full_index = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool keep = true) {
+    const size_t index = full_index++;
+    if (!keep) return;
     size_t numel = 1;
     for (int64_t s : shape) numel *= static_cast<size_t>(s);
     const bool decay = shape.size() == 2;
     table.push_back({std::move(name), std::move(shape), offset, numel, decay});
+    stream.push_back(index);
     offset += numel;
   };
   add("wte.weight", {m.vocab, C});
   add("wpe.weight", {m.context, C});
   for (int l = 0; l < m.n_layer; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
+    block_first.push_back(table.size());
     add(p + "ln_1.weight", {C});
     add(p + "ln_1.bias", {C});
     add(p + "attn.qkv.weight", {3 * C, C});
@@ -56,6 +66,19 @@ std::vector<param_tensor> build_table(const model_config& m) {
     add(p + "attn.proj.bias", {C});
     add(p + "ln_2.weight", {C});
     add(p + "ln_2.bias", {C});
+    if (m.experts > 0) {
+      add(p + "moe.router.weight", {m.experts, C});
+      const int local = m.experts / ep_size;
+      for (int e = 0; e < m.experts; ++e) {
+        const bool mine = e / local == ep_rank;
+        const std::string x = p + "moe.experts." + std::to_string(e) + ".";
+        add(x + "fc.weight", {4 * C, C}, mine);
+        add(x + "fc.bias", {4 * C}, mine);
+        add(x + "proj.weight", {C, 4 * C}, mine);
+        add(x + "proj.bias", {C}, mine);
+      }
+      continue;
+    }
     add(p + "mlp.fc.weight", {4 * C, C});
     add(p + "mlp.fc.bias", {4 * C});
     add(p + "mlp.proj.weight", {C, 4 * C});
@@ -69,14 +92,30 @@ std::vector<param_tensor> build_table(const model_config& m) {
 // Indices into the table, matching build_table's order.
 constexpr size_t wte_index = 0;
 constexpr size_t wpe_index = 1;
-constexpr size_t tensors_per_block = 12;
-size_t block_first(int l) { return 2 + tensors_per_block * static_cast<size_t>(l); }
 
+/// Block views from the table index `i` of the block's first tensor.
 template <typename F>
-block_params<F> block_view(F* base, const std::vector<param_tensor>& table, int l) {
-  const size_t i = block_first(l);
+block_params<F> block_view(F* base, const std::vector<param_tensor>& table, size_t i, bool moe) {
   auto at = [&](size_t k) { return base + table[i + k].offset; };
-  return {at(0), at(1), at(2), at(3), at(4), at(5), at(6), at(7), at(8), at(9), at(10), at(11)};
+  block_params<F> b{};
+  b.ln1_w = at(0);
+  b.ln1_b = at(1);
+  b.qkv_w = at(2);
+  b.qkv_b = at(3);
+  b.proj_w = at(4);
+  b.proj_b = at(5);
+  b.ln2_w = at(6);
+  b.ln2_b = at(7);
+  if (moe) {
+    b.router_w = at(8);
+    b.experts = at(9);  // this rank's experts follow the router, contiguous
+    return b;
+  }
+  b.fc_w = at(8);
+  b.fc_b = at(9);
+  b.fcproj_w = at(10);
+  b.fcproj_b = at(11);
+  return b;
 }
 
 /// One block's saved activations; N rows of C channels unless noted.
@@ -97,8 +136,9 @@ struct block_acts {
   F* res3;      // residual stream after the MLP: the block's output
 };
 
+/// `hidden` is the dense MLP's width (4C), or 0 for an MoE block, which keeps its own.
 template <typename F>
-block_acts<F> carve_block(carver<F>& c, size_t N, size_t C, size_t att) {
+block_acts<F> carve_block(carver<F>& c, size_t N, size_t C, size_t att, size_t hidden) {
   block_acts<F> a{};
   a.ln1 = c.take(N * C);
   a.ln1_mean = c.take(N);
@@ -110,8 +150,8 @@ block_acts<F> carve_block(carver<F>& c, size_t N, size_t C, size_t att) {
   a.ln2 = c.take(N * C);
   a.ln2_mean = c.take(N);
   a.ln2_rstd = c.take(N);
-  a.fch = c.take(N * 4 * C);
-  a.fch_gelu = c.take(N * 4 * C);
+  a.fch = c.take(N * hidden);
+  a.fch_gelu = c.take(N * hidden);
   a.res3 = c.take(N * C);
   return a;
 }
@@ -128,11 +168,12 @@ struct model_acts {
   F* lnf_rstd;
   F* logits;         // [N,V], softmax probabilities after the forward pass
   size_t N, C, att;  // rows, channels and attention values per block, at capacity
+  size_t hidden;     // dense MLP width, 0 for MoE blocks
   size_t total;      // size of the whole arena
 
   block_acts<F> block(int l) const {
     carver<F> c{blocks + block_size * static_cast<size_t>(l)};
-    return carve_block(c, N, C, att);
+    return carve_block(c, N, C, att, hidden);
   }
 };
 
@@ -141,10 +182,12 @@ model_acts<F> carve_acts(F* base, const model_config& m, int B) {
   const size_t N = static_cast<size_t>(B) * m.context;
   const size_t C = m.d_model;
   const size_t att = static_cast<size_t>(B) * m.n_head * m.context * m.context;
+  const size_t hidden = m.experts > 0 ? 0 : 4 * C;
   carver<F> counter;
-  carve_block(counter, N, C, att);
+  carve_block(counter, N, C, att, hidden);
   carver<F> c{base};
   model_acts<F> a{};
+  a.hidden = hidden;
   a.N = N;
   a.C = C;
   a.att = att;
@@ -179,6 +222,7 @@ template <typename F>
 grad_acts<F> carve_grads(F* base, const model_config& m, int B) {
   const size_t N = static_cast<size_t>(B) * m.context;
   const size_t C = m.d_model;
+  const size_t hidden = m.experts > 0 ? 0 : 4 * C;
   carver<F> c{base};
   grad_acts<F> g{};
   g.dres_out = c.take(N * C);
@@ -186,8 +230,8 @@ grad_acts<F> carve_grads(F* base, const model_config& m, int B) {
   g.local = c.take(0);
   g.dres2 = c.take(N * C);
   g.dproj = c.take(N * C);
-  g.dfch_gelu = c.take(N * 4 * C);
-  g.dfch = c.take(N * 4 * C);
+  g.dfch_gelu = c.take(N * hidden);
+  g.dfch = c.take(N * hidden);
   g.dln2 = c.take(N * C);
   g.datty = c.take(N * C);
   g.dqkv = c.take(N * 3 * C);
@@ -203,7 +247,10 @@ grad_acts<F> carve_grads(F* base, const model_config& m, int B) {
 }  // namespace
 
 template <typename F>
-basic_gpt<F>::basic_gpt(const model_config& cfg) : cfg_(cfg) {
+basic_gpt<F>::basic_gpt(const model_config& cfg) : basic_gpt(cfg, nullptr) {}
+
+template <typename F>
+basic_gpt<F>::basic_gpt(const model_config& cfg, moe::expert_exchange* exchange) : cfg_(cfg) {
   auto fail = [](const std::string& why) { throw std::invalid_argument("gpt: " + why); };
   if (cfg.n_layer < 1 || cfg.n_head < 1 || cfg.d_model < 1 || cfg.context < 1) {
     fail("n_layer, n_head, d_model and context must all be positive");
@@ -215,7 +262,16 @@ basic_gpt<F>::basic_gpt(const model_config& cfg) : cfg_(cfg) {
   if (cfg.vocab < 256) {
     fail("vocab must be at least 256 to hold every byte value, got " + std::to_string(cfg.vocab));
   }
-  table_ = build_table(cfg);
+  if (cfg.experts > 0) {
+    const moe::moe_config mc{cfg.d_model, cfg.experts, cfg.top_k, cfg.capacity_factor};
+    moe_.reserve(static_cast<size_t>(cfg.n_layer));
+    for (int l = 0; l < cfg.n_layer; ++l) moe_.emplace_back(mc, exchange);  // validates
+  } else if (cfg.experts < 0) {
+    fail("experts must be >= 0 (0 = dense MLP)");
+  }
+  const int ep_size = exchange != nullptr && cfg.experts > 0 ? exchange->size() : 1;
+  const int ep_rank = ep_size > 1 ? exchange->rank() : 0;
+  table_ = build_table(cfg, ep_rank, ep_size, block_first_, stream_);
   const size_t n = table_.back().offset + table_.back().numel;
   params_.assign(n, F(0));
   grads_.assign(n, F(0));
@@ -245,12 +301,16 @@ void basic_gpt<F>::init_params(uint64_t seed) {
     } else if (!is_weight) {
       std::fill(p, p + t.numel, F(0));  // biases
     } else {
-      const bool residual =
-          t.name.ends_with("attn.proj.weight") || t.name.ends_with("mlp.proj.weight");
+      const bool expert = t.name.find(".moe.experts.") != std::string::npos;
+      const bool residual = t.name.ends_with("attn.proj.weight") ||
+                            t.name.ends_with("mlp.proj.weight") ||
+                            (expert && t.name.ends_with(".proj.weight"));
       const double sd = residual ? residual_std : std_dev;
-      // Each tensor draws from its own stream (its index), so the values do not depend
-      // on the sizes of the tensors before it.
-      for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<F>(sd * normal_at(seed, k, i));
+      // Each tensor draws from its own stream (its index in the full table), so the values
+      // depend neither on the sizes of the tensors before it nor on which experts a rank
+      // of an expert-parallel group holds.
+      const uint64_t stream = stream_[k];
+      for (size_t i = 0; i < t.numel; ++i) p[i] = static_cast<F>(sd * normal_at(seed, stream, i));
     }
   }
 }
@@ -292,8 +352,10 @@ double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int 
   embedding_forward(a.encoded, inputs, p + table_[wte_index].offset, p + table_[wpe_index].offset,
                     B, T, C);
   const F* residual = a.encoded;
+  const bool moe = cfg_.experts > 0;
+  double aux = 0;
   for (int l = 0; l < cfg_.n_layer; ++l) {
-    const block_params<F> w = block_view(p, table_, l);
+    const block_params<F> w = block_view(p, table_, block_first_[l], moe);
     const block_acts<F> s = a.block(l);
     layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, residual, w.ln1_w, w.ln1_b, N, C);
     linear_forward(s.qkv, s.ln1, w.qkv_w, w.qkv_b, N, C, 3 * C);
@@ -301,9 +363,13 @@ double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int 
     linear_forward(a.proj, s.atty, w.proj_w, w.proj_b, N, C, C);
     residual_forward(s.res2, residual, a.proj, NC);
     layernorm_forward(s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, w.ln2_w, w.ln2_b, N, C);
-    linear_forward(s.fch, s.ln2, w.fc_w, w.fc_b, N, C, 4 * C);
-    gelu_forward(s.fch_gelu, s.fch, NC * 4);
-    linear_forward(a.proj, s.fch_gelu, w.fcproj_w, w.fcproj_b, N, 4 * C, C);
+    if (moe) {
+      aux += moe_[l].forward(a.proj, s.ln2, N, w.router_w, w.experts);
+    } else {
+      linear_forward(s.fch, s.ln2, w.fc_w, w.fc_b, N, C, 4 * C);
+      gelu_forward(s.fch_gelu, s.fch, NC * 4);
+      linear_forward(a.proj, s.fch_gelu, w.fcproj_w, w.fcproj_b, N, 4 * C, C);
+    }
     residual_forward(s.res3, s.res2, a.proj, NC);
     residual = s.res3;
   }
@@ -313,11 +379,15 @@ double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int 
   // The head is tied to the token embedding: logits = lnf * wte^T.
   linear_forward(a.logits, a.lnf, p + table_[wte_index].offset, static_cast<const F*>(nullptr), N,
                  C, V);
-  return softmax_crossentropy_forward(a.logits, a.logits, targets, N, V) / N;
+  const double lm = softmax_crossentropy_forward(a.logits, a.logits, targets, N, V) / N;
+  last_lm_ = lm;
+  last_aux_ = aux;
+  return moe ? lm + cfg_.aux_loss_coef * aux : lm;
 }
 
 template <typename F>
-void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss) {
+void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss,
+                            F aux_grad) {
   using namespace layers;
   const int C = cfg_.d_model;
   const int NH = cfg_.n_head;
@@ -340,19 +410,25 @@ void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B
   layernorm_backward(g.dres_out, dp + table_[lnf].offset, dp + table_[lnf + 1].offset, g.dlnf, last,
                      p + table_[lnf].offset, a.lnf_mean, a.lnf_rstd, N, C);
 
+  const bool moe = cfg_.experts > 0;
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
-    const block_params<const F> w = block_view(p, table_, l);
-    const block_params<F> dw = block_view(dp, table_, l);
+    const block_params<const F> w = block_view(p, table_, block_first_[l], moe);
+    const block_params<F> dw = block_view(dp, table_, block_first_[l], moe);
     const block_acts<F> s = a.block(l);
     const F* residual = l > 0 ? a.block(l - 1).res3 : a.encoded;
     std::fill(g.dres_in, g.dres_in + NC, F(0));
     std::fill(g.local, g.local + g.local_size, F(0));
 
     residual_backward(g.dres2, g.dproj, g.dres_out, NC);
-    linear_backward(g.dfch_gelu, dw.fcproj_w, dw.fcproj_b, g.dproj, s.fch_gelu, w.fcproj_w, N,
-                    4 * C, C);
-    gelu_backward(g.dfch, s.fch, g.dfch_gelu, NC * 4);
-    linear_backward(g.dln2, dw.fc_w, dw.fc_b, g.dfch, s.ln2, w.fc_w, N, C, 4 * C);
+    if (moe) {
+      moe_[l].backward(g.dln2, dw.router_w, dw.experts, g.dproj, s.ln2, w.router_w, w.experts,
+                       aux_grad);
+    } else {
+      linear_backward(g.dfch_gelu, dw.fcproj_w, dw.fcproj_b, g.dproj, s.fch_gelu, w.fcproj_w, N,
+                      4 * C, C);
+      gelu_backward(g.dfch, s.fch, g.dfch_gelu, NC * 4);
+      linear_backward(g.dln2, dw.fc_w, dw.fc_b, g.dfch, s.ln2, w.fc_w, N, C, 4 * C);
+    }
     layernorm_backward(g.dres2, dw.ln2_w, dw.ln2_b, g.dln2, s.res2, w.ln2_w, s.ln2_mean, s.ln2_rstd,
                        N, C);
     std::fill(g.dproj, g.dproj + NC, F(0));
@@ -375,7 +451,9 @@ double basic_gpt<F>::forward_backward(const uint8_t* inputs, const uint8_t* targ
   reserve(B);
   const double loss = forward(inputs, targets, B, T);
   // d(mean)/d(loss_i) = 1/(B*T) for each token.
-  backward(inputs, targets, B, T, static_cast<F>(static_cast<double>(grad_scale) / (B * T)));
+  // The aux loss enters the objective as aux_loss_coef * aux, scaled like the rest.
+  backward(inputs, targets, B, T, static_cast<F>(static_cast<double>(grad_scale) / (B * T)),
+           static_cast<F>(static_cast<double>(grad_scale) * cfg_.aux_loss_coef));
   return loss;
 }
 

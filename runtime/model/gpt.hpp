@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "runtime/model/moe.hpp"
 
 namespace troupe {
 
@@ -30,6 +31,14 @@ struct param_tensor {
 /// (weight [4C,C], bias), mlp.proj (weight [C,4C], bias); then ln_f. Each layer is one
 /// contiguous range, so a pipeline stage owns a contiguous slice.
 ///
+/// With cfg.experts = E > 0 every block's MLP is a Mixture of Experts (runtime/model/moe.hpp):
+/// the four mlp.* tensors are replaced by moe.router.weight [E,C] and, per expert e this
+/// rank owns, moe.experts.<e>.fc.weight [4C,C], .fc.bias, .proj.weight [C,4C], .proj.bias.
+/// The loss is then the LM loss plus aux_loss_coef times the sum over blocks of the aux
+/// loss. Given an expert_exchange of size p, the model holds only the E/p experts of its
+/// rank (names keep the global expert index) and its MoE layers reach the others through
+/// the exchange; every other tensor is the same as alone.
+///
 /// Not thread-safe: a forward/backward pass reuses the object's activation buffers. Give
 /// each rank (thread or process) its own model.
 template <typename F>
@@ -38,6 +47,9 @@ class basic_gpt {
   /// Throws std::invalid_argument when the shape is unusable (heads must divide d_model,
   /// vocab must cover the 256 byte values, sizes positive).
   explicit basic_gpt(const model_config& cfg);
+  /// An MoE model that is one rank of an expert-parallel group (`exchange` not owned, must
+  /// outlive the model; null = alone). Also throws when the group size does not divide E.
+  basic_gpt(const model_config& cfg, moe::expert_exchange* exchange);
 
   const model_config& config() const { return cfg_; }
   size_t num_params() const { return params_.size(); }
@@ -65,16 +77,33 @@ class basic_gpt {
   /// The mean loss only; grads() are untouched.
   double forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T);
 
+  /// Parts of the last loss returned: the mean cross-entropy, and the unscaled aux loss
+  /// summed over blocks (0 for a dense model); loss = lm + aux_loss_coef * aux.
+  double last_lm_loss() const { return last_lm_; }
+  double last_aux_loss() const { return last_aux_; }
+  /// Block l's MoE layer (routing statistics of the last forward); needs cfg.experts > 0.
+  const moe::moe_layer<F>& moe_layer(int l) const { return moe_.at(static_cast<size_t>(l)); }
+  /// Tokens routed to each of the E experts of block l in the last forward, over the whole
+  /// micro-batch of the expert-parallel group (all top_k choices, before capacity).
+  const std::vector<int64_t>& tokens_per_expert(int l) const {
+    return moe_layer(l).tokens_per_expert();
+  }
+
  private:
   void check_batch(int B, int T) const;
   void reserve(int B);
   double forward(const uint8_t* inputs, const uint8_t* targets, int B, int T);
-  void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss);
+  void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss, F aux_grad);
 
   model_config cfg_;
   std::vector<param_tensor> table_;
   std::vector<F> params_;
   std::vector<F> grads_;
+  std::vector<size_t> block_first_;     // table index of each block's first tensor
+  std::vector<size_t> stream_;          // init stream of each tensor: its index in the full table
+  std::vector<moe::moe_layer<F>> moe_;  // one per block when cfg.experts > 0
+  double last_lm_ = 0;
+  double last_aux_ = 0;
   // Activations and their gradients, sized for the largest B seen and then reused: fresh
   // memory is slow to touch, so nothing is allocated per step.
   int capacity_b_ = 0;

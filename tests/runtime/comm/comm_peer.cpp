@@ -19,6 +19,7 @@
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "tests/runtime/comm/child_process.hpp"
+#include "tests/runtime/comm/collective_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
 
 using namespace troupe;
@@ -243,6 +244,15 @@ const std::map<std::string, std::function<int(const peer_args&)>> scenarios{
     {"store_ops", store_ops}, {"bench", bench},
 };
 
+/// The scenarios of collective_scenarios.hpp, which take the store, rank and size directly.
+const std::map<std::string, int (*)(comm::kv_store&, int, int)> set_scenarios{
+    {"more_collectives", test::more_collectives},
+    {"big_collectives", test::big_collectives},
+    {"subgroups", test::subgroups},
+    {"crossed_tags", test::crossed_tags},
+    {"expect_lost_all_to_all", test::expect_lost_all_to_all},
+};
+
 int serve() {
   comm::tcp_store_server server("127.0.0.1", 0);
   std::printf("port %u\n", static_cast<unsigned>(server.port()));
@@ -276,7 +286,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> args(argv + 1, argv + argc);
     if (args.size() == 1 && args[0] == "serve") return serve();
     if (args.size() == 3 && args[0] == "launch") return launch(std::stoi(args[1]), args[2]);
-    if (args.size() != 4 || !scenarios.contains(args[3])) {
+    if (args.size() != 4 || (!scenarios.contains(args[3]) && !set_scenarios.contains(args[3]))) {
       std::cerr << "usage: comm_peer HOST:PORT RANK SIZE SCENARIO | serve | launch SIZE SCENARIO"
                 << std::endl;
       return 64;
@@ -285,6 +295,7 @@ int main(int argc, char** argv) {
     auto store = comm::connect_tcp_store(
         args[0].substr(0, colon), static_cast<uint16_t>(std::stoi(args[0].substr(colon + 1))), 30s);
     const peer_args a{*store, std::stoi(args[1]), std::stoi(args[2])};
+    if (set_scenarios.contains(args[3])) return set_scenarios.at(args[3])(a.store, a.rank, a.size);
     return scenarios.at(args[3])(a);
   } catch (const std::exception& e) {
     std::cerr << "comm_peer: " << e.what() << std::endl;

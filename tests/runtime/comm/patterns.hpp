@@ -55,4 +55,28 @@ inline const std::vector<size_t>& test_counts() {
   return counts;
 }
 
+/// The byte rank `from` sends rank `to` at index i of an all-to-all block (also used for
+/// all-gather with to = -1 and for send/recv with the tag folded into `to`).
+inline char exchange_byte(int from, int to, size_t i) {
+  return static_cast<char>((from * 61 + to * 17 + i * 13 + 5) & 0xff);
+}
+
+/// Bytes rank `from` sends rank `to` in the uneven all-to-all tests: zero for about a quarter
+/// of the pairs (including some from a rank to itself), otherwise odd-ish sizes around `base`.
+inline size_t uneven_bytes(int from, int to, size_t base) {
+  if ((from * 3 + to * 5) % 4 == 0) return 0;
+  return base + static_cast<size_t>(from * 7 + to * 13);
+}
+
+/// Empty if `got` matches exchange_byte(from, to, i) over [0, n); else the first mismatch.
+inline std::string check_exchange(const char* got, size_t n, int from, int to) {
+  for (size_t i = 0; i < n; ++i) {
+    if (got[i] != exchange_byte(from, to, i)) {
+      return "byte " + std::to_string(i) + " of " + std::to_string(n) + " from rank " +
+             std::to_string(from) + " is wrong";
+    }
+  }
+  return {};
+}
+
 }  // namespace troupe::test

@@ -1,0 +1,323 @@
+// comm_bench: forks one process per rank, times each collective over a range of sizes and
+// prints nccl-tests' columns (time, algbw, busbw), plus busbw as a fraction of this machine's
+// memcpy bandwidth, the ceiling a single-host transport could reach.
+#include "bench/comm_bench.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
+
+namespace troupe::bench {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+struct bench_options {
+  std::vector<int> ranks{2, 4};
+  std::vector<std::string> ops{"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+  size_t min_bytes = size_t{4} << 10;
+  size_t max_bytes = size_t{256} << 20;
+  int batches = 5;
+  double batch_seconds = 0.2;
+};
+
+/// One collective as nccl-tests describes it: how its size counts and the factor that turns
+/// algorithm bandwidth into bus bandwidth (the bytes each rank's link must carry).
+struct op_table {
+  const char* name;
+  double (*bus_factor)(int n);
+};
+
+double all_reduce_factor(int n) { return 2.0 * (n - 1) / n; }
+double gather_factor(int n) { return static_cast<double>(n - 1) / n; }
+
+const op_table tables[] = {
+    {"all_reduce", all_reduce_factor},  // size: the buffer reduced in place
+    {"all_gather", gather_factor},      // size: the gathered output (all ranks' parts)
+    {"reduce_scatter", gather_factor},  // size: the input (all ranks' parts)
+    {"all_to_all", gather_factor},      // size: one rank's whole send buffer
+};
+
+const op_table* find_op(const std::string& name) {
+  for (const auto& t : tables) {
+    if (name == t.name) return &t;
+  }
+  return nullptr;
+}
+
+std::optional<size_t> parse_bytes(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(s, &pos);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string unit = s.substr(pos);
+  if (unit.empty()) return v;
+  if (unit == "K" || unit == "KiB") return v << 10;
+  if (unit == "M" || unit == "MiB") return v << 20;
+  if (unit == "G" || unit == "GiB") return v << 30;
+  return std::nullopt;
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+/// Parses `args`; on error prints why and returns nullopt.
+std::optional<bench_options> parse(const std::vector<std::string>& args) {
+  bench_options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i + 1 >= args.size()) {
+      std::cerr << "comm bench: " << a << " needs a value\n";
+      return std::nullopt;
+    }
+    const std::string& v = args[++i];
+    try {
+      if (a == "--ranks") {
+        o.ranks.clear();
+        for (const auto& r : split(v)) o.ranks.push_back(std::stoi(r));
+      } else if (a == "--ops") {
+        o.ops = split(v);
+      } else if (a == "--min-bytes" || a == "--max-bytes") {
+        const auto b = parse_bytes(v);
+        if (!b || *b < 4) throw std::invalid_argument(v);
+        (a == "--min-bytes" ? o.min_bytes : o.max_bytes) = *b;
+      } else if (a == "--batches") {
+        o.batches = std::stoi(v);
+      } else if (a == "--batch-seconds") {
+        o.batch_seconds = std::stod(v);
+      } else {
+        std::cerr << "comm bench: unknown option " << a << "\n";
+        return std::nullopt;
+      }
+    } catch (const std::exception&) {
+      std::cerr << "comm bench: bad value for " << a << ": " << v << "\n";
+      return std::nullopt;
+    }
+  }
+  for (const auto& op : o.ops) {
+    if (!find_op(op)) {
+      std::cerr << "comm bench: unknown op " << op << "\n";
+      return std::nullopt;
+    }
+  }
+  for (int r : o.ranks) {
+    if (r < 1 || r > 64) {
+      std::cerr << "comm bench: rank count " << r << " out of range\n";
+      return std::nullopt;
+    }
+  }
+  if (o.batches < 1 || o.batch_seconds <= 0 || o.min_bytes > o.max_bytes) {
+    std::cerr << "comm bench: need --batches >= 1, --batch-seconds > 0, min <= max bytes\n";
+    return std::nullopt;
+  }
+  return o;
+}
+
+/// Copy bandwidth of one thread on 64 MiB (bytes copied per second; median of 7 copies).
+double memcpy_bandwidth() {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> a(bytes, 1);
+  std::vector<char> b(bytes, 2);
+  std::vector<double> secs;
+  for (int i = 0; i < 7; ++i) {
+    const auto start = clock_type::now();
+    std::memcpy(i % 2 ? a.data() : b.data(), i % 2 ? b.data() : a.data(), bytes);
+    secs.push_back(std::chrono::duration<double>(clock_type::now() - start).count());
+  }
+  std::sort(secs.begin(), secs.end());
+  return static_cast<double>(bytes) / secs[secs.size() / 2];
+}
+
+/// Rank `rank` of `size`: runs every op and size; rank 0 prints the rows.
+int run_rank(comm::kv_store& store, int rank, int size, const bench_options& o, double memcpy_bw) {
+  auto c = comm::make_gloo_communicator(store, {1, "bench", rank, size});
+  const comm::op_options op{120s};
+  const auto n = static_cast<size_t>(size);
+  const size_t top = (o.max_bytes + 3) / 4 * 4 + 4 * n;  // room for rounding up to n parts
+  // Touched before timing: first touch of fresh memory is slow here.
+  std::vector<float> in(top / 4, 0.0f);
+  std::vector<float> out(top / 4, 0.0f);
+  for (const auto& name : o.ops) {
+    const op_table& t = *find_op(name);
+    if (rank == 0) {
+      std::printf("\n# %s, %d ranks (gloo, loopback TCP)\n", t.name, size);
+      std::printf("# %12s %12s %10s %8s %8s %9s\n", "size(B)", "count(elts)", "time(us)", "algbw",
+                  "busbw", "busbw/cpy");
+    }
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+      // Sizes are rounded down to whole floats per rank, as nccl-tests does.
+      const size_t per_rank = std::max<size_t>(1, bytes / 4 / n);
+      const size_t count = t.bus_factor == all_reduce_factor ? bytes / 4 : per_rank * n;
+      std::function<void()> once;
+      if (name == "all_reduce") {
+        once = [&] { c->all_reduce(in.data(), count, comm::reduce_op::sum, op); };
+      } else if (name == "all_gather") {
+        once = [&] { c->all_gather(in.data(), out.data(), per_rank * 4, op); };
+      } else if (name == "reduce_scatter") {
+        once = [&] {
+          c->reduce_scatter(in.data(), out.data(), per_rank, comm::reduce_op::sum, op);
+        };
+      } else {
+        once = [&] { c->all_to_all(in.data(), out.data(), per_rank * 4, op); };
+      }
+      once();  // warm-up: scratch buffers, connections' windows
+      // Every rank must run the same number of ops, so rank 0 decides from one timed call.
+      const auto probe = clock_type::now();
+      once();
+      const double probe_s = std::chrono::duration<double>(clock_type::now() - probe).count();
+      int iters = static_cast<int>(std::clamp(o.batch_seconds / std::max(probe_s, 1e-7), 1.0, 1e5));
+      c->broadcast(&iters, sizeof(iters), 0, op);
+      std::vector<float> batch_secs;
+      for (int b = 0; b < o.batches; ++b) {
+        c->barrier(op);
+        const auto start = clock_type::now();
+        for (int i = 0; i < iters; ++i) once();
+        float s = static_cast<float>(
+            std::chrono::duration<double>(clock_type::now() - start).count() / iters);
+        c->all_reduce(&s, 1, comm::reduce_op::average, op);  // nccl-tests averages over ranks
+        batch_secs.push_back(s);
+      }
+      std::sort(batch_secs.begin(), batch_secs.end());
+      const double secs = batch_secs[batch_secs.size() / 2];
+      const double size_b = static_cast<double>(count * 4);
+      const double algbw = size_b / secs / 1e9;
+      const double busbw = algbw * t.bus_factor(size);
+      if (rank == 0) {
+        std::printf("  %12zu %12zu %10.1f %8.3f %8.3f %9.3f\n", count * 4, count, secs * 1e6, algbw,
+                    busbw, busbw * 1e9 / memcpy_bw);
+        std::fflush(stdout);
+      }
+    }
+  }
+  c->barrier(op);
+  return 0;
+}
+
+/// Forks `size` ranks, serves their store, and waits for all of them (each bounded by a
+/// generous deadline, then killed). Returns 0 if every rank succeeded.
+int run_group(int size, const bench_options& o, double memcpy_bw) {
+  std::vector<pid_t> pids;
+  std::vector<int> port_pipes;
+  auto cleanup = [&] {
+    for (pid_t p : pids) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+    for (int fd : port_pipes) ::close(fd);
+  };
+  for (int r = 0; r < size; ++r) {
+    int fds[2];
+    if (::pipe(fds) != 0) {
+      cleanup();
+      return 1;
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::close(fds[1]);
+      int rc = 1;
+      try {
+        // The store is started after the fork (its threads must not be in the children), so
+        // the port comes through the pipe.
+        pollfd pfd{fds[0], POLLIN, 0};
+        uint16_t port = 0;
+        if (::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &port, sizeof(port)) == sizeof(port)) {
+          auto store = comm::connect_tcp_store("127.0.0.1", port, 30s);
+          rc = run_rank(*store, r, size, o, memcpy_bw);
+        }
+      } catch (const std::exception& e) {
+        std::cerr << "comm bench rank " << r << ": " << e.what() << std::endl;
+      }
+      std::fflush(stdout);
+      ::_exit(rc);
+    }
+    ::close(fds[0]);
+    if (pid < 0) {
+      ::close(fds[1]);
+      cleanup();
+      return 1;
+    }
+    pids.push_back(pid);
+    port_pipes.push_back(fds[1]);
+  }
+  comm::tcp_store_server server("127.0.0.1", 0);
+  const uint16_t port = server.port();
+  for (int fd : port_pipes) {
+    if (::write(fd, &port, sizeof(port)) != sizeof(port)) {
+      cleanup();
+      return 1;
+    }
+  }
+  // Bounded: the largest run here takes minutes, not hours.
+  const auto deadline = clock_type::now() + 1h;
+  int rc = 0;
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    pid_t done = 0;
+    while ((done = ::waitpid(pids[i], &status, WNOHANG)) == 0 && clock_type::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+    }
+    if (done != pids[i] || !WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+    if (done == pids[i]) pids[i] = -1;
+  }
+  pids.erase(std::remove(pids.begin(), pids.end(), -1), pids.end());
+  cleanup();
+  return rc;
+}
+
+}  // namespace
+
+int run_comm_bench(const std::vector<std::string>& args) {
+  const auto o = parse(args);
+  if (!o) return 2;
+  const double memcpy_bw = memcpy_bandwidth();
+  std::printf("# troupe comm bench: gloo backend, ranks forked on this host\n");
+  std::printf("# memcpy bandwidth (1 thread, 64 MiB): %.2f GB/s\n", memcpy_bw / 1e9);
+  std::printf(
+      "# time: median of %d batches (mean over ranks); algbw = size/time; busbw as "
+      "nccl-tests\n",
+      o->batches);
+  std::fflush(stdout);
+  int rc = 0;
+  for (int size : o->ranks) {
+    if (run_group(size, *o, memcpy_bw) != 0) {
+      std::cerr << "comm bench: a rank of the " << size << "-rank group failed\n";
+      rc = 1;
+    }
+  }
+  return rc;
+}
+
+}  // namespace troupe::bench
+
+#ifdef TROUPE_COMM_BENCH_MAIN
+// The standalone `comm_bench` executable (bench/comm_bench.sh runs it); `troupe bench comm`
+// calls run_comm_bench() directly.
+int main(int argc, char** argv) {
+  return troupe::bench::run_comm_bench(std::vector<std::string>(argv + 1, argv + argc));
+}
+#endif

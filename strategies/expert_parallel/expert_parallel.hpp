@@ -1,0 +1,58 @@
+#pragma once
+// Expert parallelism: connects a rank's MoE layers to the ranks that own the other experts
+// through a communicator, and turns the gradients each rank computed into those of the
+// whole expert-parallel micro-batch.
+//
+// Layout: an ep group of p ranks, E divisible by p; rank r owns experts
+// [r E/p, (r+1) E/p) of every MoE block and a replica of every other tensor. Each rank
+// feeds its own micro-batch; the group computes exactly the single-rank model on the
+// concatenation of the ranks' micro-batches in rank order (see runtime/model/moe.hpp for
+// why capacity and token order then agree), up to floating-point reassociation.
+//
+// One step on rank r of the group:
+//   gpt m(cfg, &exchange);                 // exchange: an ep_exchange over the ep communicator
+//   loss_r = m.forward_backward(...);      // all_to_allv inside every MoE block, both passes
+//   reduce_expert_parallel_grads(m, comm, opts);
+//   loss = mean over the group of loss_r   // equals the single-rank loss of the whole batch
+
+#include <vector>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/model/moe.hpp"
+
+namespace troupe::strategies {
+
+/// The MoE layers' view of an expert-parallel group, over one communicator of that group
+/// (not owned; it must outlive the exchange). Every call uses `opts` for its deadline and
+/// throws comm::comm_error as the communicator does.
+class ep_exchange final : public moe::expert_exchange {
+ public:
+  ep_exchange(comm::communicator& comm, const comm::op_options& opts);
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  /// An all-to-all of this rank's block sent to every rank, so a backend needs only the
+  /// all-to-all pair of collectives.
+  void all_gather(const void* in, void* out, size_t bytes) override;
+  void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes) override;
+
+ private:
+  comm::communicator& comm_;
+  comm::op_options opts_;
+  std::vector<unsigned char> replicas_;  // size() copies of the block to all-gather
+};
+
+/// Whether a tensor is an expert's (sharded over the ep group) rather than replicated.
+bool is_expert_param(const param_tensor& t);
+
+/// After forward_backward on every rank of the ep group: averages the replicated tensors'
+/// gradients over the group, and divides the local experts' gradients by the group size
+/// (they already hold the sum over every rank's tokens, each scaled by its rank's
+/// 1/tokens). Afterwards every rank holds, for the tensors it has, the gradient of the
+/// single-rank model on the whole micro-batch: the mean of the ranks' objectives. The
+/// ranks' micro-batches must have equal sizes for that mean to be the whole batch's.
+void reduce_expert_parallel_grads(gpt& model, comm::communicator& comm,
+                                  const comm::op_options& opts);
+
+}  // namespace troupe::strategies

@@ -1,0 +1,198 @@
+// reduce-scatter, all-gather, all-to-all(v) and send/recv of the gloo backend across real
+// processes: results against local references on 2, 3 and 4 ranks and at 64 MiB, sub-groups
+// alive beside the world group, tags that must not cross, and failures (a killed peer, abort).
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/child_process.hpp"
+#include "tests/runtime/comm/patterns.hpp"
+
+using namespace troupe;
+using namespace troupe::comm;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// How much later than its deadline a failing op may return (scheduling, teardown).
+constexpr auto slack = 2s;
+
+class ranks : public ::testing::Test {
+ protected:
+  void spawn(int rank, int size, const std::string& scenario) {
+    peers_.push_back(
+        test::child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
+                                    std::to_string(rank), std::to_string(size), scenario}));
+  }
+
+  void spawn_all(int size, const std::string& scenario) {
+    for (int r = 0; r < size; ++r) spawn(r, size, scenario);
+  }
+
+  /// Every peer exits 0 within `timeout` (one deadline for all of them).
+  void expect_peers_succeed(std::chrono::milliseconds timeout = 200s) {
+    const auto deadline = clock_type::now() + timeout;
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+      const auto status = peers_[i].wait_exit(std::max(left, 0ms));
+      ASSERT_TRUE(status.has_value()) << "peer " << i << " still running";
+      EXPECT_EQ(*status, 0) << "peer " << i << " " << test::describe_status(*status);
+    }
+  }
+
+  std::unique_ptr<kv_store> client() { return connect_tcp_store("127.0.0.1", server_.port(), 5s); }
+
+  /// Rank 0 of a `size`-rank world in this process: joins, does the warm-up all-reduce the
+  /// peers do, and returns once every peer has published "warm/<rank>".
+  std::unique_ptr<communicator> join_and_warm_up(kv_store& store, int size) {
+    auto c = make_gloo_communicator(store, {1, "world", 0, size});
+    auto v = test::contributions(0, 1000);
+    c->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    EXPECT_EQ(test::check_reduced(v, size, reduce_op::sum), "");
+    std::vector<std::string> warm;
+    for (int r = 1; r < size; ++r) warm.push_back("warm/" + std::to_string(r));
+    store.wait(warm, 30s);
+    return c;
+  }
+
+  tcp_store_server server_;
+  std::vector<test::child_process> peers_;
+};
+
+class sizes : public ranks, public ::testing::WithParamInterface<int> {};
+
+TEST_P(sizes, every_op_matches_the_local_reference) {
+  spawn_all(GetParam(), "more_collectives");
+  expect_peers_succeed();
+}
+
+INSTANTIATE_TEST_SUITE_P(processes, sizes, ::testing::Values(2, 3, 4),
+                         [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
+
+class big : public ranks, public ::testing::WithParamInterface<int> {};
+
+TEST_P(big, sixty_four_mib_buffers_match_the_local_reference) {
+  spawn_all(GetParam(), "big_collectives");
+  expect_peers_succeed();
+}
+
+INSTANTIATE_TEST_SUITE_P(processes, big, ::testing::Values(2, 4),
+                         [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
+
+TEST_F(ranks, two_pair_groups_and_the_world_group_at_once) {
+  spawn_all(4, "subgroups");
+  expect_peers_succeed();
+}
+
+TEST_F(ranks, messages_do_not_cross_tags) {
+  spawn_all(2, "crossed_tags");
+  expect_peers_succeed(30s);
+}
+
+TEST_F(ranks, killed_peer_fails_an_all_to_all_within_its_deadline) {
+  spawn(1, 3, "expect_lost_all_to_all");
+  spawn(2, 3, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 3);
+  peers_[1].kill();
+
+  const auto timeout = 5s;
+  std::vector<char> in(size_t{3} << 20, 1);
+  std::vector<char> out(in.size());
+  const auto start = clock_type::now();
+  try {
+    c->all_to_all(in.data(), out.data(), size_t{1} << 20, {timeout});
+    FAIL() << "all_to_all succeeded with a dead peer";
+  } catch (const comm_error& e) {
+    EXPECT_TRUE(e.code() == comm_errc::peer_lost || e.code() == comm_errc::timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("all_to_all"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0 of 3"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, timeout + slack);
+  EXPECT_THROW(c->all_gather(in.data(), out.data(), 10, {1s}), comm_error);  // dead now
+  const auto status = peers_[0].wait_exit(15s);  // rank 1 checks its own peer_lost
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 0) << test::describe_status(*status);
+}
+
+TEST_F(ranks, recv_from_a_killed_peer_fails_with_peer_lost) {
+  spawn(1, 2, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+  peers_[0].kill();
+  std::vector<char> buf(1000);
+  const auto start = clock_type::now();
+  try {
+    c->recv(buf.data(), buf.size(), 1, 3, {20s});
+    FAIL() << "recv returned from a dead peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recv"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 5s);
+}
+
+TEST_F(ranks, abort_unblocks_an_all_gather_and_a_send_in_flight) {
+  spawn(1, 2, "hang");  // after the warm-up it never joins another op
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+  const auto abort_after = 300ms;
+  auto aborter = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(abort_after);
+    c->abort();
+  });
+  const size_t bytes = (size_t{1} << 20) + 3;
+  std::vector<char> in(bytes, 2);
+  std::vector<char> out(2 * bytes);
+  const auto start = clock_type::now();
+  try {
+    c->all_gather(in.data(), out.data(), bytes, {30s});
+    FAIL() << "all_gather finished without its peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::aborted) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, abort_after + slack);
+  aborter.get();
+  try {
+    c->send(in.data(), bytes, 1, 0, {30s});
+    FAIL() << "an aborted communicator accepted a send";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::aborted) << e.what();
+  }
+}
+
+TEST_F(ranks, bad_arguments_are_rejected_before_any_transfer) {
+  auto store = client();
+  auto c = make_gloo_communicator(*store, {1, "solo", 0, 1});
+  std::vector<char> b(16);
+  auto code_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const comm_error& e) {
+      return e.code();
+    }
+    return comm_errc::internal;
+  };
+  EXPECT_EQ(code_of([&] { c->send(b.data(), b.size(), 0, 1, {1s}); }), comm_errc::invalid);
+  EXPECT_EQ(code_of([&] { c->recv(b.data(), b.size(), 3, 1, {1s}); }), comm_errc::invalid);
+  EXPECT_EQ(code_of([&] {
+              c->all_to_allv(b.data(), {1, 2}, b.data() + 8, {1}, {1s});
+            }),
+            comm_errc::invalid);
+  EXPECT_EQ(code_of([&] { c->all_to_allv(b.data(), {4}, b.data() + 8, {3}, {1s}); }),
+            comm_errc::invalid);
+  // A group of one still works: every op is a copy.
+  std::vector<float> in{1, 2, 3};
+  std::vector<float> out(3);
+  c->reduce_scatter(in.data(), out.data(), 3, reduce_op::average, {1s});
+  EXPECT_EQ(out, in);
+  c->all_to_allv(b.data(), {4}, b.data() + 8, {4}, {1s});
+  EXPECT_TRUE(std::equal(b.begin(), b.begin() + 4, b.begin() + 8));
+}
+
+}  // namespace
