@@ -347,6 +347,11 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         w.store_host = s.setup.store_host;
         w.store_port = s.setup.store_port;
         w.start_step = s.setup.start_step;
+        w.dp = s.setup.shape.dp;
+        w.tp = s.setup.shape.tp;
+        w.pp = s.setup.shape.pp;
+        w.ep = s.setup.shape.ep;
+        w.rank_order = s.setup.shape.order;
         emit(self, {{"event", "rank_joined"}, {"rank", h.rank}, {"pid", h.pid}, {"host", h.host},
                     {"generation", s.generation}});
         if (s.joined == s.setup.cfg.world) {

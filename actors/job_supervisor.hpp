@@ -6,6 +6,7 @@
 #include "monitoring/event_log.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/config.hpp"
+#include "strategies/mesh.hpp"
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -26,7 +27,8 @@ struct job_setup {
   monitoring::metrics_registry* metrics = nullptr;
   caf::actor listener;                    ///< receives (result_atom, job_result) at the end
   int form_timeout_ms = 60000;            ///< all ranks must have joined by then
-  std::string layout_json = "{}";         ///< the planner's layout, for events.jsonl
+  strategies::layout shape;               ///< the planner's layout for this generation
+  std::string layout_json = "{}";         ///< the same, with the plan's figures, for events.jsonl
 };
 
 /// Pure decisions of the step protocol, tested without actors.

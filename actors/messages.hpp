@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 2;
+constexpr int32_t protocol_version = 3;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -39,6 +39,8 @@ struct welcome {
   std::string store_host;    ///< key-value store that bootstraps the communicators
   int32_t store_port = 0;
   int64_t start_step = 0;    ///< committed steps already done (from a checkpoint)
+  int32_t dp = 1, tp = 1, pp = 1, ep = 1;  ///< the planner's layout for this generation
+  std::string rank_order;    ///< the mesh's rank order ("tp-ep-dp-pp")
   std::string error;         ///< non-empty: the rank is refused (and why)
 };
 
@@ -138,7 +140,7 @@ typename Inspector::result_type inspect(Inspector& f, hello& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, welcome& x) {
   return f(caf::meta::type_name("troupe::welcome"), x.generation, x.world, x.config_json, x.store_host,
-           x.store_port, x.start_step, x.error);
+           x.store_port, x.start_step, x.dp, x.tp, x.pp, x.ep, x.rank_order, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {

@@ -9,11 +9,7 @@
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
-#include "runtime/model/gpt.hpp"
-#include "runtime/optim/adamw.hpp"
-#include "runtime/trainer.hpp"
-#include "strategies/data_parallel.hpp"
-#include "strategies/zero.hpp"
+#include "strategies/engine.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -58,7 +54,7 @@ struct rank_context {
   uint64_t generation = 0;
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
-  std::unique_ptr<comm::communicator> world_comm;
+  std::unique_ptr<strategies::training_engine> engine;
   monitoring::log_context log_ctx() const { return {"rank", rank, generation, -1}; }
 };
 
@@ -138,71 +134,22 @@ int await_stop(rank_context& rc) {
   return code;
 }
 
-// How this rank turns gradients into new parameters: replicated AdamW after an
-// all-reduce (plain data parallelism) or ZeRO-1 (state sharded over the group).
-struct optimizer_state {
-  std::optional<adamw> replicated;
-  std::optional<strategies::zero1_optimizer> zero;
-  ckpt::shard_range owned;  // the slice of the flat state this rank checkpoints
-
-  std::vector<float>& exp_avg() { return zero ? zero->exp_avg() : replicated->exp_avg(); }
-  std::vector<float>& exp_avg_sq() { return zero ? zero->exp_avg_sq() : replicated->exp_avg_sq(); }
-  int64_t& t() { return zero ? zero->t() : replicated->t(); }
-  double learning_rate(int64_t step, int64_t total) const {
-    return zero ? zero->learning_rate(step, total) : replicated->learning_rate(step, total);
-  }
-  // The moments as checkpointed: the owned slice of the full vectors (replicated) or the
-  // whole shard (ZeRO, where the owned slice is exactly the shard).
-  const float* moment_slice(std::vector<float>& v) const { return zero ? v.data() : v.data() + owned.offset; }
-};
-
-// Loads the committed checkpoint the coordinator resumed from into the model and optimizer.
-void restore(rank_context& rc, int64_t start_step, gpt& model, optimizer_state& opt) {
+// Loads the committed checkpoint the coordinator resumed from into the engine.
+void restore(rank_context& rc, int64_t start_step, strategies::training_engine& engine) {
   auto man = ckpt::latest_committed(rc.cfg.run_dir);
   if (!man || man->step != start_step)
     throw std::runtime_error("checkpoint for step " + std::to_string(start_step) + " not found in " +
                              rc.cfg.run_dir);
-  auto full = ckpt::load_full_state(rc.cfg.run_dir, *man);
-  if (full.params.size() != model.num_params())
-    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
-                             " parameters but the model has " + std::to_string(model.num_params()));
-  std::copy(full.params.begin(), full.params.end(), model.params());
-  if (opt.zero) {
-    // The checkpoint's layout is flat, so any shard of any world size can be cut from it.
-    const auto& sh = opt.zero->shard();
-    auto cut = [&](const std::vector<float>& v, std::vector<float>& into) {
-      std::copy(v.begin() + static_cast<std::ptrdiff_t>(sh.offset),
-                v.begin() + static_cast<std::ptrdiff_t>(sh.offset + sh.count), into.begin());
-    };
-    cut(full.exp_avg, opt.exp_avg());
-    cut(full.exp_avg_sq, opt.exp_avg_sq());
-  } else {
-    opt.exp_avg() = std::move(full.exp_avg);
-    opt.exp_avg_sq() = std::move(full.exp_avg_sq);
-  }
-  opt.t() = full.adam_t;
+  engine.restore(ckpt::load_full_state(rc.cfg.run_dir, *man));
 }
 
-shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model, optimizer_state& opt) {
+shard_written write_checkpoint_shard(rank_context& rc, int64_t step, strategies::training_engine& engine) {
   shard_written out;
   out.generation = rc.generation;
   out.step = step;
   out.rank = rc.rank;
   try {
-    ckpt::shard_state s;
-    s.rank = rc.rank;
-    s.world = rc.world;
-    s.step = step;
-    s.adam_t = opt.t();
-    s.seed = rc.cfg.seed;
-    s.rng_state = rc.cfg.seed;  // samples are a function of (seed, step): no hidden RNG state
-    s.global_numel = model.num_params();
-    s.range = opt.owned;
-    auto take = [&](const float* p) { return std::vector<float>(p, p + s.range.count); };
-    s.params = take(model.params() + s.range.offset);
-    s.exp_avg = take(opt.moment_slice(opt.exp_avg()));
-    s.exp_avg_sq = take(opt.moment_slice(opt.exp_avg_sq()));
-    auto entry = ckpt::write_shard(rc.cfg.run_dir, s);
+    auto entry = ckpt::write_shard(rc.cfg.run_dir, engine.checkpoint_shard(step));
     out.file = entry.file;
     out.bytes = entry.bytes;
     out.hash = entry.hash;
@@ -215,23 +162,6 @@ shard_written write_checkpoint_shard(rank_context& rc, int64_t step, gpt& model,
   return out;
 }
 
-// This rank's part of the validation estimate: the eval micro-batches b with
-// b % world == rank, so the whole set is the same for every world size.
-eval_done evaluate_share(rank_context& rc, int64_t step, gpt& model, const byte_dataset& data) {
-  eval_done out;
-  out.generation = rc.generation;
-  out.step = step;
-  out.rank = rc.rank;
-  const int B = rc.cfg.micro_batch, T = rc.cfg.model.context;
-  std::vector<uint8_t> in(static_cast<size_t>(B) * T), tgt(in.size());
-  for (int b = rc.rank; b < rc.cfg.eval_batches; b += rc.world) {
-    data.fill_val(rc.cfg.seed, b, 0, B, T, in.data(), tgt.data());
-    out.loss_sum += model.forward_loss(in.data(), tgt.data(), B, T);
-    ++out.batches;
-  }
-  return out;
-}
-
 int train(rank_context& rc, const welcome& w) {
   rc.generation = w.generation;
   rc.world = w.world;
@@ -240,84 +170,83 @@ int train(rank_context& rc, const welcome& w) {
   const auto op_timeout = std::chrono::milliseconds(rc.cfg.step_timeout_ms);
 
   rc.store = comm::connect_tcp_store(w.store_host, static_cast<uint16_t>(w.store_port), op_timeout);
-  comm::comm_identity id{rc.generation, "world", rc.rank, rc.world};
   comm::gloo_options gopts;
   gopts.connect_timeout = op_timeout;
-  // Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>; unset, this is a no-op.
-  rc.world_comm = chaos::inject_from_environment(comm::make_gloo_communicator(*rc.store, id, gopts), rc.rank);
 
   auto data = byte_dataset::open(rc.cfg.data, rc.cfg.val_fraction);
-  gpt model(rc.cfg.model);
-  model.init_params(rc.cfg.seed);
-  const size_t n = model.num_params();
-  optimizer_state opt;
-  if (rc.cfg.parallel.zero == 1) {
-    opt.zero.emplace(rc.cfg.optim, model.param_table(), n, rc.rank, rc.world);
-    opt.owned = {opt.zero->shard().offset, opt.zero->shard().count};
-  } else {
-    opt.replicated.emplace(rc.cfg.optim, model.param_table(), n);
-    opt.owned = ckpt::owned_range(n, rc.rank, rc.world);
-  }
-  if (w.start_step > 0) restore(rc, w.start_step, model, opt);
-  strategies::gradient_allreducer dp(static_cast<size_t>(rc.cfg.bucket_bytes));
+  strategies::layout shape;
+  shape.dp = w.dp;
+  shape.tp = w.tp;
+  shape.pp = w.pp;
+  shape.ep = w.ep;
+  shape.order = w.rank_order;
+  // Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>; unset, this is a no-op.
+  auto connect = [&](const comm::comm_identity& id) {
+    return chaos::inject_from_environment(comm::make_gloo_communicator(*rc.store, id, gopts), rc.rank);
+  };
+  rc.engine = std::make_unique<strategies::training_engine>(rc.cfg, shape, rc.rank, rc.generation, connect);
+  auto& engine = *rc.engine;
+  engine.init(rc.cfg.seed);
+  if (w.start_step > 0) restore(rc, w.start_step, engine);
   const comm::op_options step_opts{op_timeout};
 
   double prev_control = 0, prev_optim = 0;
   for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
     poll_control(rc);
     auto t0 = clock_type::now();
-    grad_result g = compute_gradients(model, data, rc.cfg, step - 1, rc.rank, rc.world);
+    grad_result g = engine.compute(data, step - 1);
     auto t1 = clock_type::now();
     step_done vote;
     vote.generation = rc.generation;
     vote.step = step;
     vote.rank = rc.rank;
     try {
-      if (opt.zero)
-        opt.zero->reduce_gradients(*rc.world_comm, model.grads(), step_opts);
-      else
-        dp.all_reduce(*rc.world_comm, model.grads(), n, step_opts);
+      engine.reduce(step_opts);
     } catch (const comm::comm_error& e) {
       vote.ok = false;
       vote.error = e.what();
       rc.self->send(rc.coordinator, vote);
-      throw stop_signal{1, std::string("gradient all-reduce failed: ") + e.what()};
+      throw stop_signal{1, std::string("gradient reduction failed: ") + e.what()};
     }
     auto t2 = clock_type::now();
-    vote.loss_sum = g.loss_sum;
-    vote.tokens = g.tokens;
-    vote.lr = opt.learning_rate(step - 1, rc.cfg.steps);
+    if (engine.reports_loss()) {
+      vote.loss_sum = g.loss_sum;
+      vote.tokens = g.tokens;
+    }
+    vote.lr = engine.learning_rate(step - 1);
     vote.compute_s = seconds_between(t0, t1);
     vote.comm_s = seconds_between(t1, t2);
     vote.control_s = prev_control;
     vote.optim_s = prev_optim;
     if (step == w.start_step + 1) {
-      auto& m = opt.exp_avg();
-      auto& v = opt.exp_avg_sq();
-      vote.optim_state_bytes = static_cast<int64_t>((m.capacity() + v.capacity()) * sizeof(float));
+      vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
       vote.peak_rss_bytes = peak_rss_bytes();
     }
     rc.self->send(rc.coordinator, vote);
 
     commit c = await_commit(rc, step);
     auto t3 = clock_type::now();
-    if (opt.zero) {
-      // The all-gather of the updated shards is a collective too: a failure here is a
-      // failed step like any other.
-      try {
-        opt.zero->apply(*rc.world_comm, model.params(), step - 1, rc.cfg.steps, step_opts);
-      } catch (const comm::comm_error& e) {
-        throw stop_signal{1, std::string("ZeRO parameter all-gather failed: ") + e.what()};
-      }
-    } else {
-      opt.replicated->clip_gradients(model.grads(), n);
-      opt.replicated->step(model.params(), model.grads(), step - 1, rc.cfg.steps);
+    try {
+      // ZeRO's all-gather and tensor parallelism's norm are collectives too: a failure here
+      // is a failed step like any other.
+      engine.apply(step - 1, step_opts);
+    } catch (const comm::comm_error& e) {
+      throw stop_signal{1, std::string("applying the step failed: ") + e.what()};
     }
     auto t4 = clock_type::now();
     prev_control = seconds_between(t2, t3);
     prev_optim = seconds_between(t3, t4);
-    if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, model, opt));
-    if (c.evaluate) rc.self->send(rc.coordinator, evaluate_share(rc, step, model, data));
+    if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, engine));
+    if (c.evaluate) {
+      auto share = engine.evaluate(data);
+      eval_done e;
+      e.generation = rc.generation;
+      e.step = step;
+      e.rank = rc.rank;
+      e.loss_sum = share.loss_sum;
+      e.batches = share.batches;
+      rc.self->send(rc.coordinator, e);
+    }
   }
   return await_stop(rc);
 }
@@ -357,7 +286,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, int rank, std
     self->send(coordinator, vote);
     code->store(1);
   }
-  if (rc.world_comm) rc.world_comm->abort();
+  if (rc.engine) rc.engine->abort();
 }
 
 }  // namespace

@@ -71,7 +71,10 @@ int64_t resume_point(const train_config& cfg) {
   static const std::vector<std::string> may_change = {
       "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host", "/progress",
       "/exit_after_step", "/checkpoint_every", "/eval_every", "/eval_batches", "/step_timeout_ms",
-      "/bucket_bytes", "/blas_threads", "/data"};
+      "/bucket_bytes", "/blas_threads", "/data",
+      // The layout may change too: checkpoints are layout-independent (single-rank flat layout).
+      "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
+      "/parallel/schedule"};
   try {
     ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
   } catch (const ckpt::checkpoint_error& e) {
@@ -85,16 +88,20 @@ int64_t resume_point(const train_config& cfg) {
 
 // Stage 1: the layout for this world, from the planner (a pure function the elastic path
 // will call again with a new world size). Returns its JSON for events.jsonl.
-std::string plan_job(const train_config& cfg) {
+std::string plan_job(const train_config& cfg, strategies::layout& shape_out) {
   auto planned = strategies::plan_layout(cfg.world, cfg);
   if (!strategies::has_plan(planned)) throw config_error("layout: " + strategies::reason_of(planned));
   const auto& plan = strategies::plan_of(planned);
   const auto& shape = plan.shape;
-  if (shape.tp != 1 || shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0)
+  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0)
     throw config_error("layout: " + strategies::describe(shape) +
                        (cfg.model.experts > 0 ? " with MoE experts" : "") +
-                       " is valid, but `troupe run` trains data-parallel layouts only so far (tensor, pipeline "
-                       "and expert parallelism are being wired in); use --tp 1 --pp 1 --ep 1 --experts 0");
+                       " is valid, but `troupe run` trains data- and tensor-parallel layouts only so far "
+                       "(pipeline and expert parallelism are being wired in); use --pp 1 --ep 1 --experts 0");
+  if (shape.tp > 1 && cfg.parallel.zero == 1)
+    throw config_error("layout: ZeRO-1 together with tensor parallelism (" + strategies::describe(shape) +
+                       ") is not supported yet; use --zero 0 or --tp 1");
+  shape_out = shape;
   auto doc = nlohmann::json::parse(strategies::to_json(plan));
   doc["describe"] = strategies::describe(shape);
   doc["zero"] = cfg.parallel.zero;
@@ -126,7 +133,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   train_config cfg = opts.cfg;
-  const std::string layout_json = plan_job(cfg);
+  strategies::layout shape;
+  const std::string layout_json = plan_job(cfg, shape);
   prepare_paths(cfg);
   int64_t start_step = cfg.resume ? resume_point(cfg) : 0;
   {
@@ -164,6 +172,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   setup.metrics = &registry;
   setup.listener = caf::actor_cast<caf::actor>(self);
   setup.layout_json = layout_json;
+  setup.shape = shape;
   auto supervisor = actors::spawn_job_supervisor(sys, setup);
   self->monitor(supervisor);
 

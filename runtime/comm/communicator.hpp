@@ -86,7 +86,9 @@ class communicator {
                            const std::vector<size_t>& recv_bytes, const op_options& opts) = 0;
   /// Point-to-point, matched by (peer, tag) on both sides and, per (peer, tag), in call order;
   /// for pipeline stages. Both sides must give the same size. Only the two ranks take part.
-  /// A zero-byte transfer completes at once without contacting the peer.
+  /// A zero-byte transfer completes at once without contacting the peer. A send may wait
+  /// until the peer posts the matching recv (gloo's does), so two ranks must not both send to
+  /// each other before receiving; pipeline schedules order their pairs (or use even/odd).
   virtual void send(const void* data, size_t bytes, int peer, uint32_t tag,
                     const op_options& opts) = 0;
   /// The receiving side of send(): `bytes` bytes from `peer` with `tag` into `data`.

@@ -159,6 +159,8 @@ class gloo_communicator final : public communicator {
   };
 
   /// Slot layout: [63..24] op sequence number, [23..12] shape tag, [11..8] kind, [7..0] step.
+  /// Bit 63 is never set here (2^39 ops): it marks point-to-point slots (p2p_slot()), which
+  /// only two ranks number, so they cannot take part in the group-wide sequence.
   static uint64_t slot_of(uint64_t seq, op_kind kind, uint64_t shape) {
     const uint64_t tag = (shape * 0x9E3779B97F4A7C15ull) >> 52;  // 12 well-mixed bits
     return (seq << 24) | (tag << 12) | (static_cast<uint64_t>(kind) << 8);
