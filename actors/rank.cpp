@@ -196,6 +196,7 @@ int train(rank_context& rc, const welcome& w) {
     auto t0 = clock_type::now();
     grad_result g = engine.compute(data, step - 1);
     auto t1 = clock_type::now();
+    const double model_comm_s = engine.take_model_comm_seconds();
     step_done vote;
     vote.generation = rc.generation;
     vote.step = step;
@@ -214,8 +215,8 @@ int train(rank_context& rc, const welcome& w) {
       vote.tokens = g.tokens;
     }
     vote.lr = engine.learning_rate(step - 1);
-    vote.compute_s = seconds_between(t0, t1);
-    vote.comm_s = seconds_between(t1, t2);
+    vote.compute_s = seconds_between(t0, t1) - model_comm_s;
+    vote.comm_s = seconds_between(t1, t2) + model_comm_s;
     vote.control_s = prev_control;
     vote.optim_s = prev_optim;
     if (step == w.start_step + 1) {

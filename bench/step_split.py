@@ -4,6 +4,7 @@
 coordinator), from events.jsonl of real `troupe run` jobs.
 
 usage: bench/step_split.py [--troupe build/cli/troupe] [--world 2] [--steps 60] [--repeats 3]
+                           [-- extra troupe run options, e.g. --tp 2 or --zero 1]
 Prints per-run medians and the median over runs; the control-plane share is the figure
 the design promises to keep under 1% of a step."""
 
@@ -15,11 +16,11 @@ import subprocess
 import tempfile
 
 
-def one_run(troupe, world, steps):
+def one_run(troupe, world, steps, extra):
     with tempfile.TemporaryDirectory(prefix="troupe-bench-") as tmp:
         run_dir = os.path.join(tmp, "run")
         cmd = [troupe, "run", "--world", str(world), "--steps", str(steps), "--run-dir", run_dir,
-               "--metrics-port", "0", "--checkpoint-every", "0", "--eval-every", "0", "--no-progress"]
+               "--metrics-port", "0", "--checkpoint-every", "0", "--eval-every", "0", "--no-progress"] + extra
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with open(os.path.join(run_dir, "events.jsonl")) as f:
             steps_ev = [e for e in map(json.loads, f) if e.get("event") == "step"]
@@ -35,14 +36,15 @@ def main():
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("extra", nargs="*", help="more `troupe run` options (after --)")
     a = p.parse_args()
-    runs = [one_run(a.troupe, a.world, a.steps) for _ in range(a.repeats)]
+    runs = [one_run(a.troupe, a.world, a.steps, a.extra) for _ in range(a.repeats)]
     for i, r in enumerate(runs):
         print(f"run {i}: step {r['step_s']*1e3:.1f} ms = compute {r['compute_s']*1e3:.1f} + comm "
               f"{r['comm_s']*1e3:.1f} + control {r['control_s']*1e3:.2f} (+ optimizer/other); "
               f"{r['tokens_per_s']:.0f} tok/s")
     m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"median of {a.repeats} runs, world {a.world}: step {m['step_s']*1e3:.1f} ms | compute "
+    print(f"median of {a.repeats} runs, world {a.world} {' '.join(a.extra)}: step {m['step_s']*1e3:.1f} ms | compute "
           f"{m['compute_s']/m['step_s']:.1%} | comm {m['comm_s']/m['step_s']:.1%} | control plane "
           f"{m['control_s']/m['step_s']:.2%} ({m['control_s']*1e3:.2f} ms) | {m['tokens_per_s']:.0f} tok/s")
 

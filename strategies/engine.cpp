@@ -24,7 +24,8 @@ training_engine::training_engine(const train_config& cfg, const layout& shape, i
   dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
   if (shape.tp > 1) {
     const auto& tp = view_.tp;
-    tp_comm_ = connect({generation, tp.name, tp.index, static_cast<int>(tp.ranks.size())});
+    tp_comm_ = std::make_unique<comm::timed_communicator>(
+        connect({generation, tp.name, tp.index, static_cast<int>(tp.ranks.size())}));
     tp_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_);
     full_numel_ = tp_->full_num_params();
     replicated_.emplace(cfg.optim, tp_->param_table(), tp_->num_params());

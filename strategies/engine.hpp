@@ -5,6 +5,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "runtime/comm/communicator.hpp"
+#include "runtime/comm/timed_communicator.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/model/gpt.hpp"
@@ -67,6 +68,9 @@ class training_engine {
   bool reports_loss() const { return view_.tp.index == 0; }
   size_t num_full_params() const { return full_numel_; }
   size_t optimizer_state_bytes() const;
+  /// Seconds spent in collectives inside the model (tensor parallelism) since the last
+  /// call: part of stage 3, though it runs during stage 2.
+  double take_model_comm_seconds() { return tp_comm_ ? tp_comm_->take_seconds() : 0.0; }
   /// Aborts every communicator (thread-safe); collectives in flight fail promptly.
   void abort();
 
@@ -76,7 +80,7 @@ class training_engine {
   rank_view view_;
   size_t full_numel_ = 0;
   std::unique_ptr<comm::communicator> dp_comm_;
-  std::unique_ptr<comm::communicator> tp_comm_;
+  std::unique_ptr<comm::timed_communicator> tp_comm_;
   std::unique_ptr<gpt> dense_;
   std::unique_ptr<tensor_parallel::tp_gpt> tp_;
   std::optional<adamw> replicated_;
