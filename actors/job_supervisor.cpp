@@ -110,6 +110,7 @@ struct job_state {
   clock_type::time_point last_commit;
   bool result_sent = false;
   uint64_t watchdog_gen = 0;
+  std::string pending_failure;  // a rank's failed vote, waiting briefly for its root cause
   std::optional<cli::progress_line> progress;
   static inline const char* name = "job_supervisor";
 };
@@ -263,7 +264,8 @@ void on_rank_lost(self_ptr self, int rank, const std::string& why) {
   // ends the job with the last committed checkpoint intact.
   fail(self, "rank " + std::to_string(rank) + " lost: " + why + "; resume with --resume from " +
                  (st.last_checkpoint.empty() ? std::string("the start (no checkpoint yet)")
-                                             : st.last_checkpoint));
+                                             : st.last_checkpoint) +
+                 (st.pending_failure.empty() ? "" : " (then: " + st.pending_failure + ")"));
 }
 
 int rank_of(self_ptr self, const caf::actor_addr& addr) {
@@ -370,7 +372,12 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         auto& s = self->state;
         if (d.generation != s.generation || s.current != phase::training) return;  // stale
         if (!d.ok) {
-          fail(self, "rank " + std::to_string(d.rank) + " failed step " + std::to_string(d.step) + ": " + d.error);
+          // A rank whose peer died reports the broken collective, often before the peer's own
+          // loss reaches us; give the root cause a moment to arrive so the verdict names it.
+          if (s.pending_failure.empty()) {
+            s.pending_failure = "rank " + std::to_string(d.rank) + " failed step " + std::to_string(d.step) + ": " + d.error;
+            self->delayed_send(self, std::chrono::milliseconds(500), settle_atom::value);
+          }
           return;
         }
         if (d.optim_state_bytes > 0)
@@ -439,6 +446,10 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
                                    : "process " + std::to_string(w.pid) + " exited with code " +
                                          std::to_string(w.exit_code);
         on_rank_lost(self, w.rank, why);
+      },
+      [=](settle_atom) {
+        auto& s = self->state;
+        if (s.current != phase::ended && !s.pending_failure.empty()) fail(self, s.pending_failure);
       },
       [=](shutdown_atom) {
         auto& s = self->state;

@@ -22,6 +22,7 @@ using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at t
 using result_atom = caf::atom_constant<caf::atom("result")>;      // the launcher awaits the job's end
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using settle_atom = caf::atom_constant<caf::atom("settle")>;  // a failure waits for its cause
 
 /// A worker introduces itself to the coordinator.
 struct hello {
