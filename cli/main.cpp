@@ -3,6 +3,7 @@
 #include "actors/connect.hpp"
 #include "actors/node_supervisor.hpp"
 #include "actors/rank.hpp"
+#include "bench/comm_bench.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 
@@ -77,6 +78,20 @@ int dispatch(int argc, char** argv) {
     }
     return troupe::cli::run_job(opts, !coordinator_only);
   }
+  if (command == "bench") {
+    if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+      std::fputs(troupe::cli::bench_help().c_str(), args.empty() ? stderr : stdout);
+      return args.empty() ? 2 : 0;
+    }
+    if (args[0] == "comm") {
+      if (wants_help(args)) {
+        std::fputs(troupe::cli::bench_help().c_str(), stdout);
+        return 0;
+      }
+      return troupe::bench::run_comm_bench({args.begin() + 1, args.end()});
+    }
+    throw usage_error("troupe bench: unknown benchmark '" + args[0] + "'; benchmarks: comm");
+  }
   if (command == "agent") {
     if (wants_help(args)) {
       std::fputs(troupe::cli::agent_help().c_str(), stdout);
@@ -95,7 +110,7 @@ int dispatch(int argc, char** argv) {
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.rank);
     return troupe::actors::run_worker(w);
   }
-  throw usage_error("troupe: unknown command '" + command + "'; commands: run, coordinator, agent, worker");
+  throw usage_error("troupe: unknown command '" + command + "'; commands: run, coordinator, agent, worker, bench");
 }
 
 }  // namespace

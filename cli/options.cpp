@@ -115,6 +115,7 @@ commands:
   coordinator   run only the coordinator of a job; agents connect to it
   agent         run the agent of one node: starts that node's workers
   worker        one rank (started by an agent; not usually run by hand)
+  bench comm    collectives benchmark (like nccl-tests): time, algbw, busbw per size
 
 Run `troupe <command> --help` for a command's options.
 )";
@@ -180,6 +181,25 @@ std::string agent_help() {
 Runs the agent of this node: asks the coordinator which ranks to run, starts them as
 worker processes, reports their exits, and stops them when the job ends or the
 coordinator is lost.
+)";
+}
+
+std::string bench_help() {
+  return R"(usage: troupe bench comm [options]
+
+Benchmarks the data plane's collectives (all_reduce, all_gather, reduce_scatter,
+all_to_all) across real processes on this machine, like nccl-tests: for each size, the
+time, the algorithm bandwidth and the bus bandwidth (and busbw as a fraction of this
+machine's memcpy bandwidth). bench/comm_bench.sh runs it side by side with PyTorch's gloo
+and Open MPI in the same session.
+
+options:
+  --ranks 2,4            process counts to run (default 2,4)
+  --ops LIST             all_reduce,all_gather,reduce_scatter,all_to_all (default all)
+  --min-bytes 4K         smallest message (K, M suffixes)
+  --max-bytes 256M       largest message; sizes step by 4x
+  --batches 5            timed batches per size (the median is reported)
+  --batch-seconds 0.2    target length of one batch
 )";
 }
 

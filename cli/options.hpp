@@ -33,5 +33,6 @@ std::string coordinator_help();
 std::string agent_help();
 std::string worker_help();
 std::string main_help();
+std::string bench_help();
 
 }  // namespace troupe::cli

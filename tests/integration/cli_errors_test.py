@@ -62,7 +62,13 @@ def test():
         expect_usage_error(["agent", "--coordinator", "nohost"], "HOST:PORT")
         expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--rank", "x"], "--rank")
         expect_usage_error(["dance"], "dance")
-        for cmd in (["run"], ["coordinator"], ["agent"], ["worker"], []):
+        expect_usage_error(["bench", "nothing"], "nothing")
+        # The collectives benchmark runs (a tiny sweep) and prints its table.
+        code, out = run(["bench", "comm", "--ranks", "2", "--ops", "all_reduce", "--min-bytes", "4K",
+                         "--max-bytes", "16K", "--batches", "1", "--batch-seconds", "0.01"])
+        if code != 0 or "busbw" not in out or "16384" not in out:
+            fail(f"troupe bench comm smoke run: exit {code}:\n{out}")
+        for cmd in (["run"], ["coordinator"], ["agent"], ["worker"], ["bench"], ["bench", "comm"], []):
             code, out = run(cmd + ["--help"])
             if code != 0 or "usage" not in out:
                 fail(f"troupe {' '.join(cmd)} --help: exit {code}:\n{out}")
