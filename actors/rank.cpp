@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <thread>
 #include <fstream>
 #include <chrono>
 #include <memory>
@@ -62,14 +63,20 @@ struct rank_context {
 commit await_commit(rank_context& rc, int64_t step) {
   std::optional<commit> got;
   std::optional<stop_signal> stop;
-  const auto deadline = clock_type::now() + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
+  const auto now = clock_type::now();
+  const auto deadline = now + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
+  // The commit usually arrives within a millisecond; a thread that sleeps for it can lose a
+  // whole scheduler tick on a busy machine, so poll the mailbox briefly before blocking.
+  const auto spin_until = now + std::chrono::milliseconds(2);
   while (!got && !stop) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    auto t = clock_type::now();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - t);
     if (left.count() <= 0) {
       stop = stop_signal{1, "no commit for step " + std::to_string(step) + " within " +
                                 std::to_string(rc.cfg.step_timeout_ms * 2 / 1000) + " s"};
       break;
     }
+    auto wait = t < spin_until ? std::chrono::milliseconds(0) : left;
     rc.self->receive(
         [&](const commit& c) {
           if (c.generation == rc.generation && c.step == step) got = c;
@@ -82,7 +89,10 @@ commit await_commit(rank_context& rc, int64_t step) {
           if (dm.source == rc.coordinator.address())
             stop = stop_signal{1, "lost the coordinator (" + rc.self->system().render(dm.reason) + ")"};
         },
-        caf::after(left) >> [] {});
+        caf::after(wait) >> [] {});
+    // While polling, leave the core to the coordinator: on a machine where ranks fill every
+    // core, the commit cannot be sent while we spin on it.
+    if (!got && !stop && wait.count() == 0) std::this_thread::yield();
   }
   if (stop) throw *stop;
   return *got;
