@@ -12,53 +12,10 @@ namespace troupe {
 
 grad_result compute_gradients(gpt& m, const byte_dataset& d, const train_config& cfg, int64_t step,
                               int rank, int world) {
-  const int G = cfg.batch;
-  const int T = cfg.model.context;
-  if (world < 1 || rank < 0 || rank >= world || G < 1 || G % world != 0 || cfg.micro_batch < 1) {
-    throw std::invalid_argument(
-        "compute_gradients: need 0 <= rank < world, world dividing batch (" + std::to_string(G) +
-        ") and micro_batch >= 1; got rank " + std::to_string(rank) + " of " +
-        std::to_string(world) + ", micro_batch " + std::to_string(cfg.micro_batch));
-  }
-  const int share = G / world;
-  const int first = rank * share;
-  const int mb = std::min(cfg.micro_batch, share);
-  // Sized once per call; at most micro_batch * T bytes each, small next to the model.
-  std::vector<uint8_t> inputs(static_cast<size_t>(mb) * T);
-  std::vector<uint8_t> targets(inputs.size());
-
-  grad_result r;
-  m.zero_grads();
-  const auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < share; s += mb) {
-    const int B = std::min(mb, share - s);
-    d.fill_train(cfg.seed, step, first + s, B, T, inputs.data(), targets.data());
-    // forward_backward yields grad_scale * d(mean over B*T)/dθ; B/G turns it into this
-    // micro-batch's part of d(mean over G*T)/dθ.
-    const auto scale = static_cast<float>(static_cast<double>(B) / G);
-    const double mean = m.forward_backward(inputs.data(), targets.data(), B, T, scale);
-    r.loss_sum += mean * B * T;
-    r.tokens += static_cast<int64_t>(B) * T;
-  }
-  r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
+  return compute_share_gradients(m, d, cfg, step, rank, world);
 }
 
-double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg) {
-  const int B = cfg.micro_batch;
-  const int T = cfg.model.context;
-  if (cfg.eval_batches < 1 || B < 1) {
-    throw std::invalid_argument("evaluate: eval_batches and micro_batch must be >= 1");
-  }
-  std::vector<uint8_t> inputs(static_cast<size_t>(B) * T);
-  std::vector<uint8_t> targets(inputs.size());
-  double sum = 0;
-  for (int b = 0; b < cfg.eval_batches; ++b) {
-    d.fill_val(cfg.seed, b, 0, B, T, inputs.data(), targets.data());
-    sum += m.forward_loss(inputs.data(), targets.data(), B, T);
-  }
-  return sum / cfg.eval_batches;
-}
+double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg) { return evaluate_model(m, d, cfg); }
 
 void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
 

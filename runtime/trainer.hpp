@@ -3,7 +3,12 @@
 // micro-batch gradients are scaled and accumulated, and the validation loss. Every
 // parallel layout is tested against this.
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
@@ -34,5 +39,61 @@ double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg);
 /// Threads OpenBLAS may use (n < 1 counts as 1). Process-wide: ranks that are threads of
 /// one process share it; ranks that are processes on one machine should each use 1.
 void set_blas_threads(int n);
+
+/// The loop behind compute_gradients, for any model with zero_grads() and
+/// forward_backward() (the dense gpt, a tensor-parallel shard): every layout runs the same
+/// samples in the same micro-batches with the same scaling.
+template <class Model>
+grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg, int64_t step,
+                                    int rank, int world) {
+  const int G = cfg.batch;
+  const int T = cfg.model.context;
+  if (world < 1 || rank < 0 || rank >= world || G < 1 || G % world != 0 || cfg.micro_batch < 1) {
+    throw std::invalid_argument(
+        "compute_gradients: need 0 <= rank < world, world dividing batch (" + std::to_string(G) +
+        ") and micro_batch >= 1; got rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ", micro_batch " + std::to_string(cfg.micro_batch));
+  }
+  const int share = G / world;
+  const int first = rank * share;
+  const int mb = std::min(cfg.micro_batch, share);
+  // Sized once per call; at most micro_batch * T bytes each, small next to the model.
+  std::vector<uint8_t> inputs(static_cast<size_t>(mb) * T);
+  std::vector<uint8_t> targets(inputs.size());
+
+  grad_result r;
+  m.zero_grads();
+  const auto start = std::chrono::steady_clock::now();
+  for (int s = 0; s < share; s += mb) {
+    const int B = std::min(mb, share - s);
+    d.fill_train(cfg.seed, step, first + s, B, T, inputs.data(), targets.data());
+    // forward_backward yields grad_scale * d(mean over B*T)/dθ; B/G turns it into this
+    // micro-batch's part of d(mean over G*T)/dθ.
+    const auto scale = static_cast<float>(static_cast<double>(B) / G);
+    const double mean = m.forward_backward(inputs.data(), targets.data(), B, T, scale);
+    r.loss_sum += mean * B * T;
+    r.tokens += static_cast<int64_t>(B) * T;
+  }
+  r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+/// The loop behind evaluate, for any model with forward_loss().
+template <class Model>
+double evaluate_model(Model& m, const byte_dataset& d, const train_config& cfg) {
+  const int B = cfg.micro_batch;
+  const int T = cfg.model.context;
+  if (cfg.eval_batches < 1 || B < 1) {
+    throw std::invalid_argument("evaluate: eval_batches and micro_batch must be >= 1");
+  }
+  std::vector<uint8_t> inputs(static_cast<size_t>(B) * T);
+  std::vector<uint8_t> targets(inputs.size());
+  double sum = 0;
+  for (int b = 0; b < cfg.eval_batches; ++b) {
+    d.fill_val(cfg.seed, b, 0, B, T, inputs.data(), targets.data());
+    sum += m.forward_loss(inputs.data(), targets.data(), B, T);
+  }
+  return sum / cfg.eval_batches;
+}
 
 }  // namespace troupe
