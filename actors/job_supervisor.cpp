@@ -77,7 +77,8 @@ struct votes {
   double loss_sum = 0;
   int64_t tokens = 0;
   double lr = 0;
-  double compute_s = 0, comm_s = 0, control_s = 0;
+  double compute_s = 0, comm_s = 0, control_s = 0, peer_wait_s = 0;
+  std::vector<clock_type::time_point> arrived;  // per rank: when its vote came in
 };
 
 struct job_state {
@@ -210,8 +211,12 @@ void on_all_votes(self_ptr self) {
 
   const int64_t last = session_last_step(cfg);
   commit c{st.generation, step, checkpoint_due(step, last, cfg.checkpoint_every),
-           evaluation_due(step, last, cfg.eval_every)};
-  for (auto& r : st.ranks) self->send(r, c);
+           evaluation_due(step, last, cfg.eval_every), 0.0};
+  const auto now = clock_type::now();
+  for (size_t r = 0; r < st.ranks.size(); ++r) {
+    c.peer_wait_s = std::chrono::duration<double>(now - v.arrived[r]).count();
+    self->send(st.ranks[r], c);
+  }
   if (c.checkpoint) {
     st.ckpt_step = step;
     st.shards.assign(world, {});
@@ -246,7 +251,8 @@ void on_all_votes(self_ptr self) {
               {"step_s", step_s},
               {"compute_s", v.compute_s / world},
               {"comm_s", v.comm_s / world},
-              {"control_s", v.control_s / world}});
+              {"control_s", v.control_s / world},
+              {"peer_wait_s", v.peer_wait_s / world}});
   if (st.progress) st.progress->update(step, cfg.steps, loss, tps);
   v = votes{};
   if (step >= last) st.current = phase::finishing;
@@ -385,7 +391,12 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
                       {"optimizer_state_bytes", d.optim_state_bytes}, {"peak_rss_bytes", d.peak_rss_bytes},
                       {"zero", s.setup.cfg.parallel.zero}});
         auto& v = s.pending;
-        if (v.step != d.step) v = votes{d.step};
+        if (v.step != d.step) {
+          v = votes{};
+          v.step = d.step;
+          v.arrived.resize(s.ranks.size());
+        }
+        v.arrived[static_cast<size_t>(d.rank)] = clock_type::now();
         ++v.count;
         v.loss_sum += d.loss_sum;
         v.tokens += d.tokens;
@@ -393,6 +404,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         v.compute_s += d.compute_s;
         v.comm_s += d.comm_s;
         v.control_s += d.control_s;
+        v.peer_wait_s += d.peer_wait_s;
         if (v.count == s.setup.cfg.world) on_all_votes(self);
       },
       [=](const shard_written& w) {

@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 3;
+constexpr int32_t protocol_version = 4;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -71,7 +71,8 @@ struct step_done {
   double lr = 0;              ///< learning rate this step applies with
   double compute_s = 0;       ///< forward + backward
   double comm_s = 0;          ///< gradient all-reduce
-  double control_s = 0;       ///< previous step's wait for its commit
+  double control_s = 0;       ///< previous step's vote-to-commit round trip, less the peer wait
+  double peer_wait_s = 0;     ///< previous step's wait, at the coordinator, for the last vote
   double optim_s = 0;         ///< previous step's optimizer update
   int64_t optim_state_bytes = 0;  ///< optimizer state this rank holds, as allocated
   int64_t peak_rss_bytes = 0;     ///< the process's peak resident memory so far
@@ -83,6 +84,8 @@ struct commit {
   int64_t step = 0;
   bool checkpoint = false;    ///< write this rank's shard after applying
   bool evaluate = false;      ///< compute validation loss after applying
+  double peer_wait_s = 0;     ///< how long this rank's vote waited for the last one: time
+                              ///< spent on peers (imbalance), not on the control plane
 };
 
 /// The job's generation is over (a rank was lost or the job is stopping).
@@ -155,12 +158,12 @@ typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
   return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error, x.loss_sum,
-           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.optim_s, x.optim_state_bytes,
+           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes,
            x.peak_rss_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
-  return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate);
+  return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate, x.peer_wait_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {

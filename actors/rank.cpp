@@ -200,7 +200,7 @@ int train(rank_context& rc, const welcome& w) {
   if (w.start_step > 0) restore(rc, w.start_step, engine);
   const comm::op_options step_opts{op_timeout};
 
-  double prev_control = 0, prev_optim = 0;
+  double prev_control = 0, prev_peer_wait = 0, prev_optim = 0;
   for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
     poll_control(rc);
     auto t0 = clock_type::now();
@@ -228,6 +228,7 @@ int train(rank_context& rc, const welcome& w) {
     vote.compute_s = seconds_between(t0, t1) - model_comm_s;
     vote.comm_s = seconds_between(t1, t2) + model_comm_s;
     vote.control_s = prev_control;
+    vote.peer_wait_s = prev_peer_wait;
     vote.optim_s = prev_optim;
     if (step == w.start_step + 1) {
       vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
@@ -245,7 +246,10 @@ int train(rank_context& rc, const welcome& w) {
       throw stop_signal{1, std::string("applying the step failed: ") + e.what()};
     }
     auto t4 = clock_type::now();
-    prev_control = seconds_between(t2, t3);
+    // The round trip less the time our vote waited at the coordinator for the slowest
+    // peer's: that wait is imbalance of the step, reported on its own.
+    prev_peer_wait = std::min(c.peer_wait_s, seconds_between(t2, t3));
+    prev_control = seconds_between(t2, t3) - prev_peer_wait;
     prev_optim = seconds_between(t3, t4);
     if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, engine));
     if (c.evaluate) {
