@@ -112,6 +112,7 @@ struct job_state {
   bool result_sent = false;
   uint64_t watchdog_gen = 0;
   std::string pending_failure;  // a rank's failed vote, waiting briefly for its root cause
+  std::vector<bool> reported_failure;  // per rank: voted !ok (so its exit is a consequence)
   std::optional<cli::progress_line> progress;
   static inline const char* name = "job_supervisor";
 };
@@ -263,6 +264,12 @@ void on_all_votes(self_ptr self) {
 void on_rank_lost(self_ptr self, int rank, const std::string& why) {
   auto& st = self->state;
   if (st.current == phase::ended) return;
+  if (rank >= 0 && static_cast<size_t>(rank) < st.reported_failure.size() && st.reported_failure[rank]) {
+    // It reported its failed step and then stopped: a consequence, not the cause. The
+    // settle window (or the real cause) decides the verdict.
+    emit(self, {{"event", "rank_exited_after_failure"}, {"rank", rank}, {"reason", why}});
+    return;
+  }
   st.metrics->ranks_lost->inc();
   emit(self, {{"event", "rank_lost"}, {"rank", rank}, {"reason", why}, {"step", st.committed},
               {"generation", st.generation}});
@@ -286,6 +293,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   st.setup = std::move(setup);
   st.metrics.emplace(*st.setup.metrics);
   st.ranks.resize(st.setup.cfg.world);
+  st.reported_failure.assign(st.setup.cfg.world, false);
   st.committed = st.setup.start_step;
   st.metrics->world->set(st.setup.cfg.world);
   st.metrics->generation->set(static_cast<double>(st.generation));
@@ -378,6 +386,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         auto& s = self->state;
         if (d.generation != s.generation || s.current != phase::training) return;  // stale
         if (!d.ok) {
+          if (d.rank >= 0 && static_cast<size_t>(d.rank) < s.reported_failure.size())
+            s.reported_failure[d.rank] = true;
           // A rank whose peer died reports the broken collective, often before the peer's own
           // loss reaches us; give the root cause a moment to arrive so the verdict names it.
           if (s.pending_failure.empty()) {
