@@ -28,7 +28,10 @@ system_config::system_config() {
   // 1-rank step went from 86 ms to 127 ms). The sharing policy waits on a condition
   // variable instead, and a control plane's message rate does not need more.
   set("scheduler.policy", caf::atom("sharing"));
-  set("middleman.workers", size_t{1});
+  // With no deserialisation workers the middleman's own thread decodes each message and
+  // hands it to its receiver: one thread hop fewer on each side of a vote/commit round trip
+  // (measured: 0.40 -> 0.31 ms idle, 0.77 -> 0.61 ms under training load).
+  set("middleman.workers", size_t{0});
 }
 
 }  // namespace troupe::actors
