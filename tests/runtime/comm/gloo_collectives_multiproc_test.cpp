@@ -8,8 +8,7 @@
 
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
-#include "tests/runtime/comm/child_process.hpp"
-#include "tests/runtime/comm/patterns.hpp"
+#include "tests/runtime/comm/peer_group.hpp"
 
 using namespace troupe;
 using namespace troupe::comm;
@@ -21,48 +20,8 @@ namespace {
 /// How much later than its deadline a failing op may return (scheduling, teardown).
 constexpr auto slack = 2s;
 
-class ranks : public ::testing::Test {
- protected:
-  void spawn(int rank, int size, const std::string& scenario) {
-    peers_.push_back(
-        test::child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
-                                    std::to_string(rank), std::to_string(size), scenario}));
-  }
-
-  void spawn_all(int size, const std::string& scenario) {
-    for (int r = 0; r < size; ++r) spawn(r, size, scenario);
-  }
-
-  /// Every peer exits 0 within `timeout` (one deadline for all of them).
-  void expect_peers_succeed(std::chrono::milliseconds timeout = 200s) {
-    const auto deadline = clock_type::now() + timeout;
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-      const auto status = peers_[i].wait_exit(std::max(left, 0ms));
-      ASSERT_TRUE(status.has_value()) << "peer " << i << " still running";
-      EXPECT_EQ(*status, 0) << "peer " << i << " " << test::describe_status(*status);
-    }
-  }
-
-  std::unique_ptr<kv_store> client() { return connect_tcp_store("127.0.0.1", server_.port(), 5s); }
-
-  /// Rank 0 of a `size`-rank world in this process: joins, does the warm-up all-reduce the
-  /// peers do, and returns once every peer has published "warm/<rank>".
-  std::unique_ptr<communicator> join_and_warm_up(kv_store& store, int size) {
-    auto c = make_gloo_communicator(store, {1, "world", 0, size});
-    auto v = test::contributions(0, 1000);
-    c->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
-    EXPECT_EQ(test::check_reduced(v, size, reduce_op::sum), "");
-    std::vector<std::string> warm;
-    for (int r = 1; r < size; ++r) warm.push_back("warm/" + std::to_string(r));
-    store.wait(warm, 30s);
-    return c;
-  }
-
-  tcp_store_server server_;
-  std::vector<test::child_process> peers_;
-};
+using ranks = test::peer_group;
+using test::join_and_warm_up;
 
 class sizes : public ranks, public ::testing::WithParamInterface<int> {};
 

@@ -8,8 +8,7 @@
 
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
-#include "tests/runtime/comm/child_process.hpp"
-#include "tests/runtime/comm/patterns.hpp"
+#include "tests/runtime/comm/peer_group.hpp"
 
 using namespace troupe;
 using namespace troupe::comm;
@@ -21,55 +20,15 @@ namespace {
 /// How much later than its deadline a failing collective may return (scheduling, teardown).
 constexpr auto slack = 2s;
 
-/// A store served by this process and peer processes (ranks) started against it.
-class group : public ::testing::Test {
- protected:
-  void spawn(int rank, int size, const std::string& scenario) {
-    peers_.push_back(
-        test::child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
-                                    std::to_string(rank), std::to_string(size), scenario}));
-  }
-
-  std::unique_ptr<kv_store> client() { return connect_tcp_store("127.0.0.1", server_.port(), 5s); }
-
-  /// Every peer exits 0 within `timeout`.
-  void expect_peers_succeed(std::chrono::milliseconds timeout = 150s) {
-    const auto deadline = clock_type::now() + timeout;
-    for (size_t i = 0; i < peers_.size(); ++i) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-      const auto status = peers_[i].wait_exit(std::max(left, 0ms));
-      ASSERT_TRUE(status.has_value()) << "peer " << i << " still running";
-      EXPECT_EQ(*status, 0) << "peer " << i << " " << test::describe_status(*status);
-    }
-  }
-
-  test::child_process& peer(size_t i) { return peers_.at(i); }
-
-  tcp_store_server server_;
-  std::vector<test::child_process> peers_;
-};
-
-/// Rank 0, in this process, joins generation 1 and does the warm-up the peers do; returns
-/// once every peer has finished its warm-up, so none is still in flight when a test then kills
-/// or stops one.
-std::unique_ptr<communicator> join_and_warm_up(kv_store& store, int size) {
-  auto c = make_gloo_communicator(store, {1, "world", 0, size});
-  auto v = test::contributions(0, 1000);
-  c->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
-  EXPECT_EQ(test::check_reduced(v, size, reduce_op::sum), "");
-  std::vector<std::string> warm;
-  for (int r = 1; r < size; ++r) warm.push_back("warm/" + std::to_string(r));
-  store.wait(warm, 30s);
-  return c;
-}
+using group = test::peer_group;
+using test::join_and_warm_up;
 
 class collectives : public group, public ::testing::WithParamInterface<int> {};
 
 TEST_P(collectives, match_the_local_reference) {
   const int size = GetParam();
   for (int r = 0; r < size; ++r) spawn(r, size, "collectives");
-  expect_peers_succeed();
+  expect_peers_succeed(150s);
 }
 
 INSTANTIATE_TEST_SUITE_P(processes, collectives, ::testing::Values(2, 3, 4),
@@ -77,7 +36,7 @@ INSTANTIATE_TEST_SUITE_P(processes, collectives, ::testing::Values(2, 3, 4),
 
 TEST_F(group, generations_on_one_store_do_not_collide) {
   for (int r = 0; r < 3; ++r) spawn(r, 3, "generations");
-  expect_peers_succeed();
+  expect_peers_succeed(150s);
 }
 
 TEST_F(group, killed_peer_fails_the_collective_within_its_deadline) {
