@@ -1,0 +1,217 @@
+// The dense backend: data parallelism (bucketed all-reduce or ZeRO-1) and tensor
+// parallelism, for layouts without pipeline stages or experts. The fastest path for those.
+
+#include "runtime/comm/timed_communicator.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/optim/adamw.hpp"
+#include "strategies/data_parallel.hpp"
+#include "strategies/engine_backend.hpp"
+#include "strategies/tensor_parallel/tp_gpt.hpp"
+#include "strategies/tensor_parallel/tp_train.hpp"
+#include "strategies/zero.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+
+namespace troupe::strategies {
+namespace {
+
+class dense_backend final : public engine_backend {
+ public:
+  dense_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
+                const connect_fn& connect);
+
+  void init(uint64_t seed) override;
+  void restore(const ckpt::full_state& full) override;
+  grad_result compute(const byte_dataset& data, int64_t step0) override;
+  void reduce(const comm::op_options& opts) override;
+  void apply(int64_t step0, const comm::op_options& opts) override;
+  double learning_rate(int64_t step0) const override;
+  eval_share evaluate(const byte_dataset& data) override;
+  ckpt::shard_state checkpoint_shard(int64_t step) override;
+  bool reports_loss() const override { return view_.tp.index == 0; }
+  size_t num_full_params() const override { return full_numel_; }
+  size_t optimizer_state_bytes() const override;
+  double take_model_comm_seconds() override { return tp_comm_ ? tp_comm_->take_seconds() : 0.0; }
+  void abort() override;
+
+ private:
+  train_config cfg_;
+  layout shape_;
+  rank_view view_;
+  size_t full_numel_ = 0;
+  std::unique_ptr<comm::communicator> dp_comm_;
+  std::unique_ptr<comm::timed_communicator> tp_comm_;
+  std::unique_ptr<gpt> dense_;
+  std::unique_ptr<tensor_parallel::tp_gpt> tp_;
+  std::optional<adamw> replicated_;
+  std::optional<zero1_optimizer> zero_;
+  gradient_allreducer allreducer_;
+  ckpt::shard_range owned_;  // of the full flat layout, over the whole world
+};
+
+
+dense_backend::dense_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
+                             const connect_fn& connect)
+    : cfg_(cfg),
+      shape_(shape),
+      view_(view_of(shape, rank)),
+      allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
+  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0 || (shape.tp > 1 && cfg.parallel.zero == 1))
+    throw std::logic_error("dense_backend: layout " + describe(shape) + " belongs to another backend");
+  const auto& dp = view_.dp;
+  dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
+  if (shape.tp > 1) {
+    const auto& tp = view_.tp;
+    tp_comm_ = std::make_unique<comm::timed_communicator>(
+        connect({generation, tp.name, tp.index, static_cast<int>(tp.ranks.size())}));
+    tp_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_);
+    full_numel_ = tp_->full_num_params();
+    replicated_.emplace(cfg.optim, tp_->param_table(), tp_->num_params());
+  } else {
+    dense_ = std::make_unique<gpt>(cfg.model);
+    full_numel_ = dense_->num_params();
+    if (cfg.parallel.zero == 1) {
+      zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index, static_cast<int>(dp.ranks.size()));
+      owned_ = {zero_->shard().offset, zero_->shard().count};
+    } else {
+      replicated_.emplace(cfg.optim, dense_->param_table(), full_numel_);
+    }
+  }
+  if (!zero_) owned_ = ckpt::owned_range(full_numel_, rank, shape.world());
+}
+
+void dense_backend::init(uint64_t seed) {
+  if (tp_)
+    tp_->init_params(seed);
+  else
+    dense_->init_params(seed);
+}
+
+void dense_backend::restore(const ckpt::full_state& full) {
+  if (full.params.size() != full_numel_)
+    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
+                             " parameters but the model has " + std::to_string(full_numel_));
+  if (tp_) {
+    // The checkpoint is in the single-rank layout; load_from_full cuts this rank's slices.
+    // It writes into the parameter buffer, so the moments pass through it first.
+    auto cut = [&](const std::vector<float>& full_vector, std::vector<float>& local) {
+      tp_->load_from_full(full_vector.data());
+      std::copy(tp_->params(), tp_->params() + tp_->num_params(), local.begin());
+    };
+    cut(full.exp_avg, replicated_->exp_avg());
+    cut(full.exp_avg_sq, replicated_->exp_avg_sq());
+    tp_->load_from_full(full.params.data());
+    replicated_->t() = full.adam_t;
+    return;
+  }
+  std::copy(full.params.begin(), full.params.end(), dense_->params());
+  if (zero_) {
+    const auto& sh = zero_->shard();
+    auto first = static_cast<std::ptrdiff_t>(sh.offset), last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
+    std::copy(full.exp_avg.begin() + first, full.exp_avg.begin() + last, zero_->exp_avg().begin());
+    std::copy(full.exp_avg_sq.begin() + first, full.exp_avg_sq.begin() + last, zero_->exp_avg_sq().begin());
+    zero_->t() = full.adam_t;
+  } else {
+    replicated_->exp_avg() = full.exp_avg;
+    replicated_->exp_avg_sq() = full.exp_avg_sq;
+    replicated_->t() = full.adam_t;
+  }
+}
+
+grad_result dense_backend::compute(const byte_dataset& data, int64_t step0) {
+  const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
+  if (tp_) return tensor_parallel::compute_tp_gradients(*tp_, data, cfg_, step0, dp_rank, dp_size);
+  return compute_gradients(*dense_, data, cfg_, step0, dp_rank, dp_size);
+}
+
+void dense_backend::reduce(const comm::op_options& opts) {
+  if (zero_) {
+    zero_->reduce_gradients(*dp_comm_, dense_->grads(), opts);
+  } else if (tp_) {
+    allreducer_.all_reduce(*dp_comm_, tp_->grads(), tp_->num_params(), opts);
+  } else {
+    allreducer_.all_reduce(*dp_comm_, dense_->grads(), dense_->num_params(), opts);
+  }
+}
+
+void dense_backend::apply(int64_t step0, const comm::op_options& opts) {
+  if (zero_) {
+    zero_->apply(*dp_comm_, dense_->params(), step0, cfg_.steps, opts);
+  } else if (tp_) {
+    tensor_parallel::clip_tp_gradients(*tp_, *replicated_);
+    replicated_->step(tp_->params(), tp_->grads(), step0, cfg_.steps);
+  } else {
+    replicated_->clip_gradients(dense_->grads(), dense_->num_params());
+    replicated_->step(dense_->params(), dense_->grads(), step0, cfg_.steps);
+  }
+}
+
+double dense_backend::learning_rate(int64_t step0) const {
+  return zero_ ? zero_->learning_rate(step0, cfg_.steps) : replicated_->learning_rate(step0, cfg_.steps);
+}
+
+eval_share dense_backend::evaluate(const byte_dataset& data) {
+  // Batch b belongs to replica b % dp, so the set of batches is the same for every layout.
+  eval_share out;
+  const int B = cfg_.micro_batch, T = cfg_.model.context;
+  const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
+  std::vector<uint8_t> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
+    data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
+    out.loss_sum += tp_ ? tp_->forward_loss(in.data(), tgt.data(), B, T)
+                        : dense_->forward_loss(in.data(), tgt.data(), B, T);
+    ++out.batches;
+  }
+  if (!reports_loss()) out = {};
+  return out;
+}
+
+ckpt::shard_state dense_backend::checkpoint_shard(int64_t step) {
+  ckpt::shard_state s = checkpoint_header(cfg_, shape_, view_.rank, step, full_numel_, owned_);
+  auto take = [&](const float* p) { return std::vector<float>(p, p + s.range.count); };
+  if (tp_) {
+    // The checkpoint keeps the single-rank layout, so any later layout can restore it.
+    std::vector<float> full(full_numel_);
+    tp_->gather_full(tp_->params(), full.data());
+    s.params = take(full.data() + s.range.offset);
+    tp_->gather_full(replicated_->exp_avg().data(), full.data());
+    s.exp_avg = take(full.data() + s.range.offset);
+    tp_->gather_full(replicated_->exp_avg_sq().data(), full.data());
+    s.exp_avg_sq = take(full.data() + s.range.offset);
+    s.adam_t = replicated_->t();
+    return s;
+  }
+  s.params = take(dense_->params() + s.range.offset);
+  if (zero_) {
+    s.exp_avg = take(zero_->exp_avg().data());
+    s.exp_avg_sq = take(zero_->exp_avg_sq().data());
+    s.adam_t = zero_->t();
+  } else {
+    s.exp_avg = take(replicated_->exp_avg().data() + s.range.offset);
+    s.exp_avg_sq = take(replicated_->exp_avg_sq().data() + s.range.offset);
+    s.adam_t = replicated_->t();
+  }
+  return s;
+}
+
+size_t dense_backend::optimizer_state_bytes() const {
+  if (zero_) return zero_->state_bytes();
+  return (replicated_->exp_avg().capacity() + replicated_->exp_avg_sq().capacity()) * sizeof(float);
+}
+
+void dense_backend::abort() {
+  if (dp_comm_) dp_comm_->abort();
+  if (tp_comm_) tp_comm_->abort();
+}
+
+
+}  // namespace
+
+std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape, int rank,
+                                                   uint64_t generation, const connect_fn& connect) {
+  return std::make_unique<dense_backend>(cfg, shape, rank, generation, connect);
+}
+
+}  // namespace troupe::strategies

@@ -1,0 +1,87 @@
+#pragma once
+// The part of a training step that depends on the layout: one implementation per family of
+// layouts (dense with dp/ZeRO/tp, pipeline stages, experts), chosen by training_engine.
+// Every backend computes the same model as one rank with the same global batch.
+
+#include "checkpoint/checkpoint.hpp"
+#include "runtime/comm/communicator.hpp"
+#include "runtime/config.hpp"
+#include "runtime/data/dataset.hpp"
+#include "runtime/trainer.hpp"
+#include "strategies/mesh.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace troupe::strategies {
+
+/// Builds a communicator for a group; the rank's actor supplies it (store, generation).
+using connect_fn = std::function<std::unique_ptr<comm::communicator>(const comm::comm_identity&)>;
+
+/// A rank's part of a validation estimate.
+struct eval_share {
+  double loss_sum = 0;  ///< sum of per-batch mean losses
+  int64_t batches = 0;
+};
+
+/// Tokens routed to each expert during one step, per MoE block (expert parallelism only).
+struct expert_load {
+  std::vector<std::vector<int64_t>> tokens;  ///< [block][expert], summed over micro-batches
+  std::vector<int64_t> dropped;              ///< [block] choices dropped by capacity
+};
+
+/// One rank's share of the model for one layout and one generation. Collective calls must be
+/// made by every rank of the layout in the same order (see training_engine).
+class engine_backend {
+ public:
+  virtual ~engine_backend() = default;
+
+  virtual void init(uint64_t seed) = 0;
+  virtual void restore(const ckpt::full_state& full) = 0;
+  virtual grad_result compute(const byte_dataset& data, int64_t step0) = 0;
+  virtual void reduce(const comm::op_options& opts) = 0;
+  virtual void apply(int64_t step0, const comm::op_options& opts) = 0;
+  virtual double learning_rate(int64_t step0) const = 0;
+  virtual eval_share evaluate(const byte_dataset& data) = 0;
+  virtual ckpt::shard_state checkpoint_shard(int64_t step) = 0;
+
+  virtual bool reports_loss() const = 0;
+  virtual size_t num_full_params() const = 0;
+  virtual size_t optimizer_state_bytes() const = 0;
+  /// Seconds spent in collectives inside stage 2 since the last call.
+  virtual double take_model_comm_seconds() { return 0.0; }
+  /// The last step's expert load; empty for a dense model.
+  virtual expert_load take_expert_load() { return {}; }
+  /// A Chrome trace of the last step's pipeline schedule on this rank; empty without pp.
+  virtual std::string last_step_trace() const { return {}; }
+  virtual void abort() = 0;
+};
+
+/// Fills the bookkeeping fields of a checkpoint shard (rank, world, step, seed, size).
+inline ckpt::shard_state checkpoint_header(const train_config& cfg, const layout& shape, int rank, int64_t step,
+                                           size_t full_numel, const ckpt::shard_range& owned) {
+  ckpt::shard_state s;
+  s.rank = rank;
+  s.world = shape.world();
+  s.step = step;
+  s.seed = cfg.seed;
+  s.rng_state = cfg.seed;  // samples are a function of (seed, step): no hidden RNG state
+  s.global_numel = full_numel;
+  s.range = owned;
+  return s;
+}
+
+/// Dense model: dp, ZeRO-1 and tp (without ZeRO) over `shape` with pp = ep = 1.
+std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape, int rank,
+                                                   uint64_t generation, const connect_fn& connect);
+/// Dense model over any dp x tp x pp layout, ZeRO-1 allowed: pipeline stages of tp shards.
+std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape, int rank,
+                                                      uint64_t generation, const connect_fn& connect);
+/// MoE model over dp x ep (tp = pp = 1), ZeRO-1 not supported.
+std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape, int rank,
+                                                    uint64_t generation, const connect_fn& connect);
+
+}  // namespace troupe::strategies
