@@ -120,6 +120,12 @@ void faulty_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
   inner_->recv(data, bytes, peer, tag, opts);
 }
 
+void faulty_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                                    size_t recv_bytes, int recv_peer, uint32_t tag, const comm::op_options& opts) {
+  before_collective("send_recv", opts);
+  inner_->send_recv(send_data, send_bytes, send_peer, recv_data, recv_bytes, recv_peer, tag, opts);
+}
+
 void faulty_communicator::abort() {
   {
     std::lock_guard lock(mutex_);

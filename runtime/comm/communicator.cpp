@@ -3,6 +3,11 @@
 
 namespace troupe::comm {
 
+void communicator::send_recv(const void*, size_t, int, void*, size_t, int, uint32_t, const op_options&) {
+  throw comm_error(comm_errc::invalid, "send_recv: not supported by this backend (group '" + identity().group +
+                                           "', rank " + std::to_string(rank()) + ")");
+}
+
 const char* to_string(comm_errc code) {
   switch (code) {
     case comm_errc::timeout:

@@ -93,6 +93,12 @@ class communicator {
                     const op_options& opts) = 0;
   /// The receiving side of send(): `bytes` bytes from `peer` with `tag` into `data`.
   virtual void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) = 0;
+  /// A send and a recv posted together and both waited for, so two ranks that each send to
+  /// the other (a pipeline stage passing an activation forward while its neighbour passes a
+  /// gradient back) cannot deadlock. The peers may differ. Each half matches a plain send or
+  /// recv (or the other half of a send_recv) on its peer, as if issued alone.
+  virtual void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                         size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts);
 
   /// Makes any collective in flight (and every later one) fail with comm_errc::aborted.
   /// Thread-safe and idempotent.

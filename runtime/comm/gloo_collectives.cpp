@@ -209,4 +209,32 @@ void gloo_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
       });
 }
 
+void gloo_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                                  size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts) {
+  check_peer("send_recv", send_peer);
+  check_peer("send_recv", recv_peer);
+  if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr))
+    invalid("send_recv", "null data with a non-zero size");
+  uint64_t recv_slot = 0;
+  run_at(
+      "send_recv",
+      [&] {
+        recv_slot = p2p_slot(recv_seq_, recv_peer, tag, recv_bytes);
+        return p2p_slot(sent_seq_, send_peer, tag, send_bytes);
+      },
+      opts,
+      [&](const op_ctx& ctx) {
+        ubuf* out = send_bytes > 0 ? user_buffer(const_cast<void*>(send_data), send_bytes) : nullptr;
+        ubuf* in = recv_bytes > 0 ? user_buffer(recv_data, recv_bytes) : nullptr;
+        std::vector<ubuf*> live;
+        if (out != nullptr) live.push_back(out);
+        if (in != nullptr) live.push_back(in);
+        exposure seen(*this, ctx, live);
+        if (in != nullptr) post_recv(ctx, *in, recv_peer, recv_slot, 0, recv_bytes);
+        if (out != nullptr) post_send(ctx, *out, send_peer, ctx.slot, 0, send_bytes);
+        if (in != nullptr) wait_recv(ctx, *in, recv_peer);
+        if (out != nullptr) wait_send(ctx, *out, send_peer);
+      });
+}
+
 }  // namespace troupe::comm::gloo_detail

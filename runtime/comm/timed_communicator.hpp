@@ -48,6 +48,10 @@ class timed_communicator final : public communicator {
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override {
     timed([&] { inner_->recv(data, bytes, peer, tag, opts); });
   }
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
+                 int recv_peer, uint32_t tag, const op_options& opts) override {
+    timed([&] { inner_->send_recv(send_data, send_bytes, send_peer, recv_data, recv_bytes, recv_peer, tag, opts); });
+  }
   void abort() override { inner_->abort(); }
   bool aborted() const override { return inner_->aborted(); }
 

@@ -53,8 +53,8 @@ struct tp_gpt::block_view {
   float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
 };
 
-tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts)
-    : cfg_(cfg), group_{&tp_comm, opts} {
+tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts, stage_span span)
+    : cfg_(cfg), span_(span), group_{&tp_comm, opts} {
   const int t = tp_comm.size();
   const int r = tp_comm.rank();
   auto fail = [&](const std::string& why) {
@@ -73,6 +73,13 @@ tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_op
     full_numel_ = reference.num_params();
   }
   if (t < 1 || r < 0 || r >= t) fail("bad tp rank " + std::to_string(r));
+  if (span_.last_layer < 0) span_.last_layer = cfg.n_layer;
+  if (span_.first_layer < 0 || span_.first_layer > span_.last_layer || span_.last_layer > cfg.n_layer ||
+      (span_.embedding && span_.first_layer != 0) || (span_.head && span_.last_layer != cfg.n_layer)) {
+    fail("bad stage span: layers [" + std::to_string(span_.first_layer) + ", " + std::to_string(span_.last_layer) +
+         ") of " + std::to_string(cfg.n_layer) + (span_.embedding ? " with the embedding" : "") +
+         (span_.head ? " with the head" : ""));
+  }
   if (cfg.n_head % t != 0) {
     fail("n_head (" + std::to_string(cfg.n_head) +
          ") must be divisible by the tp size, so that "
@@ -93,8 +100,17 @@ tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_op
   // Sizes as int64_t, so the offsets below are computed without int overflow.
   const auto Cz = static_cast<int64_t>(C);
   const int64_t Cl = C_l_, Fl = F_l_, Vl = V_l_, rz = r;
+  // Which tensors this pipeline stage holds.
+  auto in_stage = [&](const std::string& n) {
+    if (n == "wte.weight") return span_.embedding || span_.head;
+    if (n == "wpe.weight") return span_.embedding;
+    if (n.starts_with("ln_f.")) return span_.head;
+    const int l = std::stoi(n.substr(2));  // "h.<l>."
+    return l >= span_.first_layer && l < span_.last_layer;
+  };
   size_t offset = 0;
   for (const param_tensor& full : full_table) {
+    if (!in_stage(full.name)) continue;
     shard_tensor s;
     s.full_shape = full.shape;
     s.full_offset = full.offset;
@@ -163,12 +179,17 @@ tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_op
     if (it == at.end()) throw std::logic_error("tp_gpt: the single-rank model has no " + name);
     return it->second;
   };
-  wte_ = find("wte.weight");
-  wpe_ = find("wpe.weight");
-  lnf_w_ = find("ln_f.weight");
-  lnf_b_ = find("ln_f.bias");
-  size_t known = 4;
-  for (int l = 0; l < cfg.n_layer; ++l) {
+  size_t known = 0;
+  has_wte_ = span_.embedding || span_.head;
+  has_wpe_ = span_.embedding;
+  if (has_wte_) wte_ = find("wte.weight"), ++known;
+  if (has_wpe_) wpe_ = find("wpe.weight"), ++known;
+  if (span_.head) {
+    lnf_w_ = find("ln_f.weight");
+    lnf_b_ = find("ln_f.bias");
+    known += 2;
+  }
+  for (int l = span_.first_layer; l < span_.last_layer; ++l) {
     std::array<size_t, 12> offsets{};
     for (size_t k = 0; k < offsets.size(); ++k) {
       offsets[k] = find("h." + std::to_string(l) + "." + block_tensor_names[k]);
@@ -181,6 +202,22 @@ tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_op
   }
   params_.assign(offset, 0.0f);
   grads_.assign(offset, 0.0f);
+}
+
+size_t tp_gpt::wte_offset() const {
+  if (!has_wte_) throw std::logic_error("tp_gpt: this stage holds no wte");
+  return wte_;
+}
+
+size_t tp_gpt::wte_numel() const {
+  if (!has_wte_) throw std::logic_error("tp_gpt: this stage holds no wte");
+  return static_cast<size_t>(V_l_) * static_cast<size_t>(cfg_.d_model);
+}
+
+bool tp_gpt::counts_in_norm(size_t i) const {
+  const shard_tensor& s = shards_.at(i);
+  if (holds_tied_copy() && s.local.name == "wte.weight") return false;
+  return !s.replicated || tp_rank() == 0;
 }
 
 tp_gpt::block_view tp_gpt::block(float* base, int l) const {
@@ -216,8 +253,10 @@ void tp_gpt::load_from_full(const float* full) {
 void tp_gpt::gather_full(const float* local, float* full) {
   std::fill(full, full + full_numel_, 0.0f);
   for (const shard_tensor& s : shards_) {
-    // Replicated tensors come from rank 0 alone, so the sum below does not count them t times.
+    // Replicated tensors come from rank 0 alone, so the sum below does not count them t times;
+    // the tied copy of wte is the first stage's to give.
     if (s.replicated && tp_rank() != 0) continue;
+    if (holds_tied_copy() && s.local.name == "wte.weight") continue;
     copy_boxes(s, local, full, true);
   }
   // The boxes of the ranks are disjoint: each value is itself plus zeros, so the sum is exact.
@@ -228,6 +267,7 @@ double tp_gpt::global_grad_norm() {
   double sharded = 0;
   double replicated = 0;
   for (const shard_tensor& s : shards_) {
+    if (holds_tied_copy() && s.local.name == "wte.weight") continue;
     const float* g = grads_.data() + s.local.offset;
     double sum = 0;
     for (size_t i = 0; i < s.local.numel; ++i) sum += static_cast<double>(g[i]) * g[i];
@@ -255,36 +295,45 @@ void tp_gpt::check_batch(int B, int T) const {
   }
 }
 
-void tp_gpt::reserve(int B) {
-  if (B <= capacity_b_) return;
+
+void tp_gpt::reserve_slots(int B, int slots) {
+  check_batch(B, 1);
+  if (slots < 1) throw std::invalid_argument("tp_gpt: a stage needs at least one activation slot");
+  if (B <= capacity_b_ && static_cast<size_t>(slots) <= slots_.size()) return;
+  B = std::max(B, capacity_b_);
+  slots = std::max(slots, static_cast<int>(slots_.size()));
   const size_t N = static_cast<size_t>(B) * cfg_.context;
   const size_t C = cfg_.d_model;
   const size_t Cl = C_l_, Fl = F_l_, Vl = V_l_;
   const size_t att = static_cast<size_t>(B) * NH_l_ * cfg_.context * cfg_.context;
-  layers_.assign(static_cast<size_t>(cfg_.n_layer), {});
-  for (layer_acts& a : layers_) {
-    a.ln1.assign(N * C, 0);
-    a.ln1_mean.assign(N, 0);
-    a.ln1_rstd.assign(N, 0);
-    a.qkv.assign(N * 3 * Cl, 0);
-    a.att.assign(att, 0);
-    a.atty.assign(N * Cl, 0);
-    a.res2.assign(N * C, 0);
-    a.ln2.assign(N * C, 0);
-    a.ln2_mean.assign(N, 0);
-    a.ln2_rstd.assign(N, 0);
-    a.fch.assign(N * Fl, 0);
-    a.fch_gelu.assign(N * Fl, 0);
-    a.res3.assign(N * C, 0);
+  slots_.assign(static_cast<size_t>(slots), {});
+  for (slot_acts& slot : slots_) {
+    slot.encoded.assign(N * C, 0);
+    slot.layers.assign(static_cast<size_t>(layers()), {});
+    for (layer_acts& a : slot.layers) {
+      a.ln1.assign(N * C, 0);
+      a.ln1_mean.assign(N, 0);
+      a.ln1_rstd.assign(N, 0);
+      a.qkv.assign(N * 3 * Cl, 0);
+      a.att.assign(att, 0);
+      a.atty.assign(N * Cl, 0);
+      a.res2.assign(N * C, 0);
+      a.ln2.assign(N * C, 0);
+      a.ln2_mean.assign(N, 0);
+      a.ln2_rstd.assign(N, 0);
+      a.fch.assign(N * Fl, 0);
+      a.fch_gelu.assign(N * Fl, 0);
+      a.res3.assign(N * C, 0);
+    }
+    if (span_.head) {
+      slot.lnf.assign(N * C, 0);
+      slot.lnf_mean.assign(N, 0);
+      slot.lnf_rstd.assign(N, 0);
+      slot.logits.assign(N * Vl, 0);
+    }
   }
-  for (auto* v : {&encoded_, &proj_, &lnf_, &dres_out_, &dres_in_, &dres2_, &dproj_, &dln2_, &dln1_,
-                  &dlnf_}) {
-    v->assign(N * C, 0);
-  }
-  lnf_mean_.assign(N, 0);
-  lnf_rstd_.assign(N, 0);
-  logits_.assign(N * Vl, 0);
-  dlogits_.assign(N * Vl, 0);
+  for (auto* v : {&proj_, &dres_out_, &dres_in_, &dres2_, &dproj_, &dln2_, &dln1_, &dlnf_}) v->assign(N * C, 0);
+  dlogits_.assign(span_.head ? N * Vl : 0, 0);
   ce_work_.assign(cross_entropy_workspace(static_cast<int>(N), tp_size()), 0);
   dfch_gelu_.assign(N * Fl, 0);
   dfch_.assign(N * Fl, 0);
@@ -294,19 +343,33 @@ void tp_gpt::reserve(int B) {
   capacity_b_ = B;
 }
 
-double tp_gpt::forward(const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+float* tp_gpt::stage_input(int slot) { return slots_.at(static_cast<size_t>(slot)).encoded.data(); }
+
+const float* tp_gpt::stage_output(int slot) const {
+  const slot_acts& a = slots_.at(static_cast<size_t>(slot));
+  return a.layers.empty() ? a.encoded.data() : a.layers.back().res3.data();
+}
+
+double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T) {
   using namespace layers;
+  check_batch(B, T);
+  if (B > capacity_b_ || slot < 0 || static_cast<size_t>(slot) >= slots_.size())
+    throw std::invalid_argument("tp_gpt: forward_stage needs reserve_slots first (slot " + std::to_string(slot) +
+                                ", B " + std::to_string(B) + ")");
   const int C = cfg_.d_model;
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   float* p = params_.data();
+  slot_acts& acts = slots_[static_cast<size_t>(slot)];
 
-  vocab_parallel_embedding_forward(group_, encoded_.data(), inputs, p + wte_, vocab_start_, V_l_,
-                                   p + wpe_, B, T, C);
-  const float* residual = encoded_.data();
-  for (int l = 0; l < cfg_.n_layer; ++l) {
+  if (span_.embedding) {
+    vocab_parallel_embedding_forward(group_, acts.encoded.data(), inputs, p + wte_, vocab_start_, V_l_, p + wpe_, B,
+                                     T, C);
+  }
+  const float* residual = acts.encoded.data();
+  for (int l = 0; l < layers(); ++l) {
     const block_view w = block(p, l);
-    layer_acts& s = layers_[static_cast<size_t>(l)];
+    layer_acts& s = acts.layers[static_cast<size_t>(l)];
     layernorm_forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), residual, w.ln1_w,
                       w.ln1_b, N, C);
     column_parallel_linear_forward(s.qkv.data(), s.ln1.data(), w.qkv_w, w.qkv_b, N, C, 3 * C_l_);
@@ -323,40 +386,45 @@ double tp_gpt::forward(const uint8_t* inputs, const uint8_t* targets, int B, int
     residual_forward(s.res3.data(), s.res2.data(), proj_.data(), NC);
     residual = s.res3.data();
   }
-  layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p + lnf_w_,
-                    p + lnf_b_, N, C);
+  if (!span_.head) return 0.0;
+  layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual, p + lnf_w_, p + lnf_b_, N,
+                    C);
   // The tied head is column-parallel over the vocabulary: logits_l = lnf * wte_l^T.
-  column_parallel_linear_forward(logits_.data(), lnf_.data(), p + wte_, nullptr, N, C, V_l_);
-  return vocab_parallel_cross_entropy_forward(group_, logits_.data(), logits_.data(), targets, N,
+  column_parallel_linear_forward(acts.logits.data(), acts.lnf.data(), p + wte_, nullptr, N, C, V_l_);
+  return vocab_parallel_cross_entropy_forward(group_, acts.logits.data(), acts.logits.data(), targets, N,
                                               vocab_start_, V_l_, ce_work_.data()) /
          N;
 }
 
-void tp_gpt::backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, float dloss) {
+void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T,
+                            float grad_scale) {
   using namespace layers;
   const int C = cfg_.d_model;
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
   float* p = params_.data();
   float* dp = grads_.data();
-  const float* last = cfg_.n_layer > 0 ? layers_.back().res3.data() : encoded_.data();
+  const slot_acts& acts = slots_.at(static_cast<size_t>(slot));
   auto zero = [](std::vector<float>& v, size_t n) { std::fill_n(v.data(), n, 0.0f); };
 
-  zero(dlogits_, static_cast<size_t>(N) * V_l_);
-  zero(dres_out_, NC);
-  vocab_parallel_cross_entropy_backward(dlogits_.data(), logits_.data(), targets, dloss, N,
-                                        vocab_start_, V_l_);
-  column_parallel_linear_backward(group_, dlnf_.data(), dp + wte_, nullptr, dlogits_.data(),
-                                  lnf_.data(), p + wte_, N, C, V_l_);
-  layernorm_backward(dres_out_.data(), dp + lnf_w_, dp + lnf_b_, dlnf_.data(), last, p + lnf_w_,
-                     lnf_mean_.data(), lnf_rstd_.data(), N, C);
+  if (span_.head) {
+    const auto dloss = static_cast<float>(static_cast<double>(grad_scale) / (static_cast<double>(B) * T));
+    const float* last = acts.layers.empty() ? acts.encoded.data() : acts.layers.back().res3.data();
+    zero(dlogits_, static_cast<size_t>(N) * V_l_);
+    zero(dres_out_, NC);
+    vocab_parallel_cross_entropy_backward(dlogits_.data(), acts.logits.data(), targets, dloss, N, vocab_start_, V_l_);
+    column_parallel_linear_backward(group_, dlnf_.data(), dp + wte_, nullptr, dlogits_.data(), acts.lnf.data(),
+                                    p + wte_, N, C, V_l_);
+    layernorm_backward(dres_out_.data(), dp + lnf_w_, dp + lnf_b_, dlnf_.data(), last, p + lnf_w_,
+                       acts.lnf_mean.data(), acts.lnf_rstd.data(), N, C);
+  }
+  // Otherwise dres_out_ holds the gradient the next stage sent (output_grad()).
 
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+  for (int l = layers() - 1; l >= 0; --l) {
     const block_view w = block(p, l);
     const block_view dw = block(dp, l);
-    const layer_acts& s = layers_[static_cast<size_t>(l)];
-    const float* residual =
-        l > 0 ? layers_[static_cast<size_t>(l) - 1].res3.data() : encoded_.data();
+    const layer_acts& s = acts.layers[static_cast<size_t>(l)];
+    const float* residual = l > 0 ? acts.layers[static_cast<size_t>(l) - 1].res3.data() : acts.encoded.data();
     const size_t NF = static_cast<size_t>(N) * F_l_;
     zero(dres_in_, NC);
     zero(dres2_, NC);
@@ -386,24 +454,33 @@ void tp_gpt::backward(const uint8_t* inputs, const uint8_t* targets, int B, int 
                        s.ln1_mean.data(), s.ln1_rstd.data(), N, C);
     std::swap(dres_in_, dres_out_);
   }
-  vocab_parallel_embedding_backward(dp + wte_, dp + wpe_, dres_out_.data(), inputs, vocab_start_,
-                                    V_l_, B, T, C);
+  if (span_.embedding) {
+    vocab_parallel_embedding_backward(dp + wte_, dp + wpe_, dres_out_.data(), inputs, vocab_start_, V_l_, B, T, C);
+  }
+  // Otherwise dres_out_ now holds the gradient of this stage's input (input_grad()).
 }
 
 double tp_gpt::forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
                                 float grad_scale) {
+  check_whole_model();
   check_batch(B, T);
   reserve(B);
-  const double loss = forward(inputs, targets, B, T);
-  backward(inputs, targets, B, T,
-           static_cast<float>(static_cast<double>(grad_scale) / (static_cast<double>(B) * T)));
+  const double loss = forward_stage(0, inputs, targets, B, T);
+  backward_stage(0, inputs, targets, B, T, grad_scale);
   return loss;
 }
 
 double tp_gpt::forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+  check_whole_model();
   check_batch(B, T);
   reserve(B);
-  return forward(inputs, targets, B, T);
+  return forward_stage(0, inputs, targets, B, T);
+}
+
+void tp_gpt::check_whole_model() const {
+  if (!span_.embedding || !span_.head)
+    throw std::logic_error("tp_gpt: forward_backward and forward_loss need the whole model; a pipeline stage runs "
+                           "forward_stage and backward_stage");
 }
 
 }  // namespace troupe::tensor_parallel

@@ -37,6 +37,18 @@ struct shard_tensor {
   std::vector<shard_box> boxes;     ///< the pieces of the full tensor this rank holds
 };
 
+/// The part of the model a pipeline stage holds: blocks [first_layer, last_layer), the
+/// embedding when it is the first stage, ln_f and the tied head when it is the last. The
+/// default is the whole model (one stage). A last stage that is not also the first holds a
+/// copy of wte for its head (Megatron's tied-embedding copy): its gradient must be summed
+/// with the first stage's before the update, and it is left out of gathers and norms.
+struct stage_span {
+  int first_layer = 0;
+  int last_layer = -1;  ///< exclusive; -1 means n_layer
+  bool embedding = true;
+  bool head = true;
+};
+
 /// The GPT of runtime/model/gpt.hpp sharded Megatron-style over the tp group `tp_comm`
 /// (rank r of t). Per block:
 ///   - attn.qkv is column-parallel: rank r owns heads [r NH/t, (r+1) NH/t), i.e. rows
@@ -72,7 +84,18 @@ class tp_gpt {
   /// (n_head or vocab not divisible by t; t dividing n_head also divides C and 4C), for an
   /// MoE config, or for a config gpt rejects. Makes no collective call. Builds a transient
   /// single-rank gpt to validate the shape and read its layout (memory: one full model).
-  tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts = {});
+  tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts = {},
+         stage_span span = {});
+
+  const stage_span& span() const { return span_; }
+  /// Whether this stage's wte is a copy of the first stage's (see stage_span).
+  bool holds_tied_copy() const { return span_.head && !span_.embedding; }
+  /// Local offset and size of wte, for the tied-embedding reduction; throws when absent.
+  size_t wte_offset() const;
+  size_t wte_numel() const;
+  /// Whether table entry `i` counts in the full model's gradient norm on this rank: sharded
+  /// tensors always, replicated ones on tp rank 0 only, the tied copy never.
+  bool counts_in_norm(size_t i) const;
 
   const model_config& config() const { return cfg_; }
   int tp_rank() const { return group_.rank(); }
@@ -129,6 +152,23 @@ class tp_gpt {
   /// once. The same on every rank. Collective.
   double global_grad_norm();
 
+  /// Pipeline passes over micro-batch activations kept in `slot` (0 <= slot < slots given
+  /// to reserve_slots). A first stage reads `inputs`; any other stage reads the activation
+  /// placed in stage_input(slot). A last stage returns the mean loss; any other stage
+  /// returns 0 and leaves its output in stage_output(slot). Collective over the tp group.
+  void reserve_slots(int B, int slots);
+  double forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T);
+  /// A last stage starts from the loss (scaled by grad_scale / (B T), like forward_backward);
+  /// any other stage from the gradient placed in output_grad(). A first stage ends in the
+  /// embedding; any other stage leaves the gradient of its input in input_grad().
+  void backward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T,
+                      float grad_scale);
+  /// [B * T * d_model] buffers for the pipeline's send/recv.
+  float* stage_input(int slot);
+  const float* stage_output(int slot) const;
+  float* output_grad() { return dres_out_.data(); }
+  const float* input_grad() const { return dres_out_.data(); }
+
   /// The numbers of all-reduces above, for a model of n_layer blocks and t > 1.
   static constexpr int all_reduces_per_forward(int n_layer) { return 2 * n_layer + 3; }
   static constexpr int all_reduces_per_backward(int n_layer) { return 2 * n_layer + 1; }
@@ -137,15 +177,17 @@ class tp_gpt {
   struct block_view;
   block_view block(float* base, int l) const;
   void check_batch(int B, int T) const;
-  void reserve(int B);
-  double forward(const uint8_t* inputs, const uint8_t* targets, int B, int T);
-  void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, float dloss);
+  void reserve(int B) { reserve_slots(B, 1); }
+  void check_whole_model() const;
+  int layers() const { return span_.last_layer - span_.first_layer; }
 
   model_config cfg_;
+  stage_span span_;
   tp_group group_;
   // Local offsets of the tensors the passes address directly.
   size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
-  std::vector<std::array<size_t, 12>> block_offsets_;  // per layer, in block_view's order
+  std::vector<std::array<size_t, 12>> block_offsets_;  // per local layer, in block_view's order
+  bool has_wte_ = false, has_wpe_ = false;
   int C_l_ = 0;   // attention channels (heads * head size) on this rank: C / t
   int NH_l_ = 0;  // heads on this rank
   int F_l_ = 0;   // MLP hidden width on this rank: 4C / t
@@ -157,14 +199,20 @@ class tp_gpt {
   std::vector<float> params_;
   std::vector<float> grads_;
 
-  // Activations, sized for the largest B seen (B * context rows) and reused.
+  // Activations, sized for the largest B seen (B * context rows) and reused; one set per
+  // micro-batch a pipeline stage keeps alive.
   struct layer_acts {
     std::vector<float> ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2;
     std::vector<float> ln2, ln2_mean, ln2_rstd, fch, fch_gelu, res3;
   };
+  struct slot_acts {
+    std::vector<float> encoded;  // the residual stream entering this stage's first block
+    std::vector<layer_acts> layers;
+    std::vector<float> lnf, lnf_mean, lnf_rstd, logits;  // last stage only
+  };
   int capacity_b_ = 0;
-  std::vector<float> encoded_, proj_, lnf_, lnf_mean_, lnf_rstd_, logits_, ce_work_;
-  std::vector<layer_acts> layers_;
+  std::vector<slot_acts> slots_;
+  std::vector<float> proj_, ce_work_;
   // Activation gradients, one block's worth reused by every block.
   std::vector<float> dres_out_, dres_in_, dres2_, dproj_, dfch_gelu_, dfch_, dln2_, datty_;
   std::vector<float> dqkv_, dln1_, scratch_, dlnf_, dlogits_;
