@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <thread>
+#include <filesystem>
 #include <fstream>
 #include <chrono>
 #include <memory>
@@ -172,6 +173,19 @@ shard_written write_checkpoint_shard(rank_context& rc, int64_t step, strategies:
   return out;
 }
 
+// A pipeline stage's timeline of its last step, as a Chrome trace: runs/<job>/traces/rank<r>.json.
+// Every stage's clock is the machine's steady clock, so the files of one pipeline merge.
+void write_pipeline_trace(rank_context& rc, const strategies::training_engine& engine) {
+  const std::string trace = engine.last_step_trace();
+  if (trace.empty()) return;
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(rc.cfg.run_dir) / "traces";
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream out(dir / ("rank" + std::to_string(rc.rank) + ".json"));
+  out << trace;
+  if (!out) monitoring::log(monitoring::level::warn, rc.log_ctx(), "could not write the pipeline trace to " + dir.string());
+}
+
 int train(rank_context& rc, const welcome& w) {
   rc.generation = w.generation;
   rc.world = w.world;
@@ -251,6 +265,7 @@ int train(rank_context& rc, const welcome& w) {
     prev_peer_wait = std::min(c.peer_wait_s, seconds_between(t2, t3));
     prev_control = seconds_between(t2, t3) - prev_peer_wait;
     prev_optim = seconds_between(t3, t4);
+    if (step == session_last_step(rc.cfg)) write_pipeline_trace(rc, engine);
     if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, engine));
     if (c.evaluate) {
       auto share = engine.evaluate(data);

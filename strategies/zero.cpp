@@ -52,14 +52,22 @@ void zero1_optimizer::reduce_gradients(comm::communicator& dp, const float* grad
 
 double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
                               const comm::op_options& opts) {
+  auto over_dp = [&](const float* g, const zero_shard& shard) {
+    double local_sq = 0;
+    for (size_t i = 0; i < shard.count; ++i) local_sq += static_cast<double>(g[i]) * g[i];
+    // The global norm is a sum over shards; all-reduce it as a float pair split in a high
+    // and a low part so the sum keeps nearly double precision.
+    float parts[2] = {static_cast<float>(local_sq), static_cast<float>(local_sq - static_cast<float>(local_sq))};
+    if (dp_size_ > 1) dp.all_reduce(parts, 2, comm::reduce_op::sum, opts);
+    return std::sqrt(static_cast<double>(parts[0]) + static_cast<double>(parts[1]));
+  };
+  return apply(dp, params, step, total_steps, opts, over_dp);
+}
+
+double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
+                              const comm::op_options& opts, const norm_fn& global_norm) {
   float* g = grad_shard_.data();
-  double local_sq = 0;
-  for (size_t i = 0; i < shard_.count; ++i) local_sq += static_cast<double>(g[i]) * g[i];
-  // The global norm is a sum over shards; all-reduce it as a float pair split in a high and a
-  // low part so the sum keeps nearly double precision.
-  float parts[2] = {static_cast<float>(local_sq), static_cast<float>(local_sq - static_cast<float>(local_sq))};
-  if (dp_size_ > 1) dp.all_reduce(parts, 2, comm::reduce_op::sum, opts);
-  const double norm = std::sqrt(static_cast<double>(parts[0]) + static_cast<double>(parts[1]));
+  const double norm = global_norm(g, shard_);
   if (!std::isfinite(norm)) return norm;  // leave parameters alone; the caller decides
   const double scale = adam_.clip_scale(norm);
   if (scale != 1.0)

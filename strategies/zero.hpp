@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace troupe::strategies {
@@ -39,6 +40,12 @@ class zero1_optimizer {
   /// `params` (the full flat buffer). Returns the global norm before clipping.
   double apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
                const comm::op_options& opts);
+  /// The global gradient norm given this rank's reduced gradient shard; for layouts whose
+  /// norm also spans tensor-parallel shards or pipeline stages (a collective over them).
+  using norm_fn = std::function<double(const float* grad_shard, const zero_shard& shard)>;
+  /// apply() with the norm computed by `global_norm` instead of over the dp group alone.
+  double apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
+               const comm::op_options& opts, const norm_fn& global_norm);
 
   const zero_shard& shard() const { return shard_; }
   double learning_rate(int64_t step, int64_t total_steps) const { return adam_.learning_rate(step, total_steps); }

@@ -1,13 +1,296 @@
-// Placeholder until the pipeline backend lands.
-#include "strategies/engine_backend.hpp"
+// The pipeline backend: any dp x tp x pp layout of the dense model, with ZeRO-1 or without.
+// Each rank holds the tensor-parallel shard of its stage's layers (tp_gpt with a stage_span);
+// a step runs the GPipe or 1F1B schedule over the replica's micro-batches, sums the tied
+// embedding's gradient between the first and last stage, then reduces over the dp group.
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
 #include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/timed_communicator.hpp"
+#include "runtime/optim/adamw.hpp"
+#include "strategies/data_parallel.hpp"
+#include "strategies/engine_backend.hpp"
+#include "strategies/pipeline_parallel/pipeline_executor.hpp"
+#include "strategies/planner.hpp"
+#include "strategies/tensor_parallel/tp_gpt.hpp"
+#include "strategies/zero.hpp"
 
 namespace troupe::strategies {
+namespace {
 
-std::unique_ptr<engine_backend> make_pipeline_backend(const train_config&, const layout& shape, int, uint64_t,
-                                                      const connect_fn&) {
-  throw std::invalid_argument("layout " + describe(shape) + ": pipeline parallelism is not wired into the step loop yet");
+/// Sum of one double per rank, the same bits on every rank: each rank's value travels as a
+/// float pair (high, low) in its own slot, and every rank adds the slots in rank order.
+double sum_over(comm::communicator& c, double value, const comm::op_options& opts) {
+  if (c.size() == 1) return value;
+  std::vector<float> slots(2 * static_cast<size_t>(c.size()), 0.0f);
+  const auto hi = static_cast<float>(value);
+  slots[2 * static_cast<size_t>(c.rank())] = hi;
+  slots[2 * static_cast<size_t>(c.rank()) + 1] = static_cast<float>(value - hi);
+  c.all_reduce(slots.data(), slots.size(), comm::reduce_op::sum, opts);
+  double total = 0;
+  for (float v : slots) total += static_cast<double>(v);
+  return total;
+}
+
+class pipeline_backend final : public engine_backend {
+ public:
+  pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
+                   const connect_fn& connect);
+
+  void init(uint64_t seed) override { model_->init_params(seed); }
+  void restore(const ckpt::full_state& full) override;
+  grad_result compute(const byte_dataset& data, int64_t step0) override;
+  void reduce(const comm::op_options& opts) override;
+  void apply(int64_t step0, const comm::op_options& opts) override;
+  double learning_rate(int64_t step0) const override {
+    return zero_ ? zero_->learning_rate(step0, cfg_.steps) : replicated_->learning_rate(step0, cfg_.steps);
+  }
+  eval_share evaluate(const byte_dataset& data) override;
+  ckpt::shard_state checkpoint_shard(int64_t step) override;
+  bool reports_loss() const override { return last_stage() && view_.tp.index == 0; }
+  size_t num_full_params() const override { return model_->full_num_params(); }
+  size_t optimizer_state_bytes() const override;
+  double take_model_comm_seconds() override { return tp_comm_->take_seconds() + pp_comm_->take_seconds(); }
+  std::string last_step_trace() const override;
+  void abort() override;
+
+ private:
+  bool last_stage() const { return view_.at.pp == shape_.pp - 1; }
+  double global_norm(const float* grads, size_t offset, size_t count, bool sharded_over_dp,
+                     const comm::op_options& opts);
+  /// The full single-rank flat buffer of a local one, on every rank (collective over tp
+  /// and pp).
+  std::vector<float> gather_full(const float* local);
+
+  train_config cfg_;
+  layout shape_;
+  rank_view view_;
+  int micro_batches_ = 0;  // per replica
+  int micro_batch_size_ = 0;
+  std::unique_ptr<comm::communicator> dp_comm_, embd_comm_;
+  std::unique_ptr<comm::timed_communicator> tp_comm_, pp_comm_;
+  std::unique_ptr<tensor_parallel::tp_gpt> model_;
+  std::unique_ptr<pipeline_executor> executor_;
+  std::optional<adamw> replicated_;
+  std::optional<zero1_optimizer> zero_;
+  gradient_allreducer allreducer_;
+  std::vector<uint8_t> counted_;  // per local value: 1 if it counts in the full model's norm
+  std::vector<timed_op> last_timeline_;
+};
+
+pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
+                                   const connect_fn& connect)
+    : cfg_(cfg), shape_(shape), view_(view_of(shape, rank)), allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
+  if (cfg.model.experts > 0 || shape.ep > 1)
+    throw std::logic_error("pipeline_backend: layout " + describe(shape) + " belongs to the expert backend");
+  const layout_plan plan = make_plan(shape, cfg.model, constraints_from(cfg));  // throws with the rule broken
+  micro_batches_ = plan.micro_batches_per_replica;
+  micro_batch_size_ = plan.micro_batch_size;
+
+  auto make = [&](const group& g) {
+    return connect({generation, g.name, g.index, static_cast<int>(g.ranks.size())});
+  };
+  tp_comm_ = std::make_unique<comm::timed_communicator>(make(view_.tp));
+  pp_comm_ = std::make_unique<comm::timed_communicator>(make(view_.pp));
+  dp_comm_ = make(view_.dp);
+  if (shape.pp > 1 && view_.embd) embd_comm_ = make(*view_.embd);
+
+  const layer_range layers = plan.stages[static_cast<size_t>(view_.at.pp)];
+  tensor_parallel::stage_span span;
+  span.first_layer = layers.first;
+  span.last_layer = layers.last;
+  span.embedding = view_.at.pp == 0;
+  span.head = last_stage();
+  const comm::op_options opts{std::chrono::milliseconds(cfg.step_timeout_ms)};
+  model_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_, opts, span);
+  executor_ = std::make_unique<pipeline_executor>(*model_, *pp_comm_, parse_schedule_kind(cfg.parallel.schedule),
+                                                  micro_batches_, micro_batch_size_, cfg.model.context);
+  // Validation runs micro-batches of cfg.micro_batch through slot 0.
+  model_->reserve_slots(std::max(micro_batch_size_, cfg.micro_batch), executor_->slots());
+
+  counted_.assign(model_->num_params(), 0);
+  const auto& table = model_->param_table();
+  for (size_t i = 0; i < table.size(); ++i)
+    if (model_->counts_in_norm(i)) std::fill_n(counted_.begin() + static_cast<std::ptrdiff_t>(table[i].offset), table[i].numel, 1);
+
+  const int dp_size = static_cast<int>(view_.dp.ranks.size());
+  if (cfg.parallel.zero == 1) {
+    zero_.emplace(cfg.optim, table, model_->num_params(), view_.dp.index, dp_size);
+  } else {
+    replicated_.emplace(cfg.optim, table, model_->num_params());
+  }
+}
+
+void pipeline_backend::restore(const ckpt::full_state& full) {
+  if (full.params.size() != model_->full_num_params())
+    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) + " parameters but the model has " +
+                             std::to_string(model_->full_num_params()));
+  // load_from_full cuts this rank's slices into the parameter buffer, so the moments pass
+  // through it first.
+  const size_t n = model_->num_params();
+  auto cut = [&](const std::vector<float>& full_vector) {
+    model_->load_from_full(full_vector.data());
+    return std::vector<float>(model_->params(), model_->params() + n);
+  };
+  std::vector<float> m = cut(full.exp_avg), v = cut(full.exp_avg_sq);
+  model_->load_from_full(full.params.data());
+  if (zero_) {
+    const auto& sh = zero_->shard();
+    const auto first = static_cast<std::ptrdiff_t>(sh.offset), last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
+    std::copy(m.begin() + first, m.begin() + last, zero_->exp_avg().begin());
+    std::copy(v.begin() + first, v.begin() + last, zero_->exp_avg_sq().begin());
+    zero_->t() = full.adam_t;
+  } else {
+    replicated_->exp_avg() = std::move(m);
+    replicated_->exp_avg_sq() = std::move(v);
+    replicated_->t() = full.adam_t;
+  }
+}
+
+grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
+  const int G = cfg_.batch, T = cfg_.model.context, B = micro_batch_size_;
+  const int first = view_.dp.index * (G / static_cast<int>(view_.dp.ranks.size()));
+  model_->zero_grads();
+  const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
+  auto fill = [&](int index, uint8_t* in, uint8_t* tgt) {
+    data.fill_train(cfg_.seed, step0, first + index * B, B, T, in, tgt);
+  };
+  // The same B/G scaling per micro-batch as the single-rank step (runtime/trainer.hpp).
+  const auto scale = static_cast<float>(static_cast<double>(B) / G);
+  stage_step s = executor_->run(fill, scale, opts);
+  last_timeline_ = std::move(s.timeline);
+  grad_result r;
+  r.loss_sum = s.loss_sum;
+  r.tokens = s.tokens;
+  r.compute_s = s.compute_s;
+  return r;
+}
+
+void pipeline_backend::reduce(const comm::op_options& opts) {
+  // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
+  // gradients, so both apply the same update and stay equal.
+  if (embd_comm_) embd_comm_->all_reduce(model_->grads() + model_->wte_offset(), model_->wte_numel(), comm::reduce_op::sum, opts);
+  if (zero_) {
+    zero_->reduce_gradients(*dp_comm_, model_->grads(), opts);
+  } else {
+    allreducer_.all_reduce(*dp_comm_, model_->grads(), model_->num_params(), opts);
+  }
+}
+
+double pipeline_backend::global_norm(const float* grads, size_t offset, size_t count, bool sharded_over_dp,
+                                     const comm::op_options& opts) {
+  double sq = 0;
+  for (size_t i = 0; i < count; ++i)
+    if (counted_[offset + i] != 0) sq += static_cast<double>(grads[i]) * grads[i];
+  // Summed over the dp group (ZeRO shards), then tp, then pp: each sum is the same on every
+  // member, so the norm, and with it every clipping factor, is the same on every rank.
+  if (sharded_over_dp) sq = sum_over(*dp_comm_, sq, opts);
+  sq = sum_over(*tp_comm_, sq, opts);
+  sq = sum_over(*pp_comm_, sq, opts);
+  return std::sqrt(sq);
+}
+
+void pipeline_backend::apply(int64_t step0, const comm::op_options& opts) {
+  if (zero_) {
+    zero_->apply(*dp_comm_, model_->params(), step0, cfg_.steps, opts,
+                 [&](const float* g, const zero_shard& sh) { return global_norm(g, sh.offset, sh.count, true, opts); });
+    return;
+  }
+  const double norm = global_norm(model_->grads(), 0, model_->num_params(), false, opts);
+  if (!std::isfinite(norm)) return;
+  const double scale = replicated_->clip_scale(norm);
+  if (scale != 1.0) {
+    const auto s = static_cast<float>(scale);
+    float* g = model_->grads();
+    for (size_t i = 0; i < model_->num_params(); ++i) g[i] *= s;
+  }
+  replicated_->step(model_->params(), model_->grads(), step0, cfg_.steps);
+}
+
+eval_share pipeline_backend::evaluate(const byte_dataset& data) {
+  // Batch b belongs to replica b % dp, so the set of batches is the same for every layout.
+  eval_share out;
+  const int B = cfg_.micro_batch, T = cfg_.model.context;
+  const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
+  const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
+  std::vector<uint8_t> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
+    data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
+    out.loss_sum += executor_->forward_only(in.data(), tgt.data(), B, opts);
+    ++out.batches;
+  }
+  if (!reports_loss()) out = {};
+  return out;
+}
+
+std::vector<float> pipeline_backend::gather_full(const float* local) {
+  std::vector<float> full(model_->full_num_params());
+  model_->gather_full(local, full.data());  // this stage's tensors, summed over tp
+  const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
+  // Stages hold disjoint tensors (the tied copy is left out), so the sum over pp is exact.
+  if (pp_comm_->size() > 1) pp_comm_->all_reduce(full.data(), full.size(), comm::reduce_op::sum, opts);
+  return full;
+}
+
+ckpt::shard_state pipeline_backend::checkpoint_shard(int64_t step) {
+  const size_t full_numel = model_->full_num_params();
+  const auto owned = ckpt::owned_range(full_numel, view_.rank, shape_.world());
+  ckpt::shard_state s = checkpoint_header(cfg_, shape_, view_.rank, step, full_numel, owned);
+  auto take = [&](const std::vector<float>& full) {
+    const auto first = full.begin() + static_cast<std::ptrdiff_t>(owned.offset);
+    return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(owned.count));
+  };
+  // The checkpoint keeps the single-rank layout, so any later layout can restore it.
+  s.params = take(gather_full(model_->params()));
+  if (zero_) {
+    // Each dp rank holds a slice of the moments: place it in a zeroed local buffer and sum
+    // over the dp group to rebuild the whole local vector first.
+    const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
+    const auto& sh = zero_->shard();
+    auto whole = [&](const std::vector<float>& slice) {
+      std::vector<float> local(model_->num_params(), 0.0f);
+      std::copy(slice.begin(), slice.begin() + static_cast<std::ptrdiff_t>(sh.count),
+                local.begin() + static_cast<std::ptrdiff_t>(sh.offset));
+      if (dp_comm_->size() > 1) dp_comm_->all_reduce(local.data(), local.size(), comm::reduce_op::sum, opts);
+      return local;
+    };
+    s.exp_avg = take(gather_full(whole(zero_->exp_avg()).data()));
+    s.exp_avg_sq = take(gather_full(whole(zero_->exp_avg_sq()).data()));
+    s.adam_t = zero_->t();
+  } else {
+    s.exp_avg = take(gather_full(replicated_->exp_avg().data()));
+    s.exp_avg_sq = take(gather_full(replicated_->exp_avg_sq().data()));
+    s.adam_t = replicated_->t();
+  }
+  return s;
+}
+
+size_t pipeline_backend::optimizer_state_bytes() const {
+  if (zero_) return zero_->state_bytes();
+  return (replicated_->exp_avg().capacity() + replicated_->exp_avg_sq().capacity()) * sizeof(float);
+}
+
+std::string pipeline_backend::last_step_trace() const {
+  if (shape_.pp == 1) return {};
+  return chrome_trace_json(last_timeline_);
+}
+
+void pipeline_backend::abort() {
+  for (comm::communicator* c : {static_cast<comm::communicator*>(tp_comm_.get()),
+                                static_cast<comm::communicator*>(pp_comm_.get()), dp_comm_.get(), embd_comm_.get()})
+    if (c != nullptr) c->abort();
+}
+
+}  // namespace
+
+std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape, int rank,
+                                                      uint64_t generation, const connect_fn& connect) {
+  return std::make_unique<pipeline_backend>(cfg, shape, rank, generation, connect);
 }
 
 }  // namespace troupe::strategies
