@@ -93,14 +93,13 @@ std::string plan_job(const train_config& cfg, strategies::layout& shape_out) {
   if (!strategies::has_plan(planned)) throw config_error("layout: " + strategies::reason_of(planned));
   const auto& plan = strategies::plan_of(planned);
   const auto& shape = plan.shape;
-  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0)
+  // What the planner allows but no engine backend runs yet (strategies/engine.cpp).
+  if (cfg.model.experts > 0 && (shape.tp > 1 || shape.pp > 1))
     throw config_error("layout: " + strategies::describe(shape) +
-                       (cfg.model.experts > 0 ? " with MoE experts" : "") +
-                       " is valid, but `troupe run` trains data- and tensor-parallel layouts only so far "
-                       "(pipeline and expert parallelism are being wired in); use --pp 1 --ep 1 --experts 0");
-  if (shape.tp > 1 && cfg.parallel.zero == 1)
-    throw config_error("layout: ZeRO-1 together with tensor parallelism (" + strategies::describe(shape) +
-                       ") is not supported yet; use --zero 0 or --tp 1");
+                       " with MoE experts: expert parallelism does not combine with tensor or pipeline "
+                       "parallelism yet; use --tp 1 --pp 1 (dp and --ep only) or --experts 0");
+  if (cfg.model.experts > 0 && cfg.parallel.zero == 1)
+    throw config_error("layout: ZeRO-1 with MoE experts is not supported yet; use --zero 0 or --experts 0");
   shape_out = shape;
   auto doc = nlohmann::json::parse(strategies::to_json(plan));
   doc["describe"] = strategies::describe(shape);
