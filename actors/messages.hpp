@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 4;
+constexpr int32_t protocol_version = 5;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -23,6 +23,7 @@ using result_atom = caf::atom_constant<caf::atom("result")>;      // the launche
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using settle_atom = caf::atom_constant<caf::atom("settle")>;  // a failure waits for its cause
+using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor monitors a neighbour
 
 /// A worker introduces itself to the coordinator.
 struct hello {
@@ -117,6 +118,18 @@ struct eval_done {
   int64_t batches = 0;
 };
 
+/// Pipeline stage to neighbouring stage (actors/stage.hpp): the output of a pass is ready and
+/// on its way through the data plane. A forward notice goes to the next stage (micro-batch
+/// `micro_batch`'s activation), a backward notice to the previous one (its gradient); a
+/// backward notice also returns a credit: the activation slot that micro-batch held is free.
+struct pipe_notice {
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int32_t micro_batch = 0;
+  bool backward = false;
+  int32_t from_stage = 0;
+};
+
 /// An agent reports that one of its worker processes ended.
 struct worker_exited {
   int32_t rank = 0;
@@ -177,6 +190,10 @@ typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {
   return f(caf::meta::type_name("troupe::eval_done"), x.generation, x.step, x.rank, x.loss_sum, x.batches);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, pipe_notice& x) {
+  return f(caf::meta::type_name("troupe::pipe_notice"), x.generation, x.step, x.micro_batch, x.backward, x.from_stage);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {

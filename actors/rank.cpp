@@ -2,6 +2,7 @@
 
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
+#include "actors/stage.hpp"
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
@@ -10,6 +11,7 @@
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
 #include "strategies/engine.hpp"
+#include "strategies/planner.hpp"
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -57,6 +59,7 @@ struct rank_context {
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
   std::unique_ptr<strategies::training_engine> engine;
+  std::unique_ptr<stage_link> stage;  // pipeline layouts only
   monitoring::log_context log_ctx() const { return {"rank", rank, generation, -1}; }
 };
 
@@ -186,6 +189,23 @@ void write_pipeline_trace(rank_context& rc, const strategies::training_engine& e
   if (!out) monitoring::log(monitoring::level::warn, rc.log_ctx(), "could not write the pipeline trace to " + dir.string());
 }
 
+// A pipeline stage's actor, connected to its neighbours' (actors/stage.hpp), watching every pass.
+void connect_stage(rank_context& rc, const strategies::layout& shape) {
+  const auto view = strategies::view_of(shape, rc.rank);
+  const auto plan = strategies::make_plan(shape, rc.cfg.model, strategies::constraints_from(rc.cfg));
+  const int s = view.at.pp, p = shape.pp;
+  int next_slots = 0;
+  if (s + 1 < p) {
+    const auto schedule = strategies::make_schedule(strategies::parse_schedule_kind(rc.cfg.parallel.schedule), p,
+                                                    plan.micro_batches_per_replica);
+    // The next stage's activation slots, plus the one activation this stage's send holds.
+    next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
+  }
+  rc.stage = std::make_unique<stage_link>(rc.self->system(), *rc.store, rc.generation, view.pp.name, s, p, next_slots,
+                                          std::chrono::milliseconds(rc.cfg.step_timeout_ms));
+  rc.engine->set_pipeline_observer(rc.stage.get());
+}
+
 int train(rank_context& rc, const welcome& w) {
   rc.generation = w.generation;
   rc.world = w.world;
@@ -210,6 +230,7 @@ int train(rank_context& rc, const welcome& w) {
   };
   rc.engine = std::make_unique<strategies::training_engine>(rc.cfg, shape, rc.rank, rc.generation, connect);
   auto& engine = *rc.engine;
+  if (shape.pp > 1) connect_stage(rc, shape);
   engine.init(rc.cfg.seed);
   if (w.start_step > 0) restore(rc, w.start_step, engine);
   const comm::op_options step_opts{op_timeout};
@@ -218,6 +239,7 @@ int train(rank_context& rc, const welcome& w) {
   for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
     poll_control(rc);
     auto t0 = clock_type::now();
+    if (rc.stage) rc.stage->begin_step(step);
     grad_result g = engine.compute(data, step - 1);
     auto t1 = clock_type::now();
     const double model_comm_s = engine.take_model_comm_seconds();

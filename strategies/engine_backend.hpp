@@ -18,6 +18,8 @@
 
 namespace troupe::strategies {
 
+struct pipeline_observer;
+
 /// Builds a communicator for a group; the rank's actor supplies it (store, generation).
 using connect_fn = std::function<std::unique_ptr<comm::communicator>(const comm::comm_identity&)>;
 
@@ -57,6 +59,8 @@ class engine_backend {
   virtual expert_load take_expert_load() { return {}; }
   /// A Chrome trace of the last step's pipeline schedule on this rank; empty without pp.
   virtual std::string last_step_trace() const { return {}; }
+  /// Told around every pipeline pass from now on (not owned; null = nobody); ignored without pp.
+  virtual void set_pipeline_observer(pipeline_observer* observer) { (void)observer; }
   virtual void abort() = 0;
 };
 

@@ -57,6 +57,7 @@ class pipeline_backend final : public engine_backend {
   size_t optimizer_state_bytes() const override;
   double take_model_comm_seconds() override { return tp_comm_->take_seconds() + pp_comm_->take_seconds(); }
   std::string last_step_trace() const override;
+  void set_pipeline_observer(pipeline_observer* observer) override { observer_ = observer; }
   void abort() override;
 
  private:
@@ -81,6 +82,7 @@ class pipeline_backend final : public engine_backend {
   gradient_allreducer allreducer_;
   std::vector<uint8_t> counted_;  // per local value: 1 if it counts in the full model's norm
   std::vector<timed_op> last_timeline_;
+  pipeline_observer* observer_ = nullptr;
 };
 
 pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
@@ -162,7 +164,7 @@ grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
   };
   // The same B/G scaling per micro-batch as the single-rank step (runtime/trainer.hpp).
   const auto scale = static_cast<float>(static_cast<double>(B) / G);
-  stage_step s = executor_->run(fill, scale, opts);
+  stage_step s = executor_->run(fill, scale, opts, observer_);
   last_timeline_ = std::move(s.timeline);
   grad_result r;
   r.loss_sum = s.loss_sum;

@@ -79,8 +79,14 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, 
     transfer need;
     if (fwd && !first) need = transfer{model_.stage_input(slot), act_bytes, stage_ - 1, activation_tag};
     if (!fwd && !last) need = transfer{model_.output_grad(), act_bytes, stage_ + 1, gradient_tag};
-    if (observer != nullptr && need) observer->waiting(op);
+    // The neighbour's notice gates the receive, except when this stage still holds a send:
+    // that send must be posted first (the neighbour may be blocked on it), so the pair goes
+    // out together and the notice is taken after it.
+    const bool gate = observer != nullptr && need && !pending;
+    const bool confirm = observer != nullptr && need && pending;
+    if (gate) observer->waiting(op);
     exchange(need);
+    if (confirm) observer->waiting(op);
 
     timed_op t;
     t.stage = stage_;

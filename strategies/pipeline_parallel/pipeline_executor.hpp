@@ -20,7 +20,8 @@ using micro_batch_fn = std::function<void(int index, uint8_t* inputs, uint8_t* t
 /// Told before and after every pass of the schedule (the stage actor listens to these).
 struct pipeline_observer {
   virtual ~pipeline_observer() = default;
-  /// A pass is about to wait for its input from a neighbour.
+  /// A pass needs its input from a neighbour: called before the receive is posted, or just
+  /// after it when a held send had to go out in the same exchange. Throws to fail the step.
   virtual void waiting(const pipe_op& op) { (void)op; }
   virtual void done(const timed_op& op) { (void)op; }
 };
