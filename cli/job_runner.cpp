@@ -93,11 +93,10 @@ std::string plan_job(const train_config& cfg, strategies::layout& shape_out) {
   if (!strategies::has_plan(planned)) throw config_error("layout: " + strategies::reason_of(planned));
   const auto& plan = strategies::plan_of(planned);
   const auto& shape = plan.shape;
-  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0)
+  if (shape.pp != 1)
     throw config_error("layout: " + strategies::describe(shape) +
-                       (cfg.model.experts > 0 ? " with MoE experts" : "") +
-                       " is valid, but `troupe run` trains data- and tensor-parallel layouts only so far "
-                       "(pipeline and expert parallelism are being wired in); use --pp 1 --ep 1 --experts 0");
+                       " is valid, but `troupe run` trains data-, tensor- and expert-parallel layouts only so far "
+                       "(pipeline parallelism is being wired in); use --pp 1");
   if (shape.tp > 1 && cfg.parallel.zero == 1)
     throw config_error("layout: ZeRO-1 together with tensor parallelism (" + strategies::describe(shape) +
                        ") is not supported yet; use --zero 0 or --tp 1");
