@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -164,7 +165,16 @@ double memcpy_bandwidth() {
 int run_rank(comm::kv_store& store, int rank, int size, const std::string& transport,
              const bench_options& o, double memcpy_bw) {
   const comm::comm_identity id{1, "bench", rank, size};
-  auto c = transport == "shm" ? comm::make_shm_communicator(store, id)
+  // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SPIN_US and _YIELD_US override shm's defaults.
+  comm::shm_options shm;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_CHUNK_KIB")) shm.chunk_bytes = std::stoul(v) << 10;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_SPIN_US")) {
+    shm.spin_time = std::chrono::microseconds(std::stol(v));
+  }
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_YIELD_US")) {
+    shm.yield_time = std::chrono::microseconds(std::stol(v));
+  }
+  auto c = transport == "shm" ? comm::make_shm_communicator(store, id, shm)
                               : comm::make_gloo_communicator(store, id);
   const char* label = transport == "shm" ? "shm, shared memory" : "gloo, loopback TCP";
   const comm::op_options op{120s};

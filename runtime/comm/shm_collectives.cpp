@@ -155,14 +155,19 @@ void shm_communicator::complete_round(const op_ctx& op, uint64_t k) {
   auto& me = block(id_.rank);
   me.shape[k % 2].store(op.shape, std::memory_order_relaxed);
   me.arrived.store(k + 1);
-  ring_bell();
-  waiting_round_ = k;
-  wait_for(op, -1, "hear from", [&] {
+  auto everyone_arrived = [&] {
     for (int j = 0; j < id_.size; ++j) {
       if (block(j).arrived.load(std::memory_order_acquire) <= k) return false;
     }
     return true;
-  });
+  };
+  // Only the last rank to arrive wakes the sleepers: nobody sleeping on this round can go on
+  // before that, and on a machine with more ranks than cores every useless wake-up takes a
+  // core from a rank that still has work. (Stores and loads are sequentially consistent, so
+  // of two ranks arriving at once at least one sees the other and rings.)
+  if (everyone_arrived()) ring_bell();
+  waiting_round_ = k;
+  wait_for(op, -1, "hear from", everyone_arrived);
   for (int j = 0; j < id_.size; ++j) {
     if (block(j).shape[k % 2].load(std::memory_order_relaxed) != op.shape) {
       fail(op, comm_errc::invalid, j,
@@ -183,6 +188,8 @@ void shm_communicator::all_reduce(float* data, size_t count, reduce_op op,
     if (count == 0 || id_.size == 1) return;  // average over one rank is the identity
     if (count * sizeof(float) <= std::min(opts_.small_all_reduce_bytes, layout_.chunk_bytes)) {
       all_reduce_small(ctx, data, count, op);
+    } else if (single_copy_ && count * sizeof(float) >= opts_.single_copy_bytes) {
+      all_reduce_single_copy(ctx, data, count, op);
     } else {
       all_reduce_sliced(ctx, data, count, op);
     }
@@ -229,6 +236,52 @@ void shm_communicator::all_reduce_sliced(const op_ctx& op, float* data, size_t c
                   theirs.len * sizeof(float));
     }
   }
+}
+
+/// Three rounds for the whole buffer: (1) everyone publishes its buffer's address; rank r
+/// reads slice r of every peer's buffer (process_vm_readv, block by block) and sums it in rank
+/// order in place; (2) everyone reads the other slices straight from their owners' buffers;
+/// (3) nobody returns (and lets its caller touch the buffer) before everyone has read it.
+/// Rank j changes only slice j of its buffer before round 2, and nobody reads slice j of it
+/// before round 2, so no read sees a half-written slice.
+void shm_communicator::all_reduce_single_copy(const op_ctx& op, float* data, size_t count,
+                                              reduce_op rop) {
+  const int p = id_.size;
+  const int r = id_.rank;
+  const uint64_t k = next_round();
+  publish_addr(k, data);
+  complete_round(op, k);
+  std::vector<uint64_t> addr(static_cast<size_t>(p));
+  for (int j = 0; j < p; ++j) addr[j] = block(j).addr[k % 2].load(std::memory_order_relaxed);
+  constexpr size_t block_elems = size_t{32} << 10;  // 128 KiB: the accumulator stays in L2
+  if (scratch_.size() < 2 * block_elems) scratch_.assign(2 * block_elems, 0.0f);
+  float* acc = scratch_.data();
+  float* incoming = scratch_.data() + block_elems;
+  const extent mine = piece(count, static_cast<size_t>(p), static_cast<size_t>(r));
+  for (size_t at = mine.begin; at < mine.begin + mine.len; at += block_elems) {
+    const size_t len = std::min(block_elems, mine.begin + mine.len - at);
+    auto contribution = [&](int j, float* into) -> const float* {
+      if (j == r) return data + at;
+      pull(op, j, addr[j] + at * sizeof(float), into, len * sizeof(float));
+      return into;
+    };
+    const float* first = contribution(0, acc);
+    if (first != acc) std::memcpy(acc, first, len * sizeof(float));
+    for (int j = 1; j < p; ++j) add_into(acc, contribution(j, incoming), len);
+    if (rop == reduce_op::average) divide(acc, len, static_cast<float>(p));
+    std::memcpy(data + at, acc, len * sizeof(float));
+  }
+  const uint64_t k2 = next_round();
+  complete_round(op, k2);
+  for (int j = 0; j < p; ++j) {
+    if (j == r) continue;
+    const extent theirs = piece(count, static_cast<size_t>(p), static_cast<size_t>(j));
+    if (theirs.len > 0) {
+      pull(op, j, addr[j] + theirs.begin * sizeof(float), data + theirs.begin,
+           theirs.len * sizeof(float));
+    }
+  }
+  complete_round(op, next_round());
 }
 
 // ---- broadcast, barrier ----

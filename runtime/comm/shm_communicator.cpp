@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -45,13 +46,15 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
 }
 
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
-                                   segment_layout layout, std::vector<int> pidfds)
+                                   segment_layout layout, std::vector<int> pidfds,
+                                   bool single_copy)
     : id_(std::move(id)),
       opts_(opts),
       base_(base),
       layout_(layout),
       pidfds_(std::move(pidfds)),
-      pids_(static_cast<size_t>(id_.size), 0) {
+      pids_(static_cast<size_t>(id_.size), 0),
+      single_copy_(single_copy) {
   if (base_ != nullptr) {
     for (int j = 0; j < id_.size; ++j) pids_[j] = block(j).pid.load();
   }
@@ -108,6 +111,25 @@ void shm_communicator::check_peer_alive(const op_ctx& op, int j, bool check_proc
     fail(op, comm_errc::peer_lost, j,
          std::string(action) + " rank " + std::to_string(j) + ": its process (pid " +
              std::to_string(pids_[j]) + ") exited");
+  }
+}
+
+void shm_communicator::pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes) {
+  auto* dst = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec l{dst, bytes};
+    iovec r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t n = ::process_vm_readv(pids_[j], &l, 1, &r, 1, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      const bool gone = n == 0 || errno == ESRCH;
+      fail(op, gone ? comm_errc::peer_lost : comm_errc::internal, j,
+           "reading rank " + std::to_string(j) + "'s buffer: " +
+               (gone ? std::string("its process exited") : std::string(std::strerror(errno))));
+    }
+    dst += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
   }
 }
 
@@ -194,7 +216,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
   const auto n = static_cast<size_t>(id.size);
   if (id.size == 1) {
     return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},
-                                                          std::vector<int>{-1});
+                                                          std::vector<int>{-1}, false);
   }
   const auto deadline = clock_type::now() + opts.connect_timeout;
   const segment_layout layout = segment_layout::of(n, opts.chunk_bytes, opts.p2p_chunk_bytes);
@@ -268,6 +290,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     auto* blocks = reinterpret_cast<shm_detail::rank_block*>(static_cast<char*>(st.base) +
                                                              layout.blocks);
     blocks[id.rank].pid.store(::getpid());
+    blocks[id.rank].base_addr.store(reinterpret_cast<uint64_t>(st.base));
     scoped.set_string("mapped/" + std::to_string(id.rank), "1");
     std::vector<std::string> mapped;
     for (int j = 0; j < id.size; ++j) mapped.push_back("mapped/" + std::to_string(j));
@@ -280,8 +303,27 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     for (int j = 0; j < id.size; ++j) {
       if (j != id.rank) pidfds[j] = open_pidfd(blocks[j].pid.load());
     }
+    // Single-copy reads need every rank to be able to read every other's memory: each probes
+    // by reading a peer's pid through the peer's own mapping, and all go by the verdicts of all.
+    bool can_read = opts.single_copy_bytes != SIZE_MAX;
+    for (int j = 0; can_read && j < id.size; ++j) {
+      if (j == id.rank) continue;
+      const int32_t want = blocks[j].pid.load();
+      int32_t got = 0;
+      const uint64_t offset = static_cast<uint64_t>(reinterpret_cast<char*>(&blocks[j].pid) -
+                                                    static_cast<char*>(st.base));
+      iovec l{&got, sizeof(got)};
+      iovec r{reinterpret_cast<void*>(blocks[j].base_addr.load() + offset), sizeof(got)};
+      can_read = ::process_vm_readv(want, &l, 1, &r, 1, 0) == sizeof(got) && got == want;
+    }
+    scoped.set_string("single_copy/" + std::to_string(id.rank), can_read ? "1" : "0");
+    bool single_copy = true;
+    for (int j = 0; j < id.size; ++j) {
+      single_copy = single_copy &&
+                    scoped.get_string("single_copy/" + std::to_string(j), left_until(deadline)) == "1";
+    }
     auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
-                                                            std::move(pidfds));
+                                                            std::move(pidfds), single_copy);
     st.base = nullptr;
     return c;
   } catch (const store_error& e) {

@@ -26,6 +26,11 @@ struct shm_options {
   /// All-reduces of at most this many bytes take one round in which every rank sums every
   /// contribution in rank order (one wait instead of two); larger ones reduce a slice each.
   size_t small_all_reduce_bytes = size_t{32} << 10;
+  /// All-reduces of at least this many bytes read the peers' buffers directly
+  /// (process_vm_readv: one copy instead of two, and three waits for the whole buffer instead
+  /// of two per chunk), when every rank may read every other's memory (same user, ptrace
+  /// allowed: probed at connect). SIZE_MAX turns it off.
+  size_t single_copy_bytes = size_t{1} << 20;
   /// A wait first polls for this long (with a pause instruction), then yields the core for
   /// yield_time, then sleeps on a futex in the segment until a peer's progress wakes it.
   /// Bounded, because ranks may outnumber cores; not zero, because a wake-up after a futex

@@ -47,6 +47,10 @@ struct alignas(cache_line) rank_block {
   /// What round k was part of, at [k % 2]: ranks in different collectives notice.
   std::atomic<uint64_t> shape[2];
   std::atomic<int32_t> pid;
+  /// Where this rank mapped the segment (peers probe single-copy reads with it).
+  std::atomic<uint64_t> base_addr;
+  /// The caller's buffer of round k at [k % 2], for single-copy collectives.
+  std::atomic<uint64_t> addr[2];
   /// Set when this rank's communicator failed, was aborted or destroyed: it takes no part
   /// in anything any more, so whoever waits for it fails with peer_lost at once.
   std::atomic<uint32_t> gone;
@@ -99,7 +103,7 @@ class shm_communicator final : public communicator {
   /// Takes over a mapped segment (nullptr for a group of one) and the peers' pidfds (-1 where
   /// none could be opened; those peers are watched with kill(pid, 0)).
   shm_communicator(comm_identity id, shm_options opts, void* base, segment_layout layout,
-                   std::vector<int> pidfds);
+                   std::vector<int> pidfds, bool single_copy);
   ~shm_communicator() override;
   shm_communicator(const shm_communicator&) = delete;
   shm_communicator& operator=(const shm_communicator&) = delete;
@@ -203,6 +207,13 @@ class shm_communicator final : public communicator {
 
   void all_reduce_small(const op_ctx& op, float* data, size_t count, reduce_op rop);
   void all_reduce_sliced(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  void all_reduce_single_copy(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  /// Publishes `p` as this rank's buffer of round k (call before complete_round(op, k)).
+  void publish_addr(uint64_t k, const void* p) {
+    block(id_.rank).addr[k % 2].store(reinterpret_cast<uint64_t>(p), std::memory_order_relaxed);
+  }
+  /// Copies `bytes` at address `remote` in rank j's process to `local` (process_vm_readv).
+  void pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes);
   void exchange(const op_ctx& op, const char* in, const size_t* send_bytes,
                 const size_t* send_off, char* out, const size_t* recv_bytes,
                 const size_t* recv_off, size_t max_pair_bytes);
@@ -217,7 +228,10 @@ class shm_communicator final : public communicator {
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
   uint64_t waiting_round_ = 0;   ///< the round complete_round() waits for (for messages)
   std::vector<size_t> offsets_;  ///< all_to_all(v)'s block offsets: send then receive
-  std::vector<size_t> counts_;   ///< all_to_allv's byte counts of every pair
+  /// Every rank can read the others' memory (process_vm_readv), so large collectives copy
+  /// once, straight from the peer's buffer, instead of staging through the segment.
+  bool single_copy_;
+  std::vector<float> scratch_;  ///< single-copy all-reduce: accumulator and incoming block
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex m_;
