@@ -1,5 +1,7 @@
 #include "actors/job_supervisor.hpp"
 
+#include "actors/expert_group.hpp"
+
 #include "checkpoint/checkpoint.hpp"
 #include "cli/progress.hpp"
 #include "monitoring/log.hpp"
@@ -7,6 +9,7 @@
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -114,6 +117,7 @@ struct job_state {
   std::string pending_failure;  // a rank's failed vote, waiting briefly for its root cause
   std::vector<bool> reported_failure;  // per rank: voted !ok (so its exit is a consequence)
   std::optional<cli::progress_line> progress;
+  caf::actor experts;  // the expert_group of an MoE job
   static inline const char* name = "job_supervisor";
 };
 
@@ -299,6 +303,16 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   st.metrics->generation->set(static_cast<double>(st.generation));
   st.metrics->step->set(static_cast<double>(st.committed));
   if (st.setup.cfg.progress) st.progress.emplace(st.setup.start_step);
+  if (st.setup.cfg.model.experts > 0) {
+    expert_group_setup eg;
+    eg.blocks = st.setup.cfg.model.n_layer;
+    eg.experts = st.setup.cfg.model.experts;
+    eg.top_k = st.setup.cfg.model.top_k;
+    eg.reports_per_step = std::max(1, st.setup.shape.dp / std::max(1, st.setup.shape.ep));
+    eg.events = st.setup.events;
+    eg.metrics = st.setup.metrics;
+    st.experts = spawn_expert_group(self, eg);
+  }
   arm_watchdog(self, std::chrono::milliseconds(st.setup.form_timeout_ms));
 
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -416,6 +430,10 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         v.control_s += d.control_s;
         v.peer_wait_s += d.peer_wait_s;
         if (v.count == s.setup.cfg.world) on_all_votes(self);
+      },
+      [=](const expert_load_report& r) {
+        auto& s = self->state;
+        if (s.experts && r.generation == s.generation) self->send(s.experts, r);
       },
       [=](const shard_written& w) {
         auto& s = self->state;

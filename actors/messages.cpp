@@ -14,6 +14,7 @@ system_config::system_config() {
   add_message_type<abort_generation>("troupe::abort_generation");
   add_message_type<shard_written>("troupe::shard_written");
   add_message_type<eval_done>("troupe::eval_done");
+  add_message_type<expert_load_report>("troupe::expert_load_report");
   add_message_type<worker_exited>("troupe::worker_exited");
   add_message_type<pipe_notice>("troupe::pipe_notice");
   add_message_type<job_result>("troupe::job_result");

@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 5;
+constexpr int32_t protocol_version = 6;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -130,6 +130,20 @@ struct pipe_notice {
   int32_t from_stage = 0;
 };
 
+/// Tokens routed to each expert in one step by one ep group (MoE only), sent by the group's
+/// ep rank 0 right after its forward/backward; the copies of the group (dp / ep of them)
+/// each send their micro-batches' share. Figures are before capacity; `dropped` counts the
+/// choices capacity turned away.
+struct expert_load_report {
+  uint64_t generation = 0;
+  int64_t step = 0;              ///< 1-based
+  int32_t rank = 0;
+  int32_t blocks = 0;            ///< MoE blocks (n_layer)
+  int32_t experts = 0;           ///< E
+  std::vector<int64_t> tokens;   ///< [blocks * experts], block-major
+  std::vector<int64_t> dropped;  ///< [blocks]
+};
+
 /// An agent reports that one of its worker processes ended.
 struct worker_exited {
   int32_t rank = 0;
@@ -194,6 +208,11 @@ typename Inspector::result_type inspect(Inspector& f, eval_done& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipe_notice& x) {
   return f(caf::meta::type_name("troupe::pipe_notice"), x.generation, x.step, x.micro_batch, x.backward, x.from_stage);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_load_report& x) {
+  return f(caf::meta::type_name("troupe::expert_load_report"), x.generation, x.step, x.rank, x.blocks, x.experts,
+           x.tokens, x.dropped);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {

@@ -243,6 +243,17 @@ int train(rank_context& rc, const welcome& w) {
     grad_result g = engine.compute(data, step - 1);
     auto t1 = clock_type::now();
     const double model_comm_s = engine.take_model_comm_seconds();
+    if (auto load = engine.take_expert_load(); !load.tokens.empty()) {  // MoE: one rank per ep group
+      expert_load_report report;
+      report.generation = rc.generation;
+      report.step = step;
+      report.rank = rc.rank;
+      report.blocks = static_cast<int32_t>(load.tokens.size());
+      report.experts = static_cast<int32_t>(load.tokens.front().size());
+      for (const auto& block : load.tokens) report.tokens.insert(report.tokens.end(), block.begin(), block.end());
+      report.dropped = std::move(load.dropped);
+      rc.self->send(rc.coordinator, report);
+    }
     step_done vote;
     vote.generation = rc.generation;
     vote.step = step;

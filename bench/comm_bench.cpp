@@ -1,6 +1,7 @@
-// comm_bench: forks one process per rank, times each collective over a range of sizes and
-// prints nccl-tests' columns (time, algbw, busbw), plus busbw as a fraction of this machine's
-// memcpy bandwidth, the ceiling a single-host transport could reach.
+// comm_bench: forks one process per rank, times each collective over a range of sizes on one
+// or both CPU transports (gloo over loopback TCP, shared memory) and prints nccl-tests'
+// columns (time, algbw, busbw), plus busbw as a fraction of this machine's memcpy bandwidth,
+// the ceiling a single-host transport could reach.
 #include "bench/comm_bench.hpp"
 
 #include <poll.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iostream>
@@ -20,6 +22,7 @@
 #include <thread>
 
 #include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/shm_communicator.hpp"
 #include "runtime/comm/store.hpp"
 
 namespace troupe::bench {
@@ -35,6 +38,7 @@ struct bench_options {
   size_t max_bytes = size_t{256} << 20;
   int batches = 5;
   double batch_seconds = 0.2;
+  std::vector<std::string> transports{"tcp"};
 };
 
 /// One collective as nccl-tests describes it: how its size counts and the factor that turns
@@ -105,6 +109,11 @@ std::optional<bench_options> parse(const std::vector<std::string>& args) {
         const auto b = parse_bytes(v);
         if (!b || *b < 4) throw std::invalid_argument(v);
         (a == "--min-bytes" ? o.min_bytes : o.max_bytes) = *b;
+      } else if (a == "--transport") {
+        o.transports = split(v);
+        for (const auto& t : o.transports) {
+          if (t != "tcp" && t != "shm") throw std::invalid_argument(t);
+        }
       } else if (a == "--batches") {
         o.batches = std::stoi(v);
       } else if (a == "--batch-seconds") {
@@ -152,9 +161,22 @@ double memcpy_bandwidth() {
   return static_cast<double>(bytes) / secs[secs.size() / 2];
 }
 
-/// Rank `rank` of `size`: runs every op and size; rank 0 prints the rows.
-int run_rank(comm::kv_store& store, int rank, int size, const bench_options& o, double memcpy_bw) {
-  auto c = comm::make_gloo_communicator(store, {1, "bench", rank, size});
+/// Rank `rank` of `size`: runs every op and size on `transport`; rank 0 prints the rows.
+int run_rank(comm::kv_store& store, int rank, int size, const std::string& transport,
+             const bench_options& o, double memcpy_bw) {
+  const comm::comm_identity id{1, "bench", rank, size};
+  // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SPIN_US and _YIELD_US override shm's defaults.
+  comm::shm_options shm;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_CHUNK_KIB")) shm.chunk_bytes = std::stoul(v) << 10;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_SPIN_US")) {
+    shm.spin_time = std::chrono::microseconds(std::stol(v));
+  }
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_YIELD_US")) {
+    shm.yield_time = std::chrono::microseconds(std::stol(v));
+  }
+  auto c = transport == "shm" ? comm::make_shm_communicator(store, id, shm)
+                              : comm::make_gloo_communicator(store, id);
+  const char* label = transport == "shm" ? "shm, shared memory" : "gloo, loopback TCP";
   const comm::op_options op{120s};
   const auto n = static_cast<size_t>(size);
   const size_t top = (o.max_bytes + 3) / 4 * 4 + 4 * n;  // room for rounding up to n parts
@@ -164,7 +186,7 @@ int run_rank(comm::kv_store& store, int rank, int size, const bench_options& o, 
   for (const auto& name : o.ops) {
     const op_table& t = *find_op(name);
     if (rank == 0) {
-      std::printf("\n# %s, %d ranks (gloo, loopback TCP)\n", t.name, size);
+      std::printf("\n# %s, %d ranks (%s)\n", t.name, size, label);
       std::printf("# %12s %12s %10s %8s %8s %9s\n", "size(B)", "count(elts)", "time(us)", "algbw",
                   "busbw", "busbw/cpy");
     }
@@ -219,7 +241,7 @@ int run_rank(comm::kv_store& store, int rank, int size, const bench_options& o, 
 
 /// Forks `size` ranks, serves their store, and waits for all of them (each bounded by a
 /// generous deadline, then killed). Returns 0 if every rank succeeded.
-int run_group(int size, const bench_options& o, double memcpy_bw) {
+int run_group(int size, const std::string& transport, const bench_options& o, double memcpy_bw) {
   std::vector<pid_t> pids;
   std::vector<int> port_pipes;
   auto cleanup = [&] {
@@ -247,7 +269,7 @@ int run_group(int size, const bench_options& o, double memcpy_bw) {
         uint16_t port = 0;
         if (::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &port, sizeof(port)) == sizeof(port)) {
           auto store = comm::connect_tcp_store("127.0.0.1", port, 30s);
-          rc = run_rank(*store, r, size, o, memcpy_bw);
+          rc = run_rank(*store, r, size, transport, o, memcpy_bw);
         }
       } catch (const std::exception& e) {
         std::cerr << "comm bench rank " << r << ": " << e.what() << std::endl;
@@ -295,7 +317,9 @@ int run_comm_bench(const std::vector<std::string>& args) {
   const auto o = parse(args);
   if (!o) return 2;
   const double memcpy_bw = memcpy_bandwidth();
-  std::printf("# troupe comm bench: gloo backend, ranks forked on this host\n");
+  std::printf("# troupe comm bench: ranks forked on this host; transports:");
+  for (const auto& t : o->transports) std::printf(" %s", t == "shm" ? "shm" : "tcp (gloo)");
+  std::printf("\n");
   std::printf("# memcpy bandwidth (1 thread, 64 MiB): %.2f GB/s\n", memcpy_bw / 1e9);
   std::printf(
       "# time: median of %d batches (mean over ranks); algbw = size/time; busbw as "
@@ -303,10 +327,13 @@ int run_comm_bench(const std::vector<std::string>& args) {
       o->batches);
   std::fflush(stdout);
   int rc = 0;
-  for (int size : o->ranks) {
-    if (run_group(size, *o, memcpy_bw) != 0) {
-      std::cerr << "comm bench: a rank of the " << size << "-rank group failed\n";
-      rc = 1;
+  for (const auto& transport : o->transports) {
+    for (int size : o->ranks) {
+      if (run_group(size, transport, *o, memcpy_bw) != 0) {
+        std::cerr << "comm bench: a rank of the " << size << "-rank " << transport
+                  << " group failed\n";
+        rc = 1;
+      }
     }
   }
   return rc;

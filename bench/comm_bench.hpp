@@ -1,6 +1,7 @@
 #pragma once
 // The collectives benchmark (`troupe bench comm`): nccl-tests-style tables of time, algbw and
-// busbw for the gloo data plane, with ranks as real processes on this machine.
+// busbw for the CPU data plane (gloo over TCP, shared memory), with ranks as real processes on
+// this machine.
 
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ namespace troupe::bench {
 ///   --min-bytes 4K --max-bytes 256M             sizes, multiplied by 4 each step
 ///   --batches 5                                 timed batches per size; the median is shown
 ///   --batch-seconds 0.2                         about how long one batch runs
+///   --transport tcp                             tcp (gloo), shm, or tcp,shm for both in turn
 ///
 /// The ranks are forked from the calling process, which must not have started threads yet
 /// (a CLI entry point before anything else runs is fine); it serves their store meanwhile.

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Collectives bandwidth: troupe's gloo data plane (comm_bench) against PyTorch 1.13's gloo
-# backend and Open MPI's MPI_Allreduce, same sizes (4 KiB .. 256 MiB, x4), same rank counts
-# (real processes on this host), same timing rule (median of BATCHES timed batches, time
-# averaged over ranks) and nccl-tests' algbw/busbw formulas. Prints each table, then one
-# markdown table of busbw with the ratio troupe / torch-gloo.
+# Collectives bandwidth: troupe's data plane (comm_bench) on both CPU transports (shared
+# memory and gloo over loopback TCP) against PyTorch 1.13's gloo backend and Open MPI's
+# MPI_Allreduce, same sizes (4 KiB .. 256 MiB, x4), same rank counts (real processes on this
+# host), same timing rule (median of BATCHES timed batches, time averaged over ranks) and
+# nccl-tests' algbw/busbw formulas. Prints each table, then one markdown table of busbw with
+# the ratios shm / tcp and shm / torch-gloo and shm's busbw as a fraction of memcpy bandwidth
+# (measured by comm_bench in the same session).
 #
-# usage: bench/comm_bench.sh [BUILD_DIR [RANKS [MAX_BYTES]]]
-#   defaults: build, "2,4", 256M. BATCHES (5) and BATCH_SECONDS (0.2) from the environment.
+# usage: bench/comm_bench.sh [BUILD_DIR [RANKS [MAX_BYTES [TRANSPORTS]]]]
+#   defaults: build, "2,4", 256M, "tcp,shm". BATCHES (5) and BATCH_SECONDS (0.2) from the
+#   environment.
 set -euo pipefail
 build=${1:-build}
 ranks=${2:-2,4}
 max_bytes=${3:-256M}
+transports=${4:-tcp,shm}
 batches=${BATCHES:-5}
 batch_seconds=${BATCH_SECONDS:-0.2}
 bench_bin=$build/bench/comm_bench
@@ -29,7 +33,7 @@ max=$(to_bytes "$max_bytes")
 
 echo "# machine: $(nproc --all) cores; load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$bench_bin" --ranks "$ranks" --max-bytes "$max_bytes" --batches "$batches" \
-  --batch-seconds "$batch_seconds" | tee "$tmp/troupe.txt"
+  --batch-seconds "$batch_seconds" --transport "$transports" | tee "$tmp/troupe.txt"
 
 # ---- PyTorch gloo (reduce_scatter is not implemented by its gloo backend in 1.13) ----
 cat > "$tmp/torch_bench.py" <<'EOF'
@@ -142,27 +146,37 @@ for n in ${ranks//,/ }; do
 done
 echo "# machine load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# ---- one table: busbw (GB/s) per op, size and rank count; ratio troupe / torch-gloo ----
+# ---- one table: busbw (GB/s) per op, size and rank count, each transport and the ratios ----
 "$python" - "$tmp/troupe.txt" "$tmp/torch.txt" "$tmp/mpi.txt" <<'EOF'
 import re, sys
+memcpy = None
 def parse(path):
+    global memcpy
     rows, key = {}, None
     for line in open(path):
-        m = re.match(r"# (\w+), (\d+) ranks", line)
+        m = re.match(r"# memcpy bandwidth .*: ([0-9.]+) GB/s", line)
         if m:
-            key = (m.group(1), int(m.group(2)))
+            memcpy = float(m.group(1))
+        m = re.match(r"# (\w+), (\d+) ranks \((\w+)", line)
+        if m:
+            key = (m.group(1), int(m.group(2)), m.group(3))
             continue
         f = line.split()
         if key and len(f) >= 5 and f[0].isdigit():
             rows[key + (int(f[0]),)] = float(f[4])
     return rows
 troupe, torch, mpi = (parse(p) for p in sys.argv[1:4])
-print("\n| op | ranks | size | troupe busbw GB/s | torch-gloo busbw GB/s | troupe/torch | MPI busbw GB/s |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for (op, n, b), v in sorted(troupe.items()):
-    t = torch.get((op, n, b))
-    m = mpi.get((op, n, b))
+def fmt(v):
+    return f"{v:.3f}" if v is not None else "n/a"
+def ratio(a, b):
+    return f"**{a / b:.2f}**" if a is not None and b else "n/a"
+print(f"\nmemcpy bandwidth (1 thread, 64 MiB): {memcpy} GB/s")
+print("\n| op | ranks | size | shm busbw | tcp busbw | torch-gloo busbw | shm / tcp | shm / torch | shm busbw / memcpy | MPI busbw |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for op, n, b in sorted({(op, n, b) for (op, n, kind, b) in troupe}):
+    shm, tcp = troupe.get((op, n, "shm", b)), troupe.get((op, n, "gloo", b))
+    t, m = torch.get((op, n, "torch", b)), mpi.get((op, n, "Open", b))
     size = f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
-    print(f"| {op} | {n} | {size} | {v:.3f} | {t:.3f} | {v / t:.2f} | {m:.3f} |" if t and m else
-          f"| {op} | {n} | {size} | {v:.3f} | {f'{t:.3f}' if t else 'n/a'} | {f'{v / t:.2f}' if t else 'n/a'} | {f'{m:.3f}' if m else ''} |")
+    frac = f"{shm * 1e9 / (memcpy * 1e9):.2f}" if shm is not None and memcpy else "n/a"
+    print(f"| {op} | {n} | {size} | {fmt(shm)} | {fmt(tcp)} | {fmt(t)} | {ratio(shm, tcp)} | {ratio(shm, t)} | {frac} | {fmt(m) if m else ''} |")
 EOF

@@ -1,6 +1,8 @@
 #include "strategies/expert_parallel/expert_parallel.hpp"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace troupe::strategies {
 
@@ -47,6 +49,40 @@ void reduce_expert_parallel_grads(gpt& model, comm::communicator& comm,
     std::memcpy(g, replicated.data() + at, t.numel * sizeof(float));
     at += t.numel;
   }
+}
+
+std::string check_ep_batch(int batch, int micro_batch, int ep, int edp) {
+  const auto str = [](int v) { return std::to_string(v); };
+  if (batch < 1 || micro_batch < 1 || ep < 1 || edp < 1)
+    return "batch, micro_batch, ep and dp / ep must be >= 1";
+  if (batch % micro_batch != 0)
+    return "micro_batch (" + str(micro_batch) + ") must divide batch (" + str(batch) +
+           ") for an MoE model: each ep group computes whole micro-batches of the one-rank run";
+  if (micro_batch % ep != 0)
+    return "ep (" + str(ep) + ") must divide micro_batch (" + str(micro_batch) +
+           "): the ep ranks share each micro-batch equally, since MoE capacity and aux loss are "
+           "figures of a whole micro-batch; use a micro_batch that is a multiple of ep";
+  const int K = batch / micro_batch;
+  if (K % edp != 0)
+    return "dp / ep (" + str(edp) + ") must divide the " + str(K) +
+           " micro-batches of a step (batch / micro_batch) so each copy of the experts runs "
+           "whole micro-batches; use a smaller micro_batch, a larger batch or fewer ranks";
+  return {};
+}
+
+ep_sample_plan plan_ep_samples(int batch, int micro_batch, int ep, int edp, int e, int x) {
+  if (auto why = check_ep_batch(batch, micro_batch, ep, edp); !why.empty())
+    throw std::invalid_argument(why);
+  if (e < 0 || e >= ep || x < 0 || x >= edp)
+    throw std::invalid_argument("plan_ep_samples: need 0 <= e < ep and 0 <= x < dp / ep");
+  ep_sample_plan p;
+  p.micro_batch = micro_batch;
+  p.micro_batches = batch / micro_batch;
+  p.count = p.micro_batches / edp;
+  p.first_micro_batch = x * p.count;
+  p.slice = micro_batch / ep;
+  p.slice_offset = e * p.slice;
+  return p;
 }
 
 }  // namespace troupe::strategies

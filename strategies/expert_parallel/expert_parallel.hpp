@@ -15,6 +15,7 @@
 //   reduce_expert_parallel_grads(m, comm, opts);
 //   loss = mean over the group of loss_r   // equals the single-rank loss of the whole batch
 
+#include <string>
 #include <vector>
 
 #include "runtime/comm/communicator.hpp"
@@ -54,5 +55,34 @@ bool is_expert_param(const param_tensor& t);
 /// ranks' micro-batches must have equal sizes for that mean to be the whole batch's.
 void reduce_expert_parallel_grads(gpt& model, comm::communicator& comm,
                                   const comm::op_options& opts);
+
+/// Which samples one rank of a dp x ep layout computes in a step (tp = pp = 1).
+///
+/// The single-rank reference runs the global batch G in K = G / mb micro-batches of mb
+/// sequences, and an MoE layer's capacity and aux loss are figures of one whole micro-batch.
+/// So an ep group computes whole reference micro-batches together: ep rank e takes the
+/// slice [e mb/ep, (e+1) mb/ep) of each (the slices in ep-rank order are the micro-batch,
+/// which is the token order moe_layer assumes), and the dp/ep copies x of the group split the
+/// K micro-batches into equal contiguous runs, copy x taking [x K/X, (x+1) K/X).
+struct ep_sample_plan {
+  int micro_batch = 0;        ///< mb: sequences of one reference micro-batch
+  int micro_batches = 0;      ///< K = G / mb in the whole step
+  int first_micro_batch = 0;  ///< this copy's first
+  int count = 0;              ///< this copy's number of micro-batches, K / X
+  int slice = 0;              ///< sequences this rank takes of each: mb / ep
+  int slice_offset = 0;       ///< where its slice starts inside a micro-batch: e * slice
+
+  /// First global sample of this rank's slice of the i-th of its micro-batches.
+  int first_sample(int i) const { return (first_micro_batch + i) * micro_batch + slice_offset; }
+};
+
+/// Why a global batch of `batch` sequences in micro-batches of `micro_batch` cannot be split
+/// over `ep` expert shards times `edp` copies as ep_sample_plan describes (mb must divide the
+/// batch, ep must divide mb, edp must divide the number of micro-batches), or an empty string.
+std::string check_ep_batch(int batch, int micro_batch, int ep, int edp);
+
+/// The plan of ep rank `e` in copy `x`; throws std::invalid_argument with check_ep_batch's
+/// reason, or for e, x out of range.
+ep_sample_plan plan_ep_samples(int batch, int micro_batch, int ep, int edp, int e, int x);
 
 }  // namespace troupe::strategies

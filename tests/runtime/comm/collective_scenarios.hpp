@@ -3,13 +3,15 @@
 // runs them against the answers computed locally in patterns.hpp and reports by exit status.
 
 #include <chrono>
+#include <cstdint>
+#include <random>
 #include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/backend.hpp"
 #include "tests/runtime/comm/patterns.hpp"
 
 namespace troupe::test {
@@ -138,7 +140,7 @@ inline int report(int rank, const std::string& err) {
 
 /// Every op of the set at the sizes every collective test covers, plus an odd size between.
 inline int more_collectives(comm::kv_store& store, int rank, int size) {
-  auto c = comm::make_gloo_communicator(store, {1, "world", rank, size});
+  auto c = connect(store, {1, "world", rank, size});
   auto counts = test_counts();
   counts.push_back(100003);
   for (const size_t count : counts) {
@@ -153,7 +155,7 @@ inline int more_collectives(comm::kv_store& store, int rank, int size) {
 
 /// 64 MiB buffers (the whole input or output of each op) through every bandwidth path.
 inline int big_collectives(comm::kv_store& store, int rank, int size) {
-  auto c = comm::make_gloo_communicator(store, {1, "world", rank, size});
+  auto c = connect(store, {1, "world", rank, size});
   const size_t total = (size_t{64} << 20) / sizeof(float);
   auto v = contributions(rank, total);
   c->all_reduce(v.data(), total, comm::reduce_op::sum, {120s});
@@ -165,9 +167,9 @@ inline int big_collectives(comm::kv_store& store, int rank, int size) {
 /// them interleaved, so keys, slots and connections of the groups must not mix.
 inline int subgroups(comm::kv_store& store, int rank, int size) {
   if (size != 4) return report(rank, "subgroups needs 4 ranks");
-  auto world = comm::make_gloo_communicator(store, {1, "world", rank, 4});
+  auto world = connect(store, {1, "world", rank, 4});
   auto pair =
-      comm::make_gloo_communicator(store, {1, "pair" + std::to_string(rank / 2), rank % 2, 2});
+      connect(store, {1, "pair" + std::to_string(rank / 2), rank % 2, 2});
   for (const size_t count : {size_t{1000}, size_t{100003}}) {
     if (int rc = report(rank, check_collective_set(*pair, count)); rc != 0) return rc;
     if (int rc = report(rank, check_collective_set(*world, count)); rc != 0) return rc;
@@ -185,7 +187,7 @@ inline int subgroups(comm::kv_store& store, int rank, int size) {
 /// both must time out at their deadlines rather than deliver across tags.
 inline int crossed_tags(comm::kv_store& store, int rank, int size) {
   if (size != 2) return report(rank, "crossed_tags needs 2 ranks");
-  auto c = comm::make_gloo_communicator(store, {1, "world", rank, 2});
+  auto c = connect(store, {1, "world", rank, 2});
   std::vector<char> buf(4096, 1);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -212,7 +214,7 @@ inline int crossed_tags(comm::kv_store& store, int rank, int size) {
 
 /// Warms up, then expects its next all_to_all to fail with peer_lost well before the deadline.
 inline int expect_lost_all_to_all(comm::kv_store& store, int rank, int size) {
-  auto c = comm::make_gloo_communicator(store, {1, "world", rank, size});
+  auto c = connect(store, {1, "world", rank, size});
   auto v = contributions(rank, 1000);
   c->all_reduce(v.data(), v.size(), comm::reduce_op::sum, {30s});
   store.set_string("warm/" + std::to_string(rank), "1");
@@ -228,6 +230,55 @@ inline int expect_lost_all_to_all(comm::kv_store& store, int rank, int size) {
     return 0;
   }
   return report(rank, "all_to_all succeeded although a peer was gone");
+}
+
+/// All-reduces of values whose float sums depend on the order of addition: every rank must
+/// get the same bits (each publishes a hash of its result and compares the others'), and on
+/// shm, which promises rank order 0..size-1, exactly the sum a reference takes in that order.
+inline int bitwise_all_reduce(comm::kv_store& store, int rank, int size) {
+  auto c = connect(store, {1, "world", rank, size});
+  auto input = [](int r, size_t n) {
+    std::mt19937 gen(static_cast<uint32_t>(1234 + r));
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(gen) * (1 + static_cast<float>(gen() % 1000));
+    return v;
+  };
+  int round = 0;
+  for (const size_t count : {size_t{1}, size_t{7}, size_t{1000}, size_t{100003},
+                             (size_t{4} << 20) / sizeof(float) + 5}) {
+    for (const auto op : {comm::reduce_op::sum, comm::reduce_op::average}) {
+      auto v = input(rank, count);
+      c->all_reduce(v.data(), count, op, {60s});
+      if (backend() == "shm") {
+        auto want = input(0, count);
+        for (int r = 1; r < size; ++r) {
+          const auto other = input(r, count);
+          for (size_t i = 0; i < count; ++i) want[i] += other[i];
+        }
+        if (op == comm::reduce_op::average) {
+          for (auto& x : want) x /= static_cast<float>(size);
+        }
+        if (std::memcmp(want.data(), v.data(), count * sizeof(float)) != 0) {
+          return report(rank, "all_reduce of " + std::to_string(count) +
+                                  " is not the rank-order sum bit for bit");
+        }
+      }
+      uint64_t hash = 1469598103934665603ull;  // FNV-1a over the result's bytes
+      const auto* bytes = reinterpret_cast<const unsigned char*>(v.data());
+      for (size_t i = 0; i < count * sizeof(float); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+      const std::string key = "bits/" + std::to_string(round++) + "/";
+      store.set_string(key + std::to_string(rank), std::to_string(hash));
+      for (int r = 0; r < size; ++r) {
+        if (store.get_string(key + std::to_string(r), 60s) != std::to_string(hash)) {
+          return report(rank, "all_reduce of " + std::to_string(count) + ": rank " +
+                                  std::to_string(r) + " got other bits");
+        }
+      }
+    }
+  }
+  c->barrier({30s});
+  return 0;
 }
 
 }  // namespace troupe::test

@@ -1,12 +1,12 @@
-// reduce-scatter, all-gather, all-to-all(v) and send/recv of the gloo backend across real
-// processes: results against local references on 2, 3 and 4 ranks and at 64 MiB, sub-groups
+// reduce-scatter, all-gather, all-to-all(v) and send/recv across real processes, on the
+// backend this binary is built for (backend.hpp: comm_gloo_collectives_multiproc_test,
+// comm_shm_collectives_multiproc_test): results against local references on 2, 3 and 4 ranks and at 64 MiB, sub-groups
 // alive beside the world group, tags that must not cross, and failures (a killed peer, abort).
 #include <gtest/gtest.h>
 
 #include <future>
 #include <thread>
 
-#include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "tests/runtime/comm/peer_group.hpp"
 
@@ -127,7 +127,7 @@ TEST_F(ranks, abort_unblocks_an_all_gather_and_a_send_in_flight) {
 
 TEST_F(ranks, bad_arguments_are_rejected_before_any_transfer) {
   auto store = client();
-  auto c = make_gloo_communicator(*store, {1, "solo", 0, 1});
+  auto c = test::connect(*store, {1, "solo", 0, 1});
   std::vector<char> b(16);
   auto code_of = [](auto&& f) {
     try {

@@ -1,7 +1,8 @@
 // A rank in its own process, for the multi-process data-plane tests: connects to the test's
 // store, plays one scenario, and reports through its exit status (0 = as expected).
 //
-//   comm_peer HOST:PORT RANK SIZE SCENARIO   one rank of a scenario below
+//   comm_peer HOST:PORT RANK SIZE SCENARIO [BACKEND]   one rank of a scenario below, on
+//                                                     BACKEND (gloo, the default, or shm)
 //   comm_peer serve                          a store server; prints "port N", serves until killed
 //   comm_peer launch SIZE SCENARIO           a store plus SIZE ranks of SCENARIO (e.g. bench)
 #include <sys/prctl.h>
@@ -18,6 +19,7 @@
 
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/backend.hpp"
 #include "tests/runtime/comm/child_process.hpp"
 #include "tests/runtime/comm/collective_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
@@ -64,7 +66,7 @@ std::string warm_up(comm::communicator& c, const peer_args& a) {
 }
 
 int collectives(const peer_args& a) {
-  auto c = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto c = test::connect(a.store, {1, "world", a.rank, a.size});
   int failures = 0;
   auto counts = test::test_counts();
   counts.push_back(16385);  // just above the small-message threshold: ring with one segment
@@ -96,7 +98,7 @@ int collectives(const peer_args& a) {
 
 /// Joins generation 1, takes part in one all-reduce, then goes silent (never joins another op).
 int hang(const peer_args& a) {
-  auto c = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto c = test::connect(a.store, {1, "world", a.rank, a.size});
   if (auto err = warm_up(*c, a); !err.empty()) return failed(a, "warm-up: " + err);
   park_forever();
 }
@@ -104,7 +106,7 @@ int hang(const peer_args& a) {
 /// Joins, warms up, then expects its next all-reduce to fail with peer_lost well before its
 /// own 20 s deadline (because another rank died or aborted).
 int expect_lost(const peer_args& a) {
-  auto c = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto c = test::connect(a.store, {1, "world", a.rank, a.size});
   if (auto err = warm_up(*c, a); !err.empty()) return failed(a, "warm-up: " + err);
   std::vector<float> v(1000, 1.0f);
   const auto start = clock_type::now();
@@ -123,7 +125,7 @@ int expect_lost(const peer_args& a) {
 /// Generation 1 of SIZE ranks loses rank SIZE-1; the survivors see the failure, form
 /// generation 2 of SIZE-1 ranks on the same store, and reduce correctly there.
 int survivor(const peer_args& a) {
-  auto c1 = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto c1 = test::connect(a.store, {1, "world", a.rank, a.size});
   if (auto err = warm_up(*c1, a); !err.empty()) return failed(a, "warm-up: " + err);
   std::vector<float> v(1000, 1.0f);
   try {
@@ -136,7 +138,7 @@ int survivor(const peer_args& a) {
   }
   c1.reset();
   const int size2 = a.size - 1;
-  auto c2 = comm::make_gloo_communicator(a.store, {2, "world", a.rank, size2});
+  auto c2 = test::connect(a.store, {2, "world", a.rank, size2});
   for (const size_t count : {size_t{1000}, (size_t{1} << 20) + 3}) {
     if (auto err = reduce_and_check(*c2, count, reduce_op::average, a.rank, size2); !err.empty()) {
       return failed(a, "generation 2: " + err);
@@ -148,18 +150,18 @@ int survivor(const peer_args& a) {
 
 /// Generations 1 and 2 of "world" alive at once, plus a two-rank group "pair" in generation 2.
 int generations(const peer_args& a) {
-  auto g1 = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto g1 = test::connect(a.store, {1, "world", a.rank, a.size});
   if (auto err = reduce_and_check(*g1, 1000, reduce_op::sum, a.rank, a.size); !err.empty()) {
     return failed(a, "generation 1: " + err);
   }
-  auto g2 = comm::make_gloo_communicator(a.store, {2, "world", a.rank, a.size});
+  auto g2 = test::connect(a.store, {2, "world", a.rank, a.size});
   for (auto* c : {g2.get(), g1.get(), g2.get()}) {
     if (auto err = reduce_and_check(*c, 100003, reduce_op::sum, a.rank, a.size); !err.empty()) {
       return failed(a, "generation " + std::to_string(c->generation()) + ": " + err);
     }
   }
   if (a.rank < 2) {
-    auto pair = comm::make_gloo_communicator(a.store, {2, "pair", a.rank, 2});
+    auto pair = test::connect(a.store, {2, "pair", a.rank, 2});
     if (auto err = reduce_and_check(*pair, 777, reduce_op::average, a.rank, 2); !err.empty()) {
       return failed(a, "group pair: " + err);
     }
@@ -226,7 +228,7 @@ int bench(const peer_args& a) {
 
 /// Many all-reduces of mixed sizes, each checked: for soak runs (`launch N stress`).
 int stress(const peer_args& a) {
-  auto c = comm::make_gloo_communicator(a.store, {1, "world", a.rank, a.size});
+  auto c = test::connect(a.store, {1, "world", a.rank, a.size});
   const size_t counts[] = {(size_t{4} << 20) / 4 + 3, 1000, (size_t{16} << 20) / 4, 7, 100003};
   for (int i = 0; i < 400; ++i) {
     const size_t count = counts[i % 5];
@@ -251,6 +253,7 @@ const std::map<std::string, int (*)(comm::kv_store&, int, int)> set_scenarios{
     {"subgroups", test::subgroups},
     {"crossed_tags", test::crossed_tags},
     {"expect_lost_all_to_all", test::expect_lost_all_to_all},
+    {"bitwise", test::bitwise_all_reduce},
 };
 
 int serve() {
@@ -286,11 +289,14 @@ int main(int argc, char** argv) {
     const std::vector<std::string> args(argv + 1, argv + argc);
     if (args.size() == 1 && args[0] == "serve") return serve();
     if (args.size() == 3 && args[0] == "launch") return launch(std::stoi(args[1]), args[2]);
-    if (args.size() != 4 || (!scenarios.contains(args[3]) && !set_scenarios.contains(args[3]))) {
-      std::cerr << "usage: comm_peer HOST:PORT RANK SIZE SCENARIO | serve | launch SIZE SCENARIO"
+    if (args.size() < 4 || args.size() > 5 ||
+        (!scenarios.contains(args[3]) && !set_scenarios.contains(args[3]))) {
+      std::cerr << "usage: comm_peer HOST:PORT RANK SIZE SCENARIO [BACKEND] | serve | "
+                   "launch SIZE SCENARIO"
                 << std::endl;
       return 64;
     }
+    if (args.size() == 5) test::backend() = args[4];
     const auto colon = args[0].rfind(':');
     auto store = comm::connect_tcp_store(
         args[0].substr(0, colon), static_cast<uint16_t>(std::stoi(args[0].substr(colon + 1))), 30s);

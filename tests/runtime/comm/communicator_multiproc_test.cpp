@@ -1,12 +1,13 @@
-// The gloo data plane across real processes: correctness against a local reference on 2, 3
-// and 4 ranks, and the failure modes the supervisor relies on (a killed peer, a silent peer,
-// abort from another thread, rebuilding a generation on the same store).
+// The data plane across real processes, on the backend this binary is built for (backend.hpp:
+// comm_gloo_multiproc_test, comm_shm_multiproc_test): correctness against a local reference on
+// 2, 3 and 4 ranks, bit-identical all-reduce results, and the failure modes the supervisor
+// relies on (a killed peer, a silent peer, abort from another thread, rebuilding a generation
+// on the same store).
 #include <gtest/gtest.h>
 
 #include <future>
 #include <thread>
 
-#include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "tests/runtime/comm/peer_group.hpp"
 
@@ -32,6 +33,16 @@ TEST_P(collectives, match_the_local_reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(processes, collectives, ::testing::Values(2, 3, 4),
+                         [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
+
+class bitwise : public group, public ::testing::WithParamInterface<int> {};
+
+TEST_P(bitwise, all_reduce_gives_every_rank_the_same_bits) {
+  spawn_all(GetParam(), "bitwise");
+  expect_peers_succeed(150s);
+}
+
+INSTANTIATE_TEST_SUITE_P(processes, bitwise, ::testing::Values(2, 3, 4),
                          [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
 
 TEST_F(group, generations_on_one_store_do_not_collide) {
@@ -146,7 +157,7 @@ TEST_F(group, survivors_rebuild_as_generation_2_on_the_same_store) {
   EXPECT_THROW(c1->all_reduce(v.data(), v.size(), reduce_op::sum, {10s}), comm_error);
   c1.reset();
 
-  auto c2 = make_gloo_communicator(*store, {2, "world", 0, 2});
+  auto c2 = test::connect(*store, {2, "world", 0, 2});
   for (const size_t count : {size_t{1000}, (size_t{1} << 20) + 3}) {
     auto w = test::contributions(0, count);
     c2->all_reduce(w.data(), count, reduce_op::average, {30s});
@@ -158,13 +169,35 @@ TEST_F(group, survivors_rebuild_as_generation_2_on_the_same_store) {
   EXPECT_EQ(*status, 0) << test::describe_status(*status);
 }
 
+/// A peer SIGKILLed while this rank waits for it (not before, as above): the wait must end
+/// with peer_lost long before a long deadline, not at it.
+TEST_F(group, peer_killed_during_a_wait_gives_peer_lost_well_before_the_deadline) {
+  spawn(1, 2, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 2);
+  auto killer = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(300ms);  // likely blocked by then; the result holds either way
+    peer(0).kill();
+  });
+  std::vector<float> v(1000, 1.0f);
+  const auto start = clock_type::now();
+  try {
+    c->all_reduce(v.data(), v.size(), reduce_op::sum, {60s});
+    FAIL() << "all_reduce succeeded with a dead peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0 of 2"), std::string::npos) << e.what();
+  }
+  killer.get();
+  // shm watches its peers' processes; gloo sees the connection close.
+  EXPECT_LT(clock_type::now() - start, 300ms + slack);
+}
+
 TEST_F(group, missing_rank_times_out_the_connect) {
   auto store = client();
   const auto start = clock_type::now();
-  gloo_options opts;
-  opts.connect_timeout = 500ms;
   try {
-    make_gloo_communicator(*store, {1, "world", 0, 2}, opts);
+    test::connect(*store, {1, "world", 0, 2}, 500ms);
     FAIL() << "connected without rank 1";
   } catch (const comm_error& e) {
     EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();

@@ -1,6 +1,6 @@
 // A test fixture for the data plane across real processes: a key-value store served by this
-// process, `comm_peer` processes started against it as ranks (cleaned up by pid), and rank 0
-// joining in this process.
+// process, `comm_peer` processes started against it as ranks on this binary's backend
+// (backend.hpp; cleaned up by pid), and rank 0 joining in this process.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/backend.hpp"
 #include "tests/runtime/comm/child_process.hpp"
 #include "tests/runtime/comm/patterns.hpp"
 
@@ -22,7 +22,8 @@ class peer_group : public ::testing::Test {
  protected:
   void spawn(int rank, int size, const std::string& scenario) {
     peers_.push_back(child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
-                                           std::to_string(rank), std::to_string(size), scenario}));
+                                           std::to_string(rank), std::to_string(size), scenario,
+                                           backend()}));
   }
 
   void spawn_all(int size, const std::string& scenario) {
@@ -56,7 +57,7 @@ class peer_group : public ::testing::Test {
 /// test then kills or stops one.
 inline std::unique_ptr<comm::communicator> join_and_warm_up(comm::kv_store& store, int size) {
   using namespace std::chrono_literals;
-  auto c = comm::make_gloo_communicator(store, {1, "world", 0, size});
+  auto c = connect(store, {1, "world", 0, size});
   auto v = contributions(0, 1000);
   c->all_reduce(v.data(), v.size(), comm::reduce_op::sum, {30s});
   EXPECT_EQ(check_reduced(v, size, comm::reduce_op::sum), "");

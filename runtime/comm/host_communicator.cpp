@@ -1,0 +1,101 @@
+// make_host_communicator: one round through the store to learn where every rank runs, then
+// the shm or the gloo backend.
+#include "runtime/comm/host_communicator.hpp"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+
+namespace troupe::comm {
+
+std::string this_host_identity() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  std::string boot_id;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot_id);
+  return std::string(name) + " " + boot_id;
+}
+
+std::string requested_transport() {
+  const char* v = std::getenv("TROUPE_TRANSPORT");
+  const std::string s = v == nullptr || *v == '\0' ? "auto" : v;
+  if (s != "auto" && s != "tcp" && s != "shm") {
+    throw comm_error(comm_errc::invalid,
+                     "TROUPE_TRANSPORT must be auto, tcp or shm, not '" + s + "'");
+  }
+  return s;
+}
+
+transport_kind choose_transport(const std::vector<std::string>& requested,
+                                const std::vector<std::string>& hosts) {
+  bool want_shm = false;
+  for (const auto& r : requested) {
+    if (r == "tcp") return transport_kind::tcp;
+    if (r == "shm") want_shm = true;
+  }
+  bool one_host = true;
+  for (const auto& h : hosts) one_host = one_host && h == hosts.front();
+  if (one_host) return transport_kind::shm;
+  if (want_shm) {
+    throw comm_error(comm_errc::invalid,
+                     "TROUPE_TRANSPORT=shm, but the group's ranks run on more than one host");
+  }
+  return transport_kind::tcp;
+}
+
+std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm_identity& id,
+                                                     const gloo_options& opts) {
+  using clock_type = std::chrono::steady_clock;
+  const std::string where = "host connect (group " + id.group + ", generation " +
+                            std::to_string(id.generation) + ", rank " + std::to_string(id.rank) +
+                            " of " + std::to_string(id.size) + ")";
+  if (id.size < 1 || id.rank < 0 || id.rank >= id.size || id.group.empty() ||
+      id.group.find('/') != std::string::npos || opts.connect_timeout.count() <= 0) {
+    throw comm_error(comm_errc::invalid, where + ": invalid identity or options");
+  }
+  const std::string mine = requested_transport();
+  const auto start = clock_type::now();
+  transport_kind kind = mine == "tcp" ? transport_kind::tcp : transport_kind::shm;
+  if (id.size > 1) {
+    std::vector<std::string> requested;
+    std::vector<std::string> hosts;
+    try {
+      prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/host");
+      scoped.set_string(std::to_string(id.rank), mine + "\n" + this_host_identity());
+      std::vector<std::string> keys;
+      for (int j = 0; j < id.size; ++j) keys.push_back(std::to_string(j));
+      scoped.wait(keys, opts.connect_timeout);
+      for (const auto& k : keys) {
+        const std::string v = scoped.get_string(k, opts.connect_timeout);
+        const auto nl = v.find('\n');
+        requested.push_back(v.substr(0, nl));
+        hosts.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
+      }
+    } catch (const store_error& e) {
+      throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
+                       where + ": store: " + e.what());
+    }
+    try {
+      kind = choose_transport(requested, hosts);
+    } catch (const comm_error& e) {
+      throw comm_error(e.code(), where + ": " + e.what());
+    }
+  }
+  // The rendezvous that follows gets what is left of the one connect deadline.
+  const auto left = std::max(std::chrono::milliseconds(1),
+                             opts.connect_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                        clock_type::now() - start));
+  if (kind == transport_kind::shm) {
+    shm_options shm;
+    shm.connect_timeout = left;
+    return make_shm_communicator(store, id, shm);
+  }
+  gloo_options g = opts;
+  g.connect_timeout = left;
+  return make_gloo_communicator(store, id, g);
+}
+
+}  // namespace troupe::comm

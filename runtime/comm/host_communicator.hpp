@@ -1,0 +1,40 @@
+#pragma once
+// Picks the data plane's CPU transport for a group: shared memory when every rank is on this
+// host, gloo's loopback/network TCP otherwise, unless TROUPE_TRANSPORT says which.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/shm_communicator.hpp"
+#include "runtime/comm/store.hpp"
+
+namespace troupe::comm {
+
+enum class transport_kind : uint8_t { tcp, shm };
+
+/// This machine as its ranks see it: "<hostname> <boot_id>" (the boot id tells two machines
+/// with the same hostname apart, and a host from itself before a reboot).
+std::string this_host_identity();
+
+/// What a rank asks for: "auto", "tcp" or "shm"; the value of TROUPE_TRANSPORT, "auto" when
+/// unset or empty. Throws comm_error{invalid} for anything else.
+std::string requested_transport();
+
+/// The transport of a group, from what each rank asked for and where each runs (both indexed
+/// by rank): tcp if any rank asked for tcp; otherwise shm if every rank is on one host;
+/// otherwise tcp, unless a rank asked for shm (then comm_error{invalid}: shm cannot span
+/// hosts). Every rank computes it from the same inputs, so all agree.
+transport_kind choose_transport(const std::vector<std::string>& requested,
+                                const std::vector<std::string>& hosts);
+
+/// Connects like make_gloo_communicator (same arguments, keys and errors), after the ranks
+/// publish their host identities and requests under "g<generation>/<group>/host/<rank>" and
+/// pick a transport with choose_transport(); on shm, the shm communicator with default
+/// options (connect_timeout from `opts`). A group of one uses shm unless tcp is requested.
+std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm_identity& id,
+                                                     const gloo_options& opts = {});
+
+}  // namespace troupe::comm

@@ -1,0 +1,550 @@
+// The shared-memory backend's operations. Every collective is a sequence of rounds (see
+// shm_communicator_impl.hpp): each rank stages its part in its own half of the segment,
+// publishes, waits for everyone, and reads what it needs from the others' halves. Sums are
+// taken in rank order, so every rank gets the same bits as a single-process reference.
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "runtime/comm/shm_communicator_impl.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace troupe::comm::shm_detail {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
+inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (size_t j = 0; j < 16; ++j) dst[i + j] += src[i + j];
+  }
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
+/// Average is the sum divided by the group size, exactly as a reference would compute it.
+inline void divide(float* p, size_t n, float d) {
+  for (size_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+/// dst = sum over ranks j in order of src(j)[0..n), in blocks that stay in cache.
+template <class Src>
+void sum_in_rank_order(float* dst, int ranks, size_t n, Src&& src) {
+  constexpr size_t block = 2048;
+  for (size_t at = 0; at < n; at += block) {
+    const size_t len = std::min(block, n - at);
+    std::memcpy(dst + at, src(0) + at, len * sizeof(float));
+    for (int j = 1; j < ranks; ++j) add_into(dst + at, src(j) + at, len);
+  }
+}
+
+}  // namespace
+
+template <class Body>
+void shm_communicator::run(const char* name, uint64_t shape, const op_options& opts,
+                           Body&& body) {
+  if (opts.timeout.count() <= 0) invalid(name, "timeout must be positive");
+  const op_ctx op{name, clock_type::now() + opts.timeout, opts.timeout, shape};
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!dead_ && aborted_) {
+      dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string(-1) + ")");
+    }
+    if (dead_) {
+      throw comm_error(dead_->code(), std::string("shm ") + name +
+                                          ": communicator is dead after an earlier failure: " +
+                                          dead_->what());
+    }
+  }
+  try {
+    try {
+      body(op);
+    } catch (const comm_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(op, comm_errc::internal, -1, e.what());
+    }
+  } catch (const comm_error& e) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!dead_) dead_.emplace(e);
+    }
+    mark_gone();
+    throw;
+  }
+}
+
+template <class Ready>
+void shm_communicator::wait_for(const op_ctx& op, int peer, const char* action, Ready&& ready) {
+  if (ready()) return;
+  const auto spin_until = clock_type::now() + opts_.spin_time;
+  for (unsigned i = 1;; ++i) {
+    cpu_relax();
+    if (ready()) return;
+    if ((i & 63) == 0 && clock_type::now() >= spin_until) break;
+  }
+  const auto yield_until = clock_type::now() + opts_.yield_time;
+  while (clock_type::now() < yield_until) {
+    ::sched_yield();
+    if (ready()) return;
+  }
+  auto& h = header();
+  auto next_check = clock_type::now();
+  for (;;) {
+    const auto now = clock_type::now();
+    if (aborted_.load()) {
+      fail(op, comm_errc::aborted, peer, std::string("aborted while waiting to ") + action);
+    }
+    // A peer publishes its progress before it leaves, so re-check ready() before blaming it.
+    const bool check_process = now >= next_check;
+    if (check_process) next_check = now + opts_.liveness_interval;
+    try {
+      for (int j = 0; j < id_.size; ++j) {
+        if (j != id_.rank && (peer < 0 || j == peer)) {
+          check_peer_alive(op, j, check_process, action);
+        }
+      }
+    } catch (const comm_error&) {
+      if (ready()) return;
+      throw;
+    }
+    if (now >= op.deadline) {
+      if (ready()) return;
+      std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("ranks");
+      if (peer < 0) {
+        for (int j = 0; j < id_.size; ++j) {
+          if (block(j).arrived.load() <= waiting_round_) who += " " + std::to_string(j);
+        }
+      }
+      fail(op, comm_errc::timeout, peer,
+           "no progress within " + std::to_string(op.timeout.count()) + " ms waiting to " +
+               action + " " + who);
+    }
+    h.sleepers.fetch_add(1);
+    const uint32_t seen = h.bell.load();
+    if (ready()) {
+      h.sleepers.fetch_sub(1);
+      return;
+    }
+    const auto nap = std::max(clock_type::duration::zero(),
+                              std::min(op.deadline, next_check) - clock_type::now());
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAIT, seen, &ts, nullptr, 0);
+    h.sleepers.fetch_sub(1);
+    if (ready()) return;
+  }
+}
+
+void shm_communicator::complete_round(const op_ctx& op, uint64_t k) {
+  if (base_ == nullptr) return;
+  auto& me = block(id_.rank);
+  me.shape[k % 2].store(op.shape, std::memory_order_relaxed);
+  me.arrived.store(k + 1);
+  auto everyone_arrived = [&] {
+    for (int j = 0; j < id_.size; ++j) {
+      if (block(j).arrived.load(std::memory_order_acquire) <= k) return false;
+    }
+    return true;
+  };
+  // Only the last rank to arrive wakes the sleepers: nobody sleeping on this round can go on
+  // before that, and on a machine with more ranks than cores every useless wake-up takes a
+  // core from a rank that still has work. (Stores and loads are sequentially consistent, so
+  // of two ranks arriving at once at least one sees the other and rings.)
+  if (everyone_arrived()) ring_bell();
+  waiting_round_ = k;
+  wait_for(op, -1, "hear from", everyone_arrived);
+  for (int j = 0; j < id_.size; ++j) {
+    if (block(j).shape[k % 2].load(std::memory_order_relaxed) != op.shape) {
+      fail(op, comm_errc::invalid, j,
+           "rank " + std::to_string(j) +
+               " is in another collective, or this one with another size or root: every rank "
+               "must call the same collectives in the same order");
+    }
+  }
+}
+
+// ---- all-reduce ----
+
+void shm_communicator::all_reduce(float* data, size_t count, reduce_op op,
+                                  const op_options& opts) {
+  if (count > 0 && data == nullptr) invalid("all_reduce", "null data with a non-zero count");
+  const uint64_t shape = shape_of(op_kind::all_reduce, count * 2 + (op == reduce_op::average));
+  run("all_reduce", shape, opts, [&](const op_ctx& ctx) {
+    if (count == 0 || id_.size == 1) return;  // average over one rank is the identity
+    if (count * sizeof(float) <= std::min(opts_.small_all_reduce_bytes, layout_.chunk_bytes)) {
+      all_reduce_small(ctx, data, count, op);
+    } else if (single_copy_ && count * sizeof(float) >= opts_.single_copy_bytes) {
+      all_reduce_single_copy(ctx, data, count, op);
+    } else {
+      all_reduce_sliced(ctx, data, count, op);
+    }
+  });
+}
+
+/// One round: every rank stages its whole buffer and sums all of them in rank order.
+void shm_communicator::all_reduce_small(const op_ctx& op, float* data, size_t count,
+                                        reduce_op rop) {
+  const uint64_t k = next_round();
+  std::memcpy(half(id_.rank, k), data, count * sizeof(float));
+  complete_round(op, k);
+  sum_in_rank_order(data, id_.size, count,
+                    [&](int j) { return reinterpret_cast<const float*>(half(j, k)); });
+  if (rop == reduce_op::average) divide(data, count, static_cast<float>(id_.size));
+}
+
+/// Per chunk, two rounds: everyone stages the chunk; rank r reduces slice r of it (in rank
+/// order) and stages the result; everyone copies the other slices' results.
+void shm_communicator::all_reduce_sliced(const op_ctx& op, float* data, size_t count,
+                                         reduce_op rop) {
+  const int p = id_.size;
+  const int r = id_.rank;
+  const size_t chunk = layout_.chunk_bytes / sizeof(float);
+  for (size_t at = 0; at < count; at += chunk) {
+    const size_t len = std::min(chunk, count - at);
+    float* part = data + at;
+    const uint64_t k = next_round();
+    std::memcpy(half(r, k), part, len * sizeof(float));
+    complete_round(op, k);
+    const extent mine = piece(len, static_cast<size_t>(p), static_cast<size_t>(r));
+    sum_in_rank_order(part + mine.begin, p, mine.len, [&](int j) {
+      return reinterpret_cast<const float*>(half(j, k)) + mine.begin;
+    });
+    if (rop == reduce_op::average) divide(part + mine.begin, mine.len, static_cast<float>(p));
+    const uint64_t k2 = next_round();
+    std::memcpy(reinterpret_cast<float*>(half(r, k2)) + mine.begin, part + mine.begin,
+                mine.len * sizeof(float));
+    complete_round(op, k2);
+    for (int j = 0; j < p; ++j) {
+      if (j == r) continue;
+      const extent theirs = piece(len, static_cast<size_t>(p), static_cast<size_t>(j));
+      std::memcpy(part + theirs.begin, reinterpret_cast<const float*>(half(j, k2)) + theirs.begin,
+                  theirs.len * sizeof(float));
+    }
+  }
+}
+
+/// Three rounds for the whole buffer: (1) everyone publishes its buffer's address; rank r
+/// reads slice r of every peer's buffer (process_vm_readv, block by block) and sums it in rank
+/// order in place; (2) everyone reads the other slices straight from their owners' buffers;
+/// (3) nobody returns (and lets its caller touch the buffer) before everyone has read it.
+/// Rank j changes only slice j of its buffer before round 2, and nobody reads slice j of it
+/// before round 2, so no read sees a half-written slice.
+void shm_communicator::all_reduce_single_copy(const op_ctx& op, float* data, size_t count,
+                                              reduce_op rop) {
+  const int p = id_.size;
+  const int r = id_.rank;
+  const uint64_t k = next_round();
+  publish_addr(k, data);
+  complete_round(op, k);
+  std::vector<uint64_t> addr(static_cast<size_t>(p));
+  for (int j = 0; j < p; ++j) addr[j] = block(j).addr[k % 2].load(std::memory_order_relaxed);
+  constexpr size_t block_elems = size_t{32} << 10;  // 128 KiB: the accumulator stays in L2
+  if (scratch_.size() < 2 * block_elems) scratch_.assign(2 * block_elems, 0.0f);
+  float* acc = scratch_.data();
+  float* incoming = scratch_.data() + block_elems;
+  const extent mine = piece(count, static_cast<size_t>(p), static_cast<size_t>(r));
+  for (size_t at = mine.begin; at < mine.begin + mine.len; at += block_elems) {
+    const size_t len = std::min(block_elems, mine.begin + mine.len - at);
+    auto contribution = [&](int j, float* into) -> const float* {
+      if (j == r) return data + at;
+      pull(op, j, addr[j] + at * sizeof(float), into, len * sizeof(float));
+      return into;
+    };
+    const float* first = contribution(0, acc);
+    if (first != acc) std::memcpy(acc, first, len * sizeof(float));
+    for (int j = 1; j < p; ++j) add_into(acc, contribution(j, incoming), len);
+    if (rop == reduce_op::average) divide(acc, len, static_cast<float>(p));
+    std::memcpy(data + at, acc, len * sizeof(float));
+  }
+  const uint64_t k2 = next_round();
+  complete_round(op, k2);
+  for (int j = 0; j < p; ++j) {
+    if (j == r) continue;
+    const extent theirs = piece(count, static_cast<size_t>(p), static_cast<size_t>(j));
+    if (theirs.len > 0) {
+      pull(op, j, addr[j] + theirs.begin * sizeof(float), data + theirs.begin,
+           theirs.len * sizeof(float));
+    }
+  }
+  complete_round(op, next_round());
+}
+
+// ---- broadcast, barrier ----
+
+void shm_communicator::broadcast(void* data, size_t bytes, int root, const op_options& opts) {
+  if (root < 0 || root >= id_.size) {
+    invalid("broadcast", "root " + std::to_string(root) + " is not a rank of the group");
+  }
+  if (bytes > 0 && data == nullptr) invalid("broadcast", "null data with a non-zero size");
+  const uint64_t shape = shape_of(op_kind::broadcast, bytes * 131 + static_cast<uint64_t>(root));
+  run("broadcast", shape, opts, [&](const op_ctx& ctx) {
+    if (bytes == 0 || id_.size == 1) return;
+    auto* d = static_cast<char*>(data);
+    for (size_t at = 0; at < bytes; at += layout_.chunk_bytes) {
+      const size_t len = std::min(layout_.chunk_bytes, bytes - at);
+      const uint64_t k = next_round();
+      if (id_.rank == root) std::memcpy(half(root, k), d + at, len);
+      complete_round(ctx, k);
+      if (id_.rank != root) std::memcpy(d + at, half(root, k), len);
+    }
+  });
+}
+
+void shm_communicator::barrier(const op_options& opts) {
+  run("barrier", shape_of(op_kind::barrier, 0), opts, [&](const op_ctx& ctx) {
+    if (id_.size > 1) complete_round(ctx, next_round());
+  });
+}
+
+// ---- reduce-scatter, all-gather ----
+
+/// Per round, each rank stages the same chunk of every block, block j in sub-region j; rank r
+/// sums sub-region r of every rank in rank order.
+void shm_communicator::reduce_scatter(const float* in, float* out, size_t count, reduce_op op,
+                                      const op_options& opts) {
+  if (count > 0 && (in == nullptr || out == nullptr)) {
+    invalid("reduce_scatter", "null buffer with a non-zero count");
+  }
+  const uint64_t shape = shape_of(op_kind::reduce_scatter, count * 2 + (op == reduce_op::average));
+  run("reduce_scatter", shape, opts, [&](const op_ctx& ctx) {
+    if (count == 0) return;
+    const int p = id_.size;
+    const int r = id_.rank;
+    if (p == 1) {
+      std::memmove(out, in, count * sizeof(float));
+      return;
+    }
+    const size_t sub = layout_.chunk_bytes / static_cast<size_t>(p) / cache_line * cache_line;
+    const size_t sub_elems = sub / sizeof(float);
+    for (size_t at = 0; at < count; at += sub_elems) {
+      const size_t len = std::min(sub_elems, count - at);
+      const uint64_t k = next_round();
+      for (int j = 0; j < p; ++j) {
+        std::memcpy(half(r, k) + j * sub, in + static_cast<size_t>(j) * count + at,
+                    len * sizeof(float));
+      }
+      complete_round(ctx, k);
+      sum_in_rank_order(out + at, p, len, [&](int j) {
+        return reinterpret_cast<const float*>(half(j, k) + static_cast<size_t>(r) * sub);
+      });
+      if (op == reduce_op::average) divide(out + at, len, static_cast<float>(p));
+    }
+  });
+}
+
+void shm_communicator::all_gather(const void* in, void* out, size_t bytes,
+                                  const op_options& opts) {
+  if (bytes > 0 && (in == nullptr || out == nullptr)) {
+    invalid("all_gather", "null buffer with a non-zero size");
+  }
+  run("all_gather", shape_of(op_kind::all_gather, bytes), opts, [&](const op_ctx& ctx) {
+    if (bytes == 0) return;
+    const int p = id_.size;
+    const int r = id_.rank;
+    auto* dst = static_cast<char*>(out);
+    const char* own = dst + static_cast<size_t>(r) * bytes;
+    std::memmove(dst + static_cast<size_t>(r) * bytes, in, bytes);  // in may alias out
+    if (p == 1) return;
+    for (size_t at = 0; at < bytes; at += layout_.chunk_bytes) {
+      const size_t len = std::min(layout_.chunk_bytes, bytes - at);
+      const uint64_t k = next_round();
+      std::memcpy(half(r, k), own + at, len);
+      complete_round(ctx, k);
+      for (int j = 0; j < p; ++j) {
+        if (j != r) std::memcpy(dst + static_cast<size_t>(j) * bytes + at, half(j, k), len);
+      }
+    }
+  });
+}
+
+// ---- all-to-all(v) ----
+
+void shm_communicator::all_to_all(const void* in, void* out, size_t bytes_per_rank,
+                                  const op_options& opts) {
+  if (bytes_per_rank > 0 && (in == nullptr || out == nullptr)) {
+    invalid("all_to_all", "null buffer with a non-zero size");
+  }
+  if (in == out && bytes_per_rank > 0 && id_.size > 1) {
+    invalid("all_to_all", "in and out must not be the same buffer");
+  }
+  run("all_to_all", shape_of(op_kind::all_to_all, bytes_per_rank), opts, [&](const op_ctx& ctx) {
+    const auto p = static_cast<size_t>(id_.size);
+    offsets_.resize(2 * p);
+    for (size_t j = 0; j < p; ++j) offsets_[j] = bytes_per_rank;
+    for (size_t j = 0; j < p; ++j) offsets_[p + j] = j * bytes_per_rank;
+    exchange(ctx, static_cast<const char*>(in), offsets_.data(), offsets_.data() + p,
+             static_cast<char*>(out), offsets_.data(), offsets_.data() + p, bytes_per_rank);
+  });
+}
+
+void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& send_bytes,
+                                   void* out, const std::vector<size_t>& recv_bytes,
+                                   const op_options& opts) {
+  const auto p = static_cast<size_t>(id_.size);
+  const auto r = static_cast<size_t>(id_.rank);
+  if (send_bytes.size() != p || recv_bytes.size() != p) {
+    invalid("all_to_allv", "send_bytes and recv_bytes must have " + std::to_string(p) +
+                               " entries, not " + std::to_string(send_bytes.size()) + " and " +
+                               std::to_string(recv_bytes.size()));
+  }
+  if (send_bytes[r] != recv_bytes[r]) {
+    invalid("all_to_allv", "this rank sends itself " + std::to_string(send_bytes[r]) +
+                               " bytes but expects " + std::to_string(recv_bytes[r]));
+  }
+  size_t in_total = 0;
+  size_t out_total = 0;
+  for (size_t j = 0; j < p; ++j) {
+    in_total += send_bytes[j];
+    out_total += recv_bytes[j];
+  }
+  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr)) {
+    invalid("all_to_allv", "null buffer with a non-zero size");
+  }
+  if (in == out && in_total > 0 && p > 1) {
+    invalid("all_to_allv", "in and out must not be the same buffer");
+  }
+  run("all_to_allv", shape_of(op_kind::all_to_allv, 0), opts, [&](const op_ctx& ctx) {
+    offsets_.resize(2 * p);
+    size_t s = 0;
+    size_t d = 0;
+    for (size_t j = 0; j < p; ++j) {
+      offsets_[j] = s;
+      offsets_[p + j] = d;
+      s += send_bytes[j];
+      d += recv_bytes[j];
+    }
+    size_t max_pair = 0;
+    if (p > 1) {
+      // A first round of counts: every rank must know how many rounds the largest pair needs,
+      // and a rank that expects other sizes than its peers send is caught here.
+      const uint64_t k = next_round();
+      std::memcpy(half(id_.rank, k), send_bytes.data(), p * sizeof(size_t));
+      complete_round(ctx, k);
+      for (size_t i = 0; i < p; ++i) {
+        const auto* theirs = reinterpret_cast<const size_t*>(half(static_cast<int>(i), k));
+        for (size_t j = 0; j < p; ++j) {
+          if (i != j) max_pair = std::max(max_pair, theirs[j]);
+        }
+        if (i != r && theirs[r] != recv_bytes[i]) {
+          fail(ctx, comm_errc::invalid, static_cast<int>(i),
+               "rank " + std::to_string(i) + " sends " + std::to_string(theirs[r]) +
+                   " bytes here but recv_bytes says " + std::to_string(recv_bytes[i]));
+        }
+      }
+    }
+    exchange(ctx, static_cast<const char*>(in), send_bytes.data(), offsets_.data(),
+             static_cast<char*>(out), recv_bytes.data(), offsets_.data() + p, max_pair);
+  });
+}
+
+/// Per round, rank r stages the next piece of its block for rank j in sub-region j of its
+/// half, and takes its own pieces from sub-region r of everyone's.
+void shm_communicator::exchange(const op_ctx& op, const char* in, const size_t* send_bytes,
+                                const size_t* send_off, char* out, const size_t* recv_bytes,
+                                const size_t* recv_off, size_t max_pair_bytes) {
+  const int p = id_.size;
+  const int r = id_.rank;
+  if (send_bytes[r] > 0) std::memcpy(out + recv_off[r], in + send_off[r], send_bytes[r]);
+  if (p == 1) return;
+  const size_t sub = layout_.chunk_bytes / static_cast<size_t>(p) / cache_line * cache_line;
+  for (size_t at = 0; at < max_pair_bytes; at += sub) {
+    const uint64_t k = next_round();
+    for (int j = 0; j < p; ++j) {
+      if (j != r && send_bytes[j] > at) {
+        std::memcpy(half(r, k) + static_cast<size_t>(j) * sub, in + send_off[j] + at,
+                    std::min(sub, send_bytes[j] - at));
+      }
+    }
+    complete_round(op, k);
+    for (int j = 0; j < p; ++j) {
+      if (j != r && recv_bytes[j] > at) {
+        std::memcpy(out + recv_off[j] + at, half(j, k) + static_cast<size_t>(r) * sub,
+                    std::min(sub, recv_bytes[j] - at));
+      }
+    }
+  }
+}
+
+// ---- point-to-point ----
+
+void shm_communicator::check_peer_arg(const char* name, int peer) const {
+  if (peer < 0 || peer >= id_.size || peer == id_.rank) {
+    invalid(name, "peer " + std::to_string(peer) + " is not another rank of the group");
+  }
+}
+
+/// Chunks go through the (this rank, peer) channel's two slots; the send returns once the
+/// receiver has taken the last one, so it pairs with recv exactly as gloo's does.
+void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
+                            const op_options& opts) {
+  check_peer_arg("send", peer);
+  if (bytes > 0 && data == nullptr) invalid("send", "null data with a non-zero size");
+  run("send", 0, opts, [&](const op_ctx& ctx) {
+    if (bytes == 0) return;
+    channel& ch = chan(id_.rank, peer);
+    const size_t c = layout_.p2p_chunk_bytes;
+    const auto* src = static_cast<const char*>(data);
+    uint64_t h = ch.head.load(std::memory_order_relaxed);
+    for (size_t at = 0; at < bytes; at += c) {
+      const size_t len = std::min(c, bytes - at);
+      wait_for(ctx, peer, "send to",
+               [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
+      std::memcpy(p2p_slot(id_.rank, peer, h), src + at, len);
+      ch.slots[h % 2] = {tag, bytes, len};
+      ch.head.store(h + 1);
+      ring_bell();
+      ++h;
+    }
+    wait_for(ctx, peer, "send to",
+             [&] { return ch.tail.load(std::memory_order_acquire) == h; });
+  });
+}
+
+/// Takes chunks from the (peer, this rank) channel once its head message carries `tag`; a
+/// message with another tag stays where it is (and the wait ends at the deadline).
+void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
+                            const op_options& opts) {
+  check_peer_arg("recv", peer);
+  if (bytes > 0 && data == nullptr) invalid("recv", "null data with a non-zero size");
+  run("recv", 0, opts, [&](const op_ctx& ctx) {
+    if (bytes == 0) return;
+    channel& ch = chan(peer, id_.rank);
+    const size_t c = layout_.p2p_chunk_bytes;
+    auto* dst = static_cast<char*>(data);
+    uint64_t t = ch.tail.load(std::memory_order_relaxed);
+    for (size_t at = 0; at < bytes; at += c) {
+      const size_t len = std::min(c, bytes - at);
+      wait_for(ctx, peer, "receive from", [&] {
+        return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
+      });
+      const channel::slot_meta meta = ch.slots[t % 2];
+      if (meta.total != bytes || meta.len != len) {
+        fail(ctx, comm_errc::invalid, peer,
+             "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
+                 " bytes with tag " + std::to_string(tag) + "; this recv expects " +
+                 std::to_string(bytes));
+      }
+      std::memcpy(dst + at, p2p_slot(peer, id_.rank, t), len);
+      ch.tail.store(t + 1);
+      ring_bell();
+      ++t;
+    }
+  });
+}
+
+}  // namespace troupe::comm::shm_detail

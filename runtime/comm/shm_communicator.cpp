@@ -1,0 +1,339 @@
+// shm_communicator: rendezvous (rank 0's memfd segment, opened by the others through
+// /proc/<pid>/fd), the segment's layout, and the failure plumbing: peers watched through the
+// segment ("gone" flags) and through pidfds, abort, and the error messages.
+#include "runtime/comm/shm_communicator.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <random>
+#include <sstream>
+
+#include "runtime/comm/shm_communicator_impl.hpp"
+
+namespace troupe::comm {
+namespace shm_detail {
+namespace {
+
+size_t round_up(size_t v, size_t to) { return ceil_div(v, to) * to; }
+
+constexpr size_t page = 4096;
+
+}  // namespace
+
+segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_chunk_bytes) {
+  segment_layout l{};
+  l.size = size;
+  l.chunk_bytes = chunk_bytes;
+  l.p2p_chunk_bytes = p2p_chunk_bytes;
+  l.blocks = round_up(sizeof(segment_header), cache_line);
+  l.channels = l.blocks + size * sizeof(rank_block);
+  l.regions = round_up(l.channels + size * size * sizeof(channel), page);
+  l.p2p = l.regions + size * 2 * chunk_bytes;
+  l.total = l.p2p + size * size * 2 * p2p_chunk_bytes;
+  return l;
+}
+
+shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
+                                   segment_layout layout, std::vector<int> pidfds,
+                                   bool single_copy)
+    : id_(std::move(id)),
+      opts_(opts),
+      base_(base),
+      layout_(layout),
+      pidfds_(std::move(pidfds)),
+      pids_(static_cast<size_t>(id_.size), 0),
+      single_copy_(single_copy) {
+  if (base_ != nullptr) {
+    for (int j = 0; j < id_.size; ++j) pids_[j] = block(j).pid.load();
+  }
+}
+
+shm_communicator::~shm_communicator() {
+  if (base_ != nullptr) {
+    // Peers still waiting for this rank fail at once instead of at their deadlines; those
+    // that only needed what it already published see that first.
+    mark_gone();
+    ::munmap(base_, layout_.total);
+  }
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+void shm_communicator::mark_gone() {
+  if (base_ == nullptr) return;
+  block(id_.rank).gone.store(1);
+  ring_bell();
+}
+
+void shm_communicator::ring_bell() const {
+  header().bell.fetch_add(1);
+  if (header().sleepers.load() > 0) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header().bell), FUTEX_WAKE, INT_MAX,
+              nullptr, nullptr, 0);
+  }
+}
+
+void shm_communicator::abort() {
+  aborted_.store(true);
+  // Wakes this rank's own sleeping wait (it then sees aborted_) and tells the peers.
+  mark_gone();
+}
+
+void shm_communicator::check_peer_alive(const op_ctx& op, int j, bool check_process,
+                                        const char* action) {
+  if (block(j).gone.load()) {
+    fail(op, comm_errc::peer_lost, j,
+         std::string(action) + " rank " + std::to_string(j) +
+             ": it left the group (its communicator failed, was aborted or destroyed)");
+  }
+  if (!check_process) return;
+  bool exited = false;
+  if (pidfds_[j] >= 0) {
+    pollfd p{pidfds_[j], POLLIN, 0};
+    exited = ::poll(&p, 1, 0) > 0;
+  } else {
+    exited = ::kill(pids_[j], 0) != 0 && errno == ESRCH;
+  }
+  if (exited) {
+    fail(op, comm_errc::peer_lost, j,
+         std::string(action) + " rank " + std::to_string(j) + ": its process (pid " +
+             std::to_string(pids_[j]) + ") exited");
+  }
+}
+
+void shm_communicator::pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes) {
+  auto* dst = static_cast<char*>(local);
+  while (bytes > 0) {
+    iovec l{dst, bytes};
+    iovec r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t n = ::process_vm_readv(pids_[j], &l, 1, &r, 1, 0);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      const bool gone = n == 0 || errno == ESRCH;
+      fail(op, gone ? comm_errc::peer_lost : comm_errc::internal, j,
+           "reading rank " + std::to_string(j) + "'s buffer: " +
+               (gone ? std::string("its process exited") : std::string(std::strerror(errno))));
+    }
+    dst += n;
+    remote += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+std::string shm_communicator::context_string(int peer) const {
+  std::string s = "group " + id_.group + ", generation " + std::to_string(id_.generation) +
+                  ", rank " + std::to_string(id_.rank) + " of " + std::to_string(id_.size);
+  if (peer >= 0) s += ", peer " + std::to_string(peer);
+  return s;
+}
+
+void shm_communicator::invalid(const char* name, const std::string& detail) const {
+  throw comm_error(comm_errc::invalid, std::string("shm ") + name + " invalid: " + detail + " (" +
+                                           context_string(-1) + ")");
+}
+
+void shm_communicator::fail(const op_ctx& op, comm_errc code, int peer,
+                            const std::string& detail) const {
+  throw comm_error(code, std::string("shm ") + op.name + " " + to_string(code) + ": " + detail +
+                             " (" + context_string(peer) + ")");
+}
+
+}  // namespace shm_detail
+
+namespace {
+
+using shm_detail::clock_type;
+using shm_detail::segment_header;
+using shm_detail::segment_layout;
+
+/// Owns a mapping and descriptors until the communicator takes them.
+struct rendezvous_state {
+  int fd = -1;
+  void* base = nullptr;
+  size_t bytes = 0;
+  ~rendezvous_state() {
+    if (base != nullptr) ::munmap(base, bytes);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+std::chrono::milliseconds left_until(clock_type::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::ceil<std::chrono::milliseconds>(deadline - clock_type::now()));
+}
+
+uint64_t random_nonce() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd() ^
+         static_cast<uint64_t>(clock_type::now().time_since_epoch().count()) ^
+         static_cast<uint64_t>(::getpid());
+}
+
+/// An fd that becomes readable when process `pid` exits (zombies included), or -1.
+int open_pidfd(int32_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) {
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+#endif
+  return -1;
+}
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
+                                                    const shm_options& opts_in) {
+  const std::string where = "shm connect (group " + id.group + ", generation " +
+                            std::to_string(id.generation) + ", rank " + std::to_string(id.rank) +
+                            " of " + std::to_string(id.size) + ")";
+  if (id.size < 1 || id.rank < 0 || id.rank >= id.size || id.group.empty() ||
+      id.group.find('/') != std::string::npos || opts_in.connect_timeout.count() <= 0 ||
+      opts_in.chunk_bytes < 256 * static_cast<size_t>(id.size) ||
+      opts_in.p2p_chunk_bytes < 64 || opts_in.liveness_interval.count() <= 0) {
+    throw comm_error(comm_errc::invalid, where + ": invalid identity or options");
+  }
+  // Whole pages, so that every region and slot starts page- (and cache-line-) aligned.
+  shm_options opts = opts_in;
+  opts.chunk_bytes = shm_detail::ceil_div(opts.chunk_bytes, 4096) * 4096;
+  opts.p2p_chunk_bytes = shm_detail::ceil_div(opts.p2p_chunk_bytes, 4096) * 4096;
+  const auto n = static_cast<size_t>(id.size);
+  if (id.size == 1) {
+    return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},
+                                                          std::vector<int>{-1}, false);
+  }
+  const auto deadline = clock_type::now() + opts.connect_timeout;
+  const segment_layout layout = segment_layout::of(n, opts.chunk_bytes, opts.p2p_chunk_bytes);
+  rendezvous_state st;
+  st.bytes = layout.total;
+  try {
+    prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/shm");
+    uint64_t nonce = 0;
+    if (id.rank == 0) {
+      st.fd = static_cast<int>(::syscall(SYS_memfd_create,
+                                         ("troupe-g" + std::to_string(id.generation) + "-" +
+                                          id.group).c_str(),
+                                         MFD_CLOEXEC));
+      if (st.fd < 0) throw comm_error(comm_errc::internal, where + ": " + errno_text("memfd_create"));
+      if (::ftruncate(st.fd, static_cast<off_t>(layout.total)) != 0) {
+        throw comm_error(comm_errc::internal, where + ": " + errno_text("ftruncate"));
+      }
+    } else {
+      std::istringstream in(scoped.get_string("segment", left_until(deadline)));
+      int32_t pid = 0;
+      int fd = -1;
+      size_t total = 0;
+      in >> pid >> fd >> nonce >> total;
+      if (!in || total != layout.total) {
+        throw comm_error(comm_errc::invalid,
+                         where + ": rank 0's segment does not match this rank's options "
+                                 "(size, chunk_bytes and p2p_chunk_bytes must agree)");
+      }
+      const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+      st.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      if (st.fd < 0) {
+        const bool gone = errno == ENOENT || errno == ESRCH;
+        throw comm_error(gone ? comm_errc::peer_lost : comm_errc::internal,
+                         where + ": " + errno_text("open rank 0's segment " + path) +
+                             (gone ? " (rank 0 went away)"
+                                   : " (every rank must run on this host, in one pid namespace, "
+                                     "as the same user)"));
+      }
+    }
+    // MAP_POPULATE: the page tables are filled now, not on the first collective.
+    st.base = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                     st.fd, 0);
+    if (st.base == MAP_FAILED) {
+      st.base = nullptr;
+      throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap"));
+    }
+    auto* hdr = static_cast<segment_header*>(st.base);
+    if (id.rank == 0) {
+      nonce = random_nonce();
+      new (hdr) segment_header{};
+      hdr->magic = shm_detail::segment_magic;
+      hdr->nonce = nonce;
+      hdr->size = n;
+      hdr->chunk_bytes = opts.chunk_bytes;
+      hdr->p2p_chunk_bytes = opts.p2p_chunk_bytes;
+      hdr->total_bytes = layout.total;
+      auto* base = static_cast<char*>(st.base);
+      for (size_t j = 0; j < n; ++j) new (base + layout.blocks + j * sizeof(shm_detail::rank_block)) shm_detail::rank_block{};
+      for (size_t j = 0; j < n * n; ++j) new (base + layout.channels + j * sizeof(shm_detail::channel)) shm_detail::channel{};
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      scoped.set_string("segment", std::to_string(::getpid()) + " " + std::to_string(st.fd) +
+                                       " " + std::to_string(nonce) + " " +
+                                       std::to_string(layout.total));
+    } else if (hdr->magic != shm_detail::segment_magic || hdr->nonce != nonce ||
+               hdr->size != n || hdr->chunk_bytes != opts.chunk_bytes ||
+               hdr->p2p_chunk_bytes != opts.p2p_chunk_bytes) {
+      throw comm_error(comm_errc::invalid,
+                       where + ": the segment rank 0 published is not this group's, or its "
+                               "options differ from this rank's");
+    }
+    auto* blocks = reinterpret_cast<shm_detail::rank_block*>(static_cast<char*>(st.base) +
+                                                             layout.blocks);
+    blocks[id.rank].pid.store(::getpid());
+    blocks[id.rank].base_addr.store(reinterpret_cast<uint64_t>(st.base));
+    scoped.set_string("mapped/" + std::to_string(id.rank), "1");
+    std::vector<std::string> mapped;
+    for (int j = 0; j < id.size; ++j) mapped.push_back("mapped/" + std::to_string(j));
+    scoped.wait(mapped, left_until(deadline));
+    // Every rank has the segment mapped: the descriptor is not needed any more, and once rank
+    // 0 closes its own, the memory lives exactly as long as some rank maps it.
+    ::close(st.fd);
+    st.fd = -1;
+    std::vector<int> pidfds(n, -1);
+    for (int j = 0; j < id.size; ++j) {
+      if (j != id.rank) pidfds[j] = open_pidfd(blocks[j].pid.load());
+    }
+    // Single-copy reads need every rank to be able to read every other's memory: each probes
+    // by reading a peer's pid through the peer's own mapping, and all go by the verdicts of all.
+    bool can_read = opts.single_copy_bytes != SIZE_MAX;
+    for (int j = 0; can_read && j < id.size; ++j) {
+      if (j == id.rank) continue;
+      const int32_t want = blocks[j].pid.load();
+      int32_t got = 0;
+      const uint64_t offset = static_cast<uint64_t>(reinterpret_cast<char*>(&blocks[j].pid) -
+                                                    static_cast<char*>(st.base));
+      iovec l{&got, sizeof(got)};
+      iovec r{reinterpret_cast<void*>(blocks[j].base_addr.load() + offset), sizeof(got)};
+      can_read = ::process_vm_readv(want, &l, 1, &r, 1, 0) == sizeof(got) && got == want;
+    }
+    scoped.set_string("single_copy/" + std::to_string(id.rank), can_read ? "1" : "0");
+    bool single_copy = true;
+    for (int j = 0; j < id.size; ++j) {
+      single_copy = single_copy &&
+                    scoped.get_string("single_copy/" + std::to_string(j), left_until(deadline)) == "1";
+    }
+    auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
+                                                            std::move(pidfds), single_copy);
+    st.base = nullptr;
+    return c;
+  } catch (const store_error& e) {
+    throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
+                     where + ": store: " + e.what());
+  } catch (const comm_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw comm_error(comm_errc::internal, where + ": " + e.what());
+  }
+}
+
+}  // namespace troupe::comm

@@ -1,0 +1,68 @@
+#pragma once
+// The same-host backend of the data plane: a communicator whose ranks are processes on one
+// machine and move data through one shared-memory segment instead of loopback TCP.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/comm/store.hpp"
+
+namespace troupe::comm {
+
+/// How a shared-memory communicator connects, moves data and waits. Every knob has its
+/// default here.
+struct shm_options {
+  /// Bound on the rendezvous: rank 0 publishing the segment and every rank mapping it.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  /// Bytes each rank stages per round; collectives move larger buffers in rounds of this
+  /// size. Each rank's region is two of these (rounds alternate between them, so one round's
+  /// data is never overwritten while a peer still reads it). Allocated and touched once at
+  /// creation: first touch of fresh memory is slow, reuse is not.
+  size_t chunk_bytes = size_t{1} << 20;
+  /// Bytes a send stages per step in its (sender, receiver) channel; two steps in flight.
+  size_t p2p_chunk_bytes = size_t{256} << 10;
+  /// All-reduces of at most this many bytes take one round in which every rank sums every
+  /// contribution in rank order (one wait instead of two); larger ones reduce a slice each.
+  size_t small_all_reduce_bytes = size_t{32} << 10;
+  /// All-reduces of at least this many bytes read the peers' buffers directly
+  /// (process_vm_readv: one copy instead of two, and three waits for the whole buffer instead
+  /// of two per chunk), when every rank may read every other's memory (same user, ptrace
+  /// allowed: probed at connect). SIZE_MAX turns it off.
+  size_t single_copy_bytes = size_t{1} << 20;
+  /// A wait first polls for this long (with a pause instruction), then yields the core for
+  /// yield_time, then sleeps on a futex in the segment until a peer's progress wakes it.
+  /// Bounded, because ranks may outnumber cores; not zero, because a wake-up after a futex
+  /// sleep can cost a scheduler tick on a busy machine.
+  std::chrono::microseconds spin_time{20};
+  std::chrono::microseconds yield_time{50};
+  /// While sleeping, how often a wait checks that its peers' processes are still alive.
+  std::chrono::milliseconds liveness_interval{50};
+};
+
+/// Connects rank `id.rank` of group `id.group`, generation `id.generation`, through `store`
+/// and returns its communicator. Every rank of the group must be a process on this host, in
+/// the same pid namespace (peers are watched by pid), call this with the same group,
+/// generation, size and options. Keys live under "g<generation>/<group>/shm/", so a new
+/// generation never sees an older one's; one (generation, group) is created only once per store.
+///
+/// Rank 0 creates the segment with memfd_create and publishes "/proc/<pid>/fd/<fd>" with a
+/// random nonce; the others open that path and check the nonce. The segment has no name in
+/// any file system, so it is freed when the last rank unmaps it, even if every rank is
+/// SIGKILLed: nothing can leak (a POSIX shm name would outlive a rank 0 killed before it
+/// unlinked it).
+///
+/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout,
+/// peer_lost if rank 0 went away before the segment was opened, invalid for a bad identity or
+/// options that differ between ranks, internal if the segment cannot be created or opened.
+///
+/// Collectives: results are bit-identical on every rank, and sums are taken in rank order
+/// 0..size-1 (as a single-process reference would). A peer that dies is detected within about
+/// opts.liveness_interval (peer_lost); a peer whose communicator failed, was aborted or was
+/// destroyed is seen at once (peer_lost). send() returns once the receiver has taken the whole
+/// message (as gloo's does), so the same pairing rules hold on both backends.
+std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
+                                                    const shm_options& opts = {});
+
+}  // namespace troupe::comm

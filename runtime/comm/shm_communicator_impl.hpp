@@ -1,0 +1,241 @@
+#pragma once
+// Internal to the shared-memory backend: the segment's layout and the communicator class
+// shared by its two translation units (shm_communicator.cpp: rendezvous, waiting, failure,
+// send/recv; shm_collectives.cpp: the collectives, built from rounds).
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/comm/shm_communicator.hpp"
+
+namespace troupe::comm::shm_detail {
+
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+constexpr uint64_t segment_magic = 0x74726f7570657368ull;  // "troupesh"
+constexpr size_t cache_line = 64;
+
+/// The segment's first bytes, written by rank 0 before it publishes the segment.
+struct alignas(cache_line) segment_header {
+  uint64_t magic;
+  uint64_t nonce;  ///< random, also in the store: proves the path led to this group's segment
+  uint64_t size;   ///< ranks
+  uint64_t chunk_bytes;
+  uint64_t p2p_chunk_bytes;
+  uint64_t total_bytes;
+  /// Bumped by every rank after it publishes progress; sleepers futex-wait on it.
+  alignas(cache_line) std::atomic<uint32_t> bell;
+  /// Threads now asleep on `bell`; a rank only makes the wake-up system call when non-zero.
+  alignas(cache_line) std::atomic<uint32_t> sleepers;
+};
+
+/// One per rank, written only by that rank (one cache line).
+struct alignas(cache_line) rank_block {
+  /// Rounds this rank has published: round k's data is in its region once arrived > k.
+  std::atomic<uint64_t> arrived;
+  /// What round k was part of, at [k % 2]: ranks in different collectives notice.
+  std::atomic<uint64_t> shape[2];
+  std::atomic<int32_t> pid;
+  /// Where this rank mapped the segment (peers probe single-copy reads with it).
+  std::atomic<uint64_t> base_addr;
+  /// The caller's buffer of round k at [k % 2], for single-copy collectives.
+  std::atomic<uint64_t> addr[2];
+  /// Set when this rank's communicator failed, was aborted or destroyed: it takes no part
+  /// in anything any more, so whoever waits for it fails with peer_lost at once.
+  std::atomic<uint32_t> gone;
+};
+
+/// Sender-to-receiver channel of send/recv: two staging slots used in turn.
+struct alignas(cache_line) channel {
+  struct slot_meta {
+    uint32_t tag;
+    uint64_t total;  ///< bytes of the whole message the chunk belongs to
+    uint64_t len;    ///< bytes of this chunk
+  };
+  std::atomic<uint64_t> head;  ///< chunks the sender has written
+  slot_meta slots[2];          ///< written by the sender before it bumps head
+  alignas(cache_line) std::atomic<uint64_t> tail;  ///< chunks the receiver has taken
+};
+
+/// Offsets of everything in the segment, a pure function of the sizes.
+struct segment_layout {
+  size_t size;
+  size_t chunk_bytes;
+  size_t p2p_chunk_bytes;
+  size_t blocks;    ///< rank_block[size]
+  size_t channels;  ///< channel[size * size], [from * size + to]
+  size_t regions;   ///< each rank's two halves of chunk_bytes
+  size_t p2p;       ///< each channel's two slots of p2p_chunk_bytes
+  size_t total;
+
+  static segment_layout of(size_t size, size_t chunk_bytes, size_t p2p_chunk_bytes);
+};
+
+/// A run of elements [begin, begin + len).
+struct extent {
+  size_t begin;
+  size_t len;
+};
+
+/// Piece `i` of `n` elements cut into `parts` consecutive pieces whose lengths differ by at
+/// most one (the first n % parts are the longer ones).
+inline extent piece(size_t n, size_t parts, size_t i) {
+  const size_t base = n / parts;
+  const size_t rem = n % parts;
+  return {i * base + std::min(i, rem), base + (i < rem ? 1 : 0)};
+}
+
+inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+class shm_communicator final : public communicator {
+ public:
+  /// Takes over a mapped segment (nullptr for a group of one) and the peers' pidfds (-1 where
+  /// none could be opened; those peers are watched with kill(pid, 0)).
+  shm_communicator(comm_identity id, shm_options opts, void* base, segment_layout layout,
+                   std::vector<int> pidfds, bool single_copy);
+  ~shm_communicator() override;
+  shm_communicator(const shm_communicator&) = delete;
+  shm_communicator& operator=(const shm_communicator&) = delete;
+
+  const comm_identity& identity() const override { return id_; }
+
+  void all_reduce(float* data, size_t count, reduce_op op, const op_options& opts) override;
+  void broadcast(void* data, size_t bytes, int root, const op_options& opts) override;
+  void barrier(const op_options& opts) override;
+  void reduce_scatter(const float* in, float* out, size_t count, reduce_op op,
+                      const op_options& opts) override;
+  void all_gather(const void* in, void* out, size_t bytes, const op_options& opts) override;
+  void all_to_all(const void* in, void* out, size_t bytes_per_rank,
+                  const op_options& opts) override;
+  void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                   const std::vector<size_t>& recv_bytes, const op_options& opts) override;
+  void send(const void* data, size_t bytes, int peer, uint32_t tag,
+            const op_options& opts) override;
+  void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
+
+  void abort() override;
+  bool aborted() const override { return aborted_.load(); }
+
+ private:
+  /// One operation in progress.
+  struct op_ctx {
+    const char* name;
+    clock_type::time_point deadline;
+    milliseconds timeout;
+    uint64_t shape;  ///< what every rank's rounds of this op carry (collectives only)
+  };
+
+  enum class op_kind : uint64_t {
+    all_reduce = 1,
+    broadcast,
+    barrier,
+    reduce_scatter,
+    all_gather,
+    all_to_all,
+    all_to_allv,
+  };
+
+  static uint64_t shape_of(op_kind kind, uint64_t detail) {
+    return (static_cast<uint64_t>(kind) << 56) ^ ((detail * 0x9E3779B97F4A7C15ull) >> 8);
+  }
+
+  std::string context_string(int peer) const;
+  [[noreturn]] void invalid(const char* name, const std::string& detail) const;
+  [[noreturn]] void fail(const op_ctx& op, comm_errc code, int peer,
+                         const std::string& detail) const;
+
+  /// Runs one operation: refuses on a dead communicator and, on any failure, marks it dead
+  /// and tells the peers (gone), so that they fail promptly instead of at their deadlines.
+  template <class Body>
+  void run(const char* name, uint64_t shape, const op_options& opts, Body&& body);
+
+  // ---- the segment ----
+
+  segment_header& header() const { return *static_cast<segment_header*>(base_); }
+  rank_block& block(int r) const {
+    return reinterpret_cast<rank_block*>(static_cast<char*>(base_) + layout_.blocks)[r];
+  }
+  channel& chan(int from, int to) const {
+    return reinterpret_cast<channel*>(static_cast<char*>(base_) +
+                                      layout_.channels)[from * id_.size + to];
+  }
+  /// Rank r's staging half for round k.
+  char* half(int r, uint64_t k) const {
+    return static_cast<char*>(base_) + layout_.regions +
+           (static_cast<size_t>(r) * 2 + k % 2) * layout_.chunk_bytes;
+  }
+  char* p2p_slot(int from, int to, uint64_t i) const {
+    return static_cast<char*>(base_) + layout_.p2p +
+           ((static_cast<size_t>(from) * id_.size + to) * 2 + i % 2) * layout_.p2p_chunk_bytes;
+  }
+
+  // ---- rounds: the step every collective is made of ----
+  //
+  // In round k each rank writes its half(rank, k), publishes (arrived = k + 1), waits until
+  // every rank has published round k, then reads any rank's half(j, k). A rank writes
+  // half(., k + 2) only after the wait of round k + 1, which every rank enters only after
+  // its reads of round k: two halves are enough, with one wait per round.
+
+  /// Starts a round: returns its number (this rank's half(rank, k) is free to write).
+  uint64_t next_round() { return round_++; }
+  /// Publishes round k and waits until every rank has published it with the same shape.
+  void complete_round(const op_ctx& op, uint64_t k);
+
+  /// Publishes progress to sleepers.
+  void ring_bell() const;
+  /// Waits until ready() holds: polls, yields, then sleeps on the bell. Fails on abort, at the
+  /// deadline, and with peer_lost if `peer` (or any rank when peer < 0) is gone or dead.
+  template <class Ready>
+  void wait_for(const op_ctx& op, int peer, const char* action, Ready&& ready);
+  /// peer_lost if rank j is gone or its process exited (`check_process` makes the system
+  /// call; it is rate-limited by the caller).
+  void check_peer_alive(const op_ctx& op, int j, bool check_process, const char* action);
+  void mark_gone();
+
+  // ---- algorithms (shm_collectives.cpp) ----
+
+  void all_reduce_small(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  void all_reduce_sliced(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  void all_reduce_single_copy(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  /// Publishes `p` as this rank's buffer of round k (call before complete_round(op, k)).
+  void publish_addr(uint64_t k, const void* p) {
+    block(id_.rank).addr[k % 2].store(reinterpret_cast<uint64_t>(p), std::memory_order_relaxed);
+  }
+  /// Copies `bytes` at address `remote` in rank j's process to `local` (process_vm_readv).
+  void pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes);
+  void exchange(const op_ctx& op, const char* in, const size_t* send_bytes,
+                const size_t* send_off, char* out, const size_t* recv_bytes,
+                const size_t* recv_off, size_t max_pair_bytes);
+  void check_peer_arg(const char* name, int peer) const;
+
+  comm_identity id_;
+  shm_options opts_;
+  void* base_;  ///< nullptr for a group of one
+  segment_layout layout_;
+  std::vector<int> pidfds_;  ///< per rank; -1 for this rank
+  std::vector<int32_t> pids_;
+  uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
+  uint64_t waiting_round_ = 0;   ///< the round complete_round() waits for (for messages)
+  std::vector<size_t> offsets_;  ///< all_to_all(v)'s block offsets: send then receive
+  /// Every rank can read the others' memory (process_vm_readv), so large collectives copy
+  /// once, straight from the peer's buffer, instead of staging through the segment.
+  bool single_copy_;
+  std::vector<float> scratch_;  ///< single-copy all-reduce: accumulator and incoming block
+
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex m_;
+  std::optional<comm_error> dead_;  ///< the first failure; guarded by m_
+};
+
+}  // namespace troupe::comm::shm_detail

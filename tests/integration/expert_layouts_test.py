@@ -1,0 +1,138 @@
+"""Exactness of expert-parallel layouts in real jobs: an MoE model (4 experts, top-2 and
+top-1, a capacity factor low enough that tokens are dropped) trains 20 steps on ep2
+(--world 2 --ep 2) and dp2xep2 (--world 4 --ep 2) with the same loss at every step as one
+rank (within 1e-4 relative) and the same final parameters, read back from the checkpoints
+in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
+`expert_load` event whose per-block totals are tokens * top_k, with some drops; a checkpoint
+of ep2 resumes on dp2xep2; and /metrics exports troupe_expert_tokens_total{block,expert},
+which promtool accepts."""
+
+import os
+import signal
+import subprocess
+import tempfile
+import urllib.request
+
+from harness import (SMALL_MODEL, Job, fail, free_port, last_job, main, relative_difference, run_to_end,
+                     step_losses, wait_until)
+
+STEPS = 20
+DIFF = os.environ.get("CHECKPOINT_DIFF", "")
+MOE = ["--experts", "4", "--set", "model.capacity_factor=0.75"]
+COMMON = SMALL_MODEL + MOE + ["--steps", str(STEPS), "--metrics-port", "0", "--checkpoint-every", "10"]
+LAYOUTS = {
+    "ep2": ["--world", "2", "--ep", "2"],
+    "dp2xep2": ["--world", "4", "--ep", "2"],
+}
+
+
+def option(args, name):
+    return int(args[args.index(name) + 1])
+
+
+def run(name, args, run_dir):
+    code, events, output = run_to_end(COMMON + args, timeout=300, run_dir=run_dir)
+    if code != 0:
+        fail(f"{name} exited {code}:\n{output}")
+    return events
+
+
+def param_diff(a, b):
+    out = subprocess.run([DIFF, a, b], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"checkpoint_diff failed: {out.stderr}")
+    return float(out.stdout.split()[1])
+
+
+def check_expert_load(name, events, top_k):
+    """One expert_load event per step, each block's tokens summing to tokens * top_k."""
+    tokens = option(SMALL_MODEL, "--batch") * option(SMALL_MODEL, "--context")
+    loads = {e["step"]: e for e in events if e.get("event") == "expert_load"}
+    if sorted(loads) != list(range(1, STEPS + 1)):
+        fail(f"{name}: expert_load events for steps {sorted(loads)}")
+    dropped = 0
+    for step, e in loads.items():
+        if len(e["tokens"]) != option(SMALL_MODEL, "--layers") or any(len(b) != 4 for b in e["tokens"]):
+            fail(f"{name}: step {step} expert_load has shape {[len(b) for b in e['tokens']]}")
+        for block, counts in enumerate(e["tokens"]):
+            if sum(counts) != tokens * top_k:
+                fail(f"{name}: step {step} block {block} routed {sum(counts)} choices, not {tokens * top_k}")
+        dropped += sum(e["dropped"])
+    if dropped == 0:
+        fail(f"{name}: capacity dropped no token in {STEPS} steps; lower the capacity factor")
+    return loads, dropped
+
+
+def exactness(tmp, top_k, layouts):
+    extra = ["--top-k", str(top_k)]
+    ref_dir = os.path.join(tmp, f"one_top{top_k}")
+    ref_events = run("one rank", ["--world", "1"] + extra, ref_dir)
+    reference = step_losses(ref_events)
+    ref_loads, ref_dropped = check_expert_load(f"one rank top-{top_k}", ref_events, top_k)
+    for name in layouts:
+        run_dir = os.path.join(tmp, f"{name}_top{top_k}")
+        events = run(name, LAYOUTS[name] + extra, run_dir)
+        layout = next(e["layout"] for e in events if e.get("event") == "training_started")
+        losses = step_losses(events)
+        if sorted(losses) != sorted(reference):
+            fail(f"{name} top-{top_k} trained steps {sorted(losses)}")
+        worst = max(relative_difference(reference[s], losses[s]) for s in reference)
+        params = param_diff(ref_dir, run_dir)
+        loads, dropped = check_expert_load(f"{name} top-{top_k}", events, top_k)
+        same = sum(loads[s]["tokens"] == ref_loads[s]["tokens"] for s in loads)
+        print(f"{name:8s} top-{top_k} ({layout['describe']}): loss {worst:.2e}, final parameters {params:.2e}, "
+              f"dropped {dropped} (one rank {ref_dropped}), routing equal to one rank in {same}/{STEPS} steps")
+        if worst > 1e-4 or params > 1e-4:
+            fail(f"{name} top-{top_k} is not exact against one rank")
+    return ref_dir, reference
+
+
+def scrape_metrics():
+    port = free_port()
+    args = SMALL_MODEL + MOE + ["--top-k", "2", "--world", "2", "--ep", "2", "--steps", "100000",
+                                "--metrics-port", str(port), "--checkpoint-every", "0"]
+    with Job(args) as job:
+        wait_until(lambda: any(e.get("event") == "expert_load" and e["step"] >= 2 for e in job.events()), 120,
+                   "two steps' expert_load events")
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        series = [line for line in body.splitlines() if line.startswith("troupe_expert_tokens_total{")]
+        if len(series) != option(SMALL_MODEL, "--layers") * 4:
+            fail(f"expected one troupe_expert_tokens_total series per block and expert, got:\n{body}")
+        if not any(float(line.split()[-1]) > 0 for line in series):
+            fail(f"troupe_expert_tokens_total is zero everywhere:\n{body}")
+        if "troupe_expert_dropped_total{" not in body:
+            fail(f"troupe_expert_dropped_total missing from /metrics:\n{body}")
+        check = subprocess.run(["promtool", "check", "metrics"], input=body.encode(), capture_output=True)
+        if check.returncode != 0:
+            fail(f"promtool check metrics failed:\n{check.stdout.decode()}{check.stderr.decode()}")
+        print(f"/metrics: {len(series)} troupe_expert_tokens_total series, e.g. {series[0]}; promtool ok")
+        job.proc.send_signal(signal.SIGINT)
+        if job.wait(60) != 130:
+            fail(f"Ctrl-C should end the job with exit code 130:\n{job.output()}")
+
+
+def test():
+    if not DIFF:
+        fail("CHECKPOINT_DIFF is not set")
+    with tempfile.TemporaryDirectory(prefix="troupe-expert-layouts-") as tmp:
+        ref_dir, reference = exactness(tmp, 2, ["ep2", "dp2xep2"])
+        exactness(tmp, 1, ["ep2"])
+
+        # ep2 writes step 10, dp2xep2 resumes it: the checkpoint is layout-independent.
+        run_dir = os.path.join(tmp, "switch")
+        run("ep2 first half", LAYOUTS["ep2"] + ["--top-k", "2", "--exit-after-step", "10"], run_dir)
+        resumed = step_losses(last_job(run("dp2xep2 resume", LAYOUTS["dp2xep2"] + ["--top-k", "2", "--resume"],
+                                           run_dir)))
+        if sorted(resumed) != list(range(11, STEPS + 1)):
+            fail(f"resume on dp2xep2 trained {sorted(resumed)}")
+        worst = max(relative_difference(reference[s], resumed[s]) for s in resumed)
+        params = param_diff(ref_dir, run_dir)
+        print(f"ep2 checkpoint resumed as dp2xep2: loss {worst:.2e}, final parameters {params:.2e}")
+        if worst > 1e-4 or params > 1e-4:
+            fail("resuming an ep2 checkpoint as dp2xep2 diverges")
+
+    scrape_metrics()
+
+
+if __name__ == "__main__":
+    main(test)

@@ -1,0 +1,210 @@
+// The shared-memory backend within one process (ranks as threads, which shm allows: the
+// segment is opened through /proc/<pid>/fd either way), and the pure transport choice of
+// make_host_communicator. The multi-process suites (comm_shm_*multiproc_test) cover the rest.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include "runtime/comm/host_communicator.hpp"
+#include "runtime/comm/shm_communicator.hpp"
+#include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/patterns.hpp"
+
+using namespace troupe;
+using namespace troupe::comm;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// Connects `size` ranks of `group` as threads, each with its own store client (a client's
+/// blocking get holds its connection); returns them in rank order.
+std::vector<std::unique_ptr<communicator>> connect_threads(const tcp_store_server& server,
+                                                           const std::string& group, int size,
+                                                           const shm_options& o = {}) {
+  std::vector<std::future<std::unique_ptr<communicator>>> f;
+  for (int r = 0; r < size; ++r) {
+    f.push_back(std::async(std::launch::async, [&, r] {
+      auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+      return make_shm_communicator(*store, {7, group, r, size}, o);
+    }));
+  }
+  std::vector<std::unique_ptr<communicator>> out;
+  for (auto& x : f) out.push_back(x.get());
+  return out;
+}
+
+/// This process's descriptors of shm segments and pidfds.
+size_t shm_fds() {
+  size_t n = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (const dirent* e = readdir(d)) {
+      char target[256] = {};
+      const std::string path = std::string("/proc/self/fd/") + e->d_name;
+      if (readlink(path.c_str(), target, sizeof(target) - 1) > 0) {
+        const std::string t(target);
+        n += t.find("memfd:troupe") != std::string::npos || t.find("pidfd") != std::string::npos;
+      }
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(shm_communicator, threads_reduce_gather_and_send_through_small_chunks) {
+  tcp_store_server server;
+  shm_options o;
+  o.chunk_bytes = 4096;  // many rounds even for small buffers
+  o.p2p_chunk_bytes = 4096;
+  {
+    auto cs = connect_threads(server, "threads", 3, o);
+    EXPECT_EQ(shm_fds(), 6u);  // two pidfds per rank; no segment descriptor left open
+    std::vector<std::future<std::string>> runs;
+    for (int r = 0; r < 3; ++r) {
+      runs.push_back(std::async(std::launch::async, [&, r]() -> std::string {
+        auto& c = *cs[r];
+        for (const size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{100003}}) {
+          auto v = test::contributions(r, count);
+          c.all_reduce(v.data(), count, reduce_op::average, {10s});
+          if (auto e = test::check_reduced(v, 3, reduce_op::average); !e.empty()) return e;
+          std::vector<char> big(count * 4 + 1, static_cast<char>(r));
+          if (r == 0) c.send(big.data(), big.size(), 1, 9, {10s});
+          if (r == 1) {
+            std::vector<char> got(big.size(), 5);
+            c.recv(got.data(), got.size(), 0, 9, {10s});
+            if (count > 0 && got.front() != 0) return "recv got the wrong bytes";
+          }
+          c.barrier({10s});
+        }
+        return {};
+      }));
+    }
+    for (auto& f : runs) EXPECT_EQ(f.get(), "");
+  }
+  EXPECT_EQ(shm_fds(), 0u);  // pidfds and the segment's descriptor are all closed
+}
+
+TEST(shm_communicator, group_of_one_copies_and_rejects_peers) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  auto c = make_shm_communicator(*store, {1, "solo", 0, 1});
+  std::vector<float> in{1, 2, 3};
+  std::vector<float> out(3);
+  c->reduce_scatter(in.data(), out.data(), 3, reduce_op::average, {1s});
+  EXPECT_EQ(out, in);
+  c->all_reduce(in.data(), 3, reduce_op::average, {1s});
+  EXPECT_EQ(in, (std::vector<float>{1, 2, 3}));
+  c->barrier({1s});
+  EXPECT_THROW(c->send(in.data(), 4, 0, 1, {1s}), comm_error);
+  EXPECT_THROW(make_shm_communicator(*store, {1, "bad/name", 0, 1}), comm_error);
+}
+
+TEST(shm_communicator, abort_wakes_a_sleeping_wait_and_tells_the_peer) {
+  tcp_store_server server;
+  auto cs = connect_threads(server, "abort", 2);
+  // Rank 0 waits for a rank 1 that never comes; abort() from here must end it promptly.
+  auto waiting = std::async(std::launch::async, [&] {
+    std::vector<float> v(100, 1.0f);
+    const auto start = clock_type::now();
+    try {
+      cs[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    } catch (const comm_error& e) {
+      return std::make_pair(e.code(), clock_type::now() - start);
+    }
+    return std::make_pair(comm_errc::internal, clock_type::now() - start);
+  });
+  std::this_thread::sleep_for(200ms);  // likely asleep on the futex by then; holds either way
+  cs[0]->abort();
+  const auto [code, took] = waiting.get();
+  EXPECT_EQ(code, comm_errc::aborted);
+  EXPECT_LT(took, 200ms + 2s);
+  // Rank 1 may still complete the all-reduce rank 0 had staged its data for; the op after it
+  // must fail at once: rank 0 left.
+  std::vector<float> v(100, 1.0f);
+  try {
+    cs[1]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+  }
+  const auto start = clock_type::now();
+  try {
+    cs[1]->barrier({30s});
+    FAIL() << "barrier finished without rank 0";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shm "), std::string::npos) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 1s);
+}
+
+TEST(shm_communicator, ranks_in_different_collectives_fail_instead_of_mixing_data) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  auto cs = connect_threads(server, "mixed", 2);
+  auto other = std::async(std::launch::async, [&] {
+    std::vector<char> b(64);
+    try {
+      cs[1]->broadcast(b.data(), b.size(), 0, {10s});
+    } catch (const comm_error& e) {
+      return e.code();
+    }
+    return comm_errc::internal;
+  });
+  std::vector<float> v(16, 1.0f);
+  try {
+    cs[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {10s});
+    FAIL() << "all_reduce paired with a broadcast";
+  } catch (const comm_error& e) {
+    EXPECT_TRUE(e.code() == comm_errc::invalid || e.code() == comm_errc::peer_lost) << e.what();
+  }
+  const auto code = other.get();
+  EXPECT_TRUE(code == comm_errc::invalid || code == comm_errc::peer_lost);
+}
+
+TEST(host_transport, shm_when_every_rank_is_on_this_host_unless_tcp_is_asked_for) {
+  const std::vector<std::string> same{"a 1", "a 1", "a 1"};
+  const std::vector<std::string> mixed{"a 1", "b 2", "a 1"};
+  EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, same), transport_kind::shm);
+  EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, mixed), transport_kind::tcp);
+  EXPECT_EQ(choose_transport({"auto", "tcp", "auto"}, same), transport_kind::tcp);
+  EXPECT_EQ(choose_transport({"shm", "auto", "shm"}, same), transport_kind::shm);
+  EXPECT_EQ(choose_transport({"shm", "tcp", "auto"}, mixed), transport_kind::tcp);
+  EXPECT_THROW(choose_transport({"shm", "auto", "auto"}, mixed), comm_error);
+  const std::string me = this_host_identity();
+  EXPECT_NE(me.find(' '), std::string::npos);
+  EXPECT_GT(me.size(), 20u);  // hostname, space, a 36-character boot id
+}
+
+TEST(host_transport, make_host_communicator_follows_troupe_transport) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  for (const char* t : {"shm", "tcp", "auto"}) {
+    ::setenv("TROUPE_TRANSPORT", t, 1);
+    const uint64_t gen = std::string(t) == "shm" ? 1 : std::string(t) == "tcp" ? 2 : 3;
+    std::vector<std::future<std::unique_ptr<communicator>>> f;
+    for (int r = 0; r < 2; ++r) {
+      f.push_back(std::async(std::launch::async, [&, r] {
+        auto own = connect_tcp_store("127.0.0.1", server.port(), 5s);
+        return make_host_communicator(*own, {gen, "h", r, 2});
+      }));
+    }
+    auto c0 = f[0].get();
+    auto c1 = f[1].get();
+    // Which backend it is shows in its error messages.
+    const std::string want = std::string(t) == "tcp" ? "gloo " : "shm ";
+    try {
+      c0->send(nullptr, 4, 1, 0, {1s});
+    } catch (const comm_error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(want, 0), 0u) << t << ": " << e.what();
+    }
+  }
+  ::setenv("TROUPE_TRANSPORT", "bogus", 1);
+  EXPECT_THROW(make_host_communicator(*store, {4, "h", 0, 1}), comm_error);
+  ::unsetenv("TROUPE_TRANSPORT");
+}
+
+}  // namespace
