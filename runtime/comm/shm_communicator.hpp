@@ -26,7 +26,8 @@ struct shm_options {
   /// All-reduces of at most this many bytes take one round in which every rank sums every
   /// contribution in rank order (one wait instead of two); larger ones reduce a slice each.
   size_t small_all_reduce_bytes = size_t{32} << 10;
-  /// All-reduces of at least this many bytes read the peers' buffers directly
+  /// All-reduces, reduce-scatters (input size), all-gathers (output size) and all-to-alls (one
+  /// rank's send buffer) of at least this many bytes read the peers' buffers directly
   /// (process_vm_readv: one copy instead of two, and three waits for the whole buffer instead
   /// of two per chunk), when every rank may read every other's memory (same user, ptrace
   /// allowed: probed at connect). SIZE_MAX turns it off.
