@@ -36,7 +36,7 @@ struct shm_options {
   /// yield_time, then sleeps on a futex in the segment until a peer's progress wakes it.
   /// Bounded, because ranks may outnumber cores; not zero, because a wake-up after a futex
   /// sleep can cost a scheduler tick on a busy machine. (Measured on 2 loaded cores: 5 us of
-  /// polling gave 4 KiB all-reduces of 15 µs on 2 ranks and 40 µs on 4; 20-50 us of polling
+  /// polling gave 4 KiB all-reduces of 15 us on 2 ranks and 40 µs on 4; 20-50 us of polling
   /// took 2-4x longer, the polling stealing the core a peer needed.)
   std::chrono::microseconds spin_time{5};
   std::chrono::microseconds yield_time{50};
