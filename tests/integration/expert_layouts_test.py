@@ -111,9 +111,21 @@ def scrape_metrics():
             fail(f"Ctrl-C should end the job with exit code 130:\n{job.output()}")
 
 
+def rejected_layouts():
+    """A micro-batch the ep group cannot share, and tp with experts, exit 2 naming the rule."""
+    cases = [(["--world", "2", "--ep", "2", "--micro-batch", "1"], "must divide micro_batch (1)"),
+             (["--world", "2", "--tp", "2"], "dp x ep only")]
+    for args, reason in cases:
+        code, _, output = run_to_end(SMALL_MODEL + MOE + ["--metrics-port", "0"] + args, timeout=60)
+        if code != 2 or reason not in output:
+            fail(f"{args} should exit 2 naming '{reason}', got {code}:\n{output}")
+    print(f"{len(cases)} impossible MoE layouts exit 2 with the reason")
+
+
 def test():
     if not DIFF:
         fail("CHECKPOINT_DIFF is not set")
+    rejected_layouts()
     with tempfile.TemporaryDirectory(prefix="troupe-expert-layouts-") as tmp:
         ref_dir, reference = exactness(tmp, 2, ["ep2", "dp2xep2"])
         exactness(tmp, 1, ["ep2"])
