@@ -1,8 +1,8 @@
 """Exactness of expert-parallel layouts in real jobs: an MoE model (4 experts, top-2 and
 top-1, a capacity factor low enough that tokens are dropped) trains 20 steps on ep2
 (--world 2 --ep 2) and dp2xep2 (--world 4 --ep 2) with the same loss at every step as one
-rank (within 1e-4 relative) and the same final parameters, read back from the checkpoints
-in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
+rank (within 1e-4 relative), the same final validation loss, and the same final parameters,
+read back from the checkpoints in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
 `expert_load` event whose per-block totals are tokens * top_k, with some drops; a checkpoint
 of ep2 resumes on dp2xep2; and /metrics exports troupe_expert_tokens_total{block,expert},
 which promtool accepts."""
@@ -63,6 +63,14 @@ def check_expert_load(name, events, top_k):
     return loads, dropped
 
 
+def validation(events):
+    """The final validation loss (the job evaluates after its last step)."""
+    values = [e["val_loss"] for e in events if e.get("event") == "validation"]
+    if not values:
+        fail("no validation event")
+    return values[-1]
+
+
 def exactness(tmp, top_k, layouts):
     extra = ["--top-k", str(top_k)]
     ref_dir = os.path.join(tmp, f"one_top{top_k}")
@@ -80,9 +88,11 @@ def exactness(tmp, top_k, layouts):
         params = param_diff(ref_dir, run_dir)
         loads, dropped = check_expert_load(f"{name} top-{top_k}", events, top_k)
         same = sum(loads[s]["tokens"] == ref_loads[s]["tokens"] for s in loads)
+        val = relative_difference(validation(ref_events), validation(events))
         print(f"{name:8s} top-{top_k} ({layout['describe']}): loss {worst:.2e}, final parameters {params:.2e}, "
-              f"dropped {dropped} (one rank {ref_dropped}), routing equal to one rank in {same}/{STEPS} steps")
-        if worst > 1e-4 or params > 1e-4:
+              f"validation {val:.2e}, dropped {dropped} (one rank {ref_dropped}), routing equal to one rank in "
+              f"{same}/{STEPS} steps")
+        if worst > 1e-4 or params > 1e-4 or val > 1e-4:
             fail(f"{name} top-{top_k} is not exact against one rank")
     return ref_dir, reference
 
