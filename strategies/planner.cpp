@@ -80,6 +80,17 @@ std::string check_inputs(const model_config& m, const plan_constraints& c) {
   if (c.ep > 1 && m.experts % c.ep != 0)
     return "parallel.ep (" + str(c.ep) + ") must divide model.experts (" + str(m.experts) +
            "); use one of " + list(divisors(m.experts));
+  if (m.experts > 0 && (c.tp > 1 || c.pp > 1))
+    return "an MoE model (model.experts > 0) runs over dp x ep only, but " +
+           (c.tp > 1 ? "parallel.tp (" + str(c.tp) + ")" : "parallel.pp (" + str(c.pp) + ")") +
+           " asks for more; set tp and pp to 1 and shard the experts with parallel.ep";
+  if (m.experts > 0 && c.zero == 1)
+    return "ZeRO-1 (parallel.zero = 1) is not supported for MoE models; use parallel.zero = 0 "
+           "(parallel.ep shards the experts and their optimizer state)";
+  if (m.experts > 0 && c.ep > 1 && c.micro_batch % c.ep != 0)
+    return "parallel.ep (" + str(c.ep) + ") must divide micro_batch (" + str(c.micro_batch) +
+           "): the ep ranks split each micro-batch equally, because MoE capacity and aux loss "
+           "are figures of a whole micro-batch; use a micro_batch that is a multiple of ep";
   if (c.pp > 1 && step_micro_batches(c) < c.pp)
     return "parallel.pp (" + str(c.pp) + ") needs at least " + str(c.pp) +
            " micro-batches per step to fill the pipeline, but the step has " +
@@ -286,6 +297,17 @@ std::string check_plan(const layout& l, const model_config& m, const plan_constr
   if (l.ep > 1 && m.experts == 0) return "ep (" + str(l.ep) + ") > 1 needs model.experts > 0";
   if (l.ep > 1 && m.experts % l.ep != 0)
     return "ep (" + str(l.ep) + ") must divide model.experts (" + str(m.experts) + ")";
+  // MoE (strategies/expert_parallel/ep_backend.cpp): dp x ep only, and each ep group computes
+  // whole micro-batches of the one-rank run, its ranks an equal slice each; the dp / ep copies
+  // then split the micro-batches, which the dp rule below already keeps whole.
+  if (m.experts > 0 && (l.tp > 1 || l.pp > 1))
+    return "an MoE model runs over dp x ep only: tp (" + str(l.tp) + ") and pp (" + str(l.pp) +
+           ") must be 1; shard the experts with ep";
+  if (m.experts > 0 && c.zero == 1) return "ZeRO-1 is not supported for MoE models; use parallel.zero = 0";
+  if (m.experts > 0 && c.micro_batch % l.ep != 0)
+    return "ep (" + str(l.ep) + ") must divide micro_batch (" + str(c.micro_batch) +
+           ") so the ep ranks split each micro-batch equally (MoE capacity and aux loss are "
+           "per micro-batch); use a micro_batch that is a multiple of ep";
   const int M = step_micro_batches(c);
   if (M % l.dp != 0)
     return "dp (" + str(l.dp) + ") must divide the " + str(M) +

@@ -85,9 +85,10 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
     }
   }
   // The rendezvous that follows gets what is left of the one connect deadline.
-  const auto left = std::max(std::chrono::milliseconds(1),
-                             opts.connect_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                        clock_type::now() - start));
+  const auto left = std::max(
+      std::chrono::milliseconds(1),
+      opts.connect_timeout -
+          std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start));
   if (kind == transport_kind::shm) {
     shm_options shm;
     shm.connect_timeout = left;

@@ -2,30 +2,12 @@
 // shm_communicator_impl.hpp): each rank stages its part in its own half of the segment,
 // publishes, waits for everyone, and reads what it needs from the others' halves. Sums are
 // taken in rank order, so every rank gets the same bits as a single-process reference.
-#include <linux/futex.h>
-#include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
-
 #include <cstring>
 
 #include "runtime/comm/shm_communicator_impl.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace troupe::comm::shm_detail {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 /// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
 inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
@@ -53,102 +35,6 @@ void sum_in_rank_order(float* dst, int ranks, size_t n, Src&& src) {
 }
 
 }  // namespace
-
-template <class Body>
-void shm_communicator::run(const char* name, uint64_t shape, const op_options& opts,
-                           Body&& body) {
-  if (opts.timeout.count() <= 0) invalid(name, "timeout must be positive");
-  const op_ctx op{name, clock_type::now() + opts.timeout, opts.timeout, shape};
-  {
-    std::lock_guard<std::mutex> lock(m_);
-    if (!dead_ && aborted_) {
-      dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string(-1) + ")");
-    }
-    if (dead_) {
-      throw comm_error(dead_->code(), std::string("shm ") + name +
-                                          ": communicator is dead after an earlier failure: " +
-                                          dead_->what());
-    }
-  }
-  try {
-    try {
-      body(op);
-    } catch (const comm_error&) {
-      throw;
-    } catch (const std::exception& e) {
-      fail(op, comm_errc::internal, -1, e.what());
-    }
-  } catch (const comm_error& e) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      if (!dead_) dead_.emplace(e);
-    }
-    mark_gone();
-    throw;
-  }
-}
-
-template <class Ready>
-void shm_communicator::wait_for(const op_ctx& op, int peer, const char* action, Ready&& ready) {
-  if (ready()) return;
-  const auto spin_until = clock_type::now() + opts_.spin_time;
-  for (unsigned i = 1;; ++i) {
-    cpu_relax();
-    if (ready()) return;
-    if ((i & 63) == 0 && clock_type::now() >= spin_until) break;
-  }
-  const auto yield_until = clock_type::now() + opts_.yield_time;
-  while (clock_type::now() < yield_until) {
-    ::sched_yield();
-    if (ready()) return;
-  }
-  auto& h = header();
-  auto next_check = clock_type::now();
-  for (;;) {
-    const auto now = clock_type::now();
-    if (aborted_.load()) {
-      fail(op, comm_errc::aborted, peer, std::string("aborted while waiting to ") + action);
-    }
-    // A peer publishes its progress before it leaves, so re-check ready() before blaming it.
-    const bool check_process = now >= next_check;
-    if (check_process) next_check = now + opts_.liveness_interval;
-    try {
-      for (int j = 0; j < id_.size; ++j) {
-        if (j != id_.rank && (peer < 0 || j == peer)) {
-          check_peer_alive(op, j, check_process, action);
-        }
-      }
-    } catch (const comm_error&) {
-      if (ready()) return;
-      throw;
-    }
-    if (now >= op.deadline) {
-      if (ready()) return;
-      std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("ranks");
-      if (peer < 0) {
-        for (int j = 0; j < id_.size; ++j) {
-          if (block(j).arrived.load() <= waiting_round_) who += " " + std::to_string(j);
-        }
-      }
-      fail(op, comm_errc::timeout, peer,
-           "no progress within " + std::to_string(op.timeout.count()) + " ms waiting to " +
-               action + " " + who);
-    }
-    h.sleepers.fetch_add(1);
-    const uint32_t seen = h.bell.load();
-    if (ready()) {
-      h.sleepers.fetch_sub(1);
-      return;
-    }
-    const auto nap = std::max(clock_type::duration::zero(),
-                              std::min(op.deadline, next_check) - clock_type::now());
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();
-    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAIT, seen, &ts, nullptr, 0);
-    h.sleepers.fetch_sub(1);
-    if (ready()) return;
-  }
-}
 
 void shm_communicator::complete_round(const op_ctx& op, uint64_t k) {
   if (base_ == nullptr) return;
@@ -180,8 +66,7 @@ void shm_communicator::complete_round(const op_ctx& op, uint64_t k) {
 
 // ---- all-reduce ----
 
-void shm_communicator::all_reduce(float* data, size_t count, reduce_op op,
-                                  const op_options& opts) {
+void shm_communicator::all_reduce(float* data, size_t count, reduce_op op, const op_options& opts) {
   if (count > 0 && data == nullptr) invalid("all_reduce", "null data with a non-zero count");
   const uint64_t shape = shape_of(op_kind::all_reduce, count * 2 + (op == reduce_op::average));
   run("all_reduce", shape, opts, [&](const op_ctx& ctx) {
@@ -329,6 +214,30 @@ void shm_communicator::reduce_scatter(const float* in, float* out, size_t count,
       std::memmove(out, in, count * sizeof(float));
       return;
     }
+    const auto* in_end = in + count * static_cast<size_t>(p);
+    const bool overlaps = out < in_end && in < out + count;
+    if (single_copy_ && !overlaps && count * sizeof(float) * p >= opts_.single_copy_bytes) {
+      // Rank r reads block r of every peer's input directly and sums in rank order.
+      const uint64_t k = next_round();
+      publish_addr(k, in);
+      complete_round(ctx, k);
+      constexpr size_t block_elems = size_t{32} << 10;
+      if (scratch_.size() < block_elems) scratch_.assign(block_elems, 0.0f);
+      const size_t mine = static_cast<size_t>(r) * count;
+      for (size_t at = 0; at < count; at += block_elems) {
+        const size_t len = std::min(block_elems, count - at);
+        sum_in_rank_order(out + at, p, len, [&](int j) -> const float* {
+          if (j == r) return in + mine + at;
+          pull(ctx, j,
+               block(j).addr[k % 2].load(std::memory_order_relaxed) + (mine + at) * sizeof(float),
+               scratch_.data(), len * sizeof(float));
+          return scratch_.data();
+        });
+        if (op == reduce_op::average) divide(out + at, len, static_cast<float>(p));
+      }
+      complete_round(ctx, next_round());  // nobody reads this rank's input any more
+      return;
+    }
     const size_t sub = layout_.chunk_bytes / static_cast<size_t>(p) / cache_line * cache_line;
     const size_t sub_elems = sub / sizeof(float);
     for (size_t at = 0; at < count; at += sub_elems) {
@@ -347,8 +256,7 @@ void shm_communicator::reduce_scatter(const float* in, float* out, size_t count,
   });
 }
 
-void shm_communicator::all_gather(const void* in, void* out, size_t bytes,
-                                  const op_options& opts) {
+void shm_communicator::all_gather(const void* in, void* out, size_t bytes, const op_options& opts) {
   if (bytes > 0 && (in == nullptr || out == nullptr)) {
     invalid("all_gather", "null buffer with a non-zero size");
   }
@@ -360,6 +268,20 @@ void shm_communicator::all_gather(const void* in, void* out, size_t bytes,
     const char* own = dst + static_cast<size_t>(r) * bytes;
     std::memmove(dst + static_cast<size_t>(r) * bytes, in, bytes);  // in may alias out
     if (p == 1) return;
+    if (single_copy_ && bytes * static_cast<size_t>(p) >= opts_.single_copy_bytes) {
+      // Everyone reads block j straight from rank j's output (rank j writes only the others).
+      const uint64_t k = next_round();
+      publish_addr(k, dst);
+      complete_round(ctx, k);
+      for (int j = 0; j < p; ++j) {
+        if (j == r) continue;
+        pull(ctx, j,
+             block(j).addr[k % 2].load(std::memory_order_relaxed) + static_cast<size_t>(j) * bytes,
+             dst + static_cast<size_t>(j) * bytes, bytes);
+      }
+      complete_round(ctx, next_round());
+      return;
+    }
     for (size_t at = 0; at < bytes; at += layout_.chunk_bytes) {
       const size_t len = std::min(layout_.chunk_bytes, bytes - at);
       const uint64_t k = next_round();
@@ -384,6 +306,25 @@ void shm_communicator::all_to_all(const void* in, void* out, size_t bytes_per_ra
   }
   run("all_to_all", shape_of(op_kind::all_to_all, bytes_per_rank), opts, [&](const op_ctx& ctx) {
     const auto p = static_cast<size_t>(id_.size);
+    if (single_copy_ && p > 1 && bytes_per_rank * p >= opts_.single_copy_bytes) {
+      // Rank r reads block r of every peer's input straight into block j of its output.
+      const auto r = static_cast<size_t>(id_.rank);
+      const auto* src = static_cast<const char*>(in);
+      auto* dst = static_cast<char*>(out);
+      std::memcpy(dst + r * bytes_per_rank, src + r * bytes_per_rank, bytes_per_rank);
+      const uint64_t k = next_round();
+      publish_addr(k, in);
+      complete_round(ctx, k);
+      for (size_t j = 0; j < p; ++j) {
+        if (j == r) continue;
+        pull(ctx, static_cast<int>(j),
+             block(static_cast<int>(j)).addr[k % 2].load(std::memory_order_relaxed) +
+                 r * bytes_per_rank,
+             dst + j * bytes_per_rank, bytes_per_rank);
+      }
+      complete_round(ctx, next_round());
+      return;
+    }
     offsets_.resize(2 * p);
     for (size_t j = 0; j < p; ++j) offsets_[j] = bytes_per_rank;
     for (size_t j = 0; j < p; ++j) offsets_[p + j] = j * bytes_per_rank;
@@ -392,9 +333,8 @@ void shm_communicator::all_to_all(const void* in, void* out, size_t bytes_per_ra
   });
 }
 
-void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& send_bytes,
-                                   void* out, const std::vector<size_t>& recv_bytes,
-                                   const op_options& opts) {
+void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
+                                   const std::vector<size_t>& recv_bytes, const op_options& opts) {
   const auto p = static_cast<size_t>(id_.size);
   const auto r = static_cast<size_t>(id_.rank);
   if (send_bytes.size() != p || recv_bytes.size() != p) {
@@ -478,73 +418,6 @@ void shm_communicator::exchange(const op_ctx& op, const char* in, const size_t* 
       }
     }
   }
-}
-
-// ---- point-to-point ----
-
-void shm_communicator::check_peer_arg(const char* name, int peer) const {
-  if (peer < 0 || peer >= id_.size || peer == id_.rank) {
-    invalid(name, "peer " + std::to_string(peer) + " is not another rank of the group");
-  }
-}
-
-/// Chunks go through the (this rank, peer) channel's two slots; the send returns once the
-/// receiver has taken the last one, so it pairs with recv exactly as gloo's does.
-void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
-                            const op_options& opts) {
-  check_peer_arg("send", peer);
-  if (bytes > 0 && data == nullptr) invalid("send", "null data with a non-zero size");
-  run("send", 0, opts, [&](const op_ctx& ctx) {
-    if (bytes == 0) return;
-    channel& ch = chan(id_.rank, peer);
-    const size_t c = layout_.p2p_chunk_bytes;
-    const auto* src = static_cast<const char*>(data);
-    uint64_t h = ch.head.load(std::memory_order_relaxed);
-    for (size_t at = 0; at < bytes; at += c) {
-      const size_t len = std::min(c, bytes - at);
-      wait_for(ctx, peer, "send to",
-               [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
-      std::memcpy(p2p_slot(id_.rank, peer, h), src + at, len);
-      ch.slots[h % 2] = {tag, bytes, len};
-      ch.head.store(h + 1);
-      ring_bell();
-      ++h;
-    }
-    wait_for(ctx, peer, "send to",
-             [&] { return ch.tail.load(std::memory_order_acquire) == h; });
-  });
-}
-
-/// Takes chunks from the (peer, this rank) channel once its head message carries `tag`; a
-/// message with another tag stays where it is (and the wait ends at the deadline).
-void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
-                            const op_options& opts) {
-  check_peer_arg("recv", peer);
-  if (bytes > 0 && data == nullptr) invalid("recv", "null data with a non-zero size");
-  run("recv", 0, opts, [&](const op_ctx& ctx) {
-    if (bytes == 0) return;
-    channel& ch = chan(peer, id_.rank);
-    const size_t c = layout_.p2p_chunk_bytes;
-    auto* dst = static_cast<char*>(data);
-    uint64_t t = ch.tail.load(std::memory_order_relaxed);
-    for (size_t at = 0; at < bytes; at += c) {
-      const size_t len = std::min(c, bytes - at);
-      wait_for(ctx, peer, "receive from", [&] {
-        return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
-      });
-      const channel::slot_meta meta = ch.slots[t % 2];
-      if (meta.total != bytes || meta.len != len) {
-        fail(ctx, comm_errc::invalid, peer,
-             "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
-                 " bytes with tag " + std::to_string(tag) + "; this recv expects " +
-                 std::to_string(bytes));
-      }
-      std::memcpy(dst + at, p2p_slot(peer, id_.rank, t), len);
-      ch.tail.store(t + 1);
-      ring_bell();
-      ++t;
-    }
-  });
 }
 
 }  // namespace troupe::comm::shm_detail

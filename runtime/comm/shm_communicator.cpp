@@ -1,6 +1,6 @@
 // shm_communicator: rendezvous (rank 0's memfd segment, opened by the others through
-// /proc/<pid>/fd), the segment's layout, and the failure plumbing: peers watched through the
-// segment ("gone" flags) and through pidfds, abort, and the error messages.
+// /proc/<pid>/fd), the segment's layout, the failure plumbing (peers watched through the
+// segment's "gone" flags and through pidfds, abort, the error messages) and send/recv.
 #include "runtime/comm/shm_communicator.hpp"
 
 #include <fcntl.h>
@@ -46,8 +46,7 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
 }
 
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
-                                   segment_layout layout, std::vector<int> pidfds,
-                                   bool single_copy)
+                                   segment_layout layout, std::vector<int> pidfds, bool single_copy)
     : id_(std::move(id)),
       opts_(opts),
       base_(base),
@@ -81,8 +80,8 @@ void shm_communicator::mark_gone() {
 void shm_communicator::ring_bell() const {
   header().bell.fetch_add(1);
   if (header().sleepers.load() > 0) {
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header().bell), FUTEX_WAKE, INT_MAX,
-              nullptr, nullptr, 0);
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header().bell), FUTEX_WAKE, INT_MAX, nullptr,
+              nullptr, 0);
   }
 }
 
@@ -151,6 +150,72 @@ void shm_communicator::fail(const op_ctx& op, comm_errc code, int peer,
                              " (" + context_string(peer) + ")");
 }
 
+// ---- point-to-point ----
+
+void shm_communicator::check_peer_arg(const char* name, int peer) const {
+  if (peer < 0 || peer >= id_.size || peer == id_.rank) {
+    invalid(name, "peer " + std::to_string(peer) + " is not another rank of the group");
+  }
+}
+
+/// Chunks go through the (this rank, peer) channel's two slots; the send returns once the
+/// receiver has taken the last one, so it pairs with recv exactly as gloo's does.
+void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
+                            const op_options& opts) {
+  check_peer_arg("send", peer);
+  if (bytes > 0 && data == nullptr) invalid("send", "null data with a non-zero size");
+  run("send", 0, opts, [&](const op_ctx& ctx) {
+    if (bytes == 0) return;
+    channel& ch = chan(id_.rank, peer);
+    const size_t c = layout_.p2p_chunk_bytes;
+    const auto* src = static_cast<const char*>(data);
+    uint64_t h = ch.head.load(std::memory_order_relaxed);
+    for (size_t at = 0; at < bytes; at += c) {
+      const size_t len = std::min(c, bytes - at);
+      wait_for(ctx, peer, "send to",
+               [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
+      std::memcpy(p2p_slot(id_.rank, peer, h), src + at, len);
+      ch.slots[h % 2] = {tag, bytes, len};
+      ch.head.store(h + 1);
+      ring_bell();
+      ++h;
+    }
+    wait_for(ctx, peer, "send to", [&] { return ch.tail.load(std::memory_order_acquire) == h; });
+  });
+}
+
+/// Takes chunks from the (peer, this rank) channel once its head message carries `tag`; a
+/// message with another tag stays where it is (and the wait ends at the deadline).
+void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
+                            const op_options& opts) {
+  check_peer_arg("recv", peer);
+  if (bytes > 0 && data == nullptr) invalid("recv", "null data with a non-zero size");
+  run("recv", 0, opts, [&](const op_ctx& ctx) {
+    if (bytes == 0) return;
+    channel& ch = chan(peer, id_.rank);
+    const size_t c = layout_.p2p_chunk_bytes;
+    auto* dst = static_cast<char*>(data);
+    uint64_t t = ch.tail.load(std::memory_order_relaxed);
+    for (size_t at = 0; at < bytes; at += c) {
+      const size_t len = std::min(c, bytes - at);
+      wait_for(ctx, peer, "receive from", [&] {
+        return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
+      });
+      const channel::slot_meta meta = ch.slots[t % 2];
+      if (meta.total != bytes || meta.len != len) {
+        fail(ctx, comm_errc::invalid, peer,
+             "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
+                 " bytes with tag " + std::to_string(tag) + "; this recv expects " +
+                 std::to_string(bytes));
+      }
+      std::memcpy(dst + at, p2p_slot(peer, id_.rank, t), len);
+      ch.tail.store(t + 1);
+      ring_bell();
+      ++t;
+    }
+  });
+}
+
 }  // namespace shm_detail
 
 namespace {
@@ -205,8 +270,8 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
                             " of " + std::to_string(id.size) + ")";
   if (id.size < 1 || id.rank < 0 || id.rank >= id.size || id.group.empty() ||
       id.group.find('/') != std::string::npos || opts_in.connect_timeout.count() <= 0 ||
-      opts_in.chunk_bytes < 256 * static_cast<size_t>(id.size) ||
-      opts_in.p2p_chunk_bytes < 64 || opts_in.liveness_interval.count() <= 0) {
+      opts_in.chunk_bytes < 256 * static_cast<size_t>(id.size) || opts_in.p2p_chunk_bytes < 64 ||
+      opts_in.liveness_interval.count() <= 0) {
     throw comm_error(comm_errc::invalid, where + ": invalid identity or options");
   }
   // Whole pages, so that every region and slot starts page- (and cache-line-) aligned.
@@ -226,11 +291,11 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/shm");
     uint64_t nonce = 0;
     if (id.rank == 0) {
-      st.fd = static_cast<int>(::syscall(SYS_memfd_create,
-                                         ("troupe-g" + std::to_string(id.generation) + "-" +
-                                          id.group).c_str(),
-                                         MFD_CLOEXEC));
-      if (st.fd < 0) throw comm_error(comm_errc::internal, where + ": " + errno_text("memfd_create"));
+      st.fd = static_cast<int>(::syscall(
+          SYS_memfd_create, ("troupe-g" + std::to_string(id.generation) + "-" + id.group).c_str(),
+          MFD_CLOEXEC));
+      if (st.fd < 0)
+        throw comm_error(comm_errc::internal, where + ": " + errno_text("memfd_create"));
       if (::ftruncate(st.fd, static_cast<off_t>(layout.total)) != 0) {
         throw comm_error(comm_errc::internal, where + ": " + errno_text("ftruncate"));
       }
@@ -242,8 +307,9 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       in >> pid >> fd >> nonce >> total;
       if (!in || total != layout.total) {
         throw comm_error(comm_errc::invalid,
-                         where + ": rank 0's segment does not match this rank's options "
-                                 "(size, chunk_bytes and p2p_chunk_bytes must agree)");
+                         where +
+                             ": rank 0's segment does not match this rank's options "
+                             "(size, chunk_bytes and p2p_chunk_bytes must agree)");
       }
       const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
       st.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
@@ -257,8 +323,8 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       }
     }
     // MAP_POPULATE: the page tables are filled now, not on the first collective.
-    st.base = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                     st.fd, 0);
+    st.base =
+        ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, st.fd, 0);
     if (st.base == MAP_FAILED) {
       st.base = nullptr;
       throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap"));
@@ -274,21 +340,23 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       hdr->p2p_chunk_bytes = opts.p2p_chunk_bytes;
       hdr->total_bytes = layout.total;
       auto* base = static_cast<char*>(st.base);
-      for (size_t j = 0; j < n; ++j) new (base + layout.blocks + j * sizeof(shm_detail::rank_block)) shm_detail::rank_block{};
-      for (size_t j = 0; j < n * n; ++j) new (base + layout.channels + j * sizeof(shm_detail::channel)) shm_detail::channel{};
+      for (size_t j = 0; j < n; ++j)
+        new (base + layout.blocks + j * sizeof(shm_detail::rank_block)) shm_detail::rank_block{};
+      for (size_t j = 0; j < n * n; ++j)
+        new (base + layout.channels + j * sizeof(shm_detail::channel)) shm_detail::channel{};
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      scoped.set_string("segment", std::to_string(::getpid()) + " " + std::to_string(st.fd) +
-                                       " " + std::to_string(nonce) + " " +
-                                       std::to_string(layout.total));
-    } else if (hdr->magic != shm_detail::segment_magic || hdr->nonce != nonce ||
-               hdr->size != n || hdr->chunk_bytes != opts.chunk_bytes ||
+      scoped.set_string("segment", std::to_string(::getpid()) + " " + std::to_string(st.fd) + " " +
+                                       std::to_string(nonce) + " " + std::to_string(layout.total));
+    } else if (hdr->magic != shm_detail::segment_magic || hdr->nonce != nonce || hdr->size != n ||
+               hdr->chunk_bytes != opts.chunk_bytes ||
                hdr->p2p_chunk_bytes != opts.p2p_chunk_bytes) {
       throw comm_error(comm_errc::invalid,
-                       where + ": the segment rank 0 published is not this group's, or its "
-                               "options differ from this rank's");
+                       where +
+                           ": the segment rank 0 published is not this group's, or its "
+                           "options differ from this rank's");
     }
-    auto* blocks = reinterpret_cast<shm_detail::rank_block*>(static_cast<char*>(st.base) +
-                                                             layout.blocks);
+    auto* blocks =
+        reinterpret_cast<shm_detail::rank_block*>(static_cast<char*>(st.base) + layout.blocks);
     blocks[id.rank].pid.store(::getpid());
     blocks[id.rank].base_addr.store(reinterpret_cast<uint64_t>(st.base));
     scoped.set_string("mapped/" + std::to_string(id.rank), "1");
@@ -319,8 +387,8 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     scoped.set_string("single_copy/" + std::to_string(id.rank), can_read ? "1" : "0");
     bool single_copy = true;
     for (int j = 0; j < id.size; ++j) {
-      single_copy = single_copy &&
-                    scoped.get_string("single_copy/" + std::to_string(j), left_until(deadline)) == "1";
+      single_copy = single_copy && scoped.get_string("single_copy/" + std::to_string(j),
+                                                     left_until(deadline)) == "1";
     }
     auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
                                                             std::move(pidfds), single_copy);

@@ -1,7 +1,8 @@
 #pragma once
 // Internal to the shared-memory backend: the segment's layout and the communicator class
-// shared by its two translation units (shm_communicator.cpp: rendezvous, waiting, failure,
-// send/recv; shm_collectives.cpp: the collectives, built from rounds).
+// shared by its two translation units (shm_communicator.cpp: rendezvous, failure, send/recv;
+// shm_collectives.cpp: the collectives, built from rounds), and the templates both use to run
+// an operation and to wait.
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +15,15 @@
 #include <vector>
 
 #include "runtime/comm/shm_communicator.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 namespace troupe::comm::shm_detail {
 
@@ -63,8 +73,8 @@ struct alignas(cache_line) channel {
     uint64_t total;  ///< bytes of the whole message the chunk belongs to
     uint64_t len;    ///< bytes of this chunk
   };
-  std::atomic<uint64_t> head;  ///< chunks the sender has written
-  slot_meta slots[2];          ///< written by the sender before it bumps head
+  std::atomic<uint64_t> head;                      ///< chunks the sender has written
+  slot_meta slots[2];                              ///< written by the sender before it bumps head
   alignas(cache_line) std::atomic<uint64_t> tail;  ///< chunks the receiver has taken
 };
 
@@ -214,9 +224,8 @@ class shm_communicator final : public communicator {
   }
   /// Copies `bytes` at address `remote` in rank j's process to `local` (process_vm_readv).
   void pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes);
-  void exchange(const op_ctx& op, const char* in, const size_t* send_bytes,
-                const size_t* send_off, char* out, const size_t* recv_bytes,
-                const size_t* recv_off, size_t max_pair_bytes);
+  void exchange(const op_ctx& op, const char* in, const size_t* send_bytes, const size_t* send_off,
+                char* out, const size_t* recv_bytes, const size_t* recv_off, size_t max_pair_bytes);
   void check_peer_arg(const char* name, int peer) const;
 
   comm_identity id_;
@@ -237,5 +246,110 @@ class shm_communicator final : public communicator {
   mutable std::mutex m_;
   std::optional<comm_error> dead_;  ///< the first failure; guarded by m_
 };
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+template <class Body>
+inline void shm_communicator::run(const char* name, uint64_t shape, const op_options& opts,
+                                  Body&& body) {
+  if (opts.timeout.count() <= 0) invalid(name, "timeout must be positive");
+  const op_ctx op{name, clock_type::now() + opts.timeout, opts.timeout, shape};
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!dead_ && aborted_) {
+      dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string(-1) + ")");
+    }
+    if (dead_) {
+      throw comm_error(dead_->code(),
+                       std::string("shm ") + name +
+                           ": communicator is dead after an earlier failure: " + dead_->what());
+    }
+  }
+  try {
+    try {
+      body(op);
+    } catch (const comm_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(op, comm_errc::internal, -1, e.what());
+    }
+  } catch (const comm_error& e) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!dead_) dead_.emplace(e);
+    }
+    mark_gone();
+    throw;
+  }
+}
+
+template <class Ready>
+inline void shm_communicator::wait_for(const op_ctx& op, int peer, const char* action,
+                                       Ready&& ready) {
+  if (ready()) return;
+  const auto spin_until = clock_type::now() + opts_.spin_time;
+  for (unsigned i = 1;; ++i) {
+    cpu_relax();
+    if (ready()) return;
+    if ((i & 63) == 0 && clock_type::now() >= spin_until) break;
+  }
+  const auto yield_until = clock_type::now() + opts_.yield_time;
+  while (clock_type::now() < yield_until) {
+    ::sched_yield();
+    if (ready()) return;
+  }
+  auto& h = header();
+  auto next_check = clock_type::now();
+  for (;;) {
+    const auto now = clock_type::now();
+    if (aborted_.load()) {
+      fail(op, comm_errc::aborted, peer, std::string("aborted while waiting to ") + action);
+    }
+    // A peer publishes its progress before it leaves, so re-check ready() before blaming it.
+    const bool check_process = now >= next_check;
+    if (check_process) next_check = now + opts_.liveness_interval;
+    try {
+      for (int j = 0; j < id_.size; ++j) {
+        if (j != id_.rank && (peer < 0 || j == peer)) {
+          check_peer_alive(op, j, check_process, action);
+        }
+      }
+    } catch (const comm_error&) {
+      if (ready()) return;
+      throw;
+    }
+    if (now >= op.deadline) {
+      if (ready()) return;
+      std::string who = peer >= 0 ? "rank " + std::to_string(peer) : std::string("ranks");
+      if (peer < 0) {
+        for (int j = 0; j < id_.size; ++j) {
+          if (block(j).arrived.load() <= waiting_round_) who += " " + std::to_string(j);
+        }
+      }
+      fail(op, comm_errc::timeout, peer,
+           "no progress within " + std::to_string(op.timeout.count()) + " ms waiting to " + action +
+               " " + who);
+    }
+    h.sleepers.fetch_add(1);
+    const uint32_t seen = h.bell.load();
+    if (ready()) {
+      h.sleepers.fetch_sub(1);
+      return;
+    }
+    const auto nap = std::max(clock_type::duration::zero(),
+                              std::min(op.deadline, next_check) - clock_type::now());
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(nap).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAIT, seen, &ts, nullptr, 0);
+    h.sleepers.fetch_sub(1);
+    if (ready()) return;
+  }
+}
 
 }  // namespace troupe::comm::shm_detail

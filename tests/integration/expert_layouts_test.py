@@ -1,8 +1,8 @@
 """Exactness of expert-parallel layouts in real jobs: an MoE model (4 experts, top-2 and
 top-1, a capacity factor low enough that tokens are dropped) trains 20 steps on ep2
 (--world 2 --ep 2) and dp2xep2 (--world 4 --ep 2) with the same loss at every step as one
-rank (within 1e-4 relative) and the same final parameters, read back from the checkpoints
-in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
+rank (within 1e-4 relative), the same final validation loss, and the same final parameters,
+read back from the checkpoints in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
 `expert_load` event whose per-block totals are tokens * top_k, with some drops; a checkpoint
 of ep2 resumes on dp2xep2; and /metrics exports troupe_expert_tokens_total{block,expert},
 which promtool accepts."""
@@ -63,6 +63,14 @@ def check_expert_load(name, events, top_k):
     return loads, dropped
 
 
+def validation(events):
+    """The final validation loss (the job evaluates after its last step)."""
+    values = [e["val_loss"] for e in events if e.get("event") == "validation"]
+    if not values:
+        fail("no validation event")
+    return values[-1]
+
+
 def exactness(tmp, top_k, layouts):
     extra = ["--top-k", str(top_k)]
     ref_dir = os.path.join(tmp, f"one_top{top_k}")
@@ -80,9 +88,11 @@ def exactness(tmp, top_k, layouts):
         params = param_diff(ref_dir, run_dir)
         loads, dropped = check_expert_load(f"{name} top-{top_k}", events, top_k)
         same = sum(loads[s]["tokens"] == ref_loads[s]["tokens"] for s in loads)
+        val = relative_difference(validation(ref_events), validation(events))
         print(f"{name:8s} top-{top_k} ({layout['describe']}): loss {worst:.2e}, final parameters {params:.2e}, "
-              f"dropped {dropped} (one rank {ref_dropped}), routing equal to one rank in {same}/{STEPS} steps")
-        if worst > 1e-4 or params > 1e-4:
+              f"validation {val:.2e}, dropped {dropped} (one rank {ref_dropped}), routing equal to one rank in "
+              f"{same}/{STEPS} steps")
+        if worst > 1e-4 or params > 1e-4 or val > 1e-4:
             fail(f"{name} top-{top_k} is not exact against one rank")
     return ref_dir, reference
 
@@ -111,9 +121,21 @@ def scrape_metrics():
             fail(f"Ctrl-C should end the job with exit code 130:\n{job.output()}")
 
 
+def rejected_layouts():
+    """A micro-batch the ep group cannot share, and tp with experts, exit 2 naming the rule."""
+    cases = [(["--world", "2", "--ep", "2", "--micro-batch", "1"], "must divide micro_batch (1)"),
+             (["--world", "2", "--tp", "2"], "dp x ep only")]
+    for args, reason in cases:
+        code, _, output = run_to_end(SMALL_MODEL + MOE + ["--metrics-port", "0"] + args, timeout=60)
+        if code != 2 or reason not in output:
+            fail(f"{args} should exit 2 naming '{reason}', got {code}:\n{output}")
+    print(f"{len(cases)} impossible MoE layouts exit 2 with the reason")
+
+
 def test():
     if not DIFF:
         fail("CHECKPOINT_DIFF is not set")
+    rejected_layouts()
     with tempfile.TemporaryDirectory(prefix="troupe-expert-layouts-") as tmp:
         ref_dir, reference = exactness(tmp, 2, ["ep2", "dp2xep2"])
         exactness(tmp, 1, ["ep2"])

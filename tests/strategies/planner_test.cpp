@@ -76,6 +76,8 @@ bool independently_valid(const ts::layout& l, const model_config& m,
   if (m.n_head % l.tp || (4 * m.d_model) % l.tp || m.vocab % l.tp) return false;
   if (l.pp > m.n_layer) return false;
   if (l.ep > 1 && (m.experts == 0 || m.experts % l.ep || l.dp % l.ep)) return false;
+  // MoE runs over dp x ep only, each ep group sharing whole micro-batches.
+  if (m.experts > 0 && (l.tp > 1 || l.pp > 1 || c.zero == 1 || c.micro_batch % l.ep)) return false;
   const int M = c.micro_batches > 0 ? c.micro_batches : c.batch / c.micro_batch;
   if (c.batch % M) return false;
   if (M % l.dp) return false;
