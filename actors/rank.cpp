@@ -176,10 +176,10 @@ shard_written write_checkpoint_shard(rank_context& rc, int64_t step, strategies:
   return out;
 }
 
-// A pipeline stage's timeline of its last step, as a Chrome trace: runs/<job>/traces/rank<r>.json.
+// A pipeline stage's passes of this session, as a Chrome trace: runs/<job>/traces/rank<r>.json.
 // Every stage's clock is the machine's steady clock, so the files of one pipeline merge.
 void write_pipeline_trace(rank_context& rc, const strategies::training_engine& engine) {
-  const std::string trace = engine.last_step_trace();
+  const std::string trace = engine.pipeline_trace();
   if (trace.empty()) return;
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(rc.cfg.run_dir) / "traces";

@@ -47,7 +47,7 @@ class training_engine {
   /// of stage 3, though it runs during stage 2.
   double take_model_comm_seconds() { return backend_->take_model_comm_seconds(); }
   expert_load take_expert_load() { return backend_->take_expert_load(); }
-  std::string last_step_trace() const { return backend_->last_step_trace(); }
+  std::string pipeline_trace() const { return backend_->pipeline_trace(); }
   void set_pipeline_observer(pipeline_observer* observer) { backend_->set_pipeline_observer(observer); }
   /// Aborts every communicator (thread-safe); collectives in flight fail promptly.
   void abort() { backend_->abort(); }

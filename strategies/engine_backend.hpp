@@ -57,8 +57,8 @@ class engine_backend {
   virtual double take_model_comm_seconds() { return 0.0; }
   /// The last step's expert load; empty for a dense model.
   virtual expert_load take_expert_load() { return {}; }
-  /// A Chrome trace of the last step's pipeline schedule on this rank; empty without pp.
-  virtual std::string last_step_trace() const { return {}; }
+  /// A Chrome trace of this session's pipeline passes on this rank; empty without pp.
+  virtual std::string pipeline_trace() const { return {}; }
   /// Told around every pipeline pass from now on (not owned; null = nobody); ignored without pp.
   virtual void set_pipeline_observer(pipeline_observer* observer) { (void)observer; }
   virtual void abort() = 0;

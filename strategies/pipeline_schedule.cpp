@@ -178,7 +178,8 @@ std::string chrome_trace_json(const std::vector<timed_op>& timeline) {
                       {"pid", 0},
                       {"tid", t.stage},
                       {"ts", t.start * 1e6},
-                      {"dur", (t.end - t.start) * 1e6}});
+                      {"dur", (t.end - t.start) * 1e6},
+                      {"args", {{"step", t.step}}}});
   }
   for (int s = 0; s <= [&] { int m = 0; for (auto& t : timeline) m = std::max(m, t.stage); return m; }(); ++s)
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", s},

@@ -44,6 +44,7 @@ struct timed_op {
   pipe_op op;
   double start = 0;
   double end = 0;
+  int64_t step = 0;  ///< the training step it belongs to (0 in simulations)
 };
 
 /// Runs `schedule` as fast as dependencies allow with fixed durations per pass (send/recv
@@ -59,7 +60,7 @@ double bubble_fraction(const std::vector<timed_op>& timeline, int stages);
 double ideal_bubble(int stages, int micro_batches);
 
 /// A Chrome trace (chrome://tracing, Perfetto) of a timeline: one track per stage, one
-/// complete event per op named "F3" / "B3".
+/// complete event per op named "F3" / "B3", with its step in args.step.
 std::string chrome_trace_json(const std::vector<timed_op>& timeline);
 
 }  // namespace troupe::strategies

@@ -56,7 +56,7 @@ class pipeline_backend final : public engine_backend {
   size_t num_full_params() const override { return model_->full_num_params(); }
   size_t optimizer_state_bytes() const override;
   double take_model_comm_seconds() override { return tp_comm_->take_seconds() + pp_comm_->take_seconds(); }
-  std::string last_step_trace() const override;
+  std::string pipeline_trace() const override;
   void set_pipeline_observer(pipeline_observer* observer) override { observer_ = observer; }
   void abort() override;
 
@@ -81,7 +81,7 @@ class pipeline_backend final : public engine_backend {
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
   std::vector<uint8_t> counted_;  // per local value: 1 if it counts in the full model's norm
-  std::vector<timed_op> last_timeline_;
+  std::vector<timed_op> timeline_;
   pipeline_observer* observer_ = nullptr;
 };
 
@@ -165,7 +165,11 @@ grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
   // The same B/G scaling per micro-batch as the single-rank step (runtime/trainer.hpp).
   const auto scale = static_cast<float>(static_cast<double>(B) / G);
   stage_step s = executor_->run(fill, scale, opts, observer_);
-  last_timeline_ = std::move(s.timeline);
+  // Every step of the session, for the trace: a few dozen passes per step.
+  for (timed_op& t : s.timeline) {
+    t.step = step0 + 1;
+    timeline_.push_back(t);
+  }
   grad_result r;
   r.loss_sum = s.loss_sum;
   r.tokens = s.tokens;
@@ -277,9 +281,9 @@ size_t pipeline_backend::optimizer_state_bytes() const {
   return (replicated_->exp_avg().capacity() + replicated_->exp_avg_sq().capacity()) * sizeof(float);
 }
 
-std::string pipeline_backend::last_step_trace() const {
+std::string pipeline_backend::pipeline_trace() const {
   if (shape_.pp == 1) return {};
-  return chrome_trace_json(last_timeline_);
+  return chrome_trace_json(timeline_);
 }
 
 void pipeline_backend::abort() {
