@@ -165,9 +165,13 @@ double memcpy_bandwidth() {
 int run_rank(comm::kv_store& store, int rank, int size, const std::string& transport,
              const bench_options& o, double memcpy_bw) {
   const comm::comm_identity id{1, "bench", rank, size};
-  // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SPIN_US and _YIELD_US override shm's defaults.
+  // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SINGLE_COPY_KIB (or off), _SPIN_US and _YIELD_US
+  // override shm's defaults.
   comm::shm_options shm;
   if (const char* v = std::getenv("TROUPE_BENCH_SHM_CHUNK_KIB")) shm.chunk_bytes = std::stoul(v) << 10;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_SINGLE_COPY_KIB")) {
+    shm.single_copy_bytes = std::string(v) == "off" ? SIZE_MAX : std::stoul(v) << 10;
+  }
   if (const char* v = std::getenv("TROUPE_BENCH_SHM_SPIN_US")) {
     shm.spin_time = std::chrono::microseconds(std::stol(v));
   }

@@ -226,13 +226,24 @@ void shm_communicator::reduce_scatter(const float* in, float* out, size_t count,
       const size_t mine = static_cast<size_t>(r) * count;
       for (size_t at = 0; at < count; at += block_elems) {
         const size_t len = std::min(block_elems, count - at);
-        sum_in_rank_order(out + at, p, len, [&](int j) -> const float* {
-          if (j == r) return in + mine + at;
-          pull(ctx, j,
-               block(j).addr[k % 2].load(std::memory_order_relaxed) + (mine + at) * sizeof(float),
-               scratch_.data(), len * sizeof(float));
-          return scratch_.data();
-        });
+        const size_t bytes = len * sizeof(float);
+        auto from = [&](int j) {
+          return block(j).addr[k % 2].load(std::memory_order_relaxed) + (mine + at) * sizeof(float);
+        };
+        // Rank 0's part straight into place, then the others' added in rank order.
+        if (r == 0) {
+          std::memcpy(out + at, in + mine + at, bytes);
+        } else {
+          pull(ctx, 0, from(0), out + at, bytes);
+        }
+        for (int j = 1; j < p; ++j) {
+          if (j == r) {
+            add_into(out + at, in + mine + at, len);
+          } else {
+            pull(ctx, j, from(j), scratch_.data(), bytes);
+            add_into(out + at, scratch_.data(), len);
+          }
+        }
         if (op == reduce_op::average) divide(out + at, len, static_cast<float>(p));
       }
       complete_round(ctx, next_round());  // nobody reads this rank's input any more
@@ -268,7 +279,8 @@ void shm_communicator::all_gather(const void* in, void* out, size_t bytes, const
     const char* own = dst + static_cast<size_t>(r) * bytes;
     std::memmove(dst + static_cast<size_t>(r) * bytes, in, bytes);  // in may alias out
     if (p == 1) return;
-    if (single_copy_ && bytes * static_cast<size_t>(p) >= opts_.single_copy_bytes) {
+    if (single_copy_ && opts_.single_copy_gathers &&
+        bytes * static_cast<size_t>(p) >= opts_.single_copy_bytes) {
       // Everyone reads block j straight from rank j's output (rank j writes only the others).
       const uint64_t k = next_round();
       publish_addr(k, dst);
@@ -306,7 +318,8 @@ void shm_communicator::all_to_all(const void* in, void* out, size_t bytes_per_ra
   }
   run("all_to_all", shape_of(op_kind::all_to_all, bytes_per_rank), opts, [&](const op_ctx& ctx) {
     const auto p = static_cast<size_t>(id_.size);
-    if (single_copy_ && p > 1 && bytes_per_rank * p >= opts_.single_copy_bytes) {
+    if (single_copy_ && opts_.single_copy_gathers && p > 1 &&
+        bytes_per_rank * p >= opts_.single_copy_bytes) {
       // Rank r reads block r of every peer's input straight into block j of its output.
       const auto r = static_cast<size_t>(id_.rank);
       const auto* src = static_cast<const char*>(in);

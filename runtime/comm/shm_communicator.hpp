@@ -19,24 +19,29 @@ struct shm_options {
   /// Bytes each rank stages per round; collectives move larger buffers in rounds of this
   /// size. Each rank's region is two of these (rounds alternate between them, so one round's
   /// data is never overwritten while a peer still reads it). Allocated and touched once at
-  /// creation: first touch of fresh memory is slow, reuse is not.
-  size_t chunk_bytes = size_t{1} << 20;
+  /// creation: first touch of fresh memory is slow, reuse is not. (4 MiB: on 4 ranks, 1 MiB
+  /// chunks gave about half the staged bandwidth, the extra rounds costing scheduler time.)
+  size_t chunk_bytes = size_t{4} << 20;
   /// Bytes a send stages per step in its (sender, receiver) channel; two steps in flight.
   size_t p2p_chunk_bytes = size_t{256} << 10;
   /// All-reduces of at most this many bytes take one round in which every rank sums every
   /// contribution in rank order (one wait instead of two); larger ones reduce a slice each.
   size_t small_all_reduce_bytes = size_t{32} << 10;
-  /// All-reduces, reduce-scatters (input size), all-gathers (output size) and all-to-alls (one
-  /// rank's send buffer) of at least this many bytes read the peers' buffers directly
-  /// (process_vm_readv: one copy instead of two, and three waits for the whole buffer instead
-  /// of two per chunk), when every rank may read every other's memory (same user, ptrace
-  /// allowed: probed at connect). SIZE_MAX turns it off.
+  /// All-reduces and reduce-scatters (input size) of at least this many bytes read the peers'
+  /// buffers directly (process_vm_readv: three waits for the whole buffer instead of two per
+  /// chunk, and no staging copy), when every rank may read every other's memory (same user,
+  /// ptrace allowed: probed at connect). SIZE_MAX turns it off. Measured here (a VM):
+  /// process_vm_readv copies at ~1.1 GB/s against memcpy's ~3.5, so it pays for reductions
+  /// (fewer rounds, no staging) but not for plain copies; see single_copy_gathers.
   size_t single_copy_bytes = size_t{1} << 20;
+  /// Whether all-gathers (output size) and all-to-alls (one rank's send buffer) take the
+  /// single-copy path too (off: staged through chunk_bytes was as fast or faster here).
+  bool single_copy_gathers = false;
   /// A wait first polls for this long (with a pause instruction), then yields the core for
   /// yield_time, then sleeps on a futex in the segment until a peer's progress wakes it.
   /// Bounded, because ranks may outnumber cores; not zero, because a wake-up after a futex
   /// sleep can cost a scheduler tick on a busy machine. (Measured on 2 loaded cores: 5 us of
-  /// polling gave 4 KiB all-reduces of 15 us on 2 ranks and 40 µs on 4; 20-50 us of polling
+  /// polling gave 4 KiB all-reduces of 15 us on 2 ranks and 40 us on 4; 20-50 us of polling
   /// took 2-4x longer, the polling stealing the core a peer needed.)
   std::chrono::microseconds spin_time{5};
   std::chrono::microseconds yield_time{50};

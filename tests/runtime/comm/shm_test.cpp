@@ -12,6 +12,7 @@
 #include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/shm_communicator.hpp"
 #include "runtime/comm/store.hpp"
+#include "tests/runtime/comm/collective_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
 
 using namespace troupe;
@@ -55,13 +56,23 @@ size_t shm_fds() {
   return n;
 }
 
-TEST(shm_communicator, threads_reduce_gather_and_send_through_small_chunks) {
+/// Every op on 3 ranks as threads, once staged through small chunks (many rounds even for
+/// small buffers) and once single-copy for everything from 4 KiB.
+class shm_paths : public ::testing::TestWithParam<bool> {};
+
+TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
   tcp_store_server server;
   shm_options o;
-  o.chunk_bytes = 4096;  // many rounds even for small buffers
+  if (GetParam()) {
+    o.single_copy_bytes = 4096;
+    o.single_copy_gathers = true;
+  } else {
+    o.chunk_bytes = 4096;
+    o.single_copy_bytes = SIZE_MAX;
+  }
   o.p2p_chunk_bytes = 4096;
   {
-    auto cs = connect_threads(server, "threads", 3, o);
+    auto cs = connect_threads(server, GetParam() ? "single" : "staged", 3, o);
     EXPECT_EQ(shm_fds(), 6u);  // two pidfds per rank; no segment descriptor left open
     std::vector<std::future<std::string>> runs;
     for (int r = 0; r < 3; ++r) {
@@ -71,6 +82,7 @@ TEST(shm_communicator, threads_reduce_gather_and_send_through_small_chunks) {
           auto v = test::contributions(r, count);
           c.all_reduce(v.data(), count, reduce_op::average, {10s});
           if (auto e = test::check_reduced(v, 3, reduce_op::average); !e.empty()) return e;
+          if (auto e = test::check_collective_set(c, count); !e.empty()) return e;
           std::vector<char> big(count * 4 + 1, static_cast<char>(r));
           if (r == 0) c.send(big.data(), big.size(), 1, 9, {10s});
           if (r == 1) {
@@ -87,6 +99,9 @@ TEST(shm_communicator, threads_reduce_gather_and_send_through_small_chunks) {
   }
   EXPECT_EQ(shm_fds(), 0u);  // pidfds and the segment's descriptor are all closed
 }
+
+INSTANTIATE_TEST_SUITE_P(shm_communicator, shm_paths, ::testing::Bool(),
+                         [](const auto& p) { return p.param ? "single_copy" : "staged"; });
 
 TEST(shm_communicator, group_of_one_copies_and_rejects_peers) {
   tcp_store_server server;
