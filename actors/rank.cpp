@@ -6,7 +6,7 @@
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
-#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
@@ -224,9 +224,10 @@ int train(rank_context& rc, const welcome& w) {
   shape.pp = w.pp;
   shape.ep = w.ep;
   shape.order = w.rank_order;
+  // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm overrides).
   // Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>; unset, this is a no-op.
   auto connect = [&](const comm::comm_identity& id) {
-    return chaos::inject_from_environment(comm::make_gloo_communicator(*rc.store, id, gopts), rc.rank);
+    return chaos::inject_from_environment(comm::make_host_communicator(*rc.store, id, gopts), rc.rank);
   };
   rc.engine = std::make_unique<strategies::training_engine>(rc.cfg, shape, rc.rank, rc.generation, connect);
   auto& engine = *rc.engine;

@@ -133,6 +133,8 @@ class shm_communicator final : public communicator {
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
+                 int recv_peer, uint32_t tag, const op_options& opts) override;
 
   void abort() override;
   bool aborted() const override { return aborted_.load(); }

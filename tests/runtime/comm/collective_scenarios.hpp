@@ -129,6 +129,16 @@ inline std::string check_ring_send_recv(comm::communicator& c, size_t bytes) {
   }
   if (got_a != payload(prev, tag_a, bytes)) return "send/recv tag a, " + std::to_string(bytes);
   if (got_b != payload(prev, tag_b, bytes / 2 + 1)) return "send/recv tag b";
+  // Every rank sends and receives at once: a cycle of sends that only send_recv completes.
+  std::vector<char> got_c(bytes, 0x5a);
+  c.send_recv(a.data(), a.size(), next, got_c.data(), got_c.size(), prev, tag_a, op);
+  if (got_c != payload(prev, tag_a, bytes)) return "send_recv around the ring, " + std::to_string(bytes);
+  // Both halves with one peer (a pipeline stage's activation out, its gradient back).
+  if (p == 2) {
+    std::vector<char> got_d(bytes / 2 + 1, 0x5a);
+    c.send_recv(b.data(), b.size(), next, got_d.data(), got_d.size(), prev, tag_b, op);
+    if (got_d != payload(prev, tag_b, bytes / 2 + 1)) return "send_recv with one peer";
+  }
   return {};
 }
 
