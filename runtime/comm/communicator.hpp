@@ -106,4 +106,9 @@ class communicator {
   virtual bool aborted() const = 0;
 };
 
+/// The sum of one double per rank, the same bits on every rank: the values are all-gathered
+/// and added in rank order (an all-reduce of floats would round them, and its order may
+/// differ by rank). Collective.
+double sum_in_rank_order(communicator& c, double value, const op_options& opts);
+
 }  // namespace troupe::comm

@@ -68,13 +68,16 @@ double adamw::clip_scale(double norm) const {
   return 1.0;
 }
 
+void adamw::clip_to_norm(float* grads, size_t n, double global_norm) const {
+  const double scale = clip_scale(global_norm);
+  if (scale == 1.0) return;
+  const auto s = static_cast<float>(scale);
+  for (size_t i = 0; i < n; ++i) grads[i] *= s;
+}
+
 double adamw::clip_gradients(float* grads, size_t n) const {
   const double norm = grad_norm(grads, n);
-  const double scale = clip_scale(norm);
-  if (scale != 1.0) {
-    const auto s = static_cast<float>(scale);
-    for (size_t i = 0; i < n; ++i) grads[i] *= s;
-  }
+  clip_to_norm(grads, n, norm);
   return norm;
 }
 

@@ -38,6 +38,9 @@ class adamw {
   /// when clipping is on and norm exceeds grad_clip, else 1. For sharded gradients: sum
   /// grad_norm(shard)^2 over the shards, take the root, and scale every shard by this.
   double clip_scale(double norm) const;
+  /// Scales grads (n of them, this rank's shard) by clip_scale(global_norm): the same float
+  /// factor on every rank and every shard, as clip_gradients applies it.
+  void clip_to_norm(float* grads, size_t n, double global_norm) const;
 
   /// One update at the learning rate of `step`: t += 1, then for every parameter
   /// p -= lr * (wd * p [decay tensors only] + m_hat / (sqrt(v_hat) + eps)).

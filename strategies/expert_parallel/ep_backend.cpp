@@ -227,19 +227,9 @@ void expert_backend::apply(int64_t step0, const comm::op_options& opts) {
     const double n = adamw::grad_norm(model_->grads() + p.local, p.numel);
     (p.expert ? experts : replicated) += n * n;
   }
-  if (ep_ > 1) {
-    // Gathered as doubles and added in rank order, so every rank derives the same factor.
-    std::vector<double> all(static_cast<size_t>(ep_));
-    ep_comm_->all_gather(&experts, all.data(), sizeof(double), opts);
-    experts = 0;
-    for (double v : all) experts += v;
-  }
-  const double scale = optim_->clip_scale(std::sqrt(replicated + experts));
-  if (scale != 1.0) {
-    const auto s = static_cast<float>(scale);
-    float* g = model_->grads();
-    for (size_t i = 0; i < model_->num_params(); ++i) g[i] *= s;
-  }
+  // Added in rank order, so every rank derives the same factor.
+  experts = comm::sum_in_rank_order(*ep_comm_, experts, opts);
+  optim_->clip_to_norm(model_->grads(), model_->num_params(), std::sqrt(replicated + experts));
   optim_->step(model_->params(), model_->grads(), step0, cfg_.steps);
 }
 

@@ -23,20 +23,6 @@
 namespace troupe::strategies {
 namespace {
 
-/// Sum of one double per rank, the same bits on every rank: each rank's value travels as a
-/// float pair (high, low) in its own slot, and every rank adds the slots in rank order.
-double sum_over(comm::communicator& c, double value, const comm::op_options& opts) {
-  if (c.size() == 1) return value;
-  std::vector<float> slots(2 * static_cast<size_t>(c.size()), 0.0f);
-  const auto hi = static_cast<float>(value);
-  slots[2 * static_cast<size_t>(c.rank())] = hi;
-  slots[2 * static_cast<size_t>(c.rank()) + 1] = static_cast<float>(value - hi);
-  c.all_reduce(slots.data(), slots.size(), comm::reduce_op::sum, opts);
-  double total = 0;
-  for (float v : slots) total += static_cast<double>(v);
-  return total;
-}
-
 class pipeline_backend final : public engine_backend {
  public:
   pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
@@ -195,9 +181,9 @@ double pipeline_backend::global_norm(const float* grads, size_t offset, size_t c
     if (counted_[offset + i] != 0) sq += static_cast<double>(grads[i]) * grads[i];
   // Summed over the dp group (ZeRO shards), then tp, then pp: each sum is the same on every
   // member, so the norm, and with it every clipping factor, is the same on every rank.
-  if (sharded_over_dp) sq = sum_over(*dp_comm_, sq, opts);
-  sq = sum_over(*tp_comm_, sq, opts);
-  sq = sum_over(*pp_comm_, sq, opts);
+  if (sharded_over_dp) sq = comm::sum_in_rank_order(*dp_comm_, sq, opts);
+  sq = comm::sum_in_rank_order(*tp_comm_, sq, opts);
+  sq = comm::sum_in_rank_order(*pp_comm_, sq, opts);
   return std::sqrt(sq);
 }
 
@@ -209,12 +195,7 @@ void pipeline_backend::apply(int64_t step0, const comm::op_options& opts) {
   }
   const double norm = global_norm(model_->grads(), 0, model_->num_params(), false, opts);
   if (!std::isfinite(norm)) return;
-  const double scale = replicated_->clip_scale(norm);
-  if (scale != 1.0) {
-    const auto s = static_cast<float>(scale);
-    float* g = model_->grads();
-    for (size_t i = 0; i < model_->num_params(); ++i) g[i] *= s;
-  }
+  replicated_->clip_to_norm(model_->grads(), model_->num_params(), norm);
   replicated_->step(model_->params(), model_->grads(), step0, cfg_.steps);
 }
 

@@ -18,13 +18,7 @@ grad_result compute_tp_gradients(tp_gpt& m, const byte_dataset& d, const train_c
 
 double clip_tp_gradients(tp_gpt& m, const adamw& opt) {
   const double norm = m.global_grad_norm();
-  const double scale = opt.clip_scale(norm);
-  if (scale != 1.0) {
-    // The same float factor on every rank and every slice, as clip_gradients applies it.
-    const auto s = static_cast<float>(scale);
-    float* g = m.grads();
-    for (size_t i = 0; i < m.num_params(); ++i) g[i] *= s;
-  }
+  opt.clip_to_norm(m.grads(), m.num_params(), norm);
   return norm;
 }
 

@@ -13,11 +13,10 @@ import subprocess
 import tempfile
 import urllib.request
 
-from harness import (SMALL_MODEL, Job, fail, free_port, last_job, main, relative_difference, run_to_end,
-                     step_losses, wait_until)
+from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, free_port, last_job, main,
+                     relative_difference, run_ok, run_to_end, step_losses, wait_until)
 
 STEPS = 20
-DIFF = os.environ.get("CHECKPOINT_DIFF", "")
 MOE = ["--experts", "4", "--set", "model.capacity_factor=0.75"]
 COMMON = SMALL_MODEL + MOE + ["--steps", str(STEPS), "--metrics-port", "0", "--checkpoint-every", "10"]
 LAYOUTS = {
@@ -30,18 +29,12 @@ def option(args, name):
     return int(args[args.index(name) + 1])
 
 
+
+
+
+
 def run(name, args, run_dir):
-    code, events, output = run_to_end(COMMON + args, timeout=300, run_dir=run_dir)
-    if code != 0:
-        fail(f"{name} exited {code}:\n{output}")
-    return events
-
-
-def param_diff(a, b):
-    out = subprocess.run([DIFF, a, b], capture_output=True, text=True)
-    if out.returncode != 0:
-        fail(f"checkpoint_diff failed: {out.stderr}")
-    return float(out.stdout.split()[1])
+    return run_ok(name, COMMON + args, run_dir, timeout=300)
 
 
 def check_expert_load(name, events, top_k):
@@ -85,7 +78,7 @@ def exactness(tmp, top_k, layouts):
         if sorted(losses) != sorted(reference):
             fail(f"{name} top-{top_k} trained steps {sorted(losses)}")
         worst = max(relative_difference(reference[s], losses[s]) for s in reference)
-        params = param_diff(ref_dir, run_dir)
+        params = checkpoint_param_diff(ref_dir, run_dir)
         loads, dropped = check_expert_load(f"{name} top-{top_k}", events, top_k)
         same = sum(loads[s]["tokens"] == ref_loads[s]["tokens"] for s in loads)
         val = relative_difference(validation(ref_events), validation(events))
@@ -133,8 +126,6 @@ def rejected_layouts():
 
 
 def test():
-    if not DIFF:
-        fail("CHECKPOINT_DIFF is not set")
     rejected_layouts()
     with tempfile.TemporaryDirectory(prefix="troupe-expert-layouts-") as tmp:
         ref_dir, reference = exactness(tmp, 2, ["ep2", "dp2xep2"])
@@ -148,7 +139,7 @@ def test():
         if sorted(resumed) != list(range(11, STEPS + 1)):
             fail(f"resume on dp2xep2 trained {sorted(resumed)}")
         worst = max(relative_difference(reference[s], resumed[s]) for s in resumed)
-        params = param_diff(ref_dir, run_dir)
+        params = checkpoint_param_diff(ref_dir, run_dir)
         print(f"ep2 checkpoint resumed as dp2xep2: loss {worst:.2e}, final parameters {params:.2e}")
         if worst > 1e-4 or params > 1e-4:
             fail("resuming an ep2 checkpoint as dp2xep2 diverges")

@@ -153,6 +153,25 @@ def run_to_end(args, timeout, run_dir=None):
         return code, job.events(), job.output()
 
 
+def run_ok(name, args, run_dir, timeout=600):
+    """Runs a job that must succeed; returns its events."""
+    code, events, output = run_to_end(args, timeout=timeout, run_dir=run_dir)
+    if code != 0:
+        fail(f"{name} exited {code}:\n{output}")
+    return events
+
+
+def checkpoint_param_diff(a, b):
+    """Relative L2 difference of the final parameters of two run directories (checkpoint_diff)."""
+    tool = os.environ.get("CHECKPOINT_DIFF", "")
+    if not tool:
+        fail("CHECKPOINT_DIFF is not set")
+    out = subprocess.run([tool, a, b], capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"checkpoint_diff failed: {out.stderr}")
+    return float(out.stdout.split()[1])
+
+
 def relative_difference(a, b):
     return abs(a - b) / max(abs(a), abs(b), 1e-30)
 

@@ -5,14 +5,12 @@ layout, match the one-rank run's within 1e-4 (relative L2 norm of the difference
 on another (data-parallel -> tensor-parallel)."""
 
 import os
-import subprocess
 import tempfile
 
-from harness import SMALL_MODEL, fail, last_job, main, relative_difference, run_to_end, step_losses
+from harness import SMALL_MODEL, checkpoint_param_diff, fail, last_job, main, relative_difference, run_ok, step_losses
 
 STEPS = 20
 COMMON = SMALL_MODEL + ["--steps", str(STEPS), "--metrics-port", "0", "--checkpoint-every", "10"]
-DIFF = os.environ.get("CHECKPOINT_DIFF", "")
 LAYOUTS = {
     "dp2": ["--world", "2"],
     "tp2": ["--world", "2", "--tp", "2"],
@@ -21,23 +19,15 @@ LAYOUTS = {
 }
 
 
+
+
+
+
 def run(name, args, run_dir):
-    code, events, output = run_to_end(COMMON + args, timeout=300, run_dir=run_dir)
-    if code != 0:
-        fail(f"{name} exited {code}:\n{output}")
-    return events
-
-
-def param_diff(a, b):
-    out = subprocess.run([DIFF, a, b], capture_output=True, text=True)
-    if out.returncode != 0:
-        fail(f"checkpoint_diff failed: {out.stderr}")
-    return float(out.stdout.split()[1])
+    return run_ok(name, COMMON + args, run_dir, timeout=300)
 
 
 def test():
-    if not DIFF:
-        fail("CHECKPOINT_DIFF is not set")
     with tempfile.TemporaryDirectory(prefix="troupe-layouts-") as tmp:
         ref_dir = os.path.join(tmp, "one")
         reference = step_losses(run("one rank", ["--world", "1"], ref_dir))
@@ -47,7 +37,7 @@ def test():
             layout = next(e["layout"] for e in events if e.get("event") == "training_started")
             losses = step_losses(events)
             worst = max(relative_difference(reference[s], losses[s]) for s in reference)
-            params = param_diff(ref_dir, run_dir)
+            params = checkpoint_param_diff(ref_dir, run_dir)
             print(f"{name:10s} ({layout['describe']}): loss {worst:.2e}, final parameters {params:.2e}")
             if worst > 1e-4 or params > 1e-4:
                 fail(f"{name} is not exact against one rank")
@@ -59,7 +49,7 @@ def test():
         if sorted(resumed) != list(range(11, STEPS + 1)):
             fail(f"resume on tp2 trained {sorted(resumed)}")
         worst = max(relative_difference(reference[s], resumed[s]) for s in resumed)
-        print(f"dp2 checkpoint resumed as tp2: loss {worst:.2e}, final parameters {param_diff(ref_dir, run_dir):.2e}")
+        print(f"dp2 checkpoint resumed as tp2: loss {worst:.2e}, final parameters {checkpoint_param_diff(ref_dir, run_dir):.2e}")
         if worst > 1e-4:
             fail("resuming a dp2 checkpoint as tp2 diverges")
 

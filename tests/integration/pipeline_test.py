@@ -6,14 +6,12 @@ within 1e-4, read back from its checkpoint in the single-rank layout). Then the 
 idle fraction is within 10% of (p-1)/(m+p-1)."""
 
 import os
-import subprocess
 import tempfile
 
-from harness import SMALL_MODEL, fail, main, relative_difference, run_to_end, step_losses
+from harness import SMALL_MODEL, checkpoint_param_diff, fail, main, relative_difference, run_ok, step_losses
 
 STEPS = 20
 COMMON = SMALL_MODEL + ["--steps", str(STEPS), "--metrics-port", "0", "--checkpoint-every", "10"]
-DIFF = os.environ.get("CHECKPOINT_DIFF", "")
 LAYOUTS = {
     "pp2 gpipe": ["--world", "2", "--pp", "2", "--schedule", "gpipe", "--micro-batches", "4"],
     "pp2 1f1b": ["--world", "2", "--pp", "2", "--schedule", "1f1b", "--micro-batches", "4"],
@@ -24,35 +22,23 @@ LAYOUTS = {
 }
 
 
-def run(name, args, run_dir, timeout=600):
-    code, events, output = run_to_end(args, timeout=timeout, run_dir=run_dir)
-    if code != 0:
-        fail(f"{name} exited {code}:\n{output}")
-    return events
 
 
-def param_diff(a, b):
-    out = subprocess.run([DIFF, a, b], capture_output=True, text=True)
-    if out.returncode != 0:
-        fail(f"checkpoint_diff failed: {out.stderr}")
-    return float(out.stdout.split()[1])
 
 
 def test():
-    if not DIFF:
-        fail("CHECKPOINT_DIFF is not set")
     with tempfile.TemporaryDirectory(prefix="troupe-pipeline-") as tmp:
         ref_dir = os.path.join(tmp, "one")
-        reference = step_losses(run("one rank", COMMON + ["--world", "1"], ref_dir))
+        reference = step_losses(run_ok("one rank", COMMON + ["--world", "1"], ref_dir))
         for name, args in LAYOUTS.items():
             run_dir = os.path.join(tmp, name.replace(" ", "_"))
-            events = run(name, COMMON + args, run_dir)
+            events = run_ok(name, COMMON + args, run_dir)
             started = next(e for e in events if e.get("event") == "training_started")
             losses = step_losses(events)
             if sorted(losses) != sorted(reference):
                 fail(f"{name} reported steps {sorted(losses)}")
             worst = max(relative_difference(reference[s], losses[s]) for s in reference)
-            params = param_diff(ref_dir, run_dir)
+            params = checkpoint_param_diff(ref_dir, run_dir)
             print(f"{name:14s} ({started['layout']['describe']}): loss {worst:.2e}, final parameters {params:.2e}")
             if worst > 1e-4 or params > 1e-4:
                 fail(f"{name} is not exact against one rank")
