@@ -216,6 +216,72 @@ void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
   });
 }
 
+/// Both halves advance in one loop, whichever can: a chunk goes out when the (this rank,
+/// send_peer) channel has a free slot, a chunk comes in when (recv_peer, this rank)'s head
+/// carries `tag`; so two ranks sending to each other cannot deadlock. Returns when the whole
+/// message has been received and the whole message sent has been taken, as send() does.
+void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer,
+                                 void* recv_data, size_t recv_bytes, int recv_peer, uint32_t tag,
+                                 const op_options& opts) {
+  check_peer_arg("send_recv", send_peer);
+  check_peer_arg("send_recv", recv_peer);
+  if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr)) {
+    invalid("send_recv", "null data with a non-zero size");
+  }
+  run("send_recv", 0, opts, [&](const op_ctx& ctx) {
+    const size_t c = layout_.p2p_chunk_bytes;
+    channel& out = chan(id_.rank, send_peer);
+    channel& in = chan(recv_peer, id_.rank);
+    const auto* src = static_cast<const char*>(send_data);
+    auto* dst = static_cast<char*>(recv_data);
+    uint64_t h = out.head.load(std::memory_order_relaxed);
+    uint64_t t = in.tail.load(std::memory_order_relaxed);
+    const uint64_t h_end = h + ceil_div(send_bytes, c);
+    const uint64_t t_end = t + ceil_div(recv_bytes, c);
+    size_t sent = 0;
+    size_t got = 0;
+    auto can_send = [&] { return h < h_end && h - out.tail.load(std::memory_order_acquire) < 2; };
+    auto can_recv = [&] {
+      return t < t_end && in.head.load(std::memory_order_acquire) > t && in.slots[t % 2].tag == tag;
+    };
+    auto done = [&] {
+      return h == h_end && t == t_end && out.tail.load(std::memory_order_acquire) == h_end;
+    };
+    while (!done()) {
+      if (!can_send() && !can_recv()) {
+        wait_for(
+            ctx, send_peer, "send_recv with", [&] { return can_send() || can_recv() || done(); },
+            recv_peer);
+        continue;
+      }
+      if (can_send()) {
+        const size_t len = std::min(c, send_bytes - sent);
+        std::memcpy(p2p_slot(id_.rank, send_peer, h), src + sent, len);
+        out.slots[h % 2] = {tag, send_bytes, len};
+        out.head.store(h + 1);
+        ring_bell();
+        ++h;
+        sent += len;
+      }
+      if (can_recv()) {
+        const size_t len = std::min(c, recv_bytes - got);
+        const channel::slot_meta meta = in.slots[t % 2];
+        if (meta.total != recv_bytes || meta.len != len) {
+          fail(ctx, comm_errc::invalid, recv_peer,
+               "rank " + std::to_string(recv_peer) + " sends " + std::to_string(meta.total) +
+                   " bytes with tag " + std::to_string(tag) + "; this send_recv expects " +
+                   std::to_string(recv_bytes));
+        }
+        std::memcpy(dst + got, p2p_slot(recv_peer, id_.rank, t), len);
+        in.tail.store(t + 1);
+        ring_bell();
+        ++t;
+        got += len;
+      }
+    }
+  });
+}
+
 }  // namespace shm_detail
 
 namespace {
