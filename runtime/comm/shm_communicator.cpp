@@ -216,14 +216,18 @@ void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
   });
 }
 
-/// send() and recv() interleaved chunk by chunk: each turn moves whatever can move on either
-/// channel, so two ranks that send to each other at once both finish.
-void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
-                                 size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts) {
+/// Both halves advance in one loop, whichever can: a chunk goes out when the (this rank,
+/// send_peer) channel has a free slot, a chunk comes in when (recv_peer, this rank)'s head
+/// carries `tag`; so two ranks sending to each other cannot deadlock. Returns when the whole
+/// message has been received and the whole message sent has been taken, as send() does.
+void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer,
+                                 void* recv_data, size_t recv_bytes, int recv_peer, uint32_t tag,
+                                 const op_options& opts) {
   check_peer_arg("send_recv", send_peer);
   check_peer_arg("send_recv", recv_peer);
-  if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr))
+  if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr)) {
     invalid("send_recv", "null data with a non-zero size");
+  }
   run("send_recv", 0, opts, [&](const op_ctx& ctx) {
     const size_t c = layout_.p2p_chunk_bytes;
     channel& out = chan(id_.rank, send_peer);
@@ -232,15 +236,24 @@ void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int s
     auto* dst = static_cast<char*>(recv_data);
     uint64_t h = out.head.load(std::memory_order_relaxed);
     uint64_t t = in.tail.load(std::memory_order_relaxed);
-    const uint64_t h_end = h + (send_bytes + c - 1) / c;
-    const uint64_t t_end = t + (recv_bytes + c - 1) / c;
-    size_t sent = 0, received = 0;
+    const uint64_t h_end = h + ceil_div(send_bytes, c);
+    const uint64_t t_end = t + ceil_div(recv_bytes, c);
+    size_t sent = 0;
+    size_t got = 0;
     auto can_send = [&] { return h < h_end && h - out.tail.load(std::memory_order_acquire) < 2; };
     auto can_recv = [&] {
       return t < t_end && in.head.load(std::memory_order_acquire) > t && in.slots[t % 2].tag == tag;
     };
-    while (h < h_end || t < t_end) {
-      bool moved = false;
+    auto done = [&] {
+      return h == h_end && t == t_end && out.tail.load(std::memory_order_acquire) == h_end;
+    };
+    while (!done()) {
+      if (!can_send() && !can_recv()) {
+        wait_for(
+            ctx, send_peer, "send_recv with", [&] { return can_send() || can_recv() || done(); },
+            recv_peer);
+        continue;
+      }
       if (can_send()) {
         const size_t len = std::min(c, send_bytes - sent);
         std::memcpy(p2p_slot(id_.rank, send_peer, h), src + sent, len);
@@ -249,29 +262,23 @@ void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int s
         ring_bell();
         ++h;
         sent += len;
-        moved = true;
       }
       if (can_recv()) {
-        const size_t len = std::min(c, recv_bytes - received);
+        const size_t len = std::min(c, recv_bytes - got);
         const channel::slot_meta meta = in.slots[t % 2];
         if (meta.total != recv_bytes || meta.len != len) {
           fail(ctx, comm_errc::invalid, recv_peer,
-               "rank " + std::to_string(recv_peer) + " sends " + std::to_string(meta.total) + " bytes with tag " +
-                   std::to_string(tag) + "; this send_recv expects " + std::to_string(recv_bytes));
+               "rank " + std::to_string(recv_peer) + " sends " + std::to_string(meta.total) +
+                   " bytes with tag " + std::to_string(tag) + "; this send_recv expects " +
+                   std::to_string(recv_bytes));
         }
-        std::memcpy(dst + received, p2p_slot(recv_peer, id_.rank, t), len);
+        std::memcpy(dst + got, p2p_slot(recv_peer, id_.rank, t), len);
         in.tail.store(t + 1);
         ring_bell();
         ++t;
-        received += len;
-        moved = true;
-      }
-      if (!moved) {
-        const int blamed = h < h_end ? send_peer : recv_peer;
-        wait_for(ctx, blamed, "exchange with", [&] { return can_send() || can_recv(); });
+        got += len;
       }
     }
-    wait_for(ctx, send_peer, "send to", [&] { return out.tail.load(std::memory_order_acquire) == h; });
   });
 }
 

@@ -133,8 +133,8 @@ class shm_communicator final : public communicator {
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
-  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
-                 int recv_peer, uint32_t tag, const op_options& opts) override;
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                 size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts) override;
 
   void abort() override;
   bool aborted() const override { return aborted_.load(); }
@@ -209,7 +209,7 @@ class shm_communicator final : public communicator {
   /// Waits until ready() holds: polls, yields, then sleeps on the bell. Fails on abort, at the
   /// deadline, and with peer_lost if `peer` (or any rank when peer < 0) is gone or dead.
   template <class Ready>
-  void wait_for(const op_ctx& op, int peer, const char* action, Ready&& ready);
+  void wait_for(const op_ctx& op, int peer, const char* action, Ready&& ready, int peer2 = -2);
   /// peer_lost if rank j is gone or its process exited (`check_process` makes the system
   /// call; it is rate-limited by the caller).
   void check_peer_alive(const op_ctx& op, int j, bool check_process, const char* action);
@@ -293,7 +293,7 @@ inline void shm_communicator::run(const char* name, uint64_t shape, const op_opt
 
 template <class Ready>
 inline void shm_communicator::wait_for(const op_ctx& op, int peer, const char* action,
-                                       Ready&& ready) {
+                                       Ready&& ready, int peer2) {
   if (ready()) return;
   const auto spin_until = clock_type::now() + opts_.spin_time;
   for (unsigned i = 1;; ++i) {
@@ -318,7 +318,7 @@ inline void shm_communicator::wait_for(const op_ctx& op, int peer, const char* a
     if (check_process) next_check = now + opts_.liveness_interval;
     try {
       for (int j = 0; j < id_.size; ++j) {
-        if (j != id_.rank && (peer < 0 || j == peer)) {
+        if (j != id_.rank && (peer == -1 || j == peer || j == peer2)) {
           check_peer_alive(op, j, check_process, action);
         }
       }
