@@ -200,6 +200,7 @@ options:
   --max-bytes 256M       largest message; sizes step by 4x
   --batches 5            timed batches per size (the median is reported)
   --batch-seconds 0.2    target length of one batch
+  --transport tcp,shm    data planes to compare: tcp (gloo), shm (shared memory), or both
 )";
 }
 
