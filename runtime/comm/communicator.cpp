@@ -1,7 +1,31 @@
 // Names of the data plane's error codes, for messages and logs.
 #include "runtime/comm/communicator.hpp"
+#include "runtime/comm/collective_math.hpp"
 
 namespace troupe::comm {
+
+std::string all_to_allv_argument_error(int rank, int size, const void* in, const std::vector<size_t>& send_bytes,
+                                       const void* out, const std::vector<size_t>& recv_bytes) {
+  const auto p = static_cast<size_t>(size);
+  const auto r = static_cast<size_t>(rank);
+  if (send_bytes.size() != p || recv_bytes.size() != p) {
+    return "send_bytes and recv_bytes must have " + std::to_string(p) + " entries, not " +
+           std::to_string(send_bytes.size()) + " and " + std::to_string(recv_bytes.size());
+  }
+  if (send_bytes[r] != recv_bytes[r]) {
+    return "this rank sends itself " + std::to_string(send_bytes[r]) + " bytes but expects " +
+           std::to_string(recv_bytes[r]);
+  }
+  size_t in_total = 0;
+  size_t out_total = 0;
+  for (size_t j = 0; j < p; ++j) {
+    in_total += send_bytes[j];
+    out_total += recv_bytes[j];
+  }
+  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr)) return "null buffer with a non-zero size";
+  if (in == out && in_total > 0 && p > 1) return "in and out must not be the same buffer";
+  return {};
+}
 
 double sum_in_rank_order(communicator& c, double value, const op_options& opts) {
   if (c.size() == 1) return value;

@@ -85,27 +85,8 @@ void gloo_communicator::all_to_allv(const void* in, const std::vector<size_t>& s
                                     void* out, const std::vector<size_t>& recv_bytes,
                                     const op_options& opts) {
   const auto p = static_cast<size_t>(id_.size);
-  const auto r = static_cast<size_t>(id_.rank);
-  if (send_bytes.size() != p || recv_bytes.size() != p) {
-    invalid("all_to_allv", "send_bytes and recv_bytes must have " + std::to_string(p) +
-                               " entries, not " + std::to_string(send_bytes.size()) + " and " +
-                               std::to_string(recv_bytes.size()));
-  }
-  if (send_bytes[r] != recv_bytes[r]) {
-    invalid("all_to_allv", "this rank sends itself " + std::to_string(send_bytes[r]) +
-                               " bytes but expects " + std::to_string(recv_bytes[r]));
-  }
-  size_t in_total = 0;
-  size_t out_total = 0;
-  for (size_t j = 0; j < p; ++j) {
-    in_total += send_bytes[j];
-    out_total += recv_bytes[j];
-  }
-  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr)) {
-    invalid("all_to_allv", "null buffer with a non-zero size");
-  }
-  if (in == out && in_total > 0 && p > 1) {
-    invalid("all_to_allv", "in and out must not be the same buffer");
+  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes); !why.empty()) {
+    invalid("all_to_allv", why);
   }
   // The shape tag cannot name the sizes (each rank's differ); each transfer's slot does.
   run("all_to_allv", op_kind::all_to_allv, 0, opts, [&](const op_ctx& ctx) {

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/comm/collective_math.hpp"
 #include "runtime/comm/gloo_communicator.hpp"
 
 namespace troupe::comm::gloo_detail {
@@ -28,36 +29,6 @@ namespace troupe::comm::gloo_detail {
 using clock_type = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using ubuf = gloo::transport::UnboundBuffer;
-
-/// A run of elements [begin, begin + len).
-struct extent {
-  size_t begin;
-  size_t len;
-};
-
-/// Piece `i` of `n` elements cut into `parts` consecutive pieces whose lengths differ by at
-/// most one (the first n % parts are the longer ones).
-inline extent piece(size_t n, size_t parts, size_t i) {
-  const size_t base = n / parts;
-  const size_t rem = n % parts;
-  return {i * base + std::min(i, rem), base + (i < rem ? 1 : 0)};
-}
-
-inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-
-/// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
-inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (size_t j = 0; j < 16; ++j) dst[i + j] += src[i + j];
-  }
-  for (; i < n; ++i) dst[i] += src[i];
-}
-
-/// Average is the sum divided by the group size, exactly as a reference would compute it.
-inline void divide(float* p, size_t n, float d) {
-  for (size_t i = 0; i < n; ++i) p[i] /= d;
-}
 
 class gloo_communicator final : public communicator {
  public:

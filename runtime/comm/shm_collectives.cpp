@@ -9,20 +9,6 @@
 namespace troupe::comm::shm_detail {
 namespace {
 
-/// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
-inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (size_t j = 0; j < 16; ++j) dst[i + j] += src[i + j];
-  }
-  for (; i < n; ++i) dst[i] += src[i];
-}
-
-/// Average is the sum divided by the group size, exactly as a reference would compute it.
-inline void divide(float* p, size_t n, float d) {
-  for (size_t i = 0; i < n; ++i) p[i] /= d;
-}
-
 /// dst = sum over ranks j in order of src(j)[0..n), in blocks that stay in cache.
 template <class Src>
 void sum_in_rank_order(float* dst, int ranks, size_t n, Src&& src) {
@@ -350,26 +336,8 @@ void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& se
                                    const std::vector<size_t>& recv_bytes, const op_options& opts) {
   const auto p = static_cast<size_t>(id_.size);
   const auto r = static_cast<size_t>(id_.rank);
-  if (send_bytes.size() != p || recv_bytes.size() != p) {
-    invalid("all_to_allv", "send_bytes and recv_bytes must have " + std::to_string(p) +
-                               " entries, not " + std::to_string(send_bytes.size()) + " and " +
-                               std::to_string(recv_bytes.size()));
-  }
-  if (send_bytes[r] != recv_bytes[r]) {
-    invalid("all_to_allv", "this rank sends itself " + std::to_string(send_bytes[r]) +
-                               " bytes but expects " + std::to_string(recv_bytes[r]));
-  }
-  size_t in_total = 0;
-  size_t out_total = 0;
-  for (size_t j = 0; j < p; ++j) {
-    in_total += send_bytes[j];
-    out_total += recv_bytes[j];
-  }
-  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr)) {
-    invalid("all_to_allv", "null buffer with a non-zero size");
-  }
-  if (in == out && in_total > 0 && p > 1) {
-    invalid("all_to_allv", "in and out must not be the same buffer");
+  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes); !why.empty()) {
+    invalid("all_to_allv", why);
   }
   run("all_to_allv", shape_of(op_kind::all_to_allv, 0), opts, [&](const op_ctx& ctx) {
     offsets_.resize(2 * p);

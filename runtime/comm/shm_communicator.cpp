@@ -342,8 +342,8 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
   }
   // Whole pages, so that every region and slot starts page- (and cache-line-) aligned.
   shm_options opts = opts_in;
-  opts.chunk_bytes = shm_detail::ceil_div(opts.chunk_bytes, 4096) * 4096;
-  opts.p2p_chunk_bytes = shm_detail::ceil_div(opts.p2p_chunk_bytes, 4096) * 4096;
+  opts.chunk_bytes = ceil_div(opts.chunk_bytes, 4096) * 4096;
+  opts.p2p_chunk_bytes = ceil_div(opts.p2p_chunk_bytes, 4096) * 4096;
   const auto n = static_cast<size_t>(id.size);
   if (id.size == 1) {
     return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},

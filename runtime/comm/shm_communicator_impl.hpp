@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/collective_math.hpp"
 #include "runtime/comm/shm_communicator.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -91,22 +92,6 @@ struct segment_layout {
 
   static segment_layout of(size_t size, size_t chunk_bytes, size_t p2p_chunk_bytes);
 };
-
-/// A run of elements [begin, begin + len).
-struct extent {
-  size_t begin;
-  size_t len;
-};
-
-/// Piece `i` of `n` elements cut into `parts` consecutive pieces whose lengths differ by at
-/// most one (the first n % parts are the longer ones).
-inline extent piece(size_t n, size_t parts, size_t i) {
-  const size_t base = n / parts;
-  const size_t rem = n % parts;
-  return {i * base + std::min(i, rem), base + (i < rem ? 1 : 0)};
-}
-
-inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 class shm_communicator final : public communicator {
  public:

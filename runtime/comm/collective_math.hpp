@@ -1,0 +1,46 @@
+#pragma once
+// Arithmetic every CPU backend's collectives share: how a buffer is cut into pieces, the
+// vectorisable sum, the average, and the argument checks of all_to_allv.
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace troupe::comm {
+
+/// A run of elements [begin, begin + len).
+struct extent {
+  size_t begin;
+  size_t len;
+};
+
+/// Piece `i` of `n` elements cut into `parts` consecutive pieces whose lengths differ by at
+/// most one (the first n % parts are the longer ones).
+inline extent piece(size_t n, size_t parts, size_t i) {
+  const size_t base = n / parts;
+  const size_t rem = n % parts;
+  return {i * base + std::min(i, rem), base + (i < rem ? 1 : 0)};
+}
+
+inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
+inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (size_t j = 0; j < 16; ++j) dst[i + j] += src[i + j];
+  }
+  for (; i < n; ++i) dst[i] += src[i];
+}
+
+/// Average is the sum divided by the group size, exactly as a reference would compute it.
+inline void divide(float* p, size_t n, float d) {
+  for (size_t i = 0; i < n; ++i) p[i] /= d;
+}
+
+/// What is wrong with all_to_allv's arguments on rank `rank` of `size`, or "" when nothing.
+std::string all_to_allv_argument_error(int rank, int size, const void* in, const std::vector<size_t>& send_bytes,
+                                       const void* out, const std::vector<size_t>& recv_bytes);
+
+}  // namespace troupe::comm
