@@ -90,15 +90,7 @@ void gloo_communicator::all_to_allv(const void* in, const std::vector<size_t>& s
   }
   // The shape tag cannot name the sizes (each rank's differ); each transfer's slot does.
   run("all_to_allv", op_kind::all_to_allv, 0, opts, [&](const op_ctx& ctx) {
-    offsets_.resize(2 * p);
-    size_t s = 0;
-    size_t d = 0;
-    for (size_t j = 0; j < p; ++j) {
-      offsets_[j] = s;
-      offsets_[p + j] = d;
-      s += send_bytes[j];
-      d += recv_bytes[j];
-    }
+    all_to_allv_offsets(send_bytes, recv_bytes, offsets_);
     exchange(ctx, static_cast<const char*>(in), send_bytes.data(), offsets_.data(),
              static_cast<char*>(out), recv_bytes.data(), offsets_.data() + p);
   });

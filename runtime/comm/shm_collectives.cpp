@@ -340,15 +340,7 @@ void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& se
     invalid("all_to_allv", why);
   }
   run("all_to_allv", shape_of(op_kind::all_to_allv, 0), opts, [&](const op_ctx& ctx) {
-    offsets_.resize(2 * p);
-    size_t s = 0;
-    size_t d = 0;
-    for (size_t j = 0; j < p; ++j) {
-      offsets_[j] = s;
-      offsets_[p + j] = d;
-      s += send_bytes[j];
-      d += recv_bytes[j];
-    }
+    all_to_allv_offsets(send_bytes, recv_bytes, offsets_);
     size_t max_pair = 0;
     if (p > 1) {
       // A first round of counts: every rank must know how many rounds the largest pair needs,
