@@ -24,6 +24,7 @@ using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using settle_atom = caf::atom_constant<caf::atom("settle")>;  // a failure waits for its cause
 using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor monitors a neighbour
+using introduce_atom = caf::atom_constant<caf::atom("introduce")>;  // a stage hands the next its actor
 
 /// A worker introduces itself to the coordinator.
 struct hello {

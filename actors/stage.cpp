@@ -26,6 +26,10 @@ caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<notice_b
         if (n.generation == generation) board->post(n);  // a stale generation's notice is dropped
       },
       [=](watch_atom, const caf::actor& neighbour) { self->monitor(neighbour); },
+      [=](introduce_atom, const caf::actor& prev) {
+        self->monitor(prev);
+        board->introduce(prev);
+      },
   };
 }
 
@@ -75,6 +79,20 @@ void notice_board::close(const std::string& why) {
   cv_.notify_all();
 }
 
+void notice_board::introduce(const caf::actor& prev) {
+  {
+    std::lock_guard lock(m_);
+    prev_ = prev;
+  }
+  cv_.notify_all();
+}
+
+caf::actor notice_board::await_prev(clock_type::time_point deadline) {
+  std::unique_lock lock(m_);
+  cv_.wait_until(lock, deadline, [&] { return prev_ != nullptr || closed_; });
+  return prev_;
+}
+
 std::string notice_board::why_closed() {
   std::lock_guard lock(m_);
   return why_;
@@ -90,33 +108,37 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
       board_(std::make_shared<notice_board>()),
       credits_(next_slots) {
   self_ = sys.spawn(stage_actor, board_, generation);
-  auto port = sys.middleman().publish(self_, 0, "127.0.0.1");
-  if (!port) {
+  auto fail = [&](const std::string& why) {
     caf::anon_send_exit(self_, caf::exit_reason::user_shutdown);
-    throw std::runtime_error("stage " + std::to_string(stage) + ": cannot publish the stage actor: " +
-                             sys.render(port.error()));
+    throw std::runtime_error("stage " + std::to_string(stage) + ": " + why);
+  };
+  if (stage > 0) {
+    auto port = sys.middleman().publish(self_, 0, "127.0.0.1");
+    if (!port) fail("cannot publish the stage actor: " + sys.render(port.error()));
+    port_ = *port;
+    store.set_string(key_of(generation, group, stage), "127.0.0.1:" + std::to_string(port_));
   }
-  port_ = *port;
-  store.set_string(key_of(generation, group, stage), "127.0.0.1:" + std::to_string(port_));
-  auto connect = [&](int neighbour) {
-    const std::string where = store.get_string(key_of(generation, group, neighbour), timeout);
+  if (stage + 1 < stages) {
+    const std::string where = store.get_string(key_of(generation, group, stage + 1), timeout);
     const auto colon = where.rfind(':');
     auto peer = sys.middleman().remote_actor(where.substr(0, colon),
                                              static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
-    if (!peer)
-      throw std::runtime_error("stage " + std::to_string(stage) + ": cannot reach stage " +
-                               std::to_string(neighbour) + "'s actor at " + where + ": " + sys.render(peer.error()));
-    return *peer;
-  };
-  if (stage > 0) prev_ = connect(stage - 1);
-  if (stage + 1 < stages) next_ = connect(stage + 1);
-  for (const caf::actor& neighbour : {prev_, next_})
-    if (neighbour) caf::anon_send(self_, watch_atom::value, neighbour);
+    if (!peer) fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + ": " +
+                    sys.render(peer.error()));
+    next_ = *peer;
+    caf::anon_send(next_, introduce_atom::value, self_);
+    caf::anon_send(self_, watch_atom::value, next_);
+  }
+  if (stage > 0) {
+    prev_ = board_->await_prev(clock_type::now() + timeout);
+    if (!prev_) fail("stage " + std::to_string(stage - 1) + " did not introduce its actor within " +
+                     std::to_string(timeout.count() / 1000) + " s");
+  }
 }
 
 stage_link::~stage_link() {
   board_->close("the stage is shutting down");
-  sys_.middleman().unpublish(self_, port_);
+  if (port_ != 0) sys_.middleman().unpublish(self_, port_);
   caf::anon_send_exit(self_, caf::exit_reason::user_shutdown);
 }
 

@@ -37,6 +37,10 @@ class notice_board {
   /// Wakes every waiter for good (the generation ends, or a neighbour is gone: `why`).
   void close(const std::string& why);
   std::string why_closed();
+  /// The previous stage's actor, as it introduced itself (see stage_link).
+  void introduce(const caf::actor& prev);
+  /// Waits for introduce(); a null handle at the deadline or once closed.
+  caf::actor await_prev(std::chrono::steady_clock::time_point deadline);
 
  private:
   using key = std::tuple<int64_t, int, bool>;
@@ -45,15 +49,19 @@ class notice_board {
   std::set<key> posted_;
   bool closed_ = false;
   std::string why_;
+  caf::actor prev_;
 };
 
 /// A rank's stage of one pipeline: its actor, published so that the neighbouring stages'
 /// actors can reach it, and the observer the pipeline executor calls around every pass.
 class stage_link final : public strategies::pipeline_observer {
  public:
-  /// Spawns and publishes the stage actor of stage `stage` of `stages` in pipeline `group`,
-  /// registers its address in `store`, and connects to its neighbours' actors (waiting up to
-  /// `timeout` for them). `next_slots` is how many activations this stage may have sent
+  /// Spawns the stage actor of stage `stage` of `stages` in pipeline `group` and links it to
+  /// its neighbours' (waiting up to `timeout` for them). Each pair shares one middleman
+  /// connection, opened by the earlier stage: a stage with a predecessor publishes its actor
+  /// and registers the address in `store`; the predecessor connects to it and introduces its
+  /// own actor over that connection. (Two nodes that connect to each other at the same time
+  /// end up with a duplicate connection, and CAF closing one reports the peer as unreachable.) `next_slots` is how many activations this stage may have sent
   /// that the next stage has not yet finished backward for (its credits).
   /// Throws std::runtime_error naming the neighbour that cannot be reached.
   stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation, const std::string& group,
