@@ -158,6 +158,28 @@ void shm_communicator::check_peer_arg(const char* name, int peer) const {
   }
 }
 
+void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total, uint32_t tag) {
+  channel& ch = chan(id_.rank, peer);
+  std::memcpy(p2p_slot(id_.rank, peer, h), src, len);
+  ch.slots[h % 2] = {tag, total, len};
+  ch.head.store(h + 1);
+  ring_bell();
+}
+
+void shm_communicator::take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len, size_t total,
+                                  uint32_t tag, const char* what) {
+  channel& ch = chan(peer, id_.rank);
+  const channel::slot_meta meta = ch.slots[t % 2];
+  if (meta.total != total || meta.len != len) {
+    fail(op, comm_errc::invalid, peer,
+         "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) + " bytes with tag " +
+             std::to_string(tag) + "; this " + what + " expects " + std::to_string(total));
+  }
+  std::memcpy(dst, p2p_slot(peer, id_.rank, t), len);
+  ch.tail.store(t + 1);
+  ring_bell();
+}
+
 /// Chunks go through the (this rank, peer) channel's two slots; the send returns once the
 /// receiver has taken the last one, so it pairs with recv exactly as gloo's does.
 void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
@@ -174,11 +196,7 @@ void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t t
       const size_t len = std::min(c, bytes - at);
       wait_for(ctx, peer, "send to",
                [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
-      std::memcpy(p2p_slot(id_.rank, peer, h), src + at, len);
-      ch.slots[h % 2] = {tag, bytes, len};
-      ch.head.store(h + 1);
-      ring_bell();
-      ++h;
+      put_chunk(peer, h++, src + at, len, bytes, tag);
     }
     wait_for(ctx, peer, "send to", [&] { return ch.tail.load(std::memory_order_acquire) == h; });
   });
@@ -201,17 +219,7 @@ void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
       wait_for(ctx, peer, "receive from", [&] {
         return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
       });
-      const channel::slot_meta meta = ch.slots[t % 2];
-      if (meta.total != bytes || meta.len != len) {
-        fail(ctx, comm_errc::invalid, peer,
-             "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
-                 " bytes with tag " + std::to_string(tag) + "; this recv expects " +
-                 std::to_string(bytes));
-      }
-      std::memcpy(dst + at, p2p_slot(peer, id_.rank, t), len);
-      ch.tail.store(t + 1);
-      ring_bell();
-      ++t;
+      take_chunk(ctx, peer, t++, dst + at, len, bytes, tag, "recv");
     }
   });
 }
@@ -256,26 +264,12 @@ void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int s
       }
       if (can_send()) {
         const size_t len = std::min(c, send_bytes - sent);
-        std::memcpy(p2p_slot(id_.rank, send_peer, h), src + sent, len);
-        out.slots[h % 2] = {tag, send_bytes, len};
-        out.head.store(h + 1);
-        ring_bell();
-        ++h;
+        put_chunk(send_peer, h++, src + sent, len, send_bytes, tag);
         sent += len;
       }
       if (can_recv()) {
         const size_t len = std::min(c, recv_bytes - got);
-        const channel::slot_meta meta = in.slots[t % 2];
-        if (meta.total != recv_bytes || meta.len != len) {
-          fail(ctx, comm_errc::invalid, recv_peer,
-               "rank " + std::to_string(recv_peer) + " sends " + std::to_string(meta.total) +
-                   " bytes with tag " + std::to_string(tag) + "; this send_recv expects " +
-                   std::to_string(recv_bytes));
-        }
-        std::memcpy(dst + got, p2p_slot(recv_peer, id_.rank, t), len);
-        in.tail.store(t + 1);
-        ring_bell();
-        ++t;
+        take_chunk(ctx, recv_peer, t++, dst + got, len, recv_bytes, tag, "send_recv");
         got += len;
       }
     }

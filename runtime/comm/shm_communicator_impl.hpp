@@ -214,6 +214,13 @@ class shm_communicator final : public communicator {
   void exchange(const op_ctx& op, const char* in, const size_t* send_bytes, const size_t* send_off,
                 char* out, const size_t* recv_bytes, const size_t* recv_off, size_t max_pair_bytes);
   void check_peer_arg(const char* name, int peer) const;
+  /// Writes chunk `h` (`len` bytes of a `total`-byte message with `tag`) into the (this rank,
+  /// peer) channel, whose slot must be free, and publishes it.
+  void put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total, uint32_t tag);
+  /// Takes chunk `t` (`len` bytes of an expected `total`) from the (peer, this rank) channel,
+  /// whose head must carry it; a size the sender disagrees on fails the op as `invalid`.
+  void take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len, size_t total, uint32_t tag,
+                  const char* what);
 
   comm_identity id_;
   shm_options opts_;
