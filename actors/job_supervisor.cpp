@@ -1,18 +1,18 @@
 #include "actors/job_supervisor.hpp"
 
-#include "actors/expert_group.hpp"
-
-#include "checkpoint/checkpoint.hpp"
-#include "cli/progress.hpp"
-#include "monitoring/log.hpp"
-
-#include <caf/all.hpp>
-#include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <algorithm>
+#include <caf/all.hpp>
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
+
+#include "actors/expert_group.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "monitoring/log.hpp"
 
 namespace troupe::actors {
 
@@ -28,103 +28,133 @@ bool evaluation_due(int64_t step, int64_t total_steps, int every) {
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
 using nlohmann::json;
 
-double seconds_since(clock_type::time_point t) {
-  return std::chrono::duration<double>(clock_type::now() - t).count();
-}
-
-// The metrics the coordinator exports; one registry per coordinator process.
+// The metrics the coordinator exports, kept up to date from the event stream alone.
 struct job_metrics {
   monitoring::counter* steps;
   monitoring::counter* tokens;
   monitoring::counter* checkpoints;
   monitoring::counter* ranks_lost;
+  monitoring::counter* stale;
+  monitoring::counter_family* recoveries;
   monitoring::gauge* loss;
   monitoring::gauge* val_loss;
   monitoring::gauge* tokens_per_s;
   monitoring::gauge* world;
   monitoring::gauge* generation;
+  monitoring::gauge* state;
   monitoring::gauge* step;
   monitoring::gauge* lr;
   monitoring::gauge* compute_s;
   monitoring::gauge* comm_s;
   monitoring::gauge* control_s;
+  monitoring::gauge_family* heartbeat_age;
+  monitoring::gauge_family* straggler_score;
   monitoring::histogram* step_seconds;
+  monitoring::histogram* recovery_seconds;
 
   explicit job_metrics(monitoring::metrics_registry& r)
       : steps(&r.add_counter("troupe_steps_total", "Training steps committed")),
         tokens(&r.add_counter("troupe_tokens_total", "Tokens trained on in committed steps")),
         checkpoints(&r.add_counter("troupe_checkpoints_total", "Checkpoints committed")),
-        ranks_lost(&r.add_counter("troupe_ranks_lost_total", "Ranks that died or were declared lost")),
-        loss(&r.add_gauge("troupe_loss", "Training loss of the last committed step (nats per byte)")),
+        ranks_lost(
+            &r.add_counter("troupe_ranks_lost_total", "Ranks that died or were declared lost")),
+        stale(&r.add_counter("troupe_stale_messages_total",
+                             "Messages of an older generation, dropped")),
+        recoveries(&r.add_counter_family("troupe_recoveries_total",
+                                         "Generations opened to recover, by cause")),
+        loss(&r.add_gauge("troupe_loss",
+                          "Training loss of the last committed step (nats per byte)")),
         val_loss(&r.add_gauge("troupe_validation_loss", "Last validation loss (nats per byte)")),
-        tokens_per_s(&r.add_gauge("troupe_tokens_per_second", "Training throughput of the last step")),
+        tokens_per_s(
+            &r.add_gauge("troupe_tokens_per_second", "Training throughput of the last step")),
         world(&r.add_gauge("troupe_world_size", "Ranks in the current generation")),
         generation(&r.add_gauge("troupe_generation", "Current generation of the job")),
+        state(&r.add_gauge("troupe_job_state",
+                           "Job state: 0 forming, 1 training, 2 recovering, 3 done, 4 failed")),
         step(&r.add_gauge("troupe_step", "Last committed step")),
         lr(&r.add_gauge("troupe_learning_rate", "Learning rate of the last committed step")),
-        compute_s(&r.add_gauge("troupe_step_compute_seconds", "Mean forward+backward time per rank, last step")),
-        comm_s(&r.add_gauge("troupe_step_comm_seconds", "Mean gradient all-reduce time per rank, last step")),
-        control_s(&r.add_gauge("troupe_step_control_seconds", "Mean wait for the commit per rank, last step")),
+        compute_s(&r.add_gauge("troupe_step_compute_seconds",
+                               "Mean forward+backward time per rank, last step")),
+        comm_s(&r.add_gauge("troupe_step_comm_seconds",
+                            "Mean gradient all-reduce time per rank, last step")),
+        control_s(&r.add_gauge("troupe_step_control_seconds",
+                               "Mean wait for the commit per rank, last step")),
+        heartbeat_age(&r.add_gauge_family("troupe_heartbeat_age_seconds",
+                                          "Seconds since each rank's last heartbeat")),
+        straggler_score(&r.add_gauge_family(
+            "troupe_straggler_score", "Each rank's smoothed compute time over the median rank's")),
         step_seconds(&r.add_histogram("troupe_step_seconds", "Wall time between commits",
-                                      monitoring::exponential_buckets(0.005, 2, 14))) {}
+                                      monitoring::exponential_buckets(0.005, 2, 14))),
+        recovery_seconds(
+            &r.add_histogram("troupe_recovery_seconds",
+                             "From the failure's detection to the new generation training",
+                             monitoring::exponential_buckets(0.01, 2, 14))) {}
+
+  void observe(const json& e) {
+    const std::string what = e.value("event", "");
+    if (what == "step") {
+      steps->inc();
+      tokens->inc(e.value("tokens", 0.0));
+      loss->set(e.value("loss", 0.0));
+      tokens_per_s->set(e.value("tokens_per_s", 0.0));
+      step->set(e.value("step", 0.0));
+      lr->set(e.value("lr", 0.0));
+      compute_s->set(e.value("compute_s", 0.0));
+      comm_s->set(e.value("comm_s", 0.0));
+      control_s->set(e.value("control_s", 0.0));
+      step_seconds->observe(e.value("step_s", 0.0));
+    } else if (what == "state") {
+      state->set(e.value("value", 0.0));
+    } else if (what == "generation") {
+      world->set(e.value("world", 0.0));
+      generation->set(e.value("number", 0.0));
+      step->set(e.value("start_step", 0.0));
+      if (e.value("number", 0) > 1) {
+        recoveries->with({{"cause", e.value("cause", std::string("other"))}}).inc();
+        recovery_seconds->observe(e.value("recovery_s", 0.0));
+      }
+    } else if (what == "rank_lost") {
+      ranks_lost->inc();
+    } else if (what == "stale_message") {
+      stale->inc();
+    } else if (what == "checkpoint") {
+      checkpoints->inc();
+    } else if (what == "validation") {
+      val_loss->set(e.value("val_loss", 0.0));
+    }
+  }
 };
 
-enum class phase { forming, training, finishing, ended };
-
-struct votes {
-  int64_t step = -1;
-  int count = 0;
-  double loss_sum = 0;
-  int64_t tokens = 0;
-  double lr = 0;
-  double compute_s = 0, comm_s = 0, control_s = 0, peer_wait_s = 0;
-  std::vector<clock_type::time_point> arrived;  // per rank: when its vote came in
+// A worker process as the actor reaches it: its step loop and its control path.
+struct member_handles {
+  caf::actor rank;     // commits, reconfigurations, stop
+  caf::actor control;  // aborts (reach a collective in flight)
 };
 
-struct job_state {
+struct supervisor_state {
   job_setup setup;
+  std::optional<job_logic> logic;
   std::optional<job_metrics> metrics;
-  phase current = phase::forming;
-  uint64_t generation = 1;
-  std::vector<caf::actor> ranks;
-  int joined = 0;
-  caf::actor agent;
-  int64_t committed = 0;
-  votes pending;
-  // checkpoint being collected
-  int64_t ckpt_step = -1;
-  std::vector<ckpt::shard_entry> shards;
-  int shards_in = 0;
-  bool ckpt_ok = true;
-  // validation being collected
-  int64_t eval_step = -1;
-  double eval_sum = 0;
-  int64_t eval_batches = 0;
-  int evals_in = 0;
-  // results
-  double last_loss = std::nan("");
-  double last_val = -1;
-  std::string last_checkpoint;
-  int64_t tokens_trained = 0;
-  clock_type::time_point started = clock_type::now();
-  clock_type::time_point training_started;
-  clock_type::time_point last_commit;
+  std::map<int32_t, member_handles> members;
+  std::vector<caf::actor> agents;
+  std::vector<int32_t> agent_pids;  // by node
+  size_t next_fault = 0;
+  int next_member = 0;
   bool result_sent = false;
-  uint64_t watchdog_gen = 0;
-  std::string pending_failure;  // a rank's failed vote, waiting briefly for its root cause
-  std::vector<bool> reported_failure;  // per rank: voted !ok (so its exit is a consequence)
-  std::optional<cli::progress_line> progress;
-  caf::actor experts;  // the expert_group of an MoE job
+  logic_time started = logic_clock::now();
+  logic_time training_started{};
+  int64_t training_start_step = 0;
+  caf::actor experts;
   static inline const char* name = "job_supervisor";
 };
 
-using self_ptr = caf::stateful_actor<job_state>*;
+using self_ptr = caf::stateful_actor<supervisor_state>*;
 
 monitoring::log_context ctx(self_ptr self) {
-  return {"coordinator", -1, self->state.generation, self->state.committed};
+  const auto& l = *self->state.logic;
+  return {"coordinator", -1, l.generation(), l.committed()};
 }
 
 std::string step_dir(const std::string& run_dir, int64_t step) {
@@ -133,162 +163,151 @@ std::string step_dir(const std::string& run_dir, int64_t step) {
   return run_dir + "/checkpoints/" + name;
 }
 
-ckpt::manifest make_manifest(const train_config& cfg, int64_t step, const std::vector<ckpt::shard_entry>& shards) {
-  ckpt::manifest m;
-  m.step = step;
-  m.world = cfg.world;
-  m.seed = cfg.seed;
-  m.config_json = to_json(cfg);
-  m.shards = shards;
-  for (const auto& s : shards) m.global_numel += s.range.count;
-  return m;
+void emit(self_ptr self, const json& event) {
+  auto& st = self->state;
+  st.metrics->observe(event);
+  if (st.setup.events) {
+    try {
+      st.setup.events->write(event);
+    } catch (const std::exception& e) {
+      monitoring::log(monitoring::level::error, ctx(self),
+                      std::string("events.jsonl: ") + e.what());
+    }
+  }
 }
 
-void emit(self_ptr self, json event) {
-  if (self->state.setup.events) self->state.setup.events->write(std::move(event));
-}
+void run(self_ptr self, actions todo);
+void inject_faults(self_ptr self);
 
-// Ends the job: tells every rank and the agent, and hands the result to the launcher.
-// The launcher stops this actor once the processes are gone.
-void finish(self_ptr self, int exit_code, const std::string& message) {
+void send_result(self_ptr self, const finish_job& f) {
   auto& st = self->state;
   if (st.result_sent) return;
   st.result_sent = true;
-  st.current = phase::ended;
-  if (st.progress) st.progress->finish();
-  if (exit_code != 0)
-    for (auto& r : st.ranks)
-      if (r) self->send(r, abort_generation{st.generation, message});
-  for (auto& r : st.ranks)
-    if (r) self->send(r, stop_atom::value);
-  if (st.agent) self->send(st.agent, stop_atom::value);
+  for (auto& a : st.agents)
+    if (a) self->send(a, stop_atom::value);
+  const auto& l = *st.logic;
   job_result res;
-  res.exit_code = exit_code;
-  res.message = message;
-  res.steps_done = st.committed;
-  res.final_loss = st.last_loss;
-  res.val_loss = st.last_val;
-  double train_s = st.committed > st.setup.start_step ? seconds_since(st.training_started) : 0;
-  res.tokens_per_s = train_s > 0 ? static_cast<double>(st.tokens_trained) / train_s : 0;
-  res.wall_s = seconds_since(st.started);
-  res.last_checkpoint = st.last_checkpoint;
-  emit(self, {{"event", exit_code == 0 ? "job_done" : "job_failed"},
-              {"exit_code", exit_code},
-              {"message", message},
-              {"step", st.committed},
-              {"generation", st.generation}});
-  monitoring::log(exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
-                  exit_code == 0 ? "job done: " + message : "job failed: " + message);
+  res.exit_code = f.exit_code;
+  res.message = f.message;
+  res.steps_done = l.committed();
+  res.final_loss = l.last_loss();
+  res.val_loss = l.last_val_loss();
+  const double train_s =
+      std::chrono::duration<double>(logic_clock::now() - st.training_started).count();
+  res.tokens_per_s = l.committed() > st.training_start_step && train_s > 0
+                         ? static_cast<double>(l.tokens_trained()) / train_s
+                         : 0;
+  res.wall_s = std::chrono::duration<double>(logic_clock::now() - st.started).count();
+  res.last_checkpoint = l.last_checkpoint_path();
+  monitoring::log(f.exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
+                  f.exit_code == 0 ? "job done: " + f.message : "job failed: " + f.message);
   self->send(st.setup.listener, result_atom::value, res);
 }
 
-void fail(self_ptr self, const std::string& message) { finish(self, 1, message); }
-
-// A watchdog on progress: ranks bound their own collectives, but a rank that hangs
-// outside a collective (or before joining) must not hang the job.
-void arm_watchdog(self_ptr self, std::chrono::milliseconds after) {
-  self->delayed_send(self, after, tick_atom::value, ++self->state.watchdog_gen);
-}
-
-void maybe_done(self_ptr self) {
+void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   auto& st = self->state;
-  if (st.current != phase::finishing) return;
-  if (st.ckpt_step >= 0 || st.eval_step >= 0) return;  // still collecting
   const auto& cfg = st.setup.cfg;
-  finish(self, 0, st.committed < cfg.steps
-                      ? "stopped after step " + std::to_string(st.committed) + " as asked (exit_after_step); --resume continues"
-                      : "trained " + std::to_string(st.committed) + " steps");
+  std::string error, path;
+  try {
+    ckpt::manifest m;
+    m.step = c.step;
+    m.world = c.world;
+    m.seed = cfg.seed;
+    m.config_json = to_json(cfg);
+    m.shards = c.shards;
+    for (const auto& s : c.shards) m.global_numel += s.range.count;
+    ckpt::commit_manifest(cfg.run_dir, m);
+    path = step_dir(cfg.run_dir, c.step);
+  } catch (const std::exception& e) {
+    error = e.what();
+    monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
+  }
+  run(self, st.logic->on_checkpoint_committed(c.step, path, error));
 }
 
-void on_all_votes(self_ptr self) {
+// Carries out the logic's actions, in order.
+void run(self_ptr self, actions todo) {
   auto& st = self->state;
-  auto& v = st.pending;
-  const auto& cfg = st.setup.cfg;
-  const int world = cfg.world;
-  const int64_t step = v.step;
-  const double loss = v.loss_sum / static_cast<double>(v.tokens);
-  const double step_s = seconds_since(st.last_commit);
-  const double tps = static_cast<double>(v.tokens) / std::max(step_s, 1e-9);
-  st.last_commit = clock_type::now();
-  st.committed = step;
-  st.last_loss = loss;
-  st.tokens_trained += v.tokens;
-
-  const int64_t last = session_last_step(cfg);
-  commit c{st.generation, step, checkpoint_due(step, last, cfg.checkpoint_every),
-           evaluation_due(step, last, cfg.eval_every), 0.0};
-  const auto now = clock_type::now();
-  for (size_t r = 0; r < st.ranks.size(); ++r) {
-    c.peer_wait_s = std::chrono::duration<double>(now - v.arrived[r]).count();
-    self->send(st.ranks[r], c);
+  for (auto& a : todo) {
+    std::visit(
+        [&](auto& x) {
+          using T = std::decay_t<decltype(x)>;
+          if constexpr (std::is_same_v<T, emit_event>) {
+            emit(self, x.event);
+          } else if constexpr (std::is_same_v<T, send_commit>) {
+            if (auto it = st.members.find(x.member); it != st.members.end())
+              self->send(it->second.rank, x.msg);
+          } else if constexpr (std::is_same_v<T, send_reconfigure>) {
+            if (auto it = st.members.find(x.member); it != st.members.end())
+              self->send(it->second.rank, x.msg);
+          } else if constexpr (std::is_same_v<T, send_abort>) {
+            if (auto it = st.members.find(x.member); it != st.members.end())
+              self->send(it->second.control, x.msg);
+          } else if constexpr (std::is_same_v<T, send_stop>) {
+            if (auto it = st.members.find(x.member); it != st.members.end())
+              self->send(it->second.rank, stop_atom::value);
+          } else if constexpr (std::is_same_v<T, commit_checkpoint>) {
+            commit_manifest(self, x);
+          } else if constexpr (std::is_same_v<T, finish_job>) {
+            send_result(self, x);
+          }
+        },
+        a);
   }
-  if (c.checkpoint) {
-    st.ckpt_step = step;
-    st.shards.assign(world, {});
-    st.shards_in = 0;
-    st.ckpt_ok = true;
+  inject_faults(self);
+  if (st.logic->state() == job_state::training && st.training_started == logic_time{}) {
+    st.training_started = logic_clock::now();
+    st.training_start_step = st.logic->committed();
   }
-  if (c.evaluate) {
-    st.eval_step = step;
-    st.eval_sum = 0;
-    st.eval_batches = 0;
-    st.evals_in = 0;
-  }
-
-  auto& m = *st.metrics;
-  m.steps->inc();
-  m.tokens->inc(static_cast<double>(v.tokens));
-  m.loss->set(loss);
-  m.tokens_per_s->set(tps);
-  m.step->set(static_cast<double>(step));
-  m.lr->set(v.lr);
-  m.compute_s->set(v.compute_s / world);
-  m.comm_s->set(v.comm_s / world);
-  m.control_s->set(v.control_s / world);
-  m.step_seconds->observe(step_s);
-  emit(self, {{"event", "step"},
-              {"step", step},
-              {"loss", loss},
-              {"lr", v.lr},
-              {"tokens_per_s", tps},
-              {"world", world},
-              {"generation", st.generation},
-              {"step_s", step_s},
-              {"compute_s", v.compute_s / world},
-              {"comm_s", v.comm_s / world},
-              {"control_s", v.control_s / world},
-              {"peer_wait_s", v.peer_wait_s / world}});
-  if (st.progress) st.progress->update(step, cfg.steps, loss, tps);
-  v = votes{};
-  if (step >= last) st.current = phase::finishing;
-  arm_watchdog(self, std::chrono::milliseconds(cfg.step_timeout_ms * 2));
-  maybe_done(self);
 }
 
-void on_rank_lost(self_ptr self, int rank, const std::string& why) {
+// Fires the injected faults whose step is about to begin: real signals to real processes.
+void inject_faults(self_ptr self) {
   auto& st = self->state;
-  if (st.current == phase::ended) return;
-  if (rank >= 0 && static_cast<size_t>(rank) < st.reported_failure.size() && st.reported_failure[rank]) {
-    // It reported its failed step and then stopped: a consequence, not the cause. The
-    // settle window (or the real cause) decides the verdict.
-    emit(self, {{"event", "rank_exited_after_failure"}, {"rank", rank}, {"reason", why}});
-    return;
+  const auto& l = *st.logic;
+  while (st.next_fault < st.setup.faults.size() && l.state() == job_state::training &&
+         st.setup.faults[st.next_fault].step <= l.committed() + 1) {
+    const auto& f = st.setup.faults[st.next_fault++];
+    std::vector<int32_t> pids;
+    if (f.target == chaos::fault_target::rank) {
+      for (const auto& m : l.members())
+        if (m.live && m.rank == f.id) pids.push_back(m.pid);
+    } else {
+      if (static_cast<size_t>(f.id) < st.agent_pids.size())
+        pids.push_back(st.agent_pids[static_cast<size_t>(f.id)]);
+      for (const auto& m : l.members())
+        if (m.live && m.node == f.id) pids.push_back(m.pid);
+    }
+    const int sig = f.kind == chaos::fault_action::kill ? SIGKILL : SIGSTOP;
+    for (int32_t pid : pids)
+      if (pid > 0) ::kill(pid, sig);
+    emit(self, {{"event", "fault"},
+                {"what", f.kind == chaos::fault_action::kill ? "kill" : "stop"},
+                {"target", f.target == chaos::fault_target::rank ? "rank" : "node"},
+                {"id", f.id},
+                {"step", f.step},
+                {"pids", pids},
+                {"spec", f.spec}});
+    if (f.kind == chaos::fault_action::stop && f.duration.count() > 0)
+      for (int32_t pid : pids) self->delayed_send(self, f.duration, resume_atom::value, pid);
   }
-  st.metrics->ranks_lost->inc();
-  emit(self, {{"event", "rank_lost"}, {"rank", rank}, {"reason", why}, {"step", st.committed},
-              {"generation", st.generation}});
-  // Recovery (shrink and re-plan) comes with the supervisor tree; today a lost rank
-  // ends the job with the last committed checkpoint intact.
-  fail(self, "rank " + std::to_string(rank) + " lost: " + why + "; resume with --resume from " +
-                 (st.last_checkpoint.empty() ? std::string("the start (no checkpoint yet)")
-                                             : st.last_checkpoint) +
-                 (st.pending_failure.empty() ? "" : " (then: " + st.pending_failure + ")"));
 }
 
-int rank_of(self_ptr self, const caf::actor_addr& addr) {
-  auto& ranks = self->state.ranks;
-  for (size_t i = 0; i < ranks.size(); ++i)
-    if (ranks[i] && ranks[i].address() == addr) return static_cast<int>(i);
+void update_gauges(self_ptr self) {
+  auto& st = self->state;
+  const auto ages = st.logic->heartbeat_ages(logic_clock::now());
+  for (size_t r = 0; r < ages.size(); ++r)
+    st.metrics->heartbeat_age->with({{"rank", std::to_string(r)}}).set(ages[r]);
+  const auto& scores = st.logic->straggler_scores();
+  for (size_t r = 0; r < scores.size(); ++r)
+    if (std::isfinite(scores[r]))
+      st.metrics->straggler_score->with({{"rank", std::to_string(r)}}).set(scores[r]);
+}
+
+int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
+  for (const auto& [id, h] : self->state.members)
+    if ((h.rank && h.rank.address() == addr) || (h.control && h.control.address() == addr))
+      return id;
   return -1;
 }
 
@@ -296,218 +315,167 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
   st.metrics.emplace(*st.setup.metrics);
-  st.ranks.resize(st.setup.cfg.world);
-  st.reported_failure.assign(st.setup.cfg.world, false);
-  st.committed = st.setup.start_step;
-  st.metrics->world->set(st.setup.cfg.world);
-  st.metrics->generation->set(static_cast<double>(st.generation));
-  st.metrics->step->set(static_cast<double>(st.committed));
-  if (st.setup.cfg.progress) st.progress.emplace(st.setup.start_step);
+  job_params p;
+  p.cfg = st.setup.cfg;
+  p.start_step = st.setup.start_step;
+  p.checkpoint_step = st.setup.start_step > 0 ? st.setup.start_step : -1;
+  p.members = st.setup.plan.shape.world() + st.setup.spares;
+  p.plan = st.setup.plan;
+  p.bounds = st.setup.bounds;
+  p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
+  p.heartbeat_timeout = std::chrono::milliseconds(st.setup.heartbeat_timeout_ms);
+  p.straggler_policy = st.setup.straggler_policy;
+  st.logic.emplace(p, logic_clock::now());
+  st.metrics->world->set(st.setup.plan.shape.world());
+  st.metrics->step->set(static_cast<double>(st.setup.start_step));
+  st.metrics->state->set(0);
   if (st.setup.cfg.model.experts > 0) {
     expert_group_setup eg;
     eg.blocks = st.setup.cfg.model.n_layer;
     eg.experts = st.setup.cfg.model.experts;
     eg.top_k = st.setup.cfg.model.top_k;
-    eg.reports_per_step = std::max(1, st.setup.shape.dp / std::max(1, st.setup.shape.ep));
+    eg.reports_per_step = std::max(1, st.setup.plan.shape.dp / std::max(1, st.setup.plan.shape.ep));
     eg.events = st.setup.events;
     eg.metrics = st.setup.metrics;
     st.experts = spawn_expert_group(self, eg);
   }
-  arm_watchdog(self, std::chrono::milliseconds(st.setup.form_timeout_ms));
+  self->send(self, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
-    if (s.agent && dm.source == s.agent.address()) {
-      s.agent = nullptr;
-      if (s.current != phase::ended) fail(self, "the agent process was lost (" + self->system().render(dm.reason) + ")");
-      return;
-    }
-    int r = rank_of(self, dm.source);
-    if (r < 0) return;
-    s.ranks[r] = nullptr;
-    if (s.current != phase::ended)
-      on_rank_lost(self, r, "its connection closed (" + self->system().render(dm.reason) + ")");
+    for (auto& a : s.agents)
+      if (a && dm.source == a.address()) {
+        a = nullptr;
+        if (!s.result_sent)
+          emit(self, {{"event", "agent_lost"}, {"reason", self->system().render(dm.reason)}});
+        return;
+      }
+    const int32_t member = member_of(self, dm.source);
+    if (member < 0) return;
+    run(self,
+        s.logic->on_member_lost(member, loss_cause::connection,
+                                "its connection closed (" + self->system().render(dm.reason) + ")",
+                                logic_clock::now()));
   });
 
   return {
       [=](const agent_hello& h) -> launch_plan {
         auto& s = self->state;
         launch_plan plan;
-        plan.generation = s.generation;
+        plan.generation = s.logic->generation();
         if (h.protocol != protocol_version) {
           plan.error = "protocol version " + std::to_string(h.protocol) + " != coordinator's " +
                        std::to_string(protocol_version) + "; run the same troupe build everywhere";
           return plan;
         }
-        if (s.agent) {
-          plan.error = "this job already has its agent; multi-node placement is not supported yet";
+        if (s.logic->state() == job_state::done || s.logic->state() == job_state::failed) {
+          plan.error = "the job is over";
           return plan;
         }
-        s.agent = caf::actor_cast<caf::actor>(self->current_sender());
-        self->monitor(s.agent);
-        for (int r = 0; r < s.setup.cfg.world; ++r) plan.ranks.push_back(r);
-        emit(self, {{"event", "agent_joined"}, {"host", h.host}, {"pid", h.pid}, {"ranks", plan.ranks}});
+        const int first_members = s.setup.plan.shape.world() + s.setup.spares;
+        const int node = static_cast<int>(s.agents.size());
+        int count = h.slots;
+        if (node < s.setup.nodes && count == 0) {
+          // The first agents share the first members: node i takes its slice.
+          const int per = first_members / s.setup.nodes, extra = first_members % s.setup.nodes;
+          count = per + (node < extra ? 1 : 0);
+        } else if (count <= 0) {
+          plan.error = "this job already has its " + std::to_string(s.setup.nodes) +
+                       " agents; pass --ranks K to add K workers";
+          return plan;
+        }
+        auto agent = caf::actor_cast<caf::actor>(self->current_sender());
+        s.agents.push_back(agent);
+        s.agent_pids.push_back(h.pid);
+        self->monitor(agent);
+        plan.node = node;
+        for (int i = 0; i < count; ++i) plan.members.push_back(s.next_member++);
+        emit(self, {{"event", "agent_joined"},
+                    {"host", h.host},
+                    {"pid", h.pid},
+                    {"node", node},
+                    {"members", plan.members}});
         return plan;
       },
       [=](const hello& h) -> welcome {
         auto& s = self->state;
         welcome w;
-        w.generation = s.generation;
-        w.world = s.setup.cfg.world;
-        if (h.protocol != protocol_version) {
-          w.error = "protocol version " + std::to_string(h.protocol) + " != coordinator's " +
-                    std::to_string(protocol_version) + "; run the same troupe build everywhere";
-          return w;
-        }
-        if (h.rank < 0 || h.rank >= s.setup.cfg.world) {
-          w.error = "rank " + std::to_string(h.rank) + " is outside this job's world of " +
-                    std::to_string(s.setup.cfg.world);
-          return w;
-        }
-        if (s.current != phase::forming || s.ranks[h.rank]) {
-          w.error = "rank " + std::to_string(h.rank) + " already joined generation " +
-                    std::to_string(s.generation) + " (a stale or duplicate worker)";
-          return w;
-        }
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
-        s.ranks[h.rank] = sender;
+        // Handles first: the logic's first actions may already address this member.
+        auto previous = s.members.find(h.member);
+        std::optional<member_handles> old;
+        if (previous != s.members.end()) old = previous->second;
+        s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
+        auto todo = s.logic->on_member_joined(h, logic_clock::now(), w);
+        if (!w.error.empty()) {
+          if (old)
+            s.members[h.member] = *old;
+          else
+            s.members.erase(h.member);
+          return w;
+        }
         self->monitor(sender);
-        ++s.joined;
         w.config_json = to_json(s.setup.cfg);
         w.store_host = s.setup.store_host;
         w.store_port = s.setup.store_port;
-        w.start_step = s.setup.start_step;
-        w.dp = s.setup.shape.dp;
-        w.tp = s.setup.shape.tp;
-        w.pp = s.setup.shape.pp;
-        w.ep = s.setup.shape.ep;
-        w.rank_order = s.setup.shape.order;
-        emit(self, {{"event", "rank_joined"}, {"rank", h.rank}, {"pid", h.pid}, {"host", h.host},
-                    {"generation", s.generation}});
-        if (s.joined == s.setup.cfg.world) {
-          s.current = phase::training;
-          s.training_started = s.last_commit = clock_type::now();
-          emit(self, {{"event", "training_started"}, {"world", s.setup.cfg.world},
-                      {"generation", s.generation}, {"start_step", s.setup.start_step},
-                      {"layout", json::parse(s.setup.layout_json)}});
-          monitoring::log(monitoring::level::info, ctx(self),
-                          "all " + std::to_string(s.setup.cfg.world) + " ranks joined; training");
-          arm_watchdog(self, std::chrono::milliseconds(s.setup.cfg.step_timeout_ms * 2));
-        }
+        w.heartbeat_interval_ms = std::max(50, s.setup.heartbeat_timeout_ms / 5);
+        // A reconfigure among these may reach the member before this answer; it waits in the
+        // member's mailbox until the answer is in.
+        run(self, std::move(todo));
         return w;
       },
-      [=](const step_done& d) {
-        auto& s = self->state;
-        if (d.generation != s.generation || s.current != phase::training) return;  // stale
-        if (!d.ok) {
-          if (d.rank >= 0 && static_cast<size_t>(d.rank) < s.reported_failure.size())
-            s.reported_failure[d.rank] = true;
-          // A rank whose peer died reports the broken collective, often before the peer's own
-          // loss reaches us; give the root cause a moment to arrive so the verdict names it.
-          if (s.pending_failure.empty()) {
-            s.pending_failure = "rank " + std::to_string(d.rank) + " failed step " + std::to_string(d.step) + ": " + d.error;
-            self->delayed_send(self, std::chrono::milliseconds(500), settle_atom::value);
-          }
-          return;
-        }
-        if (d.optim_state_bytes > 0)
-          emit(self, {{"event", "memory"}, {"rank", d.rank}, {"step", d.step}, {"generation", s.generation},
-                      {"optimizer_state_bytes", d.optim_state_bytes}, {"peak_rss_bytes", d.peak_rss_bytes},
-                      {"zero", s.setup.cfg.parallel.zero}});
-        auto& v = s.pending;
-        if (v.step != d.step) {
-          v = votes{};
-          v.step = d.step;
-          v.arrived.resize(s.ranks.size());
-        }
-        v.arrived[static_cast<size_t>(d.rank)] = clock_type::now();
-        ++v.count;
-        v.loss_sum += d.loss_sum;
-        v.tokens += d.tokens;
-        v.lr = d.lr;
-        v.compute_s += d.compute_s;
-        v.comm_s += d.comm_s;
-        v.control_s += d.control_s;
-        v.peer_wait_s += d.peer_wait_s;
-        if (v.count == s.setup.cfg.world) on_all_votes(self);
+      [=](const step_done& d) { run(self, self->state.logic->on_vote(d, logic_clock::now())); },
+      [=](const state_report& r) {
+        run(self, self->state.logic->on_state_report(r, logic_clock::now()));
+      },
+      [=](const reconfigured& r) {
+        run(self, self->state.logic->on_reconfigured(r, logic_clock::now()));
+      },
+      [=](const heartbeat& h) {
+        auto todo = self->state.logic->on_heartbeat(h, logic_clock::now());
+        for (auto& a : todo)
+          if (auto* abort = std::get_if<send_abort>(&a))  // an evicted member: answer it directly
+            self->send(caf::actor_cast<caf::actor>(self->current_sender()), abort->msg);
+        std::erase_if(todo, [](const action& a) { return std::holds_alternative<send_abort>(a); });
+        run(self, std::move(todo));
       },
       [=](const expert_load_report& r) {
         auto& s = self->state;
-        if (s.experts && r.generation == s.generation) self->send(s.experts, r);
+        if (s.experts && r.generation == s.logic->generation()) self->send(s.experts, r);
       },
       [=](const shard_written& w) {
-        auto& s = self->state;
-        if (w.generation != s.generation || w.step != s.ckpt_step) return;
-        if (!w.ok) {
-          s.ckpt_ok = false;
-          emit(self, {{"event", "checkpoint_failed"}, {"step", w.step}, {"rank", w.rank}, {"error", w.error}});
-        } else {
-          s.shards[w.rank] = ckpt::shard_entry{w.rank, w.file, w.bytes, w.hash, {w.offset, w.count}};
-        }
-        if (++s.shards_in < s.setup.cfg.world) return;
-        int64_t step = s.ckpt_step;
-        s.ckpt_step = -1;
-        if (s.ckpt_ok) {
-          try {
-            ckpt::manifest man = make_manifest(s.setup.cfg, step, s.shards);
-            ckpt::commit_manifest(s.setup.cfg.run_dir, man);
-            s.last_checkpoint = step_dir(s.setup.cfg.run_dir, step);
-            s.metrics->checkpoints->inc();
-            emit(self, {{"event", "checkpoint"}, {"step", step}, {"path", s.last_checkpoint},
-                        {"generation", s.generation}});
-          } catch (const std::exception& e) {
-            emit(self, {{"event", "checkpoint_failed"}, {"step", step}, {"error", e.what()}});
-            monitoring::log(monitoring::level::error, ctx(self), std::string("checkpoint commit failed: ") + e.what());
-          }
-        }
-        maybe_done(self);
+        run(self, self->state.logic->on_shard_written(w, logic_clock::now()));
       },
       [=](const eval_done& e) {
-        auto& s = self->state;
-        if (e.generation != s.generation || e.step != s.eval_step) return;
-        s.eval_sum += e.loss_sum;
-        s.eval_batches += e.batches;
-        if (++s.evals_in < s.setup.cfg.world) return;
-        s.last_val = s.eval_sum / static_cast<double>(std::max<int64_t>(s.eval_batches, 1));
-        s.metrics->val_loss->set(s.last_val);
-        emit(self, {{"event", "validation"}, {"step", s.eval_step}, {"val_loss", s.last_val},
-                    {"generation", s.generation}});
-        if (s.progress) s.progress->note("step " + std::to_string(s.eval_step) + ": validation loss " +
-                                         cli::format_fixed(s.last_val, 4));
-        s.eval_step = -1;
-        maybe_done(self);
+        run(self, self->state.logic->on_eval_done(e, logic_clock::now()));
       },
       [=](const worker_exited& w) {
         auto& s = self->state;
-        emit(self, {{"event", "worker_exited"}, {"rank", w.rank}, {"pid", w.pid}, {"exit_code", w.exit_code},
+        emit(self, {{"event", "worker_exited"},
+                    {"member", w.member},
+                    {"pid", w.pid},
+                    {"exit_code", w.exit_code},
                     {"signal", w.signal}});
-        if (s.current == phase::ended) return;
-        std::string why = w.signal ? "process " + std::to_string(w.pid) + " killed by signal " + std::to_string(w.signal)
+        bool same_process = false;
+        for (const auto& m : s.logic->members())
+          if (m.id == w.member && m.pid == w.pid) same_process = true;
+        if (!same_process) return;  // an earlier process of a restarted member
+        std::string why = w.signal ? "process " + std::to_string(w.pid) + " killed by signal " +
+                                         std::to_string(w.signal)
                                    : "process " + std::to_string(w.pid) + " exited with code " +
                                          std::to_string(w.exit_code);
-        on_rank_lost(self, w.rank, why);
+        run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, logic_clock::now()));
       },
-      [=](settle_atom) {
-        auto& s = self->state;
-        if (s.current != phase::ended && !s.pending_failure.empty()) fail(self, s.pending_failure);
+      [=](shutdown_atom) { run(self, self->state.logic->on_shutdown()); },
+      [=](resume_atom, int32_t pid) {
+        ::kill(pid, SIGCONT);
+        emit(self, {{"event", "fault"}, {"what", "continue"}, {"pids", {pid}}});
       },
-      [=](shutdown_atom) {
+      [=](tick_atom) {
         auto& s = self->state;
-        if (s.current == phase::ended) return;
-        emit(self, {{"event", "interrupted"}, {"step", s.committed}});
-        finish(self, 130, "interrupted at step " + std::to_string(s.committed) +
-                              (s.last_checkpoint.empty() ? "" : "; last checkpoint " + s.last_checkpoint));
-      },
-      [=](tick_atom, uint64_t gen) {
-        auto& s = self->state;
-        if (gen != s.watchdog_gen || s.current == phase::ended) return;
-        if (s.current == phase::forming)
-          fail(self, "only " + std::to_string(s.joined) + " of " + std::to_string(s.setup.cfg.world) +
-                         " ranks joined within " + std::to_string(s.setup.form_timeout_ms / 1000) +
-                         " s; check the agent's output for worker errors");
-        else
-          fail(self, "no progress for " + std::to_string(2 * s.setup.cfg.step_timeout_ms / 1000) +
-                         " s after step " + std::to_string(s.committed) + " (a rank hung); raise step_timeout_ms if steps are that slow");
+        run(self, s.logic->on_tick(logic_clock::now()));
+        update_gauges(self);
+        if (!s.result_sent) self->delayed_send(self, s.setup.tick, tick_atom::value);
       },
   };
 }

@@ -1,18 +1,22 @@
 #pragma once
-// The root of the supervisor tree: owns the generation number and the job's state
-// machine (forming -> training -> done / failed), collects step votes and commits them.
-
-#include "actors/messages.hpp"
-#include "monitoring/event_log.hpp"
-#include "monitoring/metrics.hpp"
-#include "runtime/config.hpp"
-#include "strategies/mesh.hpp"
+// The root of the supervisor tree: the actor around job_logic (actors/job_logic.hpp). It
+// turns messages, lost connections and clock ticks into the logic's events and carries out
+// the actions it returns; every decision is the logic's.
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
-
+#include <chrono>
 #include <cstdint>
 #include <string>
+
+#include "actors/job_logic.hpp"
+#include "actors/messages.hpp"
+#include "chaos/fault_spec.hpp"
+#include "monitoring/event_log.hpp"
+#include "monitoring/metrics.hpp"
+#include "runtime/config.hpp"
+#include "strategies/planner.hpp"
+#include "strategies/replan.hpp"
 
 namespace troupe::actors {
 
@@ -22,13 +26,19 @@ struct job_setup {
   train_config cfg;
   std::string store_host;
   uint16_t store_port = 0;
-  int64_t start_step = 0;                 ///< steps already committed (resume)
+  int64_t start_step = 0;  ///< steps already committed (resume)
   monitoring::event_log* events = nullptr;
   monitoring::metrics_registry* metrics = nullptr;
-  caf::actor listener;                    ///< receives (result_atom, job_result) at the end
-  int form_timeout_ms = 60000;            ///< all ranks must have joined by then
-  strategies::layout shape;               ///< the planner's layout for this generation
-  std::string layout_json = "{}";         ///< the same, with the plan's figures, for events.jsonl
+  caf::actor listener;           ///< receives (result_atom, job_result) at the end
+  int form_timeout_ms = 60000;   ///< every first member must have joined by then
+  strategies::layout_plan plan;  ///< the planner's plan for the first generation
+  int nodes = 1;                 ///< agents that share the first members
+  int spares = 0;                ///< started idle workers beyond the plan's world
+  strategies::elastic_bounds bounds;
+  int heartbeat_timeout_ms = 2000;
+  std::string straggler_policy = "warn";
+  std::chrono::milliseconds tick{100};  ///< how often deadlines are checked
+  std::vector<chaos::fault> faults;     ///< injected when their step begins (same machine)
 };
 
 /// Pure decisions of the step protocol, tested without actors.

@@ -4,6 +4,22 @@
 
 namespace troupe::actors {
 
+const char* to_string(state_source s) {
+  switch (s) {
+    case state_source::init:
+      return "init";
+    case state_source::checkpoint:
+      return "checkpoint";
+    case state_source::self:
+      return "self";
+    case state_source::peer:
+      return "peer";
+    case state_source::none:
+      return "none";
+  }
+  return "unknown";
+}
+
 system_config::system_config() {
   add_message_type<hello>("troupe::hello");
   add_message_type<welcome>("troupe::welcome");
@@ -18,6 +34,10 @@ system_config::system_config() {
   add_message_type<worker_exited>("troupe::worker_exited");
   add_message_type<pipe_notice>("troupe::pipe_notice");
   add_message_type<job_result>("troupe::job_result");
+  add_message_type<reconfigure>("troupe::reconfigure");
+  add_message_type<state_report>("troupe::state_report");
+  add_message_type<reconfigured>("troupe::reconfigured");
+  add_message_type<heartbeat>("troupe::heartbeat");
   // Heartbeats off means a frozen (SIGSTOPped, partitioned) peer is never noticed;
   // both settings must be non-zero for the middleman to check.
   set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});

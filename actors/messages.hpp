@@ -2,10 +2,10 @@
 // The control plane's whole vocabulary: every atom and message type that crosses a
 // process boundary between the coordinator, agents and ranks, registered in one place.
 
+#include <caf/actor.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -15,67 +15,127 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 6;
+constexpr int32_t protocol_version = 7;
 
-using stop_atom = caf::atom_constant<caf::atom("stop")>;          // orderly stop, from the coordinator
+using stop_atom = caf::atom_constant<caf::atom("stop")>;  // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
-using result_atom = caf::atom_constant<caf::atom("result")>;      // the launcher awaits the job's end
+using result_atom = caf::atom_constant<caf::atom("result")>;  // the launcher awaits the job's end
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using settle_atom = caf::atom_constant<caf::atom("settle")>;  // a failure waits for its cause
 using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor monitors a neighbour
-using introduce_atom = caf::atom_constant<caf::atom("introduce")>;  // a stage hands the next its actor
+using introduce_atom =
+    caf::atom_constant<caf::atom("introduce")>;               // a stage hands the next its actor
+using resume_atom = caf::atom_constant<caf::atom("resume")>;  // SIGCONT a stopped process (chaos)
 
-/// A worker introduces itself to the coordinator.
+/// A worker process introduces itself to the coordinator. `member` is the process's identity
+/// in the job (its agent's slot); its rank changes from generation to generation.
 struct hello {
   int32_t protocol = protocol_version;
-  int32_t rank = -1;
+  int32_t member = -1;
   int32_t pid = 0;
   std::string host;
+  int32_t node = 0;    ///< the agent (node) that started it
+  caf::actor control;  ///< receives aborts while the step loop runs (see rank.hpp)
 };
 
-/// The coordinator's answer: everything a rank needs to join the current generation.
+/// The coordinator's answer: the member is admitted (or refused, and why). Its rank and the
+/// plan come in a `reconfigure` when the next generation forms.
 struct welcome {
   uint64_t generation = 0;
-  int32_t world = 0;
-  std::string config_json;   ///< the validated job config (runtime/config.hpp to_json)
-  std::string store_host;    ///< key-value store that bootstraps the communicators
+  std::string config_json;  ///< the validated job config (runtime/config.hpp to_json)
+  std::string store_host;   ///< key-value store that bootstraps the communicators
   int32_t store_port = 0;
-  int64_t start_step = 0;    ///< committed steps already done (from a checkpoint)
-  int32_t dp = 1, tp = 1, pp = 1, ep = 1;  ///< the planner's layout for this generation
-  std::string rank_order;    ///< the mesh's rank order ("tp-ep-dp-pp")
-  std::string error;         ///< non-empty: the rank is refused (and why)
+  int32_t heartbeat_interval_ms = 0;
+  std::string error;  ///< non-empty: the member is refused (and why)
 };
 
-/// An agent offers its node; the coordinator answers with a launch plan.
+/// Where a rank's state for a new generation comes from.
+enum class state_source : int8_t {
+  init = 0,        ///< parameters from the seed: the job starts (or replays from step 0)
+  checkpoint = 1,  ///< the committed checkpoint at `start_step`, read from disk
+  self = 2,        ///< this process already holds it (same coordinates, same step)
+  peer = 3,        ///< `source_rank` sends it over the data plane
+  none = 4,        ///< a spare: no rank in this generation
+};
+const char* to_string(state_source s);
+
+/// Opens a generation: this member's rank in it, the whole plan (planned once, by the
+/// coordinator), the step training continues after, and where the rank's state comes from.
+struct reconfigure {
+  uint64_t generation = 0;
+  int32_t member = -1;
+  int32_t rank = -1;  ///< -1: a spare in this generation
+  int32_t world = 0;
+  std::string plan_json;   ///< strategies::to_json(layout_plan)
+  int64_t start_step = 0;  ///< committed steps; the next step is start_step + 1
+  state_source source = state_source::init;
+  int32_t source_rank = -1;      ///< for peer: who sends (a rank of this generation)
+  std::vector<int32_t> send_to;  ///< ranks this rank sends its state to, in this order
+  std::string reason;
+};
+
+/// After an abort: what a member holds, so the coordinator can plan the restore.
+struct state_report {
+  uint64_t generation = 0;  ///< the generation being formed
+  int32_t member = -1;
+  uint64_t held_generation = 0;  ///< the generation whose layout the state is in; 0 = none
+  int32_t held_rank = -1;        ///< its rank in that generation
+  int64_t held_step = -1;        ///< the committed step the state is at; -1 = none usable
+};
+
+/// A member finished its part of a reconfigure.
+struct reconfigured {
+  uint64_t generation = 0;
+  int32_t member = -1;
+  int32_t rank = -1;
+  bool ok = true;
+  std::string error;
+  uint64_t bytes = 0;  ///< state received (peer) or read (checkpoint)
+  double seconds = 0;  ///< building communicators and restoring
+};
+
+/// Sent by every worker from a thread that compute cannot block, so a hung process (SIGSTOP,
+/// a wedged kernel call) is told from a slow one.
+struct heartbeat {
+  int32_t member = -1;
+  uint64_t generation = 0;
+  int64_t step = 0;
+};
+
+/// An agent offers its node; the coordinator answers with a launch plan: which members
+/// (worker processes) to start and which node number the agent is.
 struct agent_hello {
   int32_t protocol = protocol_version;
   std::string host;
   int32_t pid = 0;
+  int32_t slots = 0;  ///< workers it offers (--ranks K); 0 = its share of the job
 };
 struct launch_plan {
   uint64_t generation = 0;
-  std::vector<int32_t> ranks;   ///< ranks this agent must start
-  std::string coordinator_host;
-  int32_t coordinator_port = 0;
+  int32_t node = 0;
+  std::vector<int32_t> members;  ///< members this agent must start
   std::string error;
 };
 
 /// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
 struct step_done {
   uint64_t generation = 0;
-  int64_t step = 0;           ///< 1-based number of the step this vote is for
+  int64_t step = 0;  ///< 1-based number of the step this vote is for
   int32_t rank = 0;
   bool ok = true;
-  std::string error;          ///< why not ok
-  double loss_sum = 0;        ///< sum of per-token losses over this rank's share
+  std::string error;        ///< why not ok
+  int32_t error_kind = 0;   ///< comm::comm_errc of a data-plane failure; 0 = not one
+  std::string error_op;     ///< the stage of the step that failed ("reduce", "apply", ...)
+  std::string error_group;  ///< the communicator group, when the data plane failed
+  double loss_sum = 0;      ///< sum of per-token losses over this rank's share
   int64_t tokens = 0;
-  double lr = 0;              ///< learning rate this step applies with
-  double compute_s = 0;       ///< forward + backward
-  double comm_s = 0;          ///< gradient all-reduce
-  double control_s = 0;       ///< previous step's vote-to-commit round trip, less the peer wait
-  double peer_wait_s = 0;     ///< previous step's wait, at the coordinator, for the last vote
-  double optim_s = 0;         ///< previous step's optimizer update
+  double lr = 0;                  ///< learning rate this step applies with
+  double compute_s = 0;           ///< forward + backward
+  double comm_s = 0;              ///< gradient all-reduce
+  double control_s = 0;           ///< previous step's vote-to-commit round trip, less the peer wait
+  double peer_wait_s = 0;         ///< previous step's wait, at the coordinator, for the last vote
+  double optim_s = 0;             ///< previous step's optimizer update
   int64_t optim_state_bytes = 0;  ///< optimizer state this rank holds, as allocated
   int64_t peak_rss_bytes = 0;     ///< the process's peak resident memory so far
 };
@@ -84,16 +144,19 @@ struct step_done {
 struct commit {
   uint64_t generation = 0;
   int64_t step = 0;
-  bool checkpoint = false;    ///< write this rank's shard after applying
-  bool evaluate = false;      ///< compute validation loss after applying
-  double peer_wait_s = 0;     ///< how long this rank's vote waited for the last one: time
-                              ///< spent on peers (imbalance), not on the control plane
+  bool checkpoint = false;  ///< write this rank's shard after applying
+  bool evaluate = false;    ///< compute validation loss after applying
+  double peer_wait_s = 0;   ///< how long this rank's vote waited for the last one: time
+                            ///< spent on peers (imbalance), not on the control plane
 };
 
-/// The job's generation is over (a rank was lost or the job is stopping).
+/// The current generation is over: `generation` is the one being formed (or the last one,
+/// when the job is stopping). Each rank aborts its communicators, drops its uncommitted step
+/// and answers with a state_report.
 struct abort_generation {
   uint64_t generation = 0;
   std::string reason;
+  bool final = false;  ///< the job is ending: exit instead of reporting
 };
 
 /// A rank's shard of a checkpoint is durable on disk.
@@ -137,7 +200,7 @@ struct pipe_notice {
 /// choices capacity turned away.
 struct expert_load_report {
   uint64_t generation = 0;
-  int64_t step = 0;              ///< 1-based
+  int64_t step = 0;  ///< 1-based
   int32_t rank = 0;
   int32_t blocks = 0;            ///< MoE blocks (n_layer)
   int32_t experts = 0;           ///< E
@@ -147,15 +210,15 @@ struct expert_load_report {
 
 /// An agent reports that one of its worker processes ended.
 struct worker_exited {
-  int32_t rank = 0;
+  int32_t member = 0;
   int32_t pid = 0;
-  int32_t exit_code = 0;    ///< valid when signal == 0
-  int32_t signal = 0;       ///< the signal that killed it, or 0
+  int32_t exit_code = 0;  ///< valid when signal == 0
+  int32_t signal = 0;     ///< the signal that killed it, or 0
 };
 
 /// The job's end, as the launcher (troupe run / troupe coordinator) reports it.
 struct job_result {
-  int32_t exit_code = 0;    ///< 0 done, 1 failed, 130 interrupted
+  int32_t exit_code = 0;  ///< 0 done, 1 failed, 130 interrupted
   std::string message;
   int64_t steps_done = 0;
   double final_loss = 0;
@@ -167,62 +230,84 @@ struct job_result {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hello& x) {
-  return f(caf::meta::type_name("troupe::hello"), x.protocol, x.rank, x.pid, x.host);
+  return f(caf::meta::type_name("troupe::hello"), x.protocol, x.member, x.pid, x.host, x.node,
+           x.control);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, welcome& x) {
-  return f(caf::meta::type_name("troupe::welcome"), x.generation, x.world, x.config_json, x.store_host,
-           x.store_port, x.start_step, x.dp, x.tp, x.pp, x.ep, x.rank_order, x.error);
+  return f(caf::meta::type_name("troupe::welcome"), x.generation, x.config_json, x.store_host,
+           x.store_port, x.heartbeat_interval_ms, x.error);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, reconfigure& x) {
+  return f(caf::meta::type_name("troupe::reconfigure"), x.generation, x.member, x.rank, x.world,
+           x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, state_report& x) {
+  return f(caf::meta::type_name("troupe::state_report"), x.generation, x.member, x.held_generation,
+           x.held_rank, x.held_step);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, reconfigured& x) {
+  return f(caf::meta::type_name("troupe::reconfigured"), x.generation, x.member, x.rank, x.ok,
+           x.error, x.bytes, x.seconds);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
+  return f(caf::meta::type_name("troupe::heartbeat"), x.member, x.generation, x.step);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
-  return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid);
+  return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid, x.slots);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
-  return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.ranks, x.coordinator_host,
-           x.coordinator_port, x.error);
+  return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
-  return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error, x.loss_sum,
-           x.tokens, x.lr, x.compute_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes,
-           x.peak_rss_bytes);
+  return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error,
+           x.error_kind, x.error_op, x.error_group, x.loss_sum, x.tokens, x.lr, x.compute_s,
+           x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes, x.peak_rss_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
-  return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate, x.peer_wait_s);
+  return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate,
+           x.peer_wait_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {
-  return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason);
+  return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason, x.final);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
-  return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok, x.error, x.file,
-           x.bytes, x.hash, x.offset, x.count);
+  return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok,
+           x.error, x.file, x.bytes, x.hash, x.offset, x.count);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {
-  return f(caf::meta::type_name("troupe::eval_done"), x.generation, x.step, x.rank, x.loss_sum, x.batches);
+  return f(caf::meta::type_name("troupe::eval_done"), x.generation, x.step, x.rank, x.loss_sum,
+           x.batches);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipe_notice& x) {
-  return f(caf::meta::type_name("troupe::pipe_notice"), x.generation, x.step, x.micro_batch, x.backward, x.from_stage);
+  return f(caf::meta::type_name("troupe::pipe_notice"), x.generation, x.step, x.micro_batch,
+           x.backward, x.from_stage);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_load_report& x) {
-  return f(caf::meta::type_name("troupe::expert_load_report"), x.generation, x.step, x.rank, x.blocks, x.experts,
-           x.tokens, x.dropped);
+  return f(caf::meta::type_name("troupe::expert_load_report"), x.generation, x.step, x.rank,
+           x.blocks, x.experts, x.tokens, x.dropped);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {
-  return f(caf::meta::type_name("troupe::worker_exited"), x.rank, x.pid, x.exit_code, x.signal);
+  return f(caf::meta::type_name("troupe::worker_exited"), x.member, x.pid, x.exit_code, x.signal);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_result& x) {
-  return f(caf::meta::type_name("troupe::job_result"), x.exit_code, x.message, x.steps_done, x.final_loss,
-           x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint);
+  return f(caf::meta::type_name("troupe::job_result"), x.exit_code, x.message, x.steps_done,
+           x.final_loss, x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint);
 }
 
 /// The actor-system config every troupe process uses: registers the message types

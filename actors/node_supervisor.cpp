@@ -1,32 +1,33 @@
 #include "actors/node_supervisor.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <csignal>
+#include <map>
+#include <memory>
+
 #include "actors/child_process.hpp"
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "monitoring/log.hpp"
 
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
-#include <unistd.h>
-
-#include <atomic>
-#include <csignal>
-#include <map>
-#include <memory>
-
 namespace troupe::actors {
 namespace {
 
 constexpr auto reap_interval = std::chrono::milliseconds(20);
-constexpr auto stop_grace = std::chrono::seconds(10);   // workers finish their step, then SIGTERM
-constexpr auto kill_grace = std::chrono::seconds(3);    // then SIGKILL
+constexpr auto stop_grace = std::chrono::seconds(10);  // workers finish their step, then SIGTERM
+constexpr auto kill_grace = std::chrono::seconds(3);   // then SIGKILL
 
 struct agent_state {
   agent_args args;
   caf::actor coordinator;
-  std::map<int32_t, pid_t> workers;   // rank -> pid, until reaped
+  std::map<int32_t, pid_t> workers;  // member -> pid, until reaped
+  int32_t node = 0;
   bool stopping = false;
-  int stop_stage = 0;                 // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
+  int stop_stage = 0;  // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
   std::shared_ptr<std::atomic<int>> exit_code;
   static inline const char* name = "node_supervisor";
 };
@@ -46,8 +47,10 @@ void begin_stop(self_ptr self, int exit_code) {
     self->quit();
     return;
   }
-  self->delayed_send(self, exit_code == 0 ? std::chrono::duration_cast<std::chrono::milliseconds>(stop_grace)
-                                          : std::chrono::milliseconds(0),
+  self->delayed_send(self,
+                     exit_code == 0
+                         ? std::chrono::duration_cast<std::chrono::milliseconds>(stop_grace)
+                         : std::chrono::milliseconds(0),
                      stop_atom::value, int32_t{1});
 }
 
@@ -61,31 +64,38 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source != self->state.coordinator.address()) return;
     if (!self->state.stopping)
-      monitoring::log(monitoring::level::error, agent_ctx,
-                      "lost the coordinator (" + self->system().render(dm.reason) + "); stopping the workers");
+      monitoring::log(
+          monitoring::level::error, agent_ctx,
+          "lost the coordinator (" + self->system().render(dm.reason) + "); stopping the workers");
     begin_stop(self, self->state.stopping ? self->state.exit_code->load() : 1);
   });
 
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
-  self->request(coordinator, std::chrono::seconds(30), agent_hello{protocol_version, host, getpid()})
+  self->request(coordinator, std::chrono::seconds(30),
+                agent_hello{protocol_version, host, getpid(), st.args.ranks})
       .then(
           [=](const launch_plan& plan) {
             auto& s = self->state;
             if (!plan.error.empty()) {
-              monitoring::log(monitoring::level::error, agent_ctx, "the coordinator refused this agent: " + plan.error);
+              monitoring::log(monitoring::level::error, agent_ctx,
+                              "the coordinator refused this agent: " + plan.error);
               begin_stop(self, 1);
               return;
             }
             const std::string exe = self_executable();
-            const std::string endpoint = s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
-            for (int32_t r : plan.ranks) {
+            const std::string endpoint =
+                s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
+            s.node = plan.node;
+            for (int32_t m : plan.members) {
               try {
-                s.workers[r] = spawn_child({exe, "worker", "--coordinator", endpoint, "--rank", std::to_string(r)});
+                s.workers[m] =
+                    spawn_child({exe, "worker", "--coordinator", endpoint, "--member",
+                                 std::to_string(m), "--node", std::to_string(plan.node)});
               } catch (const std::exception& e) {
                 monitoring::log(monitoring::level::error, agent_ctx,
-                                "cannot start rank " + std::to_string(r) + ": " + e.what());
-                self->send(s.coordinator, worker_exited{r, 0, 127, 0});
+                                "cannot start member " + std::to_string(m) + ": " + e.what());
+                self->send(s.coordinator, worker_exited{m, 0, 127, 0});
               }
             }
             self->send(self, tick_atom::value);
@@ -102,7 +112,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
         for (auto it = s.workers.begin(); it != s.workers.end();) {
           if (auto ended = try_reap(it->second)) {
             if (!s.stopping)
-              self->send(s.coordinator, worker_exited{it->first, it->second, ended->exit_code, ended->signal});
+              self->send(s.coordinator,
+                         worker_exited{it->first, it->second, ended->exit_code, ended->signal});
             it = s.workers.erase(it);
           } else {
             ++it;
@@ -132,8 +143,9 @@ int run_agent(const agent_args& args) {
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
   std::string error;
-  auto coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
-                                            std::chrono::milliseconds(args.connect_timeout_ms), error);
+  auto coordinator =
+      connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                             std::chrono::milliseconds(args.connect_timeout_ms), error);
   if (!coordinator) {
     monitoring::log(monitoring::level::error, agent_ctx, error);
     return 1;

@@ -12,6 +12,7 @@ struct agent_args {
   std::string coordinator_host = "127.0.0.1";
   uint16_t coordinator_port = 0;
   int connect_timeout_ms = 30000;
+  int ranks = 0;  ///< workers this agent offers (--ranks K); 0 = its share of the job
 };
 
 /// Runs the agent until its workers are gone; returns the process exit code

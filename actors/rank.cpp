@@ -1,8 +1,23 @@
 #include "actors/rank.hpp"
 
+#include <unistd.h>
+
+#include <atomic>
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
+#include "actors/state_transfer.hpp"
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
@@ -12,18 +27,7 @@
 #include "runtime/data/dataset.hpp"
 #include "strategies/engine.hpp"
 #include "strategies/planner.hpp"
-
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
-#include <unistd.h>
-
-#include <atomic>
-#include <thread>
-#include <filesystem>
-#include <fstream>
-#include <chrono>
-#include <memory>
-#include <optional>
+#include "strategies/replan.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -42,128 +46,221 @@ double seconds_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-/// Why the loop ended early: the coordinator said so, or it is gone.
-struct stop_signal {
-  int exit_code;
+// What the rank actor, the control actor and the heartbeat thread share. The control actor
+// aborts the engine of a generation that is over while the rank actor is inside a collective.
+class worker_shared {
+ public:
+  void attach(strategies::training_engine* engine, stage_link* stage, uint64_t generation) {
+    std::lock_guard lock(m_);
+    engine_ = engine;
+    stage_ = stage;
+    running_ = generation;
+    generation_.store(generation);
+  }
+  void detach() {
+    std::lock_guard lock(m_);
+    engine_ = nullptr;
+    stage_ = nullptr;
+  }
+  /// Aborts the running generation's data plane if `generation` (the one being formed) is
+  /// newer, or whatever runs when the job ends.
+  void abort_older_than(uint64_t generation, bool final, const std::string& why) {
+    std::lock_guard lock(m_);
+    if (!engine_ || (!final && running_ >= generation)) return;
+    engine_->abort();
+    if (stage_) stage_->abort(why);
+  }
+  std::atomic<uint64_t>& generation() { return generation_; }
+  std::atomic<int64_t>& step() { return step_; }
+
+ private:
+  std::mutex m_;
+  strategies::training_engine* engine_ = nullptr;
+  stage_link* stage_ = nullptr;
+  uint64_t running_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> step_{0};
+};
+
+// Receives the coordinator's aborts while the rank actor is busy, aborts the collective in
+// flight, and hands the message on to the rank actor, which decides what follows.
+caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker_shared> shared,
+                            caf::actor rank) {
+  (void)self;
+  return {
+      [=](const abort_generation& a) {
+        shared->abort_older_than(a.generation, a.final, a.reason);
+        self->send(rank, a);
+      },
+  };
+}
+
+// Beats from its own thread, so compute cannot silence it; only a stopped or dead process is.
+class heartbeat_thread {
+ public:
+  heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,
+                   std::chrono::milliseconds interval)
+      : thread_([=, this] {
+          std::unique_lock lock(m_);
+          while (!stop_) {
+            caf::anon_send(coordinator,
+                           heartbeat{member, shared->generation().load(), shared->step().load()});
+            cv_.wait_for(lock, interval, [this] { return stop_; });
+          }
+        }) {}
+  ~heartbeat_thread() {
+    {
+      std::lock_guard lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// One generation as this rank sees it: its place, its plan, its engine.
+struct generation_context {
+  uint64_t generation = 0;
+  int32_t rank = -1;
+  int32_t world = 0;
+  strategies::layout_plan plan;
+  std::unique_ptr<strategies::training_engine> engine;
+  std::unique_ptr<stage_link> stage;
+  int64_t state_step = -1;  // the committed step the engine's state is at; -1 = unusable
+};
+
+// How the step loop of one generation ended.
+enum class loop_end { finished, aborted, stopped, failed };
+struct loop_result {
+  loop_end how = loop_end::finished;
+  uint64_t next_generation = 0;  // aborted: the generation being formed
   std::string why;
 };
 
-// Everything one rank owns for the lifetime of a generation. Replaced as a whole when
-// the job reconfigures (a later issue); no globals.
-struct rank_context {
+struct worker {
   caf::blocking_actor* self = nullptr;
   caf::actor coordinator;
-  int rank = 0;
-  int world = 0;
-  uint64_t generation = 0;
+  int32_t member = -1;
+  std::shared_ptr<worker_shared> shared;
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
-  std::unique_ptr<strategies::training_engine> engine;
-  std::unique_ptr<stage_link> stage;  // pipeline layouts only
-  monitoring::log_context log_ctx() const { return {"rank", rank, generation, -1}; }
+  std::optional<byte_dataset> data;
+  generation_context current;
+  uint64_t newest_generation = 0;  // the newest generation any message named
+  monitoring::log_context log_ctx() const {
+    return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
+  }
 };
 
-// Waits for the coordinator's word on `step`. Returns the commit, or throws stop_signal.
-commit await_commit(rank_context& rc, int64_t step) {
+// What a control message means for the step loop: nothing, or the loop's end.
+std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
+  w.newest_generation = std::max(w.newest_generation, a.generation);
+  if (a.final) return loop_result{loop_end::stopped, 0, "the job ended: " + a.reason};
+  if (a.generation > w.current.generation)
+    return loop_result{loop_end::aborted, a.generation, a.reason};
+  return std::nullopt;
+}
+
+std::optional<loop_result> on_coordinator_down(worker& w, const caf::down_msg& dm) {
+  if (dm.source != w.coordinator.address()) return std::nullopt;
+  return loop_result{loop_end::failed, 0,
+                     "lost the coordinator (" + w.self->system().render(dm.reason) + ")"};
+}
+
+// Waits for the coordinator's word on `step`: its commit, or the end of this generation.
+std::variant<commit, loop_result> await_commit(worker& w, int64_t step) {
   std::optional<commit> got;
-  std::optional<stop_signal> stop;
+  std::optional<loop_result> end;
   const auto now = clock_type::now();
-  const auto deadline = now + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
+  const auto deadline = now + std::chrono::milliseconds(w.cfg.step_timeout_ms * 2);
   // The commit usually arrives within a millisecond; a thread that sleeps for it can lose a
   // whole scheduler tick on a busy machine, so poll the mailbox briefly before blocking.
   const auto spin_until = now + std::chrono::milliseconds(2);
-  while (!got && !stop) {
+  while (!got && !end) {
     auto t = clock_type::now();
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - t);
-    if (left.count() <= 0) {
-      stop = stop_signal{1, "no commit for step " + std::to_string(step) + " within " +
-                                std::to_string(rc.cfg.step_timeout_ms * 2 / 1000) + " s"};
-      break;
-    }
+    if (left.count() <= 0)
+      return loop_result{loop_end::failed, 0,
+                         "no commit for step " + std::to_string(step) + " within " +
+                             std::to_string(w.cfg.step_timeout_ms * 2 / 1000) + " s"};
     auto wait = t < spin_until ? std::chrono::milliseconds(0) : left;
-    rc.self->receive(
+    w.self->receive(
         [&](const commit& c) {
-          if (c.generation == rc.generation && c.step == step) got = c;
+          if (c.generation == w.current.generation && c.step == step) got = c;
         },
-        [&](const abort_generation& a) {
-          if (a.generation == rc.generation) stop = stop_signal{1, "generation aborted: " + a.reason};
+        [&](const abort_generation& a) { end = on_control(w, a); },
+        [&](stop_atom) {
+          end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
         },
-        [&](stop_atom) { stop = stop_signal{0, "stopped by the coordinator"}; },
-        [&](caf::down_msg& dm) {
-          if (dm.source == rc.coordinator.address())
-            stop = stop_signal{1, "lost the coordinator (" + rc.self->system().render(dm.reason) + ")"};
+        [&](const reconfigure& r) {
+          w.newest_generation = std::max(w.newest_generation, r.generation);
         },
-        caf::after(wait) >> [] {});
+        [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); }, caf::after(wait) >> [] {});
     // While polling, leave the core to the coordinator: on a machine where ranks fill every
     // core, the commit cannot be sent while we spin on it.
-    if (!got && !stop && wait.count() == 0) std::this_thread::yield();
+    if (!got && !end && wait.count() == 0) std::this_thread::yield();
   }
-  if (stop) throw *stop;
+  if (end) return *end;
   return *got;
 }
 
-// Non-blocking look at the mailbox between steps, so a stop or a lost coordinator is
-// noticed without waiting for the next vote.
-void poll_control(rank_context& rc) {
-  std::optional<stop_signal> stop;
+// Non-blocking look at the mailbox between steps.
+std::optional<loop_result> poll_control(worker& w) {
+  std::optional<loop_result> end;
   bool more = true;
-  while (more && !stop) {
+  while (more && !end) {
     more = false;
-    rc.self->receive(
+    w.self->receive(
         [&](const abort_generation& a) {
           more = true;
-          if (a.generation == rc.generation) stop = stop_signal{1, "generation aborted: " + a.reason};
+          end = on_control(w, a);
         },
-        [&](stop_atom) { stop = stop_signal{0, "stopped by the coordinator"}; },
+        [&](stop_atom) {
+          end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
+        },
+        [&](const commit&) { more = true; },
         [&](caf::down_msg& dm) {
           more = true;
-          if (dm.source == rc.coordinator.address())
-            stop = stop_signal{1, "lost the coordinator (" + rc.self->system().render(dm.reason) + ")"};
+          end = on_coordinator_down(w, dm);
         },
         caf::after(std::chrono::seconds(0)) >> [] {});
   }
-  if (stop) throw *stop;
+  return end;
 }
 
-// After the last step: stay until the coordinator says stop (it may still be collecting
-// shards), but never past a deadline.
-int await_stop(rank_context& rc) {
-  int code = -1;
-  const auto deadline = clock_type::now() + std::chrono::milliseconds(rc.cfg.step_timeout_ms * 2);
-  while (code < 0) {
+// After a failed step: the coordinator decides (an abort opens the next generation), but
+// never later than a deadline.
+loop_result await_decision(worker& w) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(w.cfg.step_timeout_ms * 2);
+  for (;;) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
-    if (left.count() <= 0) {
-      monitoring::log(monitoring::level::error, rc.log_ctx(), "the coordinator never said stop; exiting");
-      return 1;
-    }
-    rc.self->receive([&](stop_atom) { code = 0; },
-                     [&](const abort_generation& a) {
-                       if (a.generation == rc.generation) code = 1;
-                     },
-                     [&](caf::down_msg& dm) {
-                       if (dm.source == rc.coordinator.address()) code = 0;  // job over, coordinator gone
-                     },
-                     [&](const commit&) {}, caf::after(left) >> [] {});
+    if (left.count() <= 0)
+      return {loop_end::failed, 0, "the coordinator did not answer a failed step in time"};
+    std::optional<loop_result> end;
+    w.self->receive([&](const abort_generation& a) { end = on_control(w, a); },
+                    [&](stop_atom) {
+                      end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
+                    },
+                    [&](const commit&) {},
+                    [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
+                    caf::after(left) >> [] {});
+    if (end) return *end;
   }
-  return code;
 }
 
-// Loads the committed checkpoint the coordinator resumed from into the engine.
-void restore(rank_context& rc, int64_t start_step, strategies::training_engine& engine) {
-  auto man = ckpt::latest_committed(rc.cfg.run_dir);
-  if (!man || man->step != start_step)
-    throw std::runtime_error("checkpoint for step " + std::to_string(start_step) + " not found in " +
-                             rc.cfg.run_dir);
-  engine.restore(ckpt::load_full_state(rc.cfg.run_dir, *man));
-}
-
-shard_written write_checkpoint_shard(rank_context& rc, int64_t step, strategies::training_engine& engine) {
+shard_written write_checkpoint_shard(worker& w, int64_t step) {
   shard_written out;
-  out.generation = rc.generation;
+  out.generation = w.current.generation;
   out.step = step;
-  out.rank = rc.rank;
+  out.rank = w.current.rank;
   try {
-    auto entry = ckpt::write_shard(rc.cfg.run_dir, engine.checkpoint_shard(step));
+    auto entry = ckpt::write_shard(w.cfg.run_dir, w.current.engine->checkpoint_shard(step));
     out.file = entry.file;
     out.bytes = entry.bytes;
     out.hash = entry.hash;
@@ -177,100 +274,91 @@ shard_written write_checkpoint_shard(rank_context& rc, int64_t step, strategies:
 }
 
 // A pipeline stage's passes of this session, as a Chrome trace: runs/<job>/traces/rank<r>.json.
-// Every stage's clock is the machine's steady clock, so the files of one pipeline merge.
-void write_pipeline_trace(rank_context& rc, const strategies::training_engine& engine) {
-  const std::string trace = engine.pipeline_trace();
+void write_pipeline_trace(worker& w) {
+  const std::string trace = w.current.engine->pipeline_trace();
   if (trace.empty()) return;
   std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::path(rc.cfg.run_dir) / "traces";
+  const std::filesystem::path dir = std::filesystem::path(w.cfg.run_dir) / "traces";
   std::filesystem::create_directories(dir, ec);
-  std::ofstream out(dir / ("rank" + std::to_string(rc.rank) + ".json"));
+  std::ofstream out(dir / ("rank" + std::to_string(w.current.rank) + ".json"));
   out << trace;
-  if (!out) monitoring::log(monitoring::level::warn, rc.log_ctx(), "could not write the pipeline trace to " + dir.string());
+  if (!out)
+    monitoring::log(monitoring::level::warn, w.log_ctx(),
+                    "could not write the pipeline trace to " + dir.string());
 }
 
-// A pipeline stage's actor, connected to its neighbours' (actors/stage.hpp), watching every pass.
-void connect_stage(rank_context& rc, const strategies::layout& shape) {
-  const auto view = strategies::view_of(shape, rc.rank);
-  const auto plan = strategies::make_plan(shape, rc.cfg.model, strategies::constraints_from(rc.cfg));
-  const int s = view.at.pp, p = shape.pp;
-  int next_slots = 0;
-  if (s + 1 < p) {
-    const auto schedule = strategies::make_schedule(strategies::parse_schedule_kind(rc.cfg.parallel.schedule), p,
-                                                    plan.micro_batches_per_replica);
-    // The next stage's activation slots, plus the one activation this stage's send holds.
-    next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
+// A failed part of a step, as a value for the coordinator.
+step_done failed_vote(worker& w, int64_t step, const std::string& op, const std::exception& e) {
+  step_done vote;
+  vote.generation = w.current.generation;
+  vote.step = step;
+  vote.rank = w.current.rank;
+  vote.ok = false;
+  vote.error = e.what();
+  vote.error_op = op;
+  if (auto* ce = dynamic_cast<const comm::comm_error*>(&e)) {
+    vote.error_kind = static_cast<int32_t>(ce->code());
+    const std::string text = ce->what();
+    if (auto at = text.find("group "); at != std::string::npos) {
+      auto end = text.find_first_of(",)", at);
+      vote.error_group =
+          text.substr(at + 6, end == std::string::npos ? std::string::npos : end - at - 6);
+    }
   }
-  rc.stage = std::make_unique<stage_link>(rc.self->system(), *rc.store, rc.generation, view.pp.name, s, p, next_slots,
-                                          std::chrono::milliseconds(rc.cfg.step_timeout_ms));
-  rc.engine->set_pipeline_observer(rc.stage.get());
+  return vote;
 }
 
-int train(rank_context& rc, const welcome& w) {
-  rc.generation = w.generation;
-  rc.world = w.world;
-  rc.cfg = config_from_json(w.config_json);
-  set_blas_threads(rc.cfg.blas_threads);
-  const auto op_timeout = std::chrono::milliseconds(rc.cfg.step_timeout_ms);
-
-  rc.store = comm::connect_tcp_store(w.store_host, static_cast<uint16_t>(w.store_port), op_timeout);
-  comm::gloo_options gopts;
-  gopts.connect_timeout = op_timeout;
-
-  auto data = byte_dataset::open(rc.cfg.data, rc.cfg.val_fraction);
-  strategies::layout shape;
-  shape.dp = w.dp;
-  shape.tp = w.tp;
-  shape.pp = w.pp;
-  shape.ep = w.ep;
-  shape.order = w.rank_order;
-  // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm overrides).
-  // Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>; unset, this is a no-op.
-  auto connect = [&](const comm::comm_identity& id) {
-    return chaos::inject_from_environment(comm::make_host_communicator(*rc.store, id, gopts), rc.rank);
+// Runs one generation's steps until the session's last step, or until it ends otherwise.
+loop_result train(worker& w, int64_t start_step) {
+  auto& g = w.current;
+  auto& engine = *g.engine;
+  const comm::op_options step_opts{std::chrono::milliseconds(w.cfg.step_timeout_ms)};
+  auto fail_step = [&](int64_t step, const std::string& op, const std::exception& e) {
+    monitoring::log(monitoring::level::warn, w.log_ctx(),
+                    op + " of step " + std::to_string(step) + " failed: " + e.what());
+    w.self->send(w.coordinator, failed_vote(w, step, op, e));
+    return await_decision(w);
   };
-  rc.engine = std::make_unique<strategies::training_engine>(rc.cfg, shape, rc.rank, rc.generation, connect);
-  auto& engine = *rc.engine;
-  if (shape.pp > 1) connect_stage(rc, shape);
-  engine.init(rc.cfg.seed);
-  if (w.start_step > 0) restore(rc, w.start_step, engine);
-  const comm::op_options step_opts{op_timeout};
-
   double prev_control = 0, prev_peer_wait = 0, prev_optim = 0;
-  for (int64_t step = w.start_step + 1; step <= session_last_step(rc.cfg); ++step) {
-    poll_control(rc);
+  for (int64_t step = start_step + 1; step <= session_last_step(w.cfg); ++step) {
+    if (auto end = poll_control(w)) return *end;
+    w.shared->step().store(step);
     auto t0 = clock_type::now();
-    if (rc.stage) rc.stage->begin_step(step);
-    grad_result g = engine.compute(data, step - 1);
+    grad_result gr;
+    try {
+      if (g.stage) g.stage->begin_step(step);
+      gr = engine.compute(*w.data, step - 1);
+    } catch (const std::exception& e) {
+      return fail_step(step, "compute", e);
+    }
     auto t1 = clock_type::now();
     const double model_comm_s = engine.take_model_comm_seconds();
-    if (auto load = engine.take_expert_load(); !load.tokens.empty()) {  // MoE: one rank per ep group
+    if (auto load = engine.take_expert_load();
+        !load.tokens.empty()) {  // MoE: one rank per ep group
       expert_load_report report;
-      report.generation = rc.generation;
+      report.generation = g.generation;
       report.step = step;
-      report.rank = rc.rank;
+      report.rank = g.rank;
       report.blocks = static_cast<int32_t>(load.tokens.size());
       report.experts = static_cast<int32_t>(load.tokens.front().size());
-      for (const auto& block : load.tokens) report.tokens.insert(report.tokens.end(), block.begin(), block.end());
+      for (const auto& block : load.tokens)
+        report.tokens.insert(report.tokens.end(), block.begin(), block.end());
       report.dropped = std::move(load.dropped);
-      rc.self->send(rc.coordinator, report);
+      w.self->send(w.coordinator, report);
     }
-    step_done vote;
-    vote.generation = rc.generation;
-    vote.step = step;
-    vote.rank = rc.rank;
     try {
       engine.reduce(step_opts);
-    } catch (const comm::comm_error& e) {
-      vote.ok = false;
-      vote.error = e.what();
-      rc.self->send(rc.coordinator, vote);
-      throw stop_signal{1, std::string("gradient reduction failed: ") + e.what()};
+    } catch (const std::exception& e) {
+      return fail_step(step, "reduce", e);
     }
     auto t2 = clock_type::now();
+    step_done vote;
+    vote.generation = g.generation;
+    vote.step = step;
+    vote.rank = g.rank;
     if (engine.reports_loss()) {
-      vote.loss_sum = g.loss_sum;
-      vote.tokens = g.tokens;
+      vote.loss_sum = gr.loss_sum;
+      vote.tokens = gr.tokens;
     }
     vote.lr = engine.learning_rate(step - 1);
     vote.compute_s = seconds_between(t0, t1) - model_comm_s;
@@ -278,20 +366,24 @@ int train(rank_context& rc, const welcome& w) {
     vote.control_s = prev_control;
     vote.peer_wait_s = prev_peer_wait;
     vote.optim_s = prev_optim;
-    if (step == w.start_step + 1) {
+    if (step == start_step + 1) {
       vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
       vote.peak_rss_bytes = peak_rss_bytes();
     }
-    rc.self->send(rc.coordinator, vote);
+    w.self->send(w.coordinator, vote);
 
-    commit c = await_commit(rc, step);
+    auto answer = await_commit(w, step);
+    if (auto* end = std::get_if<loop_result>(&answer)) return *end;
+    const commit c = std::get<commit>(answer);
     auto t3 = clock_type::now();
     try {
-      // ZeRO's all-gather and tensor parallelism's norm are collectives too: a failure here
-      // is a failed step like any other.
+      // ZeRO's all-gather and tensor parallelism's norm are collectives too; a failure in the
+      // middle leaves parameters half updated, so the state is no longer usable.
+      g.state_step = -1;
       engine.apply(step - 1, step_opts);
-    } catch (const comm::comm_error& e) {
-      throw stop_signal{1, std::string("applying the step failed: ") + e.what()};
+      g.state_step = step;
+    } catch (const std::exception& e) {
+      return fail_step(step, "apply", e);
     }
     auto t4 = clock_type::now();
     // The round trip less the time our vote waited at the coordinator for the slowest
@@ -299,58 +391,262 @@ int train(rank_context& rc, const welcome& w) {
     prev_peer_wait = std::min(c.peer_wait_s, seconds_between(t2, t3));
     prev_control = seconds_between(t2, t3) - prev_peer_wait;
     prev_optim = seconds_between(t3, t4);
-    if (step == session_last_step(rc.cfg)) write_pipeline_trace(rc, engine);
-    if (c.checkpoint) rc.self->send(rc.coordinator, write_checkpoint_shard(rc, step, engine));
+    if (step == session_last_step(w.cfg)) write_pipeline_trace(w);
+    if (c.checkpoint) w.self->send(w.coordinator, write_checkpoint_shard(w, step));
     if (c.evaluate) {
-      auto share = engine.evaluate(data);
-      eval_done e;
-      e.generation = rc.generation;
-      e.step = step;
-      e.rank = rc.rank;
-      e.loss_sum = share.loss_sum;
-      e.batches = share.batches;
-      rc.self->send(rc.coordinator, e);
+      try {
+        auto share = engine.evaluate(*w.data);
+        w.self->send(w.coordinator,
+                     eval_done{g.generation, step, g.rank, share.loss_sum, share.batches});
+      } catch (const std::exception& e) {
+        return fail_step(step + 1, "evaluate", e);
+      }
     }
   }
-  return await_stop(rc);
+  return {loop_end::finished, 0, ""};
 }
 
-void rank_actor(caf::blocking_actor* self, caf::actor coordinator, int rank, std::shared_ptr<std::atomic<int>> code) {
-  rank_context rc;
-  rc.self = self;
-  rc.coordinator = coordinator;
-  rc.rank = rank;
+// After the last step: stay until the coordinator says stop (it may still be collecting
+// shards, or recover and ask this generation for the final checkpoint), never past a deadline.
+loop_result await_stop(worker& w) {
+  const auto deadline = clock_type::now() + std::chrono::milliseconds(w.cfg.step_timeout_ms * 2);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now());
+    if (left.count() <= 0) return {loop_end::failed, 0, "the coordinator never said stop"};
+    std::optional<loop_result> end;
+    w.self->receive(
+        [&](stop_atom) {
+          end = loop_result{loop_end::stopped, 0, ""};
+        },
+        [&](const abort_generation& a) { end = on_control(w, a); },
+        [&](caf::down_msg& dm) {
+          // The job is over and the coordinator gone: nothing is lost.
+          if (dm.source == w.coordinator.address()) end = loop_result{loop_end::stopped, 0, ""};
+        },
+        [&](const commit& c) {
+          // A generation formed after the last step writes the final checkpoint.
+          if (c.generation == w.current.generation && c.checkpoint && w.current.engine)
+            w.self->send(w.coordinator, write_checkpoint_shard(w, c.step));
+        },
+        caf::after(left) >> [] {});
+    if (end) return *end;
+  }
+}
+
+// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
+reconfigured enter_generation(worker& w, const reconfigure& r) {
+  reconfigured out;
+  out.generation = r.generation;
+  out.member = w.member;
+  out.rank = r.rank;
+  const auto started = clock_type::now();
+  generation_context next;
+  next.generation = r.generation;
+  next.rank = r.rank;
+  next.world = r.world;
+  try {
+    next.plan = strategies::plan_from_json(r.plan_json);
+    if (r.rank >= 0) {
+      const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
+      comm::gloo_options gopts;
+      gopts.connect_timeout = op_timeout;
+      // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
+      // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
+      const int rank = r.rank;
+      auto connect = [&w, gopts, rank](const comm::comm_identity& id) {
+        return chaos::inject_from_environment(comm::make_host_communicator(*w.store, id, gopts),
+                                              rank);
+      };
+      strategies::micro_batching batching{next.plan.micro_batch_size,
+                                          next.plan.replica_micro_batches};
+      next.engine = std::make_unique<strategies::training_engine>(w.cfg, next.plan.shape, r.rank,
+                                                                  r.generation, connect, batching);
+      if (next.plan.shape.pp > 1) {
+        const auto view = strategies::view_of(next.plan.shape, r.rank);
+        const int s = view.at.pp, p = next.plan.shape.pp;
+        int next_slots = 0;
+        if (s + 1 < p) {
+          const auto schedule =
+              strategies::make_schedule(strategies::parse_schedule_kind(w.cfg.parallel.schedule), p,
+                                        next.plan.micro_batches_per_replica);
+          // The next stage's activation slots, plus the one activation this stage's send holds.
+          next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
+        }
+        next.stage = std::make_unique<stage_link>(w.self->system(), *w.store, r.generation,
+                                                  view.pp.name, s, p, next_slots, op_timeout);
+        next.engine->set_pipeline_observer(next.stage.get());
+      }
+      w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
+      const comm::op_options opts{op_timeout};
+      switch (r.source) {
+        case state_source::init:
+          next.engine->init(w.cfg.seed);
+          break;
+        case state_source::checkpoint: {
+          auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
+          next.engine->init(w.cfg.seed);
+          next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
+          for (const auto& s : man.shards) out.bytes += s.bytes;
+          break;
+        }
+        case state_source::self:
+          if (!w.current.engine || w.current.state_step != r.start_step)
+            throw std::runtime_error("asked to keep a state this process does not hold (step " +
+                                     std::to_string(w.current.state_step) + ", wanted " +
+                                     std::to_string(r.start_step) + ")");
+          copy_state(w.current.engine->state(), next.engine->state());
+          break;
+        case state_source::peer:
+          out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
+                                    next.engine->state(), opts);
+          break;
+        case state_source::none:
+          break;
+      }
+      for (int32_t to : r.send_to)
+        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts);
+      next.state_step = r.start_step;
+    }
+  } catch (const std::exception& e) {
+    w.shared->detach();
+    out.ok = false;
+    out.error = e.what();
+    out.seconds = seconds_between(started, clock_type::now());
+    return out;
+  }
+  w.shared->detach();
+  w.current = std::move(next);  // the old generation's engine and communicators go here
+  w.shared->attach(w.current.engine.get(), w.current.stage.get(), w.current.generation);
+  w.shared->step().store(r.start_step);
+  out.seconds = seconds_between(started, clock_type::now());
+  return out;
+}
+
+state_report report_for(const worker& w, uint64_t generation) {
+  state_report rep;
+  rep.generation = generation;
+  rep.member = w.member;
+  if (w.current.engine && w.current.state_step >= 0) {
+    rep.held_generation = w.current.generation;
+    rep.held_rank = w.current.rank;
+    rep.held_step = w.current.state_step;
+  }
+  return rep;
+}
+
+// The member's life: wait for a generation, train in it, report after an abort, repeat.
+int serve(worker& w) {
+  const auto wait_limit = std::chrono::seconds(86400);  // the coordinator's loss ends any wait
+  std::optional<reconfigure> pending;
+  for (;;) {
+    std::optional<loop_result> end;
+    if (!pending) {
+      w.self->receive(
+          [&](const reconfigure& r) {
+            if (r.generation >= w.newest_generation) pending = r;
+          },
+          [&](const abort_generation& a) {
+            end = on_control(w, a);
+            if (end && end->how == loop_end::aborted) {
+              w.self->send(w.coordinator, report_for(w, a.generation));
+              end.reset();
+            }
+          },
+          [&](stop_atom) {
+            end = loop_result{loop_end::stopped, 0, ""};
+          },
+          [&](const commit&) {}, [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
+          caf::after(wait_limit) >> [] {});
+    }
+    if (end) {
+      if (end->how == loop_end::failed) {
+        monitoring::log(monitoring::level::error, w.log_ctx(), end->why);
+        return 1;
+      }
+      if (!end->why.empty()) monitoring::log(monitoring::level::info, w.log_ctx(), end->why);
+      return end->why.rfind("the job ended", 0) == 0 ? 1 : 0;
+    }
+    if (!pending) continue;
+    const reconfigure r = *pending;
+    pending.reset();
+    w.newest_generation = std::max(w.newest_generation, r.generation);
+    auto done = enter_generation(w, r);
+    if (!done.ok)
+      monitoring::log(
+          monitoring::level::warn, w.log_ctx(),
+          "could not join generation " + std::to_string(r.generation) + ": " + done.error);
+    w.self->send(w.coordinator, done);
+    if (!done.ok || r.rank < 0) continue;  // the coordinator decides; a spare waits
+    if (r.source != state_source::self)
+      monitoring::log(monitoring::level::info, w.log_ctx(),
+                      "rank " + std::to_string(r.rank) + " of " + std::to_string(r.world) +
+                          " from step " + std::to_string(r.start_step) +
+                          " (state: " + to_string(r.source) + ")");
+    auto result = train(w, r.start_step);
+    if (result.how == loop_end::finished) result = await_stop(w);
+    switch (result.how) {
+      case loop_end::aborted:
+        w.self->send(w.coordinator, report_for(w, result.next_generation));
+        break;
+      case loop_end::stopped:
+        if (!result.why.empty()) monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
+        return result.why.empty() ? 0 : 1;
+      case loop_end::failed:
+        monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
+        return 1;
+      case loop_end::finished:
+        return 0;
+    }
+  }
+}
+
+void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args,
+                std::shared_ptr<std::atomic<int>> code) {
+  worker w;
+  w.self = self;
+  w.coordinator = coordinator;
+  w.member = args.member;
+  w.shared = std::make_shared<worker_shared>();
   self->monitor(coordinator);
+  auto control = self->spawn(control_actor, w.shared, caf::actor_cast<caf::actor>(self));
+  auto finish = [&](int c) {
+    code->store(c);
+    self->send_exit(control, caf::exit_reason::user_shutdown);
+  };
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
-  std::optional<welcome> w;
+  std::optional<welcome> answer;
   std::string error;
-  self->request(coordinator, std::chrono::seconds(30), hello{protocol_version, rank, getpid(), host})
-      .receive([&](welcome& x) { w = std::move(x); },
-               [&](caf::error& e) { error = "the coordinator did not answer hello: " + self->system().render(e); });
-  if (w && !w->error.empty()) error = "the coordinator refused this rank: " + w->error;
+  self->request(coordinator, std::chrono::seconds(30),
+                hello{protocol_version, args.member, getpid(), host, args.node, control})
+      .receive([&](welcome& x) { answer = std::move(x); },
+               [&](caf::error& e) {
+                 error = "the coordinator did not answer hello: " + self->system().render(e);
+               });
+  if (answer && !answer->error.empty())
+    error = "the coordinator refused this member: " + answer->error;
   if (!error.empty()) {
-    monitoring::log(monitoring::level::error, rc.log_ctx(), error);
-    code->store(1);
-    return;
+    monitoring::log(monitoring::level::error, w.log_ctx(), error);
+    return finish(1);
   }
+  std::optional<heartbeat_thread> beats;
   try {
-    code->store(train(rc, *w));
-  } catch (const stop_signal& s) {
-    if (s.exit_code != 0) monitoring::log(monitoring::level::error, rc.log_ctx(), s.why);
-    code->store(s.exit_code);
+    w.cfg = config_from_json(answer->config_json);
+    set_blas_threads(w.cfg.blas_threads);
+    beats.emplace(coordinator, args.member, w.shared,
+                  std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)));
+    w.store = comm::connect_tcp_store(answer->store_host, static_cast<uint16_t>(answer->store_port),
+                                      std::chrono::milliseconds(w.cfg.step_timeout_ms));
+    w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+    const int c = serve(w);
+    w.shared->detach();
+    w.current = {};
+    finish(c);
   } catch (const std::exception& e) {
-    monitoring::log(monitoring::level::error, rc.log_ctx(), e.what());
-    step_done vote;
-    vote.generation = rc.generation;
-    vote.step = -1;
-    vote.rank = rank;
-    vote.ok = false;
-    vote.error = e.what();
-    self->send(coordinator, vote);
-    code->store(1);
+    w.shared->detach();
+    monitoring::log(monitoring::level::error, w.log_ctx(), e.what());
+    finish(1);
   }
-  if (rc.engine) rc.engine->abort();
 }
 
 }  // namespace
@@ -359,16 +655,17 @@ int run_worker(const worker_args& args) {
   system_config cfg;
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
-  monitoring::log_context lc{"rank", args.rank, 0, -1};
+  monitoring::log_context lc{"rank", -1, 0, -1};
   std::string error;
-  auto coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
-                                            std::chrono::milliseconds(args.connect_timeout_ms), error);
+  auto coordinator =
+      connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                             std::chrono::milliseconds(args.connect_timeout_ms), error);
   if (!coordinator) {
     monitoring::log(monitoring::level::error, lc, error);
     return 1;
   }
   auto code = std::make_shared<std::atomic<int>>(1);
-  sys.spawn(rank_actor, coordinator, args.rank, code);
+  sys.spawn(rank_actor, coordinator, args, code);
   sys.await_all_actors_done();
   return code->load();
 }

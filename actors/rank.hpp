@@ -1,6 +1,8 @@
 #pragma once
-// A worker process: one `rank` actor that joins the job, builds its communicators and
-// runs the step loop (compute, all-reduce, vote, apply on commit, checkpoint, evaluate).
+// A worker process: one member of the job that takes a rank in each generation. Its `rank`
+// actor runs the step loop (compute, all-reduce, vote, apply on commit, checkpoint,
+// evaluate); a `control` actor beside it takes aborts while a step runs and aborts the
+// communicators under it; a heartbeat thread tells the coordinator the process is alive.
 
 #include <cstdint>
 #include <string>
@@ -10,7 +12,8 @@ namespace troupe::actors {
 struct worker_args {
   std::string coordinator_host = "127.0.0.1";
   uint16_t coordinator_port = 0;
-  int rank = -1;
+  int member = -1;  ///< the process's identity in the job (its agent's slot)
+  int node = 0;     ///< the agent (node) that started it
   int connect_timeout_ms = 30000;
 };
 

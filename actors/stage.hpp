@@ -9,7 +9,6 @@
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -33,7 +32,8 @@ class notice_board {
   /// Waits until the notice (step, micro_batch, backward) from `from_stage` is posted, and
   /// consumes it. Spins briefly before sleeping (a notice usually arrives within a few
   /// hundred microseconds). False at the deadline or once closed.
-  bool take(int64_t step, int micro_batch, bool backward, std::chrono::steady_clock::time_point deadline);
+  bool take(int64_t step, int micro_batch, bool backward,
+            std::chrono::steady_clock::time_point deadline);
   /// Wakes every waiter for good (the generation ends, or a neighbour is gone: `why`).
   void close(const std::string& why);
   std::string why_closed();
@@ -61,17 +61,21 @@ class stage_link final : public strategies::pipeline_observer {
   /// connection, opened by the earlier stage: a stage with a predecessor publishes its actor
   /// and registers the address in `store`; the predecessor connects to it and introduces its
   /// own actor over that connection. (Two nodes that connect to each other at the same time
-  /// end up with a duplicate connection, and CAF closing one reports the peer as unreachable.) `next_slots` is how many activations this stage may have sent
-  /// that the next stage has not yet finished backward for (its credits).
-  /// Throws std::runtime_error naming the neighbour that cannot be reached.
-  stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation, const std::string& group,
-             int stage, int stages, int next_slots, std::chrono::milliseconds timeout);
+  /// end up with a duplicate connection, and CAF closing one reports the peer as unreachable.)
+  /// `next_slots` is how many activations this stage may have sent that the next stage has not yet
+  /// finished backward for (its credits). Throws std::runtime_error naming the neighbour that
+  /// cannot be reached.
+  stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation,
+             const std::string& group, int stage, int stages, int next_slots,
+             std::chrono::milliseconds timeout);
   ~stage_link() override;
   stage_link(const stage_link&) = delete;
   stage_link& operator=(const stage_link&) = delete;
 
   /// The step the next passes belong to.
   void begin_step(int64_t step);
+  /// Wakes a pass waiting for a notice, for good (the generation is aborted). Thread-safe.
+  void abort(const std::string& why) { board_->close(why); }
 
   // pipeline_observer
   void waiting(const strategies::pipe_op& op) override;

@@ -2,8 +2,6 @@
 // Fault injection on the data plane: a communicator decorator that makes a chosen
 // collective fail, stall or hang, so chaos tests can attack stage 3 of a step on purpose.
 
-#include "runtime/comm/communicator.hpp"
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -13,14 +11,17 @@
 #include <optional>
 #include <string>
 
+#include "runtime/comm/communicator.hpp"
+
 namespace troupe::chaos {
 
 /// What to do to one collective.
 enum class fault_kind : uint8_t {
   none,
-  fail,    ///< throw comm_error{peer_lost} before touching the network
-  delay,   ///< sleep `delay` before running the collective (a straggler)
-  hang,    ///< block until abort() or the op's deadline, as a silent peer would
+  fail,   ///< throw comm_error{internal} before touching the network (this rank's own failure)
+  delay,  ///< sleep `delay` before running the collective (a straggler)
+  hang,   ///< block until abort() or the op's deadline, as a silent peer would; then throw
+          ///< comm_error{internal} (the fault is this rank's own)
 };
 
 /// A fault plan: the `at_call`-th collective (1-based, counted over every kind of
@@ -42,19 +43,24 @@ class faulty_communicator final : public comm::communicator {
   faulty_communicator(std::unique_ptr<comm::communicator> inner, fault_plan plan);
 
   const comm::comm_identity& identity() const override { return inner_->identity(); }
-  void all_reduce(float* data, size_t count, comm::reduce_op op, const comm::op_options& opts) override;
+  void all_reduce(float* data, size_t count, comm::reduce_op op,
+                  const comm::op_options& opts) override;
   void broadcast(void* data, size_t bytes, int root, const comm::op_options& opts) override;
   void barrier(const comm::op_options& opts) override;
   void reduce_scatter(const float* in, float* out, size_t count, comm::reduce_op op,
                       const comm::op_options& opts) override;
   void all_gather(const void* in, void* out, size_t bytes, const comm::op_options& opts) override;
-  void all_to_all(const void* in, void* out, size_t bytes_per_rank, const comm::op_options& opts) override;
+  void all_to_all(const void* in, void* out, size_t bytes_per_rank,
+                  const comm::op_options& opts) override;
   void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes, const comm::op_options& opts) override;
-  void send(const void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) override;
-  void recv(void* data, size_t bytes, int peer, uint32_t tag, const comm::op_options& opts) override;
-  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
-                 int recv_peer, uint32_t tag, const comm::op_options& opts) override;
+  void send(const void* data, size_t bytes, int peer, uint32_t tag,
+            const comm::op_options& opts) override;
+  void recv(void* data, size_t bytes, int peer, uint32_t tag,
+            const comm::op_options& opts) override;
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                 size_t recv_bytes, int recv_peer, uint32_t tag,
+                 const comm::op_options& opts) override;
   void abort() override;
   bool aborted() const override { return inner_->aborted(); }
 
@@ -75,6 +81,7 @@ class faulty_communicator final : public comm::communicator {
 /// Wraps `inner` when the environment variable TROUPE_CHAOS_RANK<rank> holds a plan
 /// (e.g. TROUPE_CHAOS_RANK1=hang@5); returns `inner` unchanged otherwise. This is how
 /// the chaos tests reach a worker process that an agent started.
-std::unique_ptr<comm::communicator> inject_from_environment(std::unique_ptr<comm::communicator> inner, int rank);
+std::unique_ptr<comm::communicator> inject_from_environment(
+    std::unique_ptr<comm::communicator> inner, int rank);
 
 }  // namespace troupe::chaos

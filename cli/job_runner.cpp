@@ -1,8 +1,23 @@
 #include "cli/job_runner.hpp"
 
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
 #include "actors/child_process.hpp"
 #include "actors/job_supervisor.hpp"
 #include "actors/messages.hpp"
+#include "chaos/fault_spec.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "cli/progress.hpp"
 #include "monitoring/event_log.hpp"
@@ -13,20 +28,6 @@
 #include "runtime/model/gpt.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/planner.hpp"
-
-#include <caf/all.hpp>
-#include <caf/io/all.hpp>
-#include <nlohmann/json.hpp>
-#include <pthread.h>
-#include <signal.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <optional>
-#include <thread>
 
 #ifndef TROUPE_DEFAULT_CORPUS
 #define TROUPE_DEFAULT_CORPUS ""
@@ -43,8 +44,9 @@ const monitoring::log_context coordinator_ctx{"coordinator", -1, 0, -1};
 void prepare_paths(train_config& cfg) {
   if (cfg.data.empty()) cfg.data = TROUPE_DEFAULT_CORPUS;
   if (cfg.data.empty() || !fs::is_regular_file(cfg.data))
-    throw config_error("data: corpus file '" + cfg.data +
-                       "' not found; run scripts/setup.sh (it builds the default corpus) or pass --data FILE");
+    throw config_error(
+        "data: corpus file '" + cfg.data +
+        "' not found; run scripts/setup.sh (it builds the default corpus) or pass --data FILE");
   cfg.data = fs::absolute(cfg.data).string();
   cfg.run_dir = fs::absolute(cfg.run_dir).lexically_normal().string();
   if (!cfg.run_dir.empty() && cfg.run_dir.back() == '/') cfg.run_dir.pop_back();
@@ -54,8 +56,9 @@ void prepare_paths(train_config& cfg) {
                                     .count());
     fs::path archived = cfg.run_dir + ".prev-" + stamp;
     fs::rename(cfg.run_dir, archived);
-    std::fprintf(stderr, "troupe: %s held an earlier run; moved it to %s (use --resume to continue a run)\n",
-                 cfg.run_dir.c_str(), archived.c_str());
+    std::fprintf(
+        stderr, "troupe: %s held an earlier run; moved it to %s (use --resume to continue a run)\n",
+        cfg.run_dir.c_str(), archived.c_str());
   }
   fs::create_directories(cfg.run_dir);
 }
@@ -64,8 +67,9 @@ void prepare_paths(train_config& cfg) {
 int64_t resume_point(const train_config& cfg) {
   auto man = ckpt::latest_committed(cfg.run_dir);
   if (!man)
-    throw config_error("resume: no committed checkpoint in " + cfg.run_dir +
-                       "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
+    throw config_error(
+        "resume: no committed checkpoint in " + cfg.run_dir +
+        "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
   // Everything that shapes the math must match; what only says how or how long to run
   // (world size, step budget, ports, paths, cadences) may change between sessions.
   static const std::vector<std::string> may_change = {
@@ -74,7 +78,10 @@ int64_t resume_point(const train_config& cfg) {
       "/bucket_bytes", "/blas_threads", "/data",
       // The layout may change too: checkpoints are layout-independent (single-rank flat layout).
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
-      "/parallel/schedule"};
+      "/parallel/schedule",
+      // How the job survives failures does not change what it computes.
+      "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
+      "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy", "/elastic/faults"};
   try {
     ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
   } catch (const ckpt::checkpoint_error& e) {
@@ -82,39 +89,42 @@ int64_t resume_point(const train_config& cfg) {
   }
   if (man->step >= cfg.steps)
     throw config_error("resume: the checkpoint is at step " + std::to_string(man->step) +
-                       ", which is not before --steps " + std::to_string(cfg.steps) + "; raise --steps");
+                       ", which is not before --steps " + std::to_string(cfg.steps) +
+                       "; raise --steps");
   return man->step;
 }
 
-// Stage 1: the layout for this world, from the planner (a pure function the elastic path
-// will call again with a new world size). Returns its JSON for events.jsonl.
-std::string plan_job(const train_config& cfg, strategies::layout& shape_out) {
+// Stage 1: the layout for this world, from the planner. The coordinator plans again, for the
+// ranks that are left, whenever the world changes.
+strategies::layout_plan plan_job(const train_config& cfg) {
   auto planned = strategies::plan_layout(cfg.world, cfg);
-  if (!strategies::has_plan(planned)) throw config_error("layout: " + strategies::reason_of(planned));
+  if (!strategies::has_plan(planned))
+    throw config_error("layout: " + strategies::reason_of(planned));
   const auto& plan = strategies::plan_of(planned);
   const auto& shape = plan.shape;
   // What the planner allows but no engine backend runs yet (strategies/engine.cpp).
   if (cfg.model.experts > 0 && (shape.tp > 1 || shape.pp > 1))
-    throw config_error("layout: " + strategies::describe(shape) +
-                       " with MoE experts: expert parallelism does not combine with tensor or pipeline "
-                       "parallelism yet; use --tp 1 --pp 1 (dp and --ep only) or --experts 0");
+    throw config_error(
+        "layout: " + strategies::describe(shape) +
+        " with MoE experts: expert parallelism does not combine with tensor or pipeline "
+        "parallelism yet; use --tp 1 --pp 1 (dp and --ep only) or --experts 0");
   if (cfg.model.experts > 0 && cfg.parallel.zero == 1)
-    throw config_error("layout: ZeRO-1 with MoE experts is not supported yet; use --zero 0 or --experts 0");
-  shape_out = shape;
-  auto doc = nlohmann::json::parse(strategies::to_json(plan));
-  doc["describe"] = strategies::describe(shape);
-  doc["zero"] = cfg.parallel.zero;
-  return doc.dump();
+    throw config_error(
+        "layout: ZeRO-1 with MoE experts is not supported yet; use --zero 0 or --experts 0");
+  return plan;
 }
 
 void print_summary(const train_config& cfg, const actors::job_result& r) {
   const char* verdict = r.exit_code == 0 ? "done" : r.exit_code == 130 ? "interrupted" : "FAILED";
-  std::printf("troupe: %s in %s — %s\n", verdict, format_duration(r.wall_s).c_str(), r.message.c_str());
-  std::printf("  steps             %lld of %d (world %d)\n", static_cast<long long>(r.steps_done), cfg.steps, cfg.world);
+  std::printf("troupe: %s in %s — %s\n", verdict, format_duration(r.wall_s).c_str(),
+              r.message.c_str());
+  std::printf("  steps             %lld of %d (world %d)\n", static_cast<long long>(r.steps_done),
+              cfg.steps, cfg.world);
   if (r.final_loss == r.final_loss) std::printf("  train loss        %.4f\n", r.final_loss);
   if (r.val_loss >= 0) std::printf("  validation loss   %.4f\n", r.val_loss);
   std::printf("  tokens/s          %s\n", format_rate(r.tokens_per_s).c_str());
-  std::printf("  checkpoint        %s\n", r.last_checkpoint.empty() ? "(none)" : r.last_checkpoint.c_str());
+  std::printf("  checkpoint        %s\n",
+              r.last_checkpoint.empty() ? "(none)" : r.last_checkpoint.c_str());
   std::printf("  events            %s/events.jsonl\n", cfg.run_dir.c_str());
   std::fflush(stdout);
 }
@@ -132,8 +142,12 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   train_config cfg = opts.cfg;
-  strategies::layout shape;
-  const std::string layout_json = plan_job(cfg, shape);
+  const strategies::layout_plan plan = plan_job(cfg);
+  const auto faults = chaos::parse_faults(cfg.elastic.faults, cfg.world + cfg.elastic.spares,
+                                          cfg.elastic.nodes, session_last_step(cfg));
+  auto layout_doc = nlohmann::json::parse(strategies::to_json(plan));
+  layout_doc["describe"] = strategies::describe(plan.shape);
+  layout_doc["zero"] = cfg.parallel.zero;
   prepare_paths(cfg);
   int64_t start_step = cfg.resume ? resume_point(cfg) : 0;
   {
@@ -142,9 +156,35 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   }
 
   auto events = monitoring::event_log::open(cfg.run_dir + "/events.jsonl");
-  events.write({{"event", "job_start"}, {"world", cfg.world}, {"steps", cfg.steps}, {"resume", cfg.resume},
-                {"start_step", start_step}, {"config", nlohmann::json::parse(to_json(cfg))}, {"pid", getpid()},
-                {"layout", nlohmann::json::parse(layout_json)}});
+  events.write({{"event", "job_start"},
+                {"world", cfg.world},
+                {"steps", cfg.steps},
+                {"resume", cfg.resume},
+                {"start_step", start_step},
+                {"config", nlohmann::json::parse(to_json(cfg))},
+                {"pid", getpid()},
+                {"layout", layout_doc}});
+  // The progress line follows the event stream.
+  std::optional<progress_line> progress;
+  if (cfg.progress) progress.emplace(start_step);
+  if (progress)
+    events.set_listener([&progress](const nlohmann::json& e) {
+      const std::string what = e.value("event", "");
+      if (what == "step") {
+        progress->update(e.value("step", int64_t{0}), e.value("total_steps", int64_t{0}),
+                         e.value("loss", 0.0), e.value("tokens_per_s", 0.0));
+      } else if (what == "validation") {
+        progress->note("step " + std::to_string(e.value("step", 0)) + ": validation loss " +
+                       format_fixed(e.value("val_loss", 0.0), 4));
+      } else if (what == "generation" && e.value("number", 0) > 1) {
+        progress->note("generation " + std::to_string(e.value("number", 0)) + ": " +
+                       std::to_string(e.value("world", 0)) + " ranks from step " +
+                       std::to_string(e.value("start_step", 0)) + " (" +
+                       e.value("reason", std::string()) + ")");
+      } else if (what == "job_done" || what == "job_failed") {
+        progress->finish();
+      }
+    });
 
   monitoring::metrics_registry registry;
   std::optional<monitoring::metrics_server> metrics;
@@ -170,28 +210,41 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   setup.events = &events;
   setup.metrics = &registry;
   setup.listener = caf::actor_cast<caf::actor>(self);
-  setup.layout_json = layout_json;
-  setup.shape = shape;
+  setup.plan = plan;
+  setup.nodes = cfg.elastic.nodes;
+  setup.spares = cfg.elastic.spares;
+  setup.bounds.min_ranks = cfg.elastic.min_ranks;
+  setup.bounds.max_ranks = cfg.elastic.max_ranks > 0 ? cfg.elastic.max_ranks : cfg.world;
+  setup.heartbeat_timeout_ms = cfg.elastic.heartbeat_timeout_ms;
+  setup.straggler_policy = cfg.elastic.straggler_policy;
+  setup.faults = faults;
   auto supervisor = actors::spawn_job_supervisor(sys, setup);
   self->monitor(supervisor);
 
-  auto published = sys.middleman().publish(supervisor, opts.listen_port, opts.listen_host.c_str(), true);
+  auto published =
+      sys.middleman().publish(supervisor, opts.listen_port, opts.listen_host.c_str(), true);
   if (!published) {
     caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
-    throw config_error("cannot listen on " + opts.listen_host + ":" + std::to_string(opts.listen_port) + " (" +
-                       sys.render(published.error()) + "); pick another --port");
+    throw config_error("cannot listen on " + opts.listen_host + ":" +
+                       std::to_string(opts.listen_port) + " (" + sys.render(published.error()) +
+                       "); pick another --port");
   }
   const std::string endpoint = opts.listen_host + ":" + std::to_string(*published);
   { std::ofstream(cfg.run_dir + "/coordinator.addr") << endpoint << "\n"; }
   if (metrics)
-    std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", cfg.metrics_host.c_str(), metrics->port());
+    std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", cfg.metrics_host.c_str(),
+                 metrics->port());
 
-  pid_t agent = -1;
+  std::vector<pid_t> agents;
   if (launch_local_agent) {
-    agent = actors::spawn_child({actors::self_executable(), "agent", "--coordinator", endpoint}, true);
+    // One agent per simulated node, each leading its own process group with its workers.
+    for (int n = 0; n < cfg.elastic.nodes; ++n)
+      agents.push_back(actors::spawn_child(
+          {actors::self_executable(), "agent", "--coordinator", endpoint}, true));
   } else {
-    std::printf("troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s\n",
-                endpoint.c_str(), endpoint.c_str());
+    std::printf(
+        "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s\n",
+        endpoint.c_str(), endpoint.c_str());
     std::fflush(stdout);
   }
 
@@ -204,7 +257,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
         std::fprintf(stderr, "\ntroupe: stopping the job (press Ctrl-C again to kill it)\n");
         caf::anon_send(supervisor, actors::shutdown_atom::value);
       } else {
-        if (agent > 0) kill(-agent, SIGKILL);  // the agent leads its workers' process group
+        for (pid_t agent : agents)
+          kill(-agent, SIGKILL);  // an agent leads its workers' process group
         _exit(130);
       }
     }
@@ -221,16 +275,18 @@ int run_job(const job_options& opts, bool launch_local_agent) {
         [&](caf::down_msg& dm) {
           if (dm.source != supervisor.address()) return;
           result.exit_code = 1;
-          result.message = "the job supervisor stopped unexpectedly (" + sys.render(dm.reason) + ")";
+          result.message =
+              "the job supervisor stopped unexpectedly (" + sys.render(dm.reason) + ")";
           done = true;
         });
   }
 
-  if (agent > 0) {
+  for (pid_t agent : agents) {
     // The agent stops its workers (they were told to stop) and then exits; give it the
     // time its own grace periods need before taking its whole process group down.
     if (!actors::wait_for_exit(agent, std::chrono::seconds(20))) {
-      monitoring::log(monitoring::level::warn, coordinator_ctx, "the agent did not exit in time; killing it");
+      monitoring::log(monitoring::level::warn, coordinator_ctx,
+                      "an agent did not exit in time; killing it");
       kill(-agent, SIGKILL);
       actors::wait_for_exit(agent, std::chrono::seconds(10));
     }

@@ -1,5 +1,10 @@
 // `troupe`: one binary for every role of a job (run, coordinator, agent, worker).
 
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
 #include "actors/connect.hpp"
 #include "actors/node_supervisor.hpp"
 #include "actors/rank.hpp"
@@ -7,45 +12,55 @@
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 
-#include <cstdio>
-#include <iostream>
-#include <string>
-#include <vector>
-
 namespace {
 
 using troupe::cli::usage_error;
 
-// Parses `--coordinator HOST:PORT` (+ `--rank R` for workers).
-void parse_member_args(const std::string& command, const std::vector<std::string>& args, std::string& host,
-                       uint16_t& port, int* rank) {
+int parse_count(const std::string& command, const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    int x = std::stoi(v, &used);
+    if (used != v.size() || x < 0) throw std::invalid_argument(flag);
+    return x;
+  } catch (const std::exception&) {
+    throw usage_error("troupe " + command + ": " + flag + " must be a non-negative integer, got '" +
+                      v + "'");
+  }
+}
+
+// Parses `--coordinator HOST:PORT`, `--member M` and `--node N` (workers), `--ranks K` (agents).
+void parse_member_args(const std::string& command, const std::vector<std::string>& args,
+                       std::string& host, uint16_t& port, int* rank, int* node = nullptr,
+                       int* ranks = nullptr) {
   bool have_endpoint = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) throw usage_error("troupe " + command + ": option " + a + " needs a value");
+      if (i + 1 >= args.size())
+        throw usage_error("troupe " + command + ": option " + a + " needs a value");
       return args[++i];
     };
     if (a == "--coordinator") {
       std::string v = value();
       if (!troupe::actors::parse_endpoint(v, host, port))
-        throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v + "'");
+        throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v +
+                          "'");
       have_endpoint = true;
-    } else if (a == "--rank" && rank) {
-      std::string v = value();
-      try {
-        size_t used = 0;
-        *rank = std::stoi(v, &used);
-        if (used != v.size() || *rank < 0) throw std::invalid_argument("rank");
-      } catch (const std::exception&) {
-        throw usage_error("troupe worker: --rank must be a non-negative integer, got '" + v + "'");
-      }
+    } else if ((a == "--member" || a == "--rank") && rank) {
+      *rank = parse_count(command, a, value());
+    } else if (a == "--node" && node) {
+      *node = parse_count(command, a, value());
+    } else if (a == "--ranks" && ranks) {
+      *ranks = parse_count(command, a, value());
+      if (*ranks < 1) throw usage_error("troupe agent: --ranks must be at least 1");
     } else {
-      throw usage_error("troupe " + command + ": unknown option '" + a + "'; see troupe " + command + " --help");
+      throw usage_error("troupe " + command + ": unknown option '" + a + "'; see troupe " +
+                        command + " --help");
     }
   }
-  if (!have_endpoint) throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
-  if (rank && *rank < 0) throw usage_error("troupe worker: --rank R is required");
+  if (!have_endpoint)
+    throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
+  if (rank && *rank < 0) throw usage_error("troupe worker: --member M is required");
 }
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -73,7 +88,9 @@ int dispatch(int argc, char** argv) {
     bool coordinator_only = command == "coordinator";
     auto opts = troupe::cli::parse_job_options(args, coordinator_only);
     if (opts.help) {
-      std::fputs((coordinator_only ? troupe::cli::coordinator_help() : troupe::cli::run_help()).c_str(), stdout);
+      std::fputs(
+          (coordinator_only ? troupe::cli::coordinator_help() : troupe::cli::run_help()).c_str(),
+          stdout);
       return 0;
     }
     return troupe::cli::run_job(opts, !coordinator_only);
@@ -98,7 +115,8 @@ int dispatch(int argc, char** argv) {
       return 0;
     }
     troupe::actors::agent_args a;
-    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, nullptr);
+    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, nullptr, nullptr,
+                      &a.ranks);
     return troupe::actors::run_agent(a);
   }
   if (command == "worker") {
@@ -107,10 +125,11 @@ int dispatch(int argc, char** argv) {
       return 0;
     }
     troupe::actors::worker_args w;
-    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.rank);
+    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node);
     return troupe::actors::run_worker(w);
   }
-  throw usage_error("troupe: unknown command '" + command + "'; commands: run, coordinator, agent, worker, bench");
+  throw usage_error("troupe: unknown command '" + command +
+                    "'; commands: run, coordinator, agent, worker, bench");
 }
 
 }  // namespace

@@ -35,6 +35,13 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--schedule", "parallel.schedule"},
       {"--experts", "model.experts"},
       {"--top-k", "model.top_k"},
+      {"--nodes", "elastic.nodes"},
+      {"--min-ranks", "elastic.min_ranks"},
+      {"--max-ranks", "elastic.max_ranks"},
+      {"--spares", "elastic.spares"},
+      {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
+      {"--straggler-policy", "elastic.straggler_policy"},
+      {"--fault", "elastic.faults"},
   };
   return table;
 }
@@ -55,12 +62,15 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
       flag = flag.substr(0, eq);
       has_value = true;
     }
-    bool boolean = flag == "--resume" || flag == "--help" || flag == "-h" || flag == "--no-progress";
+    bool boolean =
+        flag == "--resume" || flag == "--help" || flag == "-h" || flag == "--no-progress";
     if (flag.rfind("-", 0) != 0)
-      throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " + command + " --help");
+      throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " +
+                        command + " --help");
     if (!boolean && !has_value) {
       if (i + 1 >= args.size())
-        throw usage_error("troupe " + command + ": option " + flag + " needs a value; see troupe " + command + " --help");
+        throw usage_error("troupe " + command + ": option " + flag + " needs a value; see troupe " +
+                          command + " --help");
       value = args[++i];
     }
     items.emplace_back(flag, value);
@@ -78,7 +88,9 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     } else if (flag == "--set") {
       auto eq = value.find('=');
       if (eq == std::string::npos || eq == 0)
-        throw usage_error("troupe " + command + ": --set needs KEY=VALUE (e.g. --set optim.lr=0.001), got '" + value + "'");
+        throw usage_error("troupe " + command +
+                          ": --set needs KEY=VALUE (e.g. --set optim.lr=0.001), got '" + value +
+                          "'");
       set_config_field(out.cfg, value.substr(0, eq), value.substr(eq + 1));
     } else if (coordinator_only && flag == "--host") {
       out.listen_host = value;
@@ -89,16 +101,19 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
         if (used != value.size() || p < 0 || p > 65535) throw std::out_of_range("port");
         out.listen_port = static_cast<uint16_t>(p);
       } catch (const std::exception&) {
-        throw usage_error("troupe coordinator: --port must be a number in 0..65535, got '" + value + "'");
+        throw usage_error("troupe coordinator: --port must be a number in 0..65535, got '" + value +
+                          "'");
       }
     } else if (auto it = flag_fields().find(flag); it != flag_fields().end()) {
       try {
         set_config_field(out.cfg, it->second, value);
       } catch (const config_error& e) {
-        throw usage_error("troupe " + command + ": bad value for " + flag + ": '" + value + "' (" + e.what() + ")");
+        throw usage_error("troupe " + command + ": bad value for " + flag + ": '" + value + "' (" +
+                          e.what() + ")");
       }
     } else {
-      throw usage_error("troupe " + command + ": unknown option '" + flag + "'; see troupe " + command + " --help");
+      throw usage_error("troupe " + command + ": unknown option '" + flag + "'; see troupe " +
+                        command + " --help");
     }
   }
   if (!out.help) validate(out.cfg);
@@ -122,7 +137,8 @@ Run `troupe <command> --help` for a command's options.
 }
 
 namespace {
-const char* job_flags = R"(  --config FILE          JSON config file (keys as in `--set`); options below override it
+const char* job_flags =
+    R"(  --config FILE          JSON config file (keys as in `--set`); options below override it
   --world N              worker ranks (default 2)
   --steps N              training steps (default 400)
   --seed N               seed for initialisation and data order (default 1337)
@@ -146,6 +162,17 @@ const char* job_flags = R"(  --config FILE          JSON config file (keys as in
   --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K
   --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
+
+elastic recovery (a lost rank is replaced in place; the job goes on with the same model):
+  --nodes N              agents (simulated nodes) this machine runs, sharing the ranks (default 1)
+  --min-ranks N          fewer live ranks than this ends the job (default 1)
+  --max-ranks N          the world grows back up to this when workers join (default --world)
+  --spares K             K started, idle workers that take a lost rank's place (default 0)
+  --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
+  --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
+  --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,
+                         stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,
+                         kill:coordinator:step=15, random:kills=10:seed=3
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
   --no-progress          no progress line
   -h, --help             this help
@@ -176,11 +203,13 @@ options:
 }
 
 std::string agent_help() {
-  return R"(usage: troupe agent --coordinator HOST:PORT
+  return R"(usage: troupe agent --coordinator HOST:PORT [--ranks K]
 
-Runs the agent of this node: asks the coordinator which ranks to run, starts them as
+Runs the agent of this node: asks the coordinator which workers to run, starts them as
 worker processes, reports their exits, and stops them when the job ends or the
-coordinator is lost.
+coordinator is lost. With --ranks K it joins a running job with K more workers, which the
+job admits at the next step boundary (the layout grows up to --max-ranks; the others wait
+as spares).
 )";
 }
 
@@ -205,7 +234,7 @@ options:
 }
 
 std::string worker_help() {
-  return R"(usage: troupe worker --coordinator HOST:PORT --rank R
+  return R"(usage: troupe worker --coordinator HOST:PORT --member M [--node N]
 
 One rank of a job. Agents start workers; run one by hand only to debug.
 )";

@@ -26,6 +26,7 @@ struct event_log::state {
   std::string path;
   std::FILE* file = nullptr;
   std::mutex mutex;
+  std::function<void(const nlohmann::json&)> listener;
   std::unique_ptr<char[]> buffer;
 
   ~state() {
@@ -99,12 +100,23 @@ void event_log::write(nlohmann::json object) {
   }
   line += '\n';
 
-  std::lock_guard lock(state_->mutex);
-  const std::size_t written = std::fwrite(line.data(), 1, line.size(), state_->file);
-  if (written != line.size() || std::fflush(state_->file) != 0) {
-    throw event_log_error("event log: writing to '" + state_->path +
-                          "' failed: " + std::strerror(errno));
+  std::function<void(const nlohmann::json&)> listener;
+  {
+    std::lock_guard lock(state_->mutex);
+    const std::size_t written = std::fwrite(line.data(), 1, line.size(), state_->file);
+    if (written != line.size() || std::fflush(state_->file) != 0) {
+      throw event_log_error("event log: writing to '" + state_->path +
+                            "' failed: " + std::strerror(errno));
+    }
+    listener = state_->listener;
   }
+  if (listener) listener(object);
+}
+
+void event_log::set_listener(std::function<void(const nlohmann::json&)> listener) {
+  if (!state_) throw event_log_error("event log: set_listener() on a moved-from event_log");
+  std::lock_guard lock(state_->mutex);
+  state_->listener = std::move(listener);
 }
 
 }  // namespace troupe::monitoring

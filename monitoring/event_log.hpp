@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -36,6 +37,10 @@ class event_log {
   /// Throws event_log_error if `object` is not a JSON object or the write fails. Strings that
   /// are not valid UTF-8 are written with U+FFFD in place of the bad bytes.
   void write(nlohmann::json object);
+
+  /// Called with every event after it is written (the progress line and the metrics follow
+  /// the event stream this way); at most one listener, replaced by the next call.
+  void set_listener(std::function<void(const nlohmann::json&)> listener);
 
   /// The path given to open().
   [[nodiscard]] const std::string& path() const;

@@ -1,10 +1,9 @@
 #include "runtime/config.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <charconv>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace troupe {
@@ -35,7 +34,8 @@ T parse_number(const std::string& name, const json& v) {
     if (v.is_number_integer()) {
       auto x = v.get<int64_t>();
       if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-          (x > 0 && static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
+          (x > 0 &&
+           static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
         throw config_error("config: '" + name + "' is out of range: " + v.dump());
       return static_cast<T>(x);
     }
@@ -63,7 +63,8 @@ T parse_number(const std::string& name, const json& v) {
 
 template <class T>
 field make_field(std::string name, T train_config::*member) {
-  return {name, [name, member](train_config& c, const json& v) { c.*member = parse_number<T>(name, v); },
+  return {name,
+          [name, member](train_config& c, const json& v) { c.*member = parse_number<T>(name, v); },
           [member](const train_config& c) { return json(c.*member); }};
 }
 template <class S, class T>
@@ -74,19 +75,55 @@ field make_field(std::string name, S train_config::*section, T S::*member) {
           },
           [section, member](const train_config& c) { return json((c.*section).*member); }};
 }
-field section_string_field(std::string name, parallel_config train_config::*section,
-                           std::string parallel_config::*member) {
+template <class S>
+field section_string_field(std::string name, S train_config::*section, std::string S::*member) {
   return {name,
           [name, section, member](train_config& c, const json& v) {
-            if (!v.is_string()) throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+            if (!v.is_string())
+              throw config_error("config: '" + name + "' must be a string, got " + v.dump());
             (c.*section).*member = v.get<std::string>();
           },
           [section, member](const train_config& c) { return json((c.*section).*member); }};
 }
+// The fault list: an array of specs in a config file, one spec per --fault (appended).
+field faults_field() {
+  const std::string name = "elastic.faults";
+  return {name,
+          [name](train_config& c, const json& v) {
+            auto add = [&](const json& item) {
+              if (!item.is_string())
+                throw config_error("config: '" + name + "' must hold strings, got " + item.dump());
+              const auto spec = item.get<std::string>();
+              if (spec.find(';') != std::string::npos)
+                throw config_error("config: '" + name + "': a fault spec has no ';', got '" + spec +
+                                   "'");
+              if (!spec.empty()) c.elastic.faults += (c.elastic.faults.empty() ? "" : ";") + spec;
+            };
+            if (v.is_array()) {
+              c.elastic.faults.clear();
+              for (const auto& item : v) add(item);
+            } else {
+              add(v);
+            }
+          },
+          [](const train_config& c) {
+            json out = json::array();
+            size_t start = 0;
+            while (start < c.elastic.faults.size()) {
+              auto end = c.elastic.faults.find(';', start);
+              if (end == std::string::npos) end = c.elastic.faults.size();
+              out.push_back(c.elastic.faults.substr(start, end - start));
+              start = end + 1;
+            }
+            return out;
+          }};
+}
+
 field string_field(std::string name, std::string train_config::*member) {
   return {name,
           [name, member](train_config& c, const json& v) {
-            if (!v.is_string()) throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+            if (!v.is_string())
+              throw config_error("config: '" + name + "' must be a string, got " + v.dump());
             c.*member = v.get<std::string>();
           },
           [member](const train_config& c) { return json(c.*member); }};
@@ -106,9 +143,20 @@ const std::vector<field>& fields() {
       make_field("parallel.tp", &train_config::parallel, &parallel_config::tp),
       make_field("parallel.pp", &train_config::parallel, &parallel_config::pp),
       make_field("parallel.ep", &train_config::parallel, &parallel_config::ep),
-      make_field("parallel.micro_batches", &train_config::parallel, &parallel_config::micro_batches),
+      make_field("parallel.micro_batches", &train_config::parallel,
+                 &parallel_config::micro_batches),
       make_field("parallel.zero", &train_config::parallel, &parallel_config::zero),
-      section_string_field("parallel.schedule", &train_config::parallel, &parallel_config::schedule),
+      section_string_field("parallel.schedule", &train_config::parallel,
+                           &parallel_config::schedule),
+      make_field("elastic.nodes", &train_config::elastic, &elastic_config::nodes),
+      make_field("elastic.min_ranks", &train_config::elastic, &elastic_config::min_ranks),
+      make_field("elastic.max_ranks", &train_config::elastic, &elastic_config::max_ranks),
+      make_field("elastic.spares", &train_config::elastic, &elastic_config::spares),
+      make_field("elastic.heartbeat_timeout_ms", &train_config::elastic,
+                 &elastic_config::heartbeat_timeout_ms),
+      section_string_field("elastic.straggler_policy", &train_config::elastic,
+                           &elastic_config::straggler_policy),
+      faults_field(),
       make_field("optim.lr", &train_config::optim, &optim_config::lr),
       make_field("optim.min_lr_ratio", &train_config::optim, &optim_config::min_lr_ratio),
       make_field("optim.warmup_steps", &train_config::optim, &optim_config::warmup_steps),
@@ -155,7 +203,7 @@ std::string known_names() {
 void apply_object(train_config& cfg, const json& obj, const std::string& prefix) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it.value().is_object()) {
+    if (it.value().is_object() && !find_field(name)) {
       apply_object(cfg, it.value(), name);
       continue;
     }
@@ -173,7 +221,8 @@ void require(bool ok, const std::string& message) {
 
 void load_config_file(const std::string& path, train_config& cfg) {
   std::ifstream in(path);
-  if (!in) throw config_error("config: cannot open config file '" + path + "'; check the --config path");
+  if (!in)
+    throw config_error("config: cannot open config file '" + path + "'; check the --config path");
   json doc;
   try {
     doc = json::parse(in, nullptr, true, /*ignore_comments=*/true);
@@ -202,28 +251,32 @@ void validate(const train_config& c) {
   require(m.vocab == 256, "config: model.vocab must be 256 (the model reads bytes)");
   require(m.experts >= 0, "config: model.experts must be >= 0 (0 = dense MLP)");
   require(m.top_k == 1 || m.top_k == 2, "config: model.top_k must be 1 or 2");
-  require(m.experts == 0 || m.top_k <= m.experts, "config: model.top_k must not exceed model.experts");
+  require(m.experts == 0 || m.top_k <= m.experts,
+          "config: model.top_k must not exceed model.experts");
   require(m.capacity_factor > 0, "config: model.capacity_factor must be > 0");
   require(m.aux_loss_coef >= 0, "config: model.aux_loss_coef must be >= 0");
   const auto& p = c.parallel;
-  require(p.tp >= 1 && p.pp >= 1 && p.ep >= 1, "config: parallel.tp, parallel.pp and parallel.ep must be >= 1");
-  require(p.schedule == "gpipe" || p.schedule == "1f1b", "config: parallel.schedule must be gpipe or 1f1b");
+  require(p.tp >= 1 && p.pp >= 1 && p.ep >= 1,
+          "config: parallel.tp, parallel.pp and parallel.ep must be >= 1");
+  require(p.schedule == "gpipe" || p.schedule == "1f1b",
+          "config: parallel.schedule must be gpipe or 1f1b");
   require(p.zero == 0 || p.zero == 1, "config: parallel.zero must be 0 or 1");
   require(p.micro_batches >= 0, "config: parallel.micro_batches must be >= 0");
   require(c.world >= 1 && c.world <= 256, "config: world must be between 1 and 256");
   require(c.steps >= 1, "config: steps must be >= 1");
   require(c.batch >= 1, "config: batch must be >= 1");
   require(c.micro_batch >= 1, "config: micro_batch must be >= 1");
-  require(c.batch % c.micro_batch == 0,
-          "config: batch (" + std::to_string(c.batch) + ") must be a multiple of micro_batch (" +
-              std::to_string(c.micro_batch) + ")");
+  require(c.batch % c.micro_batch == 0, "config: batch (" + std::to_string(c.batch) +
+                                            ") must be a multiple of micro_batch (" +
+                                            std::to_string(c.micro_batch) + ")");
   const int micro_batches = c.batch / c.micro_batch;
   // With model parallelism fixed by the user the layout planner checks the data-parallel
   // share; for plain data parallelism every rank is a replica, so say it here in its terms.
   require(p.tp > 1 || p.pp > 1 || micro_batches % c.world == 0,
-          "config: world (" + std::to_string(c.world) + ") must divide the " + std::to_string(micro_batches) +
-              " micro-batches of a step (batch " + std::to_string(c.batch) + " / micro_batch " +
-              std::to_string(c.micro_batch) + "); use --world " + std::to_string(micro_batches) +
+          "config: world (" + std::to_string(c.world) + ") must divide the " +
+              std::to_string(micro_batches) + " micro-batches of a step (batch " +
+              std::to_string(c.batch) + " / micro_batch " + std::to_string(c.micro_batch) +
+              "); use --world " + std::to_string(micro_batches) +
               " or fewer that divides it, or change batch/micro_batch");
   require(c.val_fraction > 0 && c.val_fraction < 0.5, "config: val_fraction must be in (0, 0.5)");
   require(c.eval_every >= 0, "config: eval_every must be >= 0");
@@ -232,10 +285,32 @@ void validate(const train_config& c) {
   require(c.checkpoint_every >= 0, "config: checkpoint_every must be >= 0 (0 = only at the end)");
   require(c.exit_after_step >= 0 && c.exit_after_step <= c.steps,
           "config: exit_after_step must be in 0..steps (0 = off)");
-  require(c.metrics_port >= 0 && c.metrics_port <= 65535, "config: metrics_port must be in 0..65535 (0 = off)");
+  require(c.metrics_port >= 0 && c.metrics_port <= 65535,
+          "config: metrics_port must be in 0..65535 (0 = off)");
   require(c.blas_threads >= 1, "config: blas_threads must be >= 1");
   require(c.step_timeout_ms >= 100, "config: step_timeout_ms must be >= 100");
   require(c.bucket_bytes >= 1024, "config: bucket_bytes must be >= 1024");
+  const auto& e = c.elastic;
+  require(e.spares >= 0 && e.spares <= 256,
+          "config: elastic.spares (--spares) must be in 0..256, got " + std::to_string(e.spares));
+  require(e.nodes >= 1 && e.nodes <= c.world + e.spares,
+          "config: elastic.nodes (--nodes) must be in 1..world+spares (" +
+              std::to_string(c.world + e.spares) + "), got " + std::to_string(e.nodes));
+  require(e.min_ranks >= 1 && e.min_ranks <= c.world,
+          "config: elastic.min_ranks (--min-ranks) must be in 1..world (" +
+              std::to_string(c.world) + "), got " + std::to_string(e.min_ranks));
+  require(e.max_ranks == 0 || (e.max_ranks >= c.world && e.max_ranks <= 256),
+          "config: elastic.max_ranks (--max-ranks) must be 0 (= world) or in world..256, got " +
+              std::to_string(e.max_ranks));
+  require(e.heartbeat_timeout_ms >= 100 && e.heartbeat_timeout_ms <= 3600000,
+          "config: elastic.heartbeat_timeout_ms (--heartbeat-timeout-ms) must be in 100..3600000, "
+          "got " +
+              std::to_string(e.heartbeat_timeout_ms));
+  require(e.straggler_policy == "warn" || e.straggler_policy == "rebalance" ||
+              e.straggler_policy == "evict",
+          "config: elastic.straggler_policy (--straggler-policy) must be warn, rebalance or evict, "
+          "got '" +
+              e.straggler_policy + "'");
 }
 
 std::string to_json(const train_config& cfg) {

@@ -16,10 +16,10 @@ struct model_config {
   int n_layer = 4;
   int n_head = 4;
   int d_model = 128;
-  int context = 64;   ///< T: tokens per sequence
-  int vocab = 256;    ///< byte-level
-  int experts = 0;    ///< E: experts per MoE MLP; 0 = dense MLP
-  int top_k = 1;      ///< experts each token is routed to (1 or 2)
+  int context = 64;               ///< T: tokens per sequence
+  int vocab = 256;                ///< byte-level
+  int experts = 0;                ///< E: experts per MoE MLP; 0 = dense MLP
+  int top_k = 1;                  ///< experts each token is routed to (1 or 2)
   double capacity_factor = 1.25;  ///< expert capacity = ceil(factor * tokens * top_k / E)
   double aux_loss_coef = 0.01;    ///< weight of the load-balancing loss
 };
@@ -29,30 +29,43 @@ struct parallel_config {
   int tp = 1;
   int pp = 1;
   int ep = 1;
-  int micro_batches = 0;        ///< pipeline micro-batches per step; 0 = batch / micro_batch
-  std::string schedule = "1f1b"; ///< gpipe | 1f1b
-  int zero = 0;                 ///< 0 = replicated optimizer state, 1 = sharded over dp
+  int micro_batches = 0;          ///< pipeline micro-batches per step; 0 = batch / micro_batch
+  std::string schedule = "1f1b";  ///< gpipe | 1f1b
+  int zero = 0;                   ///< 0 = replicated optimizer state, 1 = sharded over dp
+};
+
+/// Elastic recovery: how many agents, how far the world may shrink and grow, spares, failure
+/// detection and injected faults.
+struct elastic_config {
+  int nodes = 1;                    ///< agents troupe run starts on this machine (simulated nodes)
+  int min_ranks = 1;                ///< fewer live ranks than this ends the job
+  int max_ranks = 0;                ///< the world never grows past this; 0 = world
+  int spares = 0;                   ///< started idle workers that replace a lost rank
+  int heartbeat_timeout_ms = 2000;  ///< a worker silent this long is lost (hang)
+  std::string straggler_policy = "warn";  ///< warn | rebalance | evict
+  std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated
 };
 
 struct optim_config {
-  double lr = 3e-3;          ///< peak learning rate
-  double min_lr_ratio = 0.1; ///< cosine decays to lr * min_lr_ratio
+  double lr = 3e-3;           ///< peak learning rate
+  double min_lr_ratio = 0.1;  ///< cosine decays to lr * min_lr_ratio
   int warmup_steps = 20;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;    ///< global L2 norm; 0 = off
+  double grad_clip = 1.0;  ///< global L2 norm; 0 = off
 };
 
 struct train_config {
   model_config model;
   optim_config optim;
   parallel_config parallel;
-  int world = 2;               ///< number of worker ranks
+  elastic_config elastic;
+  int world = 2;  ///< number of worker ranks
   int steps = 400;
-  int batch = 16;              ///< global batch in sequences per step (any world size)
-  int micro_batch = 4;         ///< sequences per forward/backward on one rank
+  int batch = 16;       ///< global batch in sequences per step (any world size)
+  int micro_batch = 4;  ///< sequences per forward/backward on one rank
   uint64_t seed = 1337;
   std::string data;            ///< corpus path; empty = the default corpus
   double val_fraction = 0.05;  ///< tail of the corpus held out for validation
@@ -66,9 +79,9 @@ struct train_config {
   int metrics_port = 9400;     ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   int blas_threads = 1;
-  int step_timeout_ms = 60000;     ///< deadline for one step's collectives and votes
-  int bucket_bytes = 4 << 20;      ///< gradient all-reduce bucket size
-  bool progress = true;            ///< progress line on stderr
+  int step_timeout_ms = 60000;  ///< deadline for one step's collectives and votes
+  int bucket_bytes = 4 << 20;   ///< gradient all-reduce bucket size
+  bool progress = true;         ///< progress line on stderr
 };
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.

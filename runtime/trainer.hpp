@@ -40,23 +40,43 @@ double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg);
 /// one process share it; ranks that are processes on one machine should each use 1.
 void set_blas_threads(int n);
 
+/// The global samples one data-parallel replica computes in a step: [first, first + count),
+/// in micro-batches of `micro_batch` sequences (the last may be shorter).
+struct sample_share {
+  int first = 0;
+  int count = 0;
+  int micro_batch = 1;
+};
+
+/// Replica `replica`'s share when replica r runs counts[r] micro-batches of `micro_batch`
+/// sequences, after those of the replicas before it (the plan's division of a step; uneven
+/// when the data-parallel size does not divide the micro-batches). Throws
+/// std::invalid_argument for a replica outside counts or a non-positive size.
+inline sample_share replica_share(const std::vector<int>& counts, int micro_batch, int replica) {
+  if (replica < 0 || static_cast<size_t>(replica) >= counts.size() || micro_batch < 1)
+    throw std::invalid_argument("replica_share: replica " + std::to_string(replica) + " of " +
+                                std::to_string(counts.size()) + ", micro_batch " +
+                                std::to_string(micro_batch));
+  int before = 0;
+  for (int r = 0; r < replica; ++r) before += counts[static_cast<size_t>(r)];
+  return {before * micro_batch, counts[static_cast<size_t>(replica)] * micro_batch, micro_batch};
+}
+
 /// The loop behind compute_gradients, for any model with zero_grads() and
 /// forward_backward() (the dense gpt, a tensor-parallel shard): every layout runs the same
-/// samples in the same micro-batches with the same scaling.
+/// samples with the same B/G scaling per micro-batch, so the sum over replicas is the
+/// single-rank gradient whatever the division.
 template <class Model>
-grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg, int64_t step,
-                                    int rank, int world) {
+grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg,
+                                    int64_t step, const sample_share& share) {
   const int G = cfg.batch;
   const int T = cfg.model.context;
-  if (world < 1 || rank < 0 || rank >= world || G < 1 || G % world != 0 || cfg.micro_batch < 1) {
-    throw std::invalid_argument(
-        "compute_gradients: need 0 <= rank < world, world dividing batch (" + std::to_string(G) +
-        ") and micro_batch >= 1; got rank " + std::to_string(rank) + " of " +
-        std::to_string(world) + ", micro_batch " + std::to_string(cfg.micro_batch));
-  }
-  const int share = G / world;
-  const int first = rank * share;
-  const int mb = std::min(cfg.micro_batch, share);
+  if (share.first < 0 || share.count < 0 || share.first + share.count > G || share.micro_batch < 1)
+    throw std::invalid_argument("compute_gradients: samples [" + std::to_string(share.first) +
+                                ", +" + std::to_string(share.count) + ") in micro-batches of " +
+                                std::to_string(share.micro_batch) + " do not fit a batch of " +
+                                std::to_string(G));
+  const int mb = std::max(1, std::min(share.micro_batch, share.count));
   // Sized once per call; at most micro_batch * T bytes each, small next to the model.
   std::vector<uint8_t> inputs(static_cast<size_t>(mb) * T);
   std::vector<uint8_t> targets(inputs.size());
@@ -64,9 +84,9 @@ grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train
   grad_result r;
   m.zero_grads();
   const auto start = std::chrono::steady_clock::now();
-  for (int s = 0; s < share; s += mb) {
-    const int B = std::min(mb, share - s);
-    d.fill_train(cfg.seed, step, first + s, B, T, inputs.data(), targets.data());
+  for (int s = 0; s < share.count; s += mb) {
+    const int B = std::min(mb, share.count - s);
+    d.fill_train(cfg.seed, step, share.first + s, B, T, inputs.data(), targets.data());
     // forward_backward yields grad_scale * d(mean over B*T)/dθ; B/G turns it into this
     // micro-batch's part of d(mean over G*T)/dθ.
     const auto scale = static_cast<float>(static_cast<double>(B) / G);
@@ -76,6 +96,23 @@ grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train
   }
   r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+/// compute_share_gradients for rank `rank` of `world` equal replicas: samples
+/// [rank*G/W, (rank+1)*G/W) in micro-batches of at most cfg.micro_batch.
+template <class Model>
+grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg,
+                                    int64_t step, int rank, int world) {
+  const int G = cfg.batch;
+  if (world < 1 || rank < 0 || rank >= world || G < 1 || G % world != 0 || cfg.micro_batch < 1) {
+    throw std::invalid_argument(
+        "compute_gradients: need 0 <= rank < world, world dividing batch (" + std::to_string(G) +
+        ") and micro_batch >= 1; got rank " + std::to_string(rank) + " of " +
+        std::to_string(world) + ", micro_batch " + std::to_string(cfg.micro_batch));
+  }
+  const int share = G / world;
+  return compute_share_gradients(
+      m, d, cfg, step, sample_share{rank * share, share, std::min(cfg.micro_batch, share)});
 }
 
 /// The loop behind evaluate, for any model with forward_loss().

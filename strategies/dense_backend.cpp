@@ -1,6 +1,10 @@
 // The dense backend: data parallelism (bucketed all-reduce or ZeRO-1) and tensor
 // parallelism, for layouts without pipeline stages or experts. The fastest path for those.
 
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+
 #include "runtime/comm/timed_communicator.hpp"
 #include "runtime/model/gpt.hpp"
 #include "runtime/optim/adamw.hpp"
@@ -10,17 +14,13 @@
 #include "strategies/tensor_parallel/tp_train.hpp"
 #include "strategies/zero.hpp"
 
-#include <algorithm>
-#include <optional>
-#include <stdexcept>
-
 namespace troupe::strategies {
 namespace {
 
 class dense_backend final : public engine_backend {
  public:
   dense_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                const connect_fn& connect);
+                const connect_fn& connect, const micro_batching& batching);
 
   void init(uint64_t seed) override;
   void restore(const ckpt::full_state& full) override;
@@ -30,6 +30,7 @@ class dense_backend final : public engine_backend {
   double learning_rate(int64_t step0) const override;
   eval_share evaluate(const byte_dataset& data) override;
   ckpt::shard_state checkpoint_shard(int64_t step) override;
+  local_state state() override;
   bool reports_loss() const override { return view_.tp.index == 0; }
   size_t num_full_params() const override { return full_numel_; }
   size_t optimizer_state_bytes() const override;
@@ -48,18 +49,21 @@ class dense_backend final : public engine_backend {
   std::optional<adamw> replicated_;
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
-  ckpt::shard_range owned_;  // of the full flat layout, over the whole world
+  ckpt::shard_range owned_;            // of the full flat layout, over the whole world
+  std::optional<sample_share> share_;  // this replica's samples, when the plan says
 };
 
-
-dense_backend::dense_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                             const connect_fn& connect)
+dense_backend::dense_backend(const train_config& cfg, const layout& shape, int rank,
+                             uint64_t generation, const connect_fn& connect,
+                             const micro_batching& batching)
     : cfg_(cfg),
       shape_(shape),
       view_(view_of(shape, rank)),
       allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
-  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0 || (shape.tp > 1 && cfg.parallel.zero == 1))
-    throw std::logic_error("dense_backend: layout " + describe(shape) + " belongs to another backend");
+  if (shape.pp != 1 || shape.ep != 1 || cfg.model.experts > 0 ||
+      (shape.tp > 1 && cfg.parallel.zero == 1))
+    throw std::logic_error("dense_backend: layout " + describe(shape) +
+                           " belongs to another backend");
   const auto& dp = view_.dp;
   dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
   if (shape.tp > 1) {
@@ -73,13 +77,22 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     dense_ = std::make_unique<gpt>(cfg.model);
     full_numel_ = dense_->num_params();
     if (cfg.parallel.zero == 1) {
-      zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index, static_cast<int>(dp.ranks.size()));
+      zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index,
+                    static_cast<int>(dp.ranks.size()));
       owned_ = {zero_->shard().offset, zero_->shard().count};
     } else {
       replicated_.emplace(cfg.optim, dense_->param_table(), full_numel_);
     }
   }
   if (!zero_) owned_ = ckpt::owned_range(full_numel_, rank, shape.world());
+  if (!batching.empty()) {
+    if (static_cast<int>(batching.replica_micro_batches.size()) != shape.dp)
+      throw std::invalid_argument("dense_backend: the plan divides the batch among " +
+                                  std::to_string(batching.replica_micro_batches.size()) +
+                                  " replicas, the layout has " + std::to_string(shape.dp));
+    share_ =
+        replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
+  }
 }
 
 void dense_backend::init(uint64_t seed) {
@@ -109,9 +122,11 @@ void dense_backend::restore(const ckpt::full_state& full) {
   std::copy(full.params.begin(), full.params.end(), dense_->params());
   if (zero_) {
     const auto& sh = zero_->shard();
-    auto first = static_cast<std::ptrdiff_t>(sh.offset), last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
+    auto first = static_cast<std::ptrdiff_t>(sh.offset),
+         last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
     std::copy(full.exp_avg.begin() + first, full.exp_avg.begin() + last, zero_->exp_avg().begin());
-    std::copy(full.exp_avg_sq.begin() + first, full.exp_avg_sq.begin() + last, zero_->exp_avg_sq().begin());
+    std::copy(full.exp_avg_sq.begin() + first, full.exp_avg_sq.begin() + last,
+              zero_->exp_avg_sq().begin());
     zero_->t() = full.adam_t;
   } else {
     replicated_->exp_avg() = full.exp_avg;
@@ -121,6 +136,10 @@ void dense_backend::restore(const ckpt::full_state& full) {
 }
 
 grad_result dense_backend::compute(const byte_dataset& data, int64_t step0) {
+  if (share_) {
+    if (tp_) return compute_share_gradients(*tp_, data, cfg_, step0, *share_);
+    return compute_share_gradients(*dense_, data, cfg_, step0, *share_);
+  }
   const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
   if (tp_) return tensor_parallel::compute_tp_gradients(*tp_, data, cfg_, step0, dp_rank, dp_size);
   return compute_gradients(*dense_, data, cfg_, step0, dp_rank, dp_size);
@@ -149,7 +168,8 @@ void dense_backend::apply(int64_t step0, const comm::op_options& opts) {
 }
 
 double dense_backend::learning_rate(int64_t step0) const {
-  return zero_ ? zero_->learning_rate(step0, cfg_.steps) : replicated_->learning_rate(step0, cfg_.steps);
+  return zero_ ? zero_->learning_rate(step0, cfg_.steps)
+               : replicated_->learning_rate(step0, cfg_.steps);
 }
 
 eval_share dense_backend::evaluate(const byte_dataset& data) {
@@ -196,6 +216,20 @@ ckpt::shard_state dense_backend::checkpoint_shard(int64_t step) {
   return s;
 }
 
+local_state dense_backend::state() {
+  local_state s;
+  if (tp_)
+    s.buffers.emplace_back(tp_->params(), tp_->num_params());
+  else
+    s.buffers.emplace_back(dense_->params(), dense_->num_params());
+  auto& m = zero_ ? zero_->exp_avg() : replicated_->exp_avg();
+  auto& v = zero_ ? zero_->exp_avg_sq() : replicated_->exp_avg_sq();
+  s.buffers.emplace_back(m.data(), m.size());
+  s.buffers.emplace_back(v.data(), v.size());
+  s.adam_t = zero_ ? &zero_->t() : &replicated_->t();
+  return s;
+}
+
 size_t dense_backend::optimizer_state_bytes() const {
   if (zero_) return zero_->state_bytes();
   return (replicated_->exp_avg().capacity() + replicated_->exp_avg_sq().capacity()) * sizeof(float);
@@ -206,12 +240,13 @@ void dense_backend::abort() {
   if (tp_comm_) tp_comm_->abort();
 }
 
-
 }  // namespace
 
-std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape, int rank,
-                                                   uint64_t generation, const connect_fn& connect) {
-  return std::make_unique<dense_backend>(cfg, shape, rank, generation, connect);
+std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape,
+                                                   int rank, uint64_t generation,
+                                                   const connect_fn& connect,
+                                                   const micro_batching& batching) {
+  return std::make_unique<dense_backend>(cfg, shape, rank, generation, connect, batching);
 }
 
 }  // namespace troupe::strategies

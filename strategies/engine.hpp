@@ -3,10 +3,10 @@
 // communicators (one per group it belongs to), its optimizer, and how each stage of the step
 // runs on them. The layout picks the backend (strategies/engine_backend.hpp).
 
-#include "strategies/engine_backend.hpp"
-
 #include <memory>
 #include <string>
+
+#include "strategies/engine_backend.hpp"
 
 namespace troupe::strategies {
 
@@ -17,7 +17,7 @@ class training_engine {
   /// Builds the communicators of every group `rank` belongs to in `shape` and the model
   /// shard. Throws std::invalid_argument for a layout no backend can run.
   training_engine(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                  const connect_fn& connect);
+                  const connect_fn& connect, const micro_batching& batching = {});
 
   /// Parameters of the full model, from the seed (every layout gets the same ones).
   void init(uint64_t seed) { backend_->init(seed); }
@@ -25,7 +25,9 @@ class training_engine {
   void restore(const ckpt::full_state& full) { backend_->restore(full); }
 
   /// Stage 2: forward and backward over this rank's share of step `step0` (0-based).
-  grad_result compute(const byte_dataset& data, int64_t step0) { return backend_->compute(data, step0); }
+  grad_result compute(const byte_dataset& data, int64_t step0) {
+    return backend_->compute(data, step0);
+  }
   /// Stage 3: sums gradients over the data-parallel group (or reduce-scatters them, ZeRO).
   void reduce(const comm::op_options& opts) { backend_->reduce(opts); }
   /// Stage 4, after the commit: clip by the global norm and apply AdamW.
@@ -48,7 +50,11 @@ class training_engine {
   double take_model_comm_seconds() { return backend_->take_model_comm_seconds(); }
   expert_load take_expert_load() { return backend_->take_expert_load(); }
   std::string pipeline_trace() const { return backend_->pipeline_trace(); }
-  void set_pipeline_observer(pipeline_observer* observer) { backend_->set_pipeline_observer(observer); }
+  void set_pipeline_observer(pipeline_observer* observer) {
+    backend_->set_pipeline_observer(observer);
+  }
+  /// This rank's state buffers, for handing to the rank that takes its place.
+  local_state state() { return backend_->state(); }
   /// Aborts every communicator (thread-safe); collectives in flight fail promptly.
   void abort() { backend_->abort(); }
 

@@ -3,18 +3,19 @@
 // layouts (dense with dp/ZeRO/tp, pipeline stages, experts), chosen by training_engine.
 // Every backend computes the same model as one rank with the same global batch.
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
 #include "checkpoint/checkpoint.hpp"
 #include "runtime/comm/communicator.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/trainer.hpp"
 #include "strategies/mesh.hpp"
-
-#include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
-#include <vector>
 
 namespace troupe::strategies {
 
@@ -35,6 +36,30 @@ struct expert_load {
   std::vector<int64_t> dropped;              ///< [block] choices dropped by capacity
 };
 
+/// How a step's micro-batches are divided among data-parallel replicas: the plan's
+/// (strategies/planner.hpp), handed down so that no backend plans again. Replica r runs
+/// replica_micro_batches[r] micro-batches of micro_batch_size sequences. Empty: the even
+/// split the config implies.
+struct micro_batching {
+  int micro_batch_size = 0;
+  std::vector<int> replica_micro_batches;
+  bool empty() const { return replica_micro_batches.empty(); }
+};
+
+/// A rank's own training state, in place: its parameters and AdamW moments as flat buffers in
+/// a fixed order, and AdamW's step count. Two ranks whose pieces have the same coordinates
+/// (same tp/pp/ep index and sizes, same ZeRO shard) have buffers of the same sizes, so one can
+/// take the other's place by copying them (elastic recovery).
+struct local_state {
+  std::vector<std::span<float>> buffers;
+  int64_t* adam_t = nullptr;
+  size_t bytes() const {
+    size_t n = sizeof(int64_t);
+    for (const auto& b : buffers) n += b.size_bytes();
+    return n;
+  }
+};
+
 /// One rank's share of the model for one layout and one generation. Collective calls must be
 /// made by every rank of the layout in the same order (see training_engine).
 class engine_backend {
@@ -49,6 +74,8 @@ class engine_backend {
   virtual double learning_rate(int64_t step0) const = 0;
   virtual eval_share evaluate(const byte_dataset& data) = 0;
   virtual ckpt::shard_state checkpoint_shard(int64_t step) = 0;
+  /// This rank's state buffers (see local_state); valid while the backend lives.
+  virtual local_state state() = 0;
 
   virtual bool reports_loss() const = 0;
   virtual size_t num_full_params() const = 0;
@@ -65,8 +92,9 @@ class engine_backend {
 };
 
 /// Fills the bookkeeping fields of a checkpoint shard (rank, world, step, seed, size).
-inline ckpt::shard_state checkpoint_header(const train_config& cfg, const layout& shape, int rank, int64_t step,
-                                           size_t full_numel, const ckpt::shard_range& owned) {
+inline ckpt::shard_state checkpoint_header(const train_config& cfg, const layout& shape, int rank,
+                                           int64_t step, size_t full_numel,
+                                           const ckpt::shard_range& owned) {
   ckpt::shard_state s;
   s.rank = rank;
   s.world = shape.world();
@@ -79,13 +107,18 @@ inline ckpt::shard_state checkpoint_header(const train_config& cfg, const layout
 }
 
 /// Dense model: dp, ZeRO-1 and tp (without ZeRO) over `shape` with pp = ep = 1.
-std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape, int rank,
-                                                   uint64_t generation, const connect_fn& connect);
+std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape,
+                                                   int rank, uint64_t generation,
+                                                   const connect_fn& connect,
+                                                   const micro_batching& batching = {});
 /// Dense model over any dp x tp x pp layout, ZeRO-1 allowed: pipeline stages of tp shards.
-std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape, int rank,
-                                                      uint64_t generation, const connect_fn& connect);
+std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape,
+                                                      int rank, uint64_t generation,
+                                                      const connect_fn& connect,
+                                                      const micro_batching& batching = {});
 /// MoE model over dp x ep (tp = pp = 1), ZeRO-1 not supported.
-std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape, int rank,
-                                                    uint64_t generation, const connect_fn& connect);
+std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape,
+                                                    int rank, uint64_t generation,
+                                                    const connect_fn& connect);
 
 }  // namespace troupe::strategies

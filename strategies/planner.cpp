@@ -303,7 +303,8 @@ std::string check_plan(const layout& l, const model_config& m, const plan_constr
   if (m.experts > 0 && (l.tp > 1 || l.pp > 1))
     return "an MoE model runs over dp x ep only: tp (" + str(l.tp) + ") and pp (" + str(l.pp) +
            ") must be 1; shard the experts with ep";
-  if (m.experts > 0 && c.zero == 1) return "ZeRO-1 is not supported for MoE models; use parallel.zero = 0";
+  if (m.experts > 0 && c.zero == 1)
+    return "ZeRO-1 is not supported for MoE models; use parallel.zero = 0";
   if (m.experts > 0 && c.micro_batch % l.ep != 0)
     return "ep (" + str(l.ep) + ") must divide micro_batch (" + str(c.micro_batch) +
            ") so the ep ranks split each micro-batch equally (MoE capacity and aux loss are "
@@ -338,6 +339,7 @@ layout_plan make_plan(const layout& l, const model_config& m, const plan_constra
   p.micro_batches = step_micro_batches(c);
   p.micro_batch_size = c.batch / p.micro_batches;
   p.micro_batches_per_replica = p.micro_batches / l.dp;
+  p.replica_micro_batches.assign(static_cast<size_t>(l.dp), p.micro_batches_per_replica);
   p.bubble = pipeline_bubble(l.pp, p.micro_batches_per_replica);
   const estimate e = estimate_of(l, m, c, p.stages, p.micro_batches);
   p.params_per_rank = e.params_per_rank;
@@ -388,6 +390,9 @@ std::string to_json(const layout_plan& p) {
   for (size_t i = 0; i < p.stages.size(); ++i)
     stages += (i ? "," : "") + std::string("[") + str(p.stages[i].first) + "," +
               str(p.stages[i].last) + "]";
+  std::string counts;
+  for (size_t i = 0; i < p.replica_micro_batches.size(); ++i)
+    counts += (i ? "," : "") + str(p.replica_micro_batches[i]);
   char nums[160];
   std::snprintf(nums, sizeof nums,
                 "\"bubble\":%.6g,\"params_per_rank\":%.6g,"
@@ -396,7 +401,8 @@ std::string to_json(const layout_plan& p) {
   return "{\"layout\":" + to_json(p.shape) + ",\"spares\":" + str(p.spares) + ",\"stages\":[" +
          stages + "],\"micro_batches\":" + str(p.micro_batches) +
          ",\"micro_batch_size\":" + str(p.micro_batch_size) +
-         ",\"micro_batches_per_replica\":" + str(p.micro_batches_per_replica) + "," + nums + "}";
+         ",\"micro_batches_per_replica\":" + str(p.micro_batches_per_replica) +
+         ",\"replica_micro_batches\":[" + counts + "]," + nums + "}";
 }
 
 }  // namespace troupe::strategies

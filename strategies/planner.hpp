@@ -87,11 +87,14 @@ struct layout_plan {
   std::vector<layer_range> stages;    ///< layers of each pipeline stage
   int micro_batches = 0;              ///< M: micro-batches per step, whole world
   int micro_batch_size = 0;           ///< sequences per micro-batch: batch / M
-  int micro_batches_per_replica = 0;  ///< m = M / dp
-  double bubble = 0;                  ///< pipeline_bubble(pp, m)
-  double params_per_rank = 0;         ///< parameters held by the fullest rank
-  double memory_bytes = 0;            ///< its weights + gradients + AdamW state, estimated
-  double step_seconds = 0;            ///< the cost model's estimate of one step
+  int micro_batches_per_replica = 0;  ///< m = M / dp (the largest count when uneven)
+  /// Micro-batches of each dp replica, summing to M; replica r runs those after the replicas
+  /// before it. Even in a first plan; a re-plan (strategies/replan.hpp) may divide unevenly.
+  std::vector<int> replica_micro_batches;
+  double bubble = 0;           ///< pipeline_bubble(pp, m)
+  double params_per_rank = 0;  ///< parameters held by the fullest rank
+  double memory_bytes = 0;     ///< its weights + gradients + AdamW state, estimated
+  double step_seconds = 0;     ///< the cost model's estimate of one step
 };
 
 /// Either a plan or the reason none exists (naming the constraint and a fix).

@@ -13,13 +13,6 @@
 // Loss: every rank reports its slice, loss_sum = (lm_slice + coef * aux_k) * tokens_slice;
 // summed over the ranks that is the one-rank loss_sum (aux_k is the whole micro-batch's).
 
-#include "runtime/comm/timed_communicator.hpp"
-#include "runtime/model/gpt.hpp"
-#include "runtime/optim/adamw.hpp"
-#include "strategies/data_parallel.hpp"
-#include "strategies/engine_backend.hpp"
-#include "strategies/expert_parallel/expert_parallel.hpp"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,6 +20,13 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "runtime/comm/timed_communicator.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/optim/adamw.hpp"
+#include "strategies/data_parallel.hpp"
+#include "strategies/engine_backend.hpp"
+#include "strategies/expert_parallel/expert_parallel.hpp"
 
 namespace troupe::strategies {
 namespace {
@@ -41,9 +41,19 @@ class expert_backend final : public engine_backend {
   grad_result compute(const byte_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   void apply(int64_t step0, const comm::op_options& opts) override;
-  double learning_rate(int64_t step0) const override { return optim_->learning_rate(step0, cfg_.steps); }
+  double learning_rate(int64_t step0) const override {
+    return optim_->learning_rate(step0, cfg_.steps);
+  }
   eval_share evaluate(const byte_dataset& data) override;
   ckpt::shard_state checkpoint_shard(int64_t step) override;
+  local_state state() override {
+    local_state s;
+    s.buffers.emplace_back(model_->params(), model_->num_params());
+    s.buffers.emplace_back(optim_->exp_avg().data(), optim_->exp_avg().size());
+    s.buffers.emplace_back(optim_->exp_avg_sq().data(), optim_->exp_avg_sq().size());
+    s.adam_t = &optim_->t();
+    return s;
+  }
   // Every rank reports the loss of its own slice: the slices partition the step's tokens.
   bool reports_loss() const override { return true; }
   size_t num_full_params() const override { return full_numel_; }
@@ -82,8 +92,8 @@ class expert_backend final : public engine_backend {
   expert_load load_;
 };
 
-expert_backend::expert_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                               const connect_fn& connect)
+expert_backend::expert_backend(const train_config& cfg, const layout& shape, int rank,
+                               uint64_t generation, const connect_fn& connect)
     : cfg_(cfg),
       shape_(shape),
       view_(view_of(shape, rank)),
@@ -91,19 +101,23 @@ expert_backend::expert_backend(const train_config& cfg, const layout& shape, int
       allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
   const std::string where = "layout " + describe(shape) + ": ";
   if (cfg.model.experts <= 0)
-    throw std::invalid_argument(where + "expert parallelism (ep " + std::to_string(shape.ep) +
-                                ") needs an MoE model (model.experts > 0); use ep = 1 for a dense model");
+    throw std::invalid_argument(
+        where + "expert parallelism (ep " + std::to_string(shape.ep) +
+        ") needs an MoE model (model.experts > 0); use ep = 1 for a dense model");
   if (shape.tp != 1 || shape.pp != 1)
-    throw std::invalid_argument(where + "an MoE model runs over dp x ep only (tp = pp = 1), not tp " +
-                                std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) +
-                                "; shard the experts with ep instead, or use a dense model for tp/pp");
+    throw std::invalid_argument(
+        where + "an MoE model runs over dp x ep only (tp = pp = 1), not tp " +
+        std::to_string(shape.tp) + " x pp " + std::to_string(shape.pp) +
+        "; shard the experts with ep instead, or use a dense model for tp/pp");
   if (cfg.parallel.zero != 0)
-    throw std::invalid_argument(where + "ZeRO-1 is not supported for MoE models; use parallel.zero = 0 "
-                                        "(ep already shards the experts' optimizer state)");
+    throw std::invalid_argument(where +
+                                "ZeRO-1 is not supported for MoE models; use parallel.zero = 0 "
+                                "(ep already shards the experts' optimizer state)");
   ep_ = static_cast<int>(view_.ep.ranks.size());
   edp_ = static_cast<int>(view_.edp.ranks.size());
   if (cfg.model.experts % ep_ != 0)
-    throw std::invalid_argument(where + "ep (" + std::to_string(ep_) + ") must divide model.experts (" +
+    throw std::invalid_argument(where + "ep (" + std::to_string(ep_) +
+                                ") must divide model.experts (" +
                                 std::to_string(cfg.model.experts) + ")");
   if (auto why = check_ep_batch(cfg.batch, cfg.micro_batch, ep_, edp_); !why.empty())
     throw std::invalid_argument(where + why);
@@ -137,16 +151,18 @@ expert_backend::expert_backend(const train_config& cfg, const layout& shape, int
 }
 
 void expert_backend::restore(const ckpt::full_state& full) {
-  if (full.params.size() != full_numel_ || full.exp_avg.size() != full_numel_ || full.exp_avg_sq.size() != full_numel_)
+  if (full.params.size() != full_numel_ || full.exp_avg.size() != full_numel_ ||
+      full.exp_avg_sq.size() != full_numel_)
     throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
                              " parameters but the model has " + std::to_string(full_numel_));
   for (const placement& p : where_) {
-    const auto first = static_cast<std::ptrdiff_t>(p.full), last = static_cast<std::ptrdiff_t>(p.full + p.numel);
+    const auto first = static_cast<std::ptrdiff_t>(p.full),
+               last = static_cast<std::ptrdiff_t>(p.full + p.numel);
     std::copy(full.params.begin() + first, full.params.begin() + last, model_->params() + p.local);
-    std::copy(full.exp_avg.begin() + first, full.exp_avg.begin() + last, optim_->exp_avg().begin() +
-              static_cast<std::ptrdiff_t>(p.local));
-    std::copy(full.exp_avg_sq.begin() + first, full.exp_avg_sq.begin() + last, optim_->exp_avg_sq().begin() +
-              static_cast<std::ptrdiff_t>(p.local));
+    std::copy(full.exp_avg.begin() + first, full.exp_avg.begin() + last,
+              optim_->exp_avg().begin() + static_cast<std::ptrdiff_t>(p.local));
+    std::copy(full.exp_avg_sq.begin() + first, full.exp_avg_sq.begin() + last,
+              optim_->exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(p.local));
   }
   optim_->t() = full.adam_t;
 }
@@ -154,7 +170,8 @@ void expert_backend::restore(const ckpt::full_state& full) {
 grad_result expert_backend::compute(const byte_dataset& data, int64_t step0) {
   ep_comm_->take_seconds();  // an evaluation's or checkpoint's exchanges are not this step's
   const int G = cfg_.batch, T = cfg_.model.context, S = plan_.slice;
-  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)), targets(inputs.size());
+  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
+      targets(inputs.size());
   for (auto& row : load_.tokens) std::fill(row.begin(), row.end(), 0);
   std::fill(load_.dropped.begin(), load_.dropped.end(), 0);
 
@@ -189,7 +206,8 @@ expert_load expert_backend::take_expert_load() {
 void expert_backend::pack(bool experts, std::vector<float>& out) const {
   out.clear();
   for (const placement& p : where_)
-    if (p.expert == experts) out.insert(out.end(), model_->grads() + p.local, model_->grads() + p.local + p.numel);
+    if (p.expert == experts)
+      out.insert(out.end(), model_->grads() + p.local, model_->grads() + p.local + p.numel);
 }
 
 void expert_backend::unpack(bool experts, const std::vector<float>& in) {
@@ -240,7 +258,8 @@ eval_share expert_backend::evaluate(const byte_dataset& data) {
   // that is the one-rank evaluate.
   eval_share out;
   const int B = cfg_.micro_batch, T = cfg_.model.context, S = B / ep_;
-  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)), targets(inputs.size());
+  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
+      targets(inputs.size());
   for (int b = view_.at.edp; b < cfg_.eval_batches; b += edp_) {
     data.fill_val(cfg_.seed, b, view_.at.ep * S, S, T, inputs.data(), targets.data());
     out.loss_sum += model_->forward_loss(inputs.data(), targets.data(), S, T) / ep_;
@@ -250,8 +269,9 @@ eval_share expert_backend::evaluate(const byte_dataset& data) {
 }
 
 ckpt::shard_state expert_backend::checkpoint_shard(int64_t step) {
-  ckpt::shard_state s = checkpoint_header(cfg_, shape_, view_.rank, step, full_numel_,
-                                          ckpt::owned_range(full_numel_, view_.rank, shape_.world()));
+  ckpt::shard_state s =
+      checkpoint_header(cfg_, shape_, view_.rank, step, full_numel_,
+                        ckpt::owned_range(full_numel_, view_.rank, shape_.world()));
   // The one-rank layout, so any later layout can restore it: each ep rank places its tensors
   // into a zeroed full buffer (replicated ones from ep rank 0 only) and the group sums, which
   // adds each value to zeros only and so is exact.
@@ -259,7 +279,8 @@ ckpt::shard_state expert_backend::checkpoint_shard(int64_t step) {
   std::vector<float> full(3 * N, 0.0f);
   for (const placement& p : where_) {
     if (!p.expert && view_.at.ep != 0) continue;
-    std::copy_n(model_->params() + p.local, p.numel, full.begin() + static_cast<std::ptrdiff_t>(p.full));
+    std::copy_n(model_->params() + p.local, p.numel,
+                full.begin() + static_cast<std::ptrdiff_t>(p.full));
     std::copy_n(optim_->exp_avg().begin() + static_cast<std::ptrdiff_t>(p.local), p.numel,
                 full.begin() + static_cast<std::ptrdiff_t>(N + p.full));
     std::copy_n(optim_->exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(p.local), p.numel,
@@ -285,8 +306,9 @@ void expert_backend::abort() {
 
 }  // namespace
 
-std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape, int rank,
-                                                    uint64_t generation, const connect_fn& connect) {
+std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape,
+                                                    int rank, uint64_t generation,
+                                                    const connect_fn& connect) {
   return std::make_unique<expert_backend>(cfg, shape, rank, generation, connect);
 }
 

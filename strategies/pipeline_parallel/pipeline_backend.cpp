@@ -26,7 +26,7 @@ namespace {
 class pipeline_backend final : public engine_backend {
  public:
   pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                   const connect_fn& connect);
+                   const connect_fn& connect, const micro_batching& batching);
 
   void init(uint64_t seed) override { model_->init_params(seed); }
   void restore(const ckpt::full_state& full) override;
@@ -34,14 +34,27 @@ class pipeline_backend final : public engine_backend {
   void reduce(const comm::op_options& opts) override;
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override {
-    return zero_ ? zero_->learning_rate(step0, cfg_.steps) : replicated_->learning_rate(step0, cfg_.steps);
+    return zero_ ? zero_->learning_rate(step0, cfg_.steps)
+                 : replicated_->learning_rate(step0, cfg_.steps);
   }
   eval_share evaluate(const byte_dataset& data) override;
   ckpt::shard_state checkpoint_shard(int64_t step) override;
+  local_state state() override {
+    local_state s;
+    s.buffers.emplace_back(model_->params(), model_->num_params());
+    auto& m = zero_ ? zero_->exp_avg() : replicated_->exp_avg();
+    auto& v = zero_ ? zero_->exp_avg_sq() : replicated_->exp_avg_sq();
+    s.buffers.emplace_back(m.data(), m.size());
+    s.buffers.emplace_back(v.data(), v.size());
+    s.adam_t = zero_ ? &zero_->t() : &replicated_->t();
+    return s;
+  }
   bool reports_loss() const override { return last_stage() && view_.tp.index == 0; }
   size_t num_full_params() const override { return model_->full_num_params(); }
   size_t optimizer_state_bytes() const override;
-  double take_model_comm_seconds() override { return tp_comm_->take_seconds() + pp_comm_->take_seconds(); }
+  double take_model_comm_seconds() override {
+    return tp_comm_->take_seconds() + pp_comm_->take_seconds();
+  }
   std::string pipeline_trace() const override;
   void set_pipeline_observer(pipeline_observer* observer) override { observer_ = observer; }
   void abort() override;
@@ -59,6 +72,7 @@ class pipeline_backend final : public engine_backend {
   rank_view view_;
   int micro_batches_ = 0;  // per replica
   int micro_batch_size_ = 0;
+  int first_sample_ = 0;  // the replica's first sample of a step
   std::unique_ptr<comm::communicator> dp_comm_, embd_comm_;
   std::unique_ptr<comm::timed_communicator> tp_comm_, pp_comm_;
   std::unique_ptr<tensor_parallel::tp_gpt> model_;
@@ -71,14 +85,29 @@ class pipeline_backend final : public engine_backend {
   pipeline_observer* observer_ = nullptr;
 };
 
-pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                                   const connect_fn& connect)
-    : cfg_(cfg), shape_(shape), view_(view_of(shape, rank)), allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
+pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape, int rank,
+                                   uint64_t generation, const connect_fn& connect,
+                                   const micro_batching& batching)
+    : cfg_(cfg),
+      shape_(shape),
+      view_(view_of(shape, rank)),
+      allreducer_(static_cast<size_t>(cfg.bucket_bytes)) {
   if (cfg.model.experts > 0 || shape.ep > 1)
-    throw std::logic_error("pipeline_backend: layout " + describe(shape) + " belongs to the expert backend");
-  const layout_plan plan = make_plan(shape, cfg.model, constraints_from(cfg));  // throws with the rule broken
+    throw std::logic_error("pipeline_backend: layout " + describe(shape) +
+                           " belongs to the expert backend");
+  const layout_plan plan =
+      make_plan(shape, cfg.model, constraints_from(cfg));  // throws with the rule broken
   micro_batches_ = plan.micro_batches_per_replica;
   micro_batch_size_ = plan.micro_batch_size;
+  first_sample_ = view_.dp.index * micro_batches_ * micro_batch_size_;
+  if (!batching.empty()) {
+    // The coordinator's plan: this replica's count, possibly not the even one.
+    const auto share =
+        replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
+    micro_batch_size_ = batching.micro_batch_size;
+    micro_batches_ = batching.replica_micro_batches[static_cast<size_t>(view_.dp.index)];
+    first_sample_ = share.first;
+  }
 
   auto make = [&](const group& g) {
     return connect({generation, g.name, g.index, static_cast<int>(g.ranks.size())});
@@ -96,15 +125,18 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
   span.head = last_stage();
   const comm::op_options opts{std::chrono::milliseconds(cfg.step_timeout_ms)};
   model_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_, opts, span);
-  executor_ = std::make_unique<pipeline_executor>(*model_, *pp_comm_, parse_schedule_kind(cfg.parallel.schedule),
-                                                  micro_batches_, micro_batch_size_, cfg.model.context);
+  executor_ = std::make_unique<pipeline_executor>(
+      *model_, *pp_comm_, parse_schedule_kind(cfg.parallel.schedule), micro_batches_,
+      micro_batch_size_, cfg.model.context);
   // Validation runs micro-batches of cfg.micro_batch through slot 0.
   model_->reserve_slots(std::max(micro_batch_size_, cfg.micro_batch), executor_->slots());
 
   counted_.assign(model_->num_params(), 0);
   const auto& table = model_->param_table();
   for (size_t i = 0; i < table.size(); ++i)
-    if (model_->counts_in_norm(i)) std::fill_n(counted_.begin() + static_cast<std::ptrdiff_t>(table[i].offset), table[i].numel, 1);
+    if (model_->counts_in_norm(i))
+      std::fill_n(counted_.begin() + static_cast<std::ptrdiff_t>(table[i].offset), table[i].numel,
+                  1);
 
   const int dp_size = static_cast<int>(view_.dp.ranks.size());
   if (cfg.parallel.zero == 1) {
@@ -116,7 +148,8 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
 
 void pipeline_backend::restore(const ckpt::full_state& full) {
   if (full.params.size() != model_->full_num_params())
-    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) + " parameters but the model has " +
+    throw std::runtime_error("checkpoint holds " + std::to_string(full.params.size()) +
+                             " parameters but the model has " +
                              std::to_string(model_->full_num_params()));
   // load_from_full cuts this rank's slices into the parameter buffer, so the moments pass
   // through it first.
@@ -129,7 +162,8 @@ void pipeline_backend::restore(const ckpt::full_state& full) {
   model_->load_from_full(full.params.data());
   if (zero_) {
     const auto& sh = zero_->shard();
-    const auto first = static_cast<std::ptrdiff_t>(sh.offset), last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
+    const auto first = static_cast<std::ptrdiff_t>(sh.offset),
+               last = static_cast<std::ptrdiff_t>(sh.offset + sh.count);
     std::copy(m.begin() + first, m.begin() + last, zero_->exp_avg().begin());
     std::copy(v.begin() + first, v.begin() + last, zero_->exp_avg_sq().begin());
     zero_->t() = full.adam_t;
@@ -142,7 +176,7 @@ void pipeline_backend::restore(const ckpt::full_state& full) {
 
 grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
   const int G = cfg_.batch, T = cfg_.model.context, B = micro_batch_size_;
-  const int first = view_.dp.index * (G / static_cast<int>(view_.dp.ranks.size()));
+  const int first = first_sample_;
   model_->zero_grads();
   const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
   auto fill = [&](int index, uint8_t* in, uint8_t* tgt) {
@@ -166,7 +200,9 @@ grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
 void pipeline_backend::reduce(const comm::op_options& opts) {
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
   // gradients, so both apply the same update and stay equal.
-  if (embd_comm_) embd_comm_->all_reduce(model_->grads() + model_->wte_offset(), model_->wte_numel(), comm::reduce_op::sum, opts);
+  if (embd_comm_)
+    embd_comm_->all_reduce(model_->grads() + model_->wte_offset(), model_->wte_numel(),
+                           comm::reduce_op::sum, opts);
   if (zero_) {
     zero_->reduce_gradients(*dp_comm_, model_->grads(), opts);
   } else {
@@ -174,8 +210,8 @@ void pipeline_backend::reduce(const comm::op_options& opts) {
   }
 }
 
-double pipeline_backend::global_norm(const float* grads, size_t offset, size_t count, bool sharded_over_dp,
-                                     const comm::op_options& opts) {
+double pipeline_backend::global_norm(const float* grads, size_t offset, size_t count,
+                                     bool sharded_over_dp, const comm::op_options& opts) {
   double sq = 0;
   for (size_t i = 0; i < count; ++i)
     if (counted_[offset + i] != 0) sq += static_cast<double>(grads[i]) * grads[i];
@@ -190,7 +226,9 @@ double pipeline_backend::global_norm(const float* grads, size_t offset, size_t c
 void pipeline_backend::apply(int64_t step0, const comm::op_options& opts) {
   if (zero_) {
     zero_->apply(*dp_comm_, model_->params(), step0, cfg_.steps, opts,
-                 [&](const float* g, const zero_shard& sh) { return global_norm(g, sh.offset, sh.count, true, opts); });
+                 [&](const float* g, const zero_shard& sh) {
+                   return global_norm(g, sh.offset, sh.count, true, opts);
+                 });
     return;
   }
   const double norm = global_norm(model_->grads(), 0, model_->num_params(), false, opts);
@@ -220,7 +258,8 @@ std::vector<float> pipeline_backend::gather_full(const float* local) {
   model_->gather_full(local, full.data());  // this stage's tensors, summed over tp
   const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
   // Stages hold disjoint tensors (the tied copy is left out), so the sum over pp is exact.
-  if (pp_comm_->size() > 1) pp_comm_->all_reduce(full.data(), full.size(), comm::reduce_op::sum, opts);
+  if (pp_comm_->size() > 1)
+    pp_comm_->all_reduce(full.data(), full.size(), comm::reduce_op::sum, opts);
   return full;
 }
 
@@ -243,7 +282,8 @@ ckpt::shard_state pipeline_backend::checkpoint_shard(int64_t step) {
       std::vector<float> local(model_->num_params(), 0.0f);
       std::copy(slice.begin(), slice.begin() + static_cast<std::ptrdiff_t>(sh.count),
                 local.begin() + static_cast<std::ptrdiff_t>(sh.offset));
-      if (dp_comm_->size() > 1) dp_comm_->all_reduce(local.data(), local.size(), comm::reduce_op::sum, opts);
+      if (dp_comm_->size() > 1)
+        dp_comm_->all_reduce(local.data(), local.size(), comm::reduce_op::sum, opts);
       return local;
     };
     s.exp_avg = take(gather_full(whole(zero_->exp_avg()).data()));
@@ -268,16 +308,19 @@ std::string pipeline_backend::pipeline_trace() const {
 }
 
 void pipeline_backend::abort() {
-  for (comm::communicator* c : {static_cast<comm::communicator*>(tp_comm_.get()),
-                                static_cast<comm::communicator*>(pp_comm_.get()), dp_comm_.get(), embd_comm_.get()})
+  for (comm::communicator* c :
+       {static_cast<comm::communicator*>(tp_comm_.get()),
+        static_cast<comm::communicator*>(pp_comm_.get()), dp_comm_.get(), embd_comm_.get()})
     if (c != nullptr) c->abort();
 }
 
 }  // namespace
 
-std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape, int rank,
-                                                      uint64_t generation, const connect_fn& connect) {
-  return std::make_unique<pipeline_backend>(cfg, shape, rank, generation, connect);
+std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, const layout& shape,
+                                                      int rank, uint64_t generation,
+                                                      const connect_fn& connect,
+                                                      const micro_batching& batching) {
+  return std::make_unique<pipeline_backend>(cfg, shape, rank, generation, connect, batching);
 }
 
 }  // namespace troupe::strategies

@@ -1,6 +1,8 @@
 """Chaos on the data plane of a real job: a rank whose collective fails, and a rank that
-hangs inside one (a silent peer). Either way the job fails within the step deadline with
-a message naming the rank, and leaves no process behind."""
+hangs inside one (a silent peer). Either way the faulty rank is evicted within the step
+deadline (the one that failed on its own, or the one that stayed silent while its peer timed
+out); with --min-ranks 2 the job cannot go on, so it fails with a message naming the rank and
+leaves no process behind."""
 
 import os
 import time
@@ -12,7 +14,7 @@ TIMEOUT_MS = 3000
 
 def attack(plan, expect):
     env = dict(os.environ, TROUPE_CHAOS_RANK1=plan)
-    args = SMALL_MODEL + ["--world", "2", "--steps", "100000", "--metrics-port", "0", "--checkpoint-every", "0",
+    args = SMALL_MODEL + ["--world", "2", "--min-ranks", "2", "--steps", "100000", "--metrics-port", "0", "--checkpoint-every", "0",
                           "--step-timeout-ms", str(TIMEOUT_MS)]
     with Job(args, env=env) as job:
         started = time.monotonic()
@@ -33,8 +35,8 @@ def attack(plan, expect):
 
 
 def test():
-    attack("fail@5", ["rank 1 failed step 5", "injected fault"])
-    took = attack("hang@5", ["failed step 5", "timed out"])
+    attack("fail@5", ["rank 1 lost (error)", "rank 1 failed step 5", "injected fault"])
+    took = attack("hang@5", ["rank 1 lost (error)", "failed step 5", "timed out"])
     # Setup plus four quick steps plus one deadline; far less than the job's watchdog.
     if took > 3 * TIMEOUT_MS / 1000 + 20:
         fail(f"a hung rank took {took:.1f}s to fail the job")

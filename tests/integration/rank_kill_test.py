@@ -19,7 +19,9 @@ def test():
 
 
 def kill_and_resume(name, layout):
-    args = SMALL_MODEL + ["--world", "2", "--steps", "100000", "--checkpoint-every", "5", "--metrics-port", "0",
+    # --min-ranks 2: the job cannot go on without the lost rank (elastic_recovery_test covers the
+    # recovery); it fails at once with its checkpoint intact.
+    args = SMALL_MODEL + ["--world", "2", "--min-ranks", "2", "--steps", "100000", "--checkpoint-every", "5", "--metrics-port", "0",
                           "--step-timeout-ms", "20000"] + layout
     with Job(args) as job:
         wait_until(lambda: any(e.get("event") == "checkpoint" and e["step"] >= 5 for e in job.events()), 120,

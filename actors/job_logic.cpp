@@ -1,0 +1,839 @@
+#include "actors/job_logic.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include "runtime/comm/communicator.hpp"
+#include "strategies/mesh.hpp"
+
+namespace troupe::actors {
+
+const char* to_string(job_state s) {
+  switch (s) {
+    case job_state::forming:
+      return "forming";
+    case job_state::training:
+      return "training";
+    case job_state::recovering:
+      return "recovering";
+    case job_state::done:
+      return "done";
+    case job_state::failed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+const char* to_string(loss_cause c) {
+  switch (c) {
+    case loss_cause::exit:
+      return "exit";
+    case loss_cause::connection:
+      return "connection";
+    case loss_cause::hang:
+      return "hang";
+    case loss_cause::straggler:
+      return "straggler";
+    case loss_cause::error:
+      return "error";
+  }
+  return "unknown";
+}
+
+namespace {
+
+using nlohmann::json;
+
+double seconds_between(logic_time a, logic_time b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+bool checkpoint_due(int64_t step, int64_t last, int every) {
+  return step == last || (every > 0 && step % every == 0);
+}
+
+// What a rank's state depends on besides the step: the sizes that shape each rank's pieces
+// and the rank's coordinates along them. Two ranks with equal keys hold the same numbers.
+using state_key = std::tuple<int, int, int, int, int, int, int, int>;
+
+state_key key_of(const strategies::layout_plan& p, int rank, int zero) {
+  const auto at = strategies::coords_of(p.shape, rank);
+  // ZeRO-1 shards the optimizer over dp, so the dp size and index matter too.
+  const int dp_size = zero == 1 ? p.shape.dp : 0, dp_index = zero == 1 ? at.dp : 0;
+  return {p.shape.tp, p.shape.pp, p.shape.ep, dp_size, at.tp, at.pp, at.ep, dp_index};
+}
+
+// The plan as events.jsonl shows it: the planner's figures, a readable name and ZeRO.
+json plan_doc(const strategies::layout_plan& p, int zero) {
+  json doc = json::parse(strategies::to_json(p));
+  doc["describe"] = strategies::describe(p.shape);
+  doc["zero"] = zero;
+  return doc;
+}
+
+}  // namespace
+
+restore_plan plan_restore(const std::vector<member_info>& live,
+                          const std::map<uint64_t, strategies::layout_plan>& plans,
+                          const strategies::layout_plan& next, const model_config& model, int zero,
+                          int64_t committed, int64_t checkpoint_step) {
+  (void)model;
+  const int world = next.shape.world();
+  restore_plan out;
+  out.member_of_rank.assign(world, -1);
+  out.source.assign(world, state_source::self);
+  out.source_rank.assign(world, -1);
+  out.start_step = committed;
+
+  // Which members hold a usable state, and its key.
+  std::vector<std::optional<state_key>> held(live.size());
+  for (size_t i = 0; i < live.size(); ++i) {
+    const auto& m = live[i];
+    auto plan = plans.find(m.held_generation);
+    if (m.held_step != committed || m.held_rank < 0 || plan == plans.end() ||
+        m.held_rank >= plan->second.shape.world())
+      continue;
+    held[i] = key_of(plan->second, m.held_rank, zero);
+  }
+  // 1. Members keep their state where a rank needs exactly it (lowest member id first, so
+  //    the choice does not depend on the order reports arrived in).
+  std::vector<size_t> order(live.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return live[a].id < live[b].id; });
+  std::vector<bool> taken(live.size(), false);
+  for (int r = 0; r < world; ++r) {
+    const auto want = key_of(next, r, zero);
+    for (size_t i : order)
+      if (!taken[i] && held[i] && *held[i] == want) {
+        taken[i] = true;
+        out.member_of_rank[r] = live[i].id;
+        break;
+      }
+  }
+  // 2. The other ranks take the remaining members (those holding nothing first) and receive
+  //    the state from a rank placed in step 1 with the same key.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return !held[a] && held[b]; });
+  bool all_held = true;
+  for (int r = 0; r < world; ++r) {
+    if (out.member_of_rank[r] >= 0) continue;
+    for (size_t i : order)
+      if (!taken[i]) {
+        taken[i] = true;
+        out.member_of_rank[r] = live[i].id;
+        break;
+      }
+    const auto want = key_of(next, r, zero);
+    int from = -1;
+    for (int s = 0; s < world && from < 0; ++s)
+      if (out.source[s] == state_source::self && out.member_of_rank[s] >= 0 && s != r) {
+        auto it = std::find_if(live.begin(), live.end(),
+                               [&](const member_info& m) { return m.id == out.member_of_rank[s]; });
+        const auto i = static_cast<size_t>(it - live.begin());
+        if (it != live.end() && held[i] && *held[i] == want) from = s;
+      }
+    out.source[r] = state_source::peer;
+    out.source_rank[r] = from;
+    if (from < 0) all_held = false;
+  }
+  // Ranks placed in step 2 are not sources (their state arrives later), and step 1 ranks
+  // that happen to come after them are found above by scanning every rank.
+  if (!all_held) {
+    // Some piece is held by nobody alive: everyone takes the checkpoint and replays.
+    out.start_step = checkpoint_step >= 0 ? checkpoint_step : 0;
+    std::fill(out.source.begin(), out.source.end(),
+              checkpoint_step >= 0 ? state_source::checkpoint : state_source::init);
+    std::fill(out.source_rank.begin(), out.source_rank.end(), -1);
+  }
+  return out;
+}
+
+job_logic::job_logic(job_params params, logic_time now)
+    : params_(std::move(params)),
+      plan_(params_.plan),
+      committed_(params_.start_step),
+      checkpoint_step_(params_.checkpoint_step),
+      stragglers_(straggler_options{}) {
+  deadline_ = now + params_.form_timeout;
+  last_commit_ = now;
+}
+
+member_info* job_logic::find(int32_t member) {
+  for (auto& m : members_)
+    if (m.id == member) return &m;
+  return nullptr;
+}
+
+int job_logic::live_count() const {
+  return static_cast<int>(
+      std::count_if(members_.begin(), members_.end(), [](const member_info& m) { return m.live; }));
+}
+
+int32_t job_logic::member_of_rank(int32_t rank) const {
+  for (const auto& m : members_)
+    if (m.live && m.rank == rank && rank >= 0) return m.id;
+  return -1;
+}
+
+std::vector<double> job_logic::heartbeat_ages(logic_time now) const {
+  std::vector<double> ages(static_cast<size_t>(world()), 0.0);
+  for (const auto& m : members_)
+    if (m.live && m.rank >= 0 && m.rank < world())
+      ages[static_cast<size_t>(m.rank)] = seconds_between(m.last_heartbeat, now);
+  return ages;
+}
+
+void job_logic::set_state(job_state s, actions& out, const std::string& why) {
+  if (s == state_) return;
+  out.push_back(emit_event{{{"event", "state"},
+                            {"from", to_string(state_)},
+                            {"to", to_string(s)},
+                            {"value", static_cast<int>(s)},
+                            {"generation", generation_},
+                            {"step", committed_},
+                            {"reason", why}}});
+  state_ = s;
+}
+
+void job_logic::stale(const std::string& what, int32_t member, uint64_t generation, actions& out) {
+  ++stale_;
+  out.push_back(emit_event{{{"event", "stale_message"},
+                            {"message", what},
+                            {"member", member},
+                            {"message_generation", generation},
+                            {"generation", generation_}}});
+}
+
+actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& answer) {
+  actions out;
+  answer.generation = generation_;
+  if (h.protocol != protocol_version) {
+    answer.error = "protocol version " + std::to_string(h.protocol) + " != coordinator's " +
+                   std::to_string(protocol_version) + "; run the same troupe build everywhere";
+    return out;
+  }
+  if (ended_) {
+    answer.error = "the job is over";
+    return out;
+  }
+  if (h.member < 0) {
+    answer.error = "member " + std::to_string(h.member) + " is not a valid member id";
+    return out;
+  }
+  member_info* m = find(h.member);
+  if (m && m->live) {
+    answer.error = "member " + std::to_string(h.member) + " already joined (a duplicate worker)";
+    return out;
+  }
+  if (!m) {
+    members_.push_back(member_info{});
+    m = &members_.back();
+  }
+  *m = member_info{};
+  m->id = h.member;
+  m->node = h.node;
+  m->pid = h.pid;
+  m->host = h.host;
+  m->last_heartbeat = now;
+  out.push_back(emit_event{{{"event", "rank_joined"},
+                            {"member", h.member},
+                            {"rank", h.member},
+                            {"pid", h.pid},
+                            {"host", h.host},
+                            {"node", h.node},
+                            {"generation", generation_}}});
+  if (state_ == job_state::forming && live_count() == params_.members) {
+    generation_ = 1;
+    recovery_reason_ = "start";
+    recovery_started_ = now;
+    for (auto& x : members_) x.reported = true;
+    plan_generation(now, out);
+  }
+  return out;
+}
+
+void job_logic::begin_generation(const std::string& reason, logic_time now, actions& out) {
+  if (ended_) return;
+  if (state_ != job_state::recovering) {
+    recovery_started_ = now;
+    recovery_reason_ = reason;
+  }
+  if (++failed_recoveries_ > params_.max_failed_recoveries) {
+    finish(1,
+           "gave up after " + std::to_string(params_.max_failed_recoveries) +
+               " recoveries without a committed step; last: " + reason,
+           out);
+    return;
+  }
+  if (live_count() < std::max(1, params_.bounds.min_ranks)) {
+    finish(1,
+           reason + "; " + std::to_string(live_count()) + " ranks left, fewer than --min-ranks " +
+               std::to_string(std::max(1, params_.bounds.min_ranks)) +
+               "; resume with --resume from " +
+               (checkpoint_path_.empty() ? std::string("the start (no checkpoint yet)")
+                                         : checkpoint_path_),
+           out);
+    return;
+  }
+  ++generation_;
+  set_state(job_state::recovering, out, reason);
+  pending_ = votes{};
+  pending_failure_.clear();
+  failure_reports_.clear();
+  ckpt_step_ = -1;
+  eval_step_ = -1;
+  restored_.clear();
+  for (auto& m : members_) {
+    if (!m.live) continue;
+    m.reported = m.reconfigured = false;
+    out.push_back(send_abort{m.id, abort_generation{generation_, reason, false}});
+  }
+  // A member has a heartbeat timeout to answer; one that cannot is lost too.
+  deadline_ = now + 2 * params_.heartbeat_timeout + std::chrono::milliseconds(1000);
+}
+
+void job_logic::plan_generation(logic_time now, actions& out) {
+  std::vector<member_info> live;
+  for (const auto& m : members_)
+    if (m.live) live.push_back(m);
+  strategies::layout_plan next = plan_;
+  if (generation_ > 1) {
+    auto c = strategies::constraints_from(params_.cfg);
+    auto bounds = params_.bounds;
+    auto planned = strategies::replan_layout(plan_, static_cast<int>(live.size()),
+                                             params_.cfg.model, c, bounds);
+    if (!strategies::has_plan(planned)) {
+      finish(1,
+             "no layout fits the " + std::to_string(live.size()) +
+                 " live ranks: " + strategies::reason_of(planned),
+             out);
+      return;
+    }
+    next = strategies::plan_of(planned);
+    if (rebalanced_ && next.shape == plan_.shape &&
+        static_cast<int>(rebalanced_->size()) == next.shape.dp) {
+      next.replica_micro_batches = *rebalanced_;
+      next.micro_batches_per_replica = *std::max_element(rebalanced_->begin(), rebalanced_->end());
+    }
+  }
+  rebalanced_.reset();
+  restore_ = plan_restore(live, plans_, next, params_.cfg.model, params_.cfg.parallel.zero,
+                          committed_, checkpoint_step_);
+  plan_ = next;
+  plans_[generation_] = next;
+  committed_ = restore_.start_step;
+  for (auto& m : members_) m.rank = -1;
+  for (size_t r = 0; r < restore_.member_of_rank.size(); ++r)
+    if (auto* m = find(restore_.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
+  const std::string plan_json = strategies::to_json(next);
+  for (auto& m : members_) {
+    if (!m.live) continue;
+    reconfigure msg;
+    msg.generation = generation_;
+    msg.member = m.id;
+    msg.rank = m.rank;
+    msg.world = next.shape.world();
+    msg.plan_json = plan_json;
+    msg.start_step = restore_.start_step;
+    msg.reason = recovery_reason_;
+    if (m.rank >= 0) {
+      msg.source = restore_.source[static_cast<size_t>(m.rank)];
+      msg.source_rank = restore_.source_rank[static_cast<size_t>(m.rank)];
+      for (size_t r = 0; r < restore_.source_rank.size(); ++r)
+        if (restore_.source[r] == state_source::peer && restore_.source_rank[r] == m.rank)
+          msg.send_to.push_back(static_cast<int32_t>(r));
+    } else {
+      msg.source = state_source::none;
+    }
+    out.push_back(send_reconfigure{m.id, std::move(msg)});
+  }
+  // Building communicators and moving state: bounded like any collective.
+  deadline_ =
+      now + std::chrono::milliseconds(params_.cfg.step_timeout_ms) + params_.heartbeat_timeout;
+}
+
+actions job_logic::on_state_report(const state_report& r, logic_time now) {
+  actions out;
+  member_info* m = find(r.member);
+  if (!m || !m->live || r.generation != generation_ || state_ != job_state::recovering) {
+    stale("state_report", r.member, r.generation, out);
+    return out;
+  }
+  m->reported = true;
+  m->held_generation = r.held_generation;
+  m->held_rank = r.held_rank;
+  m->held_step = r.held_step;
+  for (const auto& x : members_)
+    if (x.live && !x.reported) return out;
+  plan_generation(now, out);
+  return out;
+}
+
+actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
+  actions out;
+  member_info* m = find(r.member);
+  if (!m || !m->live || r.generation != generation_ || state_ == job_state::training || ended_) {
+    stale("reconfigured", r.member, r.generation, out);
+    return out;
+  }
+  if (!r.ok) {
+    begin_generation("member " + std::to_string(r.member) + " could not join generation " +
+                         std::to_string(r.generation) + ": " + r.error,
+                     now, out);
+    return out;
+  }
+  m->reconfigured = true;
+  if (r.rank >= 0) restored_[r.rank] = r;
+  for (const auto& x : members_)
+    if (x.live && !x.reconfigured) return out;
+
+  // Every member is in: the generation trains.
+  const double took = seconds_between(recovery_started_, now);
+  for (const auto& [rank, done] : restored_) {
+    const auto source = restore_.source[static_cast<size_t>(rank)];
+    json piece = {{"event", "restored"},       {"rank", rank},
+                  {"member", done.member},     {"generation", generation_},
+                  {"from", to_string(source)}, {"bytes", done.bytes},
+                  {"seconds", done.seconds},   {"step", restore_.start_step}};
+    if (source == state_source::peer)
+      piece["peer_rank"] = restore_.source_rank[static_cast<size_t>(rank)];
+    if (source == state_source::checkpoint) piece["checkpoint_step"] = restore_.start_step;
+    out.push_back(emit_event{std::move(piece)});
+  }
+  int spares = 0;
+  for (const auto& x : members_) spares += x.live && x.rank < 0;
+  out.push_back(emit_event{{{"event", "generation"},
+                            {"number", generation_},
+                            {"world", world()},
+                            {"spares", spares},
+                            {"plan", plan_doc(plan_, params_.cfg.parallel.zero)},
+                            {"reason", recovery_reason_},
+                            {"cause", recovery_cause_},
+                            {"start_step", restore_.start_step},
+                            {"recovery_s", generation_ > 1 ? took : 0.0}}});
+  if (generation_ == 1)
+    out.push_back(emit_event{{{"event", "training_started"},
+                              {"world", world()},
+                              {"generation", generation_},
+                              {"start_step", committed_},
+                              {"layout", plan_doc(plan_, params_.cfg.parallel.zero)}}});
+  recovery_cause_.clear();
+  set_state(job_state::training, out, recovery_reason_);
+  pending_ = votes{};
+  stragglers_.reset();
+  flagged_.assign(static_cast<size_t>(world()), false);
+  last_commit_ = now;
+  deadline_ = now + std::chrono::milliseconds(2LL * params_.cfg.step_timeout_ms);
+  if (committed_ >= session_last_step(params_.cfg)) {
+    // Recovered after the last step: the final checkpoint and validation come from the
+    // new generation (its ranks hold the last step's state).
+    finishing_ = true;
+    commit c{generation_, committed_, checkpoint_step_ != committed_, false, 0.0};
+    for (const auto& x : members_)
+      if (x.live && x.rank >= 0) out.push_back(send_commit{x.id, c});
+    if (c.checkpoint) {
+      ckpt_step_ = committed_;
+      shards_.assign(static_cast<size_t>(world()), {});
+      shards_in_ = 0;
+      ckpt_ok_ = true;
+    }
+    maybe_finish(out);
+  }
+  return out;
+}
+
+actions job_logic::on_vote(const step_done& v, logic_time now) {
+  actions out;
+  if (ended_) return out;
+  const int32_t member = member_of_rank(v.rank);
+  if (v.generation != generation_ || state_ != job_state::training || member < 0) {
+    stale("step_done", member, v.generation, out);
+    return out;
+  }
+  if (!v.ok) {
+    // A rank whose peer died reports the broken collective, often before the peer's own
+    // loss reaches us; the root cause gets a moment to arrive so the verdict names it.
+    failure_reports_[v.rank] = v.error_kind;
+    if (pending_failure_.empty()) {
+      pending_failure_ =
+          "rank " + std::to_string(v.rank) + " failed step " + std::to_string(v.step) + " (" +
+          (v.error_op.empty() ? std::string("step") : v.error_op) +
+          (v.error_group.empty() ? "" : ", group " + v.error_group) + "): " + v.error;
+      settle_deadline_ = now + params_.settle;
+    }
+    return out;
+  }
+  auto& p = pending_;
+  if (p.step != v.step) {
+    p = votes{};
+    p.step = v.step;
+    p.arrived.assign(static_cast<size_t>(world()), now);
+    p.rank_compute_s.assign(static_cast<size_t>(world()), std::nan(""));
+  }
+  p.arrived[static_cast<size_t>(v.rank)] = now;
+  p.rank_compute_s[static_cast<size_t>(v.rank)] = v.compute_s;
+  ++p.count;
+  p.loss_sum += v.loss_sum;
+  p.tokens += v.tokens;
+  p.lr = v.lr;
+  p.compute_s += v.compute_s;
+  p.comm_s += v.comm_s;
+  p.control_s += v.control_s;
+  p.peer_wait_s += v.peer_wait_s;
+  if (v.optim_state_bytes > 0)
+    out.push_back(emit_event{{{"event", "memory"},
+                              {"rank", v.rank},
+                              {"step", v.step},
+                              {"generation", generation_},
+                              {"optimizer_state_bytes", v.optim_state_bytes},
+                              {"peak_rss_bytes", v.peak_rss_bytes},
+                              {"zero", params_.cfg.parallel.zero}}});
+  if (p.count == world()) all_votes_in(now, out);
+  return out;
+}
+
+void job_logic::all_votes_in(logic_time now, actions& out) {
+  auto& v = pending_;
+  const auto& cfg = params_.cfg;
+  const int w = world();
+  const int64_t step = v.step;
+  const double loss = v.tokens > 0 ? v.loss_sum / static_cast<double>(v.tokens) : 0.0;
+  const double step_s = seconds_between(last_commit_, now);
+  last_commit_ = now;
+  committed_ = step;
+  last_loss_ = loss;
+  tokens_trained_ += v.tokens;
+  failed_recoveries_ = 0;
+
+  const int64_t last = session_last_step(cfg);
+  commit c{generation_, step, checkpoint_due(step, last, cfg.checkpoint_every),
+           checkpoint_due(step, last, cfg.eval_every), 0.0};
+  for (const auto& m : members_) {
+    if (!m.live || m.rank < 0) continue;
+    c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
+    out.push_back(send_commit{m.id, c});
+  }
+  if (c.checkpoint) {
+    ckpt_step_ = step;
+    shards_.assign(static_cast<size_t>(w), {});
+    shards_in_ = 0;
+    ckpt_ok_ = true;
+  }
+  if (c.evaluate) {
+    eval_step_ = step;
+    eval_sum_ = 0;
+    eval_batches_ = 0;
+    evals_in_ = 0;
+  }
+  out.push_back(
+      emit_event{{{"event", "step"},
+                  {"step", step},
+                  {"loss", loss},
+                  {"lr", v.lr},
+                  {"tokens", v.tokens},
+                  {"tokens_per_s", static_cast<double>(v.tokens) / std::max(step_s, 1e-9)},
+                  {"world", w},
+                  {"generation", generation_},
+                  {"step_s", step_s},
+                  {"compute_s", v.compute_s / w},
+                  {"comm_s", v.comm_s / w},
+                  {"control_s", v.control_s / w},
+                  {"peer_wait_s", v.peer_wait_s / w},
+                  {"total_steps", cfg.steps}}});
+  const auto compute = v.rank_compute_s;
+  pending_ = votes{};
+  deadline_ = now + std::chrono::milliseconds(2LL * cfg.step_timeout_ms);
+  if (step >= last) {
+    finishing_ = true;
+    maybe_finish(out);
+    return;
+  }
+  handle_stragglers(compute, now, out);
+  if (state_ == job_state::training && grow_wanted())
+    begin_generation("members waiting to join: the layout grows", now, out);
+}
+
+void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_time now,
+                                  actions& out) {
+  for (const auto& verdict : stragglers_.observe(compute_s)) {
+    const auto r = static_cast<size_t>(verdict.rank);
+    if (r >= flagged_.size() || flagged_[r]) continue;
+    flagged_[r] = true;
+    out.push_back(emit_event{{{"event", "straggler"},
+                              {"rank", verdict.rank},
+                              {"member", member_of_rank(verdict.rank)},
+                              {"factor", verdict.factor},
+                              {"generation", generation_},
+                              {"step", committed_},
+                              {"policy", params_.straggler_policy}}});
+    if (params_.straggler_policy == "evict") {
+      recovery_cause_ = "straggler";
+      if (auto* m = find(member_of_rank(verdict.rank))) {
+        auto more =
+            on_member_lost(m->id, loss_cause::straggler,
+                           "compute " + std::to_string(verdict.factor) + "x the median", now);
+        out.insert(out.end(), more.begin(), more.end());
+      }
+      return;
+    }
+    if (params_.straggler_policy == "rebalance" && plan_.shape.dp > 1) {
+      // Replica speeds from the smoothed scores of their ranks (the slowest rank of a
+      // replica sets its pace); the global batch and the math stay the same.
+      const auto& scores = stragglers_.scores();
+      std::vector<double> speed(static_cast<size_t>(plan_.shape.dp), 1.0);
+      for (int rank = 0; rank < world(); ++rank) {
+        const auto at = strategies::coords_of(plan_.shape, rank);
+        const double s =
+            static_cast<size_t>(rank) < scores.size() && scores[static_cast<size_t>(rank)] > 0
+                ? scores[static_cast<size_t>(rank)]
+                : 1.0;
+        speed[static_cast<size_t>(at.dp)] = std::min(speed[static_cast<size_t>(at.dp)], 1.0 / s);
+      }
+      auto counts = strategies::balance_micro_batches(plan_.micro_batches, speed,
+                                                      std::max(1, plan_.shape.pp));
+      if (!counts.empty() && counts != plan_.replica_micro_batches) {
+        rebalanced_ = counts;
+        begin_generation(
+            "rebalancing micro-batches away from straggler rank " + std::to_string(verdict.rank),
+            now, out);
+        return;
+      }
+    }
+  }
+}
+
+bool job_logic::grow_wanted() const {
+  int idle = 0;
+  for (const auto& m : members_) idle += m.live && m.rank < 0;
+  if (idle == 0 || finishing_) return false;
+  auto planned =
+      strategies::replan_layout(plan_, live_count(), params_.cfg.model,
+                                strategies::constraints_from(params_.cfg), params_.bounds);
+  return strategies::has_plan(planned) && strategies::plan_of(planned).shape.world() > world();
+}
+
+actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
+  (void)now;
+  actions out;
+  if (w.generation != generation_ || w.step != ckpt_step_ || ckpt_step_ < 0 || w.rank < 0 ||
+      w.rank >= world()) {
+    stale("shard_written", member_of_rank(w.rank), w.generation, out);
+    return out;
+  }
+  if (!w.ok) {
+    ckpt_ok_ = false;
+    out.push_back(emit_event{
+        {{"event", "checkpoint_failed"}, {"step", w.step}, {"rank", w.rank}, {"error", w.error}}});
+  } else {
+    shards_[static_cast<size_t>(w.rank)] =
+        ckpt::shard_entry{w.rank, w.file, w.bytes, w.hash, {w.offset, w.count}};
+  }
+  if (++shards_in_ < world()) return out;
+  const int64_t step = ckpt_step_;
+  ckpt_step_ = -1;
+  if (ckpt_ok_)
+    out.push_back(commit_checkpoint{step, world(), shards_});
+  else
+    maybe_finish(out);
+  return out;
+}
+
+actions job_logic::on_checkpoint_committed(int64_t step, const std::string& path,
+                                           const std::string& error) {
+  actions out;
+  if (error.empty()) {
+    checkpoint_step_ = std::max(checkpoint_step_, step);
+    checkpoint_path_ = path;
+    out.push_back(emit_event{
+        {{"event", "checkpoint"}, {"step", step}, {"path", path}, {"generation", generation_}}});
+  } else {
+    out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
+  }
+  maybe_finish(out);
+  return out;
+}
+
+actions job_logic::on_eval_done(const eval_done& e, logic_time now) {
+  (void)now;
+  actions out;
+  if (e.generation != generation_ || e.step != eval_step_ || eval_step_ < 0) {
+    stale("eval_done", member_of_rank(e.rank), e.generation, out);
+    return out;
+  }
+  eval_sum_ += e.loss_sum;
+  eval_batches_ += e.batches;
+  if (++evals_in_ < world()) return out;
+  last_val_ = eval_sum_ / static_cast<double>(std::max<int64_t>(eval_batches_, 1));
+  out.push_back(emit_event{{{"event", "validation"},
+                            {"step", eval_step_},
+                            {"val_loss", last_val_},
+                            {"generation", generation_}}});
+  eval_step_ = -1;
+  maybe_finish(out);
+  return out;
+}
+
+actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::string& why,
+                                  logic_time now) {
+  actions out;
+  member_info* m = find(member);
+  if (!m || !m->live || ended_) return out;
+  m->live = false;
+  const int32_t rank = m->rank;
+  m->rank = -1;
+  out.push_back(emit_event{{{"event", "rank_lost"},
+                            {"rank", rank},
+                            {"member", member},
+                            {"node", m->node},
+                            {"pid", m->pid},
+                            {"cause", to_string(cause)},
+                            {"reason", why},
+                            {"step", committed_},
+                            {"generation", generation_}}});
+  const std::string what =
+      (rank >= 0 ? "rank " + std::to_string(rank) : "spare member " + std::to_string(member)) +
+      " lost (" + to_string(cause) + "): " + why;
+  if (state_ == job_state::forming) {
+    finish(1, what + " before the job formed; check the agent's output for worker errors", out);
+    return out;
+  }
+  if (state_ == job_state::training && rank < 0 && !finishing_)
+    return out;  // an idle spare: nothing to redo
+  if (recovery_cause_.empty()) recovery_cause_ = to_string(cause);
+  begin_generation(what, now, out);
+  return out;
+}
+
+actions job_logic::on_heartbeat(const heartbeat& h, logic_time now) {
+  actions out;
+  member_info* m = find(h.member);
+  if (!m || !m->live) {
+    // An evicted process that woke up (SIGCONT): its word no longer counts; tell it to go.
+    stale("heartbeat", h.member, h.generation, out);
+    if (m)
+      out.push_back(
+          send_abort{h.member, abort_generation{generation_, "this member was evicted", true}});
+    return out;
+  }
+  m->last_heartbeat = now;
+  return out;
+}
+
+actions job_logic::on_tick(logic_time now) {
+  actions out;
+  if (ended_) return out;
+  if (state_ == job_state::forming) {
+    if (now >= deadline_)
+      finish(1,
+             "only " + std::to_string(live_count()) + " of " + std::to_string(params_.members) +
+                 " workers joined within " + std::to_string(params_.form_timeout.count() / 1000) +
+                 " s; check the agent's output for worker errors",
+             out);
+    return out;
+  }
+  // Heartbeats: a process that stopped answering is lost, whatever it was doing.
+  for (auto& m : members_) {
+    if (!m.live || now - m.last_heartbeat <= params_.heartbeat_timeout) continue;
+    auto more = on_member_lost(
+        m.id, loss_cause::hang,
+        "no heartbeat for " + std::to_string(seconds_between(m.last_heartbeat, now)).substr(0, 4) +
+            " s (timeout " + std::to_string(params_.heartbeat_timeout.count()) + " ms)",
+        now);
+    out.insert(out.end(), more.begin(), more.end());
+    if (ended_) return out;
+  }
+  if (state_ == job_state::training && !pending_failure_.empty() && now >= settle_deadline_) {
+    // No member was lost meanwhile. A rank whose own collective failed (not because a peer
+    // left or it was aborted) is at fault; when a collective timed out, the ranks that said
+    // nothing are (they hang inside it). Those are evicted; otherwise the generation is
+    // rebuilt with everyone.
+    const std::string why = pending_failure_;
+    const auto reports = failure_reports_;
+    std::vector<int32_t> culprits;
+    bool timed_out = false;
+    for (const auto& [rank, kind] : reports) {
+      const auto errc = static_cast<comm::comm_errc>(kind);
+      if (kind == 0 || errc == comm::comm_errc::internal || errc == comm::comm_errc::invalid)
+        culprits.push_back(rank);
+      timed_out = timed_out || errc == comm::comm_errc::timeout;
+    }
+    if (culprits.empty() && timed_out)
+      for (int r = 0; r < world(); ++r)
+        if (!reports.count(r)) culprits.push_back(r);
+    for (int32_t rank : culprits) {
+      const int32_t member = member_of_rank(rank);
+      if (member < 0) continue;
+      if (recovery_cause_.empty()) recovery_cause_ = "error";
+      auto more = on_member_lost(member, loss_cause::error, why, now);
+      out.insert(out.end(), more.begin(), more.end());
+      if (ended_) return out;
+    }
+    if (state_ == job_state::training) begin_generation(why, now, out);
+    return out;
+  }
+  if (now < deadline_) return out;
+  if (state_ == job_state::recovering) {
+    for (auto& m : members_) {
+      if (!m.live) continue;
+      if (m.reported && m.reconfigured) continue;
+      auto more = on_member_lost(
+          m.id, loss_cause::hang,
+          m.reported ? "did not finish reconfiguring in time" : "did not report its state in time",
+          now);
+      out.insert(out.end(), more.begin(), more.end());
+      return out;  // on_member_lost opened the next generation, with fresh deadlines
+    }
+    return out;
+  }
+  if (state_ == job_state::training)
+    finish(1,
+           "no progress for " + std::to_string(2 * params_.cfg.step_timeout_ms / 1000) +
+               " s after step " + std::to_string(committed_) +
+               " (a rank hung); raise step_timeout_ms if steps are that slow",
+           out);
+  return out;
+}
+
+actions job_logic::on_shutdown() {
+  actions out;
+  if (ended_) return out;
+  out.push_back(emit_event{{{"event", "interrupted"}, {"step", committed_}}});
+  finish(130,
+         "interrupted at step " + std::to_string(committed_) +
+             (checkpoint_path_.empty() ? "" : "; last checkpoint " + checkpoint_path_),
+         out);
+  return out;
+}
+
+void job_logic::maybe_finish(actions& out) {
+  if (!finishing_ || ckpt_step_ >= 0 || eval_step_ >= 0 || ended_ || state_ != job_state::training)
+    return;
+  const auto& cfg = params_.cfg;
+  finish(0,
+         committed_ < cfg.steps ? "stopped after step " + std::to_string(committed_) +
+                                      " as asked (exit_after_step); --resume continues"
+                                : "trained " + std::to_string(committed_) + " steps",
+         out);
+}
+
+void job_logic::finish(int exit_code, const std::string& message, actions& out) {
+  if (ended_) return;
+  ended_ = true;
+  set_state(exit_code == 0 ? job_state::done : job_state::failed, out, message);
+  for (const auto& m : members_) {
+    if (!m.live) continue;
+    if (exit_code != 0)
+      out.push_back(send_abort{m.id, abort_generation{generation_, message, true}});
+    out.push_back(send_stop{m.id});
+  }
+  out.push_back(emit_event{{{"event", exit_code == 0 ? "job_done" : "job_failed"},
+                            {"exit_code", exit_code},
+                            {"message", message},
+                            {"step", committed_},
+                            {"generation", generation_}}});
+  out.push_back(finish_job{exit_code, message});
+}
+
+}  // namespace troupe::actors

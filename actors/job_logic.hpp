@@ -1,0 +1,226 @@
+#pragma once
+// The job supervisor's decisions as a pure state machine: each event (a join, a vote, a lost
+// member, a state report, a clock tick) goes in with the time it happened, and the actions
+// to take (messages to send, events to log, a checkpoint to commit, the job's end) come out.
+// No sockets, no actors, no clock of its own: job_supervisor.cpp only moves messages.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "actors/messages.hpp"
+#include "actors/straggler_detector.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "runtime/config.hpp"
+#include "strategies/planner.hpp"
+#include "strategies/replan.hpp"
+
+namespace troupe::actors {
+
+/// forming -> training -> recovering -> training ... -> done | failed.
+enum class job_state : uint8_t { forming = 0, training = 1, recovering = 2, done = 3, failed = 4 };
+const char* to_string(job_state s);
+
+/// Why a member left the job (the `cause` of a rank_lost event).
+enum class loss_cause : uint8_t { exit, connection, hang, straggler, error };
+const char* to_string(loss_cause c);
+
+using logic_clock = std::chrono::steady_clock;
+using logic_time = logic_clock::time_point;
+
+/// What the job supervisor is started with.
+struct job_params {
+  train_config cfg;
+  int64_t start_step = 0;        ///< steps already committed (resume)
+  int64_t checkpoint_step = -1;  ///< the newest committed checkpoint (resume), -1 = none
+  int members = 0;               ///< worker processes expected at the start (ranks + spares)
+  strategies::layout_plan plan;  ///< the plan of the first generation
+  strategies::elastic_bounds bounds;
+  std::chrono::milliseconds form_timeout{60000};
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
+  std::string straggler_policy = "warn";  ///< warn | rebalance | evict
+  int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
+};
+
+// Actions. Members are worker processes by identity; `rank` is their place in a generation.
+struct send_commit {
+  int32_t member;
+  commit msg;
+};
+struct send_abort {
+  int32_t member;
+  abort_generation msg;
+};
+struct send_reconfigure {
+  int32_t member;
+  reconfigure msg;
+};
+struct send_stop {
+  int32_t member;
+};
+struct emit_event {
+  nlohmann::json event;
+};
+/// Write the manifest of a checkpoint whose shards are all durable; answer with
+/// on_checkpoint_committed.
+struct commit_checkpoint {
+  int64_t step;
+  int world;
+  std::vector<ckpt::shard_entry> shards;
+};
+struct finish_job {
+  int exit_code;
+  std::string message;
+};
+using action = std::variant<send_commit, send_abort, send_reconfigure, send_stop, emit_event,
+                            commit_checkpoint, finish_job>;
+using actions = std::vector<action>;
+
+/// One worker process, as the supervisor knows it.
+struct member_info {
+  int32_t id = -1;
+  int32_t node = 0;
+  int32_t pid = 0;
+  std::string host;
+  bool live = true;
+  int32_t rank = -1;             ///< in the current generation; -1 = spare (or not placed yet)
+  uint64_t held_generation = 0;  ///< the generation whose layout its state is in
+  int32_t held_rank = -1;
+  int64_t held_step = -1;     ///< -1: holds nothing usable
+  bool reported = false;      ///< recovering: its state_report is in
+  bool reconfigured = false;  ///< recovering: its reconfigured is in
+  logic_time last_heartbeat{};
+};
+
+/// Where each rank of a new generation gets its state, and which member it is.
+struct restore_plan {
+  std::vector<int32_t> member_of_rank;  ///< index = rank
+  std::vector<state_source> source;     ///< index = rank
+  std::vector<int32_t> source_rank;     ///< index = rank; peer only
+  int64_t start_step = 0;               ///< the step every rank continues after
+};
+
+/// Chooses members for the ranks of `next` and the source of each rank's state: a member whose
+/// held state has the same coordinates keeps its place (self); a rank with no such member
+/// takes another and receives the state from a rank that has it (peer); when some rank's state
+/// is held by no live member at `committed`, every rank restores the checkpoint at
+/// `checkpoint_step` (or starts from the seed when there is none) and the job replays from
+/// there. `plans` holds the plan of every generation a member may hold state from. Pure.
+restore_plan plan_restore(const std::vector<member_info>& live,
+                          const std::map<uint64_t, strategies::layout_plan>& plans,
+                          const strategies::layout_plan& next, const model_config& model, int zero,
+                          int64_t committed, int64_t checkpoint_step);
+
+/// The job supervisor's state and its transitions. Every method takes the time of the event
+/// and returns what to do; nothing else changes the world.
+class job_logic {
+ public:
+  explicit job_logic(job_params params, logic_time now);
+
+  actions on_member_joined(const hello& h, logic_time now, welcome& answer);
+  actions on_vote(const step_done& vote, logic_time now);
+  actions on_shard_written(const shard_written& w, logic_time now);
+  actions on_checkpoint_committed(int64_t step, const std::string& path, const std::string& error);
+  actions on_eval_done(const eval_done& e, logic_time now);
+  actions on_member_lost(int32_t member, loss_cause cause, const std::string& why, logic_time now);
+  actions on_state_report(const state_report& r, logic_time now);
+  actions on_reconfigured(const reconfigured& r, logic_time now);
+  actions on_heartbeat(const heartbeat& h, logic_time now);
+  /// Deadlines: forming, heartbeats, the settle window, recovery, the step watchdog.
+  actions on_tick(logic_time now);
+  actions on_shutdown();
+
+  job_state state() const { return state_; }
+  uint64_t generation() const { return generation_; }
+  int64_t committed() const { return committed_; }
+  int world() const { return plan_.shape.world(); }
+  const strategies::layout_plan& plan() const { return plan_; }
+  const std::vector<member_info>& members() const { return members_; }
+  /// The member holding `rank` in the current generation, -1 if none.
+  int32_t member_of_rank(int32_t rank) const;
+  /// Seconds since each placed rank's last heartbeat (index = rank).
+  std::vector<double> heartbeat_ages(logic_time now) const;
+  const std::vector<double>& straggler_scores() const { return stragglers_.scores(); }
+  /// Messages of an older generation that were dropped.
+  uint64_t stale_messages() const { return stale_; }
+  int64_t last_checkpoint_step() const { return checkpoint_step_; }
+  const std::string& last_checkpoint_path() const { return checkpoint_path_; }
+  double last_loss() const { return last_loss_; }
+  double last_val_loss() const { return last_val_; }
+  int64_t tokens_trained() const { return tokens_trained_; }
+
+ private:
+  struct votes {
+    int64_t step = -1;
+    int count = 0;
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    double lr = 0;
+    double compute_s = 0, comm_s = 0, control_s = 0, peer_wait_s = 0;
+    std::vector<double> rank_compute_s;
+    std::vector<logic_time> arrived;
+  };
+
+  member_info* find(int32_t member);
+  int live_count() const;
+  void set_state(job_state s, actions& out, const std::string& why);
+  void stale(const std::string& what, int32_t member, uint64_t generation, actions& out);
+  void begin_generation(const std::string& reason, logic_time now, actions& out);
+  void plan_generation(logic_time now, actions& out);
+  void all_votes_in(logic_time now, actions& out);
+  void maybe_finish(actions& out);
+  void finish(int exit_code, const std::string& message, actions& out);
+  void handle_stragglers(const std::vector<double>& compute_s, logic_time now, actions& out);
+  bool grow_wanted() const;
+
+  job_params params_;
+  job_state state_ = job_state::forming;
+  uint64_t generation_ = 0;
+  strategies::layout_plan plan_;
+  std::map<uint64_t, strategies::layout_plan> plans_;  // generation -> plan, for held state
+  std::vector<member_info> members_;
+  int64_t committed_ = 0;
+  votes pending_;
+  // checkpoint being collected (of the current generation)
+  int64_t ckpt_step_ = -1;
+  std::vector<ckpt::shard_entry> shards_;
+  int shards_in_ = 0;
+  bool ckpt_ok_ = true;
+  int64_t checkpoint_step_ = -1;
+  std::string checkpoint_path_;
+  // validation being collected
+  int64_t eval_step_ = -1;
+  double eval_sum_ = 0;
+  int64_t eval_batches_ = 0;
+  int evals_in_ = 0;
+  bool finishing_ = false;  // the last step is committed; collecting its checkpoint/validation
+  // failures and recovery
+  std::string pending_failure_;
+  std::map<int32_t, int32_t> failure_reports_;  // rank -> error kind, for the step that failed
+  logic_time settle_deadline_{};
+  logic_time deadline_{};  // forming, recovery, or the step watchdog
+  logic_time recovery_started_{};
+  std::string recovery_reason_;
+  std::string recovery_cause_;
+  int failed_recoveries_ = 0;
+  restore_plan restore_;
+  std::map<int32_t, reconfigured> restored_;    // by rank
+  std::optional<std::vector<int>> rebalanced_;  // replica micro-batches the next plan must use
+  straggler_detector stragglers_;
+  std::vector<bool> flagged_;  // by rank: already reported this generation
+  // results
+  double last_loss_ = 0;
+  double last_val_ = -1;
+  int64_t tokens_trained_ = 0;
+  logic_time last_commit_{};
+  uint64_t stale_ = 0;
+  bool ended_ = false;
+};
+
+}  // namespace troupe::actors

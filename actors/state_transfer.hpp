@@ -1,0 +1,25 @@
+#pragma once
+// Moving a rank's training state to the process that takes its place in a new generation:
+// within a process (copy_state), or between two ranks over the data plane (send_state /
+// receive_state, through a two-rank communicator of that generation).
+
+#include <cstdint>
+
+#include "strategies/engine.hpp"
+
+namespace troupe::actors {
+
+/// Copies `from` into `to`. Throws std::runtime_error when their buffers differ in number or
+/// size (the two states do not have the same coordinates).
+void copy_state(const strategies::local_state& from, const strategies::local_state& to);
+
+/// Sends `state` from rank `from` to rank `to` of `generation` (both call, each with its own
+/// rank): a header of buffer sizes, then every buffer and the step count. Returns the bytes
+/// moved. Throws comm::comm_error on a data-plane failure, std::runtime_error when the
+/// receiver's buffers do not match the header.
+uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                    const strategies::local_state& state, const comm::op_options& opts);
+uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                       const strategies::local_state& state, const comm::op_options& opts);
+
+}  // namespace troupe::actors

@@ -1,0 +1,32 @@
+#pragma once
+// Injected faults (`--fault SPEC`): what to do to which process at which step, parsed and
+// checked before the job starts.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe::chaos {
+
+enum class fault_action { kill, stop };
+enum class fault_target { rank, node };
+
+/// One fault: `kill:rank=1:step=8` (kill -9 the process holding rank 1 when step 8 begins),
+/// `kill:node=1:step=12` (its agent and all its workers), `stop:rank=2:step=5[:for=3s]`
+/// (SIGSTOP, and SIGCONT after `for`; never without it).
+struct fault {
+  fault_action kind = fault_action::kill;
+  fault_target target = fault_target::rank;
+  int id = 0;
+  int64_t step = 1;
+  std::chrono::milliseconds duration{0};
+  std::string spec;
+};
+
+/// Parses one spec; throws troupe::config_error naming the spec, the field and what is allowed.
+fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps);
+/// Every spec of a ';'-separated list (elastic.faults), sorted by step.
+std::vector<fault> parse_faults(const std::string& specs, int world, int nodes, int64_t steps);
+
+}  // namespace troupe::chaos

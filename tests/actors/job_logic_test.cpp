@@ -1,0 +1,494 @@
+// The job supervisor's state machine as a pure function of events and time: forming, votes
+// and commits, failures in every state (including during a recovery), re-planning, where
+// each rank's state comes from, heartbeats, growth and spares. No actors, no sockets, no
+// sleeping: the clock is an argument.
+
+#include "actors/job_logic.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace troupe::actors {
+namespace {
+
+using namespace std::chrono_literals;
+
+template <class T>
+std::vector<T> all_of(const actions& a) {
+  std::vector<T> out;
+  for (const auto& x : a)
+    if (auto* p = std::get_if<T>(&x)) out.push_back(*p);
+  return out;
+}
+
+std::vector<std::string> event_names(const actions& a) {
+  std::vector<std::string> out;
+  for (const auto& e : all_of<emit_event>(a)) out.push_back(e.event.value("event", ""));
+  return out;
+}
+
+bool has_event(const actions& a, const std::string& name) {
+  auto names = event_names(a);
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+train_config small_config(int world) {
+  train_config cfg;
+  cfg.world = world;
+  cfg.steps = 100;
+  cfg.batch = 8;
+  cfg.micro_batch = 2;
+  cfg.checkpoint_every = 5;
+  cfg.eval_every = 0;
+  cfg.model.n_layer = 2;
+  cfg.model.n_head = 2;
+  cfg.model.d_model = 32;
+  cfg.model.context = 32;
+  cfg.step_timeout_ms = 10000;
+  return cfg;
+}
+
+strategies::layout_plan plan_for(const train_config& cfg, int world) {
+  auto planned = strategies::plan_layout(world, cfg);
+  EXPECT_TRUE(strategies::has_plan(planned)) << strategies::reason_of(planned);
+  return strategies::plan_of(planned);
+}
+
+// A job driven through its events, with a clock the test moves.
+class logic_harness {
+ public:
+  logic_harness(train_config cfg, int spares = 0, int max_ranks = 0, int min_ranks = 1)
+      : cfg_(std::move(cfg)), now_(logic_time{} + 1000s) {
+    job_params p;
+    p.cfg = cfg_;
+    p.plan = plan_for(cfg_, cfg_.world);
+    p.members = cfg_.world + spares;
+    p.bounds.min_ranks = min_ranks;
+    p.bounds.max_ranks = max_ranks > 0 ? max_ranks : cfg_.world;
+    p.heartbeat_timeout = 2000ms;
+    logic_.emplace(p, now_);
+  }
+
+  job_logic& logic() { return *logic_; }
+  logic_time now() const { return now_; }
+  void advance(std::chrono::milliseconds d) { now_ += d; }
+
+  actions join(int32_t member, welcome* answer = nullptr) {
+    welcome w;
+    hello h;
+    h.member = member;
+    h.pid = 1000 + member;
+    h.host = "test";
+    auto a = logic_->on_member_joined(h, now_, w);
+    if (answer) *answer = w;
+    remember(a);
+    return a;
+  }
+
+  // Everyone reconfigured: answers each reconfigure sent so far.
+  actions settle_reconfigure() {
+    actions out;
+    auto pending = reconfigures_;
+    reconfigures_.clear();
+    for (const auto& r : pending) {
+      reconfigured done;
+      done.generation = r.msg.generation;
+      done.member = r.member;
+      done.rank = r.msg.rank;
+      auto a = logic_->on_reconfigured(done, now_);
+      remember(a);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    return out;
+  }
+
+  actions form() {
+    actions out;
+    for (int m = 0; m < logic_->world() + spares_hint(); ++m) {
+      auto a = join(m);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    auto a = settle_reconfigure();
+    out.insert(out.end(), a.begin(), a.end());
+    return out;
+  }
+
+  // Every placed rank votes for `step`.
+  actions step(int64_t step) {
+    actions out;
+    for (int r = 0; r < logic_->world(); ++r) {
+      step_done v;
+      v.generation = logic_->generation();
+      v.step = step;
+      v.rank = r;
+      v.loss_sum = 4.0;
+      v.tokens = 2;
+      v.compute_s = 0.1;
+      auto a = logic_->on_vote(v, now_);
+      remember(a);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    return out;
+  }
+
+  // Every live member reports what its engine holds now.
+  actions report_all(int64_t held_step) {
+    actions out;
+    for (const auto& m : logic_->members()) {
+      if (!m.live) continue;
+      state_report r;
+      r.generation = logic_->generation();
+      r.member = m.id;
+      if (m.rank >= 0 || m.held_rank >= 0) {
+        r.held_generation = logic_->generation() - 1;
+        r.held_rank = held_rank_of(m.id);
+        r.held_step = r.held_rank >= 0 ? held_step : -1;
+      }
+      auto a = logic_->on_state_report(r, now_);
+      remember(a);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    return out;
+  }
+
+  const std::vector<send_reconfigure>& reconfigures() const { return reconfigures_; }
+  void set_spares(int s) { spares_ = s; }
+  // The rank each member had in the last generation that placed it.
+  int32_t held_rank_of(int32_t member) const {
+    auto it = placed_.find(member);
+    return it == placed_.end() ? -1 : it->second;
+  }
+
+ private:
+  int spares_hint() const { return spares_; }
+  void remember(const actions& a) {
+    for (const auto& r : all_of<send_reconfigure>(a)) {
+      reconfigures_.push_back(r);
+      placed_[r.member] = r.msg.rank;
+    }
+  }
+
+  train_config cfg_;
+  logic_time now_;
+  std::optional<job_logic> logic_;
+  std::vector<send_reconfigure> reconfigures_;
+  std::map<int32_t, int32_t> placed_;
+  int spares_ = 0;
+};
+
+TEST(JobLogicTest, FormsTheFirstGenerationWhenEveryMemberJoined) {
+  logic_harness h(small_config(2));
+  EXPECT_EQ(h.logic().state(), job_state::forming);
+  EXPECT_TRUE(all_of<send_reconfigure>(h.join(0)).empty());
+  auto a = h.join(1);
+  auto rc = all_of<send_reconfigure>(a);
+  ASSERT_EQ(rc.size(), 2u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.generation, 1u);
+    EXPECT_EQ(r.msg.source, state_source::init);
+    EXPECT_EQ(r.msg.start_step, 0);
+    EXPECT_EQ(r.msg.world, 2);
+  }
+  EXPECT_NE(rc[0].msg.rank, rc[1].msg.rank);
+  auto done = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_TRUE(has_event(done, "training_started"));
+  EXPECT_TRUE(has_event(done, "generation"));
+}
+
+TEST(JobLogicTest, RefusesDuplicatesAndOtherProtocols) {
+  logic_harness h(small_config(2));
+  welcome w;
+  h.join(0, &w);
+  EXPECT_TRUE(w.error.empty());
+  h.join(0, &w);
+  EXPECT_NE(w.error.find("already joined"), std::string::npos);
+  hello old;
+  old.protocol = protocol_version + 1;
+  old.member = 1;
+  welcome w2;
+  h.logic().on_member_joined(old, h.now(), w2);
+  EXPECT_NE(w2.error.find("protocol"), std::string::npos);
+}
+
+TEST(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
+  logic_harness h(small_config(2));
+  h.form();
+  step_done v;
+  v.generation = 1;
+  v.step = 1;
+  v.rank = 0;
+  v.tokens = 2;
+  v.loss_sum = 2;
+  EXPECT_TRUE(all_of<send_commit>(h.logic().on_vote(v, h.now())).empty());
+  step_done old = v;
+  old.generation = 7;
+  old.rank = 1;
+  auto stale = h.logic().on_vote(old, h.now());
+  EXPECT_TRUE(all_of<send_commit>(stale).empty());
+  EXPECT_TRUE(has_event(stale, "stale_message"));
+  EXPECT_EQ(h.logic().stale_messages(), 1u);
+  v.rank = 1;
+  auto a = h.logic().on_vote(v, h.now());
+  auto commits = all_of<send_commit>(a);
+  ASSERT_EQ(commits.size(), 2u);
+  EXPECT_EQ(commits[0].msg.step, 1);
+  EXPECT_EQ(h.logic().committed(), 1);
+  EXPECT_TRUE(has_event(a, "step"));
+}
+
+TEST(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
+  logic_harness h(small_config(4));
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+  const int32_t victim = h.logic().member_of_rank(2);
+  auto a = h.logic().on_member_lost(victim, loss_cause::exit, "killed by signal 9", h.now());
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  EXPECT_EQ(h.logic().generation(), 2u);
+  auto aborts = all_of<send_abort>(a);
+  EXPECT_EQ(aborts.size(), 3u);
+  for (const auto& x : aborts) EXPECT_EQ(x.msg.generation, 2u);
+  EXPECT_TRUE(has_event(a, "rank_lost"));
+
+  h.advance(50ms);
+  auto planned = h.report_all(3);
+  auto rc = all_of<send_reconfigure>(planned);
+  ASSERT_EQ(rc.size(), 3u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.world, 3);
+    EXPECT_EQ(r.msg.source, state_source::self)
+        << "every data-parallel survivor holds the whole state";
+    EXPECT_EQ(r.msg.start_step, 3);
+    EXPECT_TRUE(r.msg.send_to.empty());
+  }
+  auto plan = strategies::plan_from_json(rc[0].msg.plan_json);
+  EXPECT_EQ(plan.shape.dp, 3);
+  EXPECT_EQ(plan.replica_micro_batches, (std::vector<int>{2, 1, 1}));
+  h.advance(100ms);
+  auto done = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  bool saw = false;
+  for (const auto& e : all_of<emit_event>(done))
+    if (e.event["event"] == "generation") {
+      saw = true;
+      EXPECT_EQ(e.event["world"], 3);
+      EXPECT_EQ(e.event["cause"], "exit");
+      EXPECT_NEAR(e.event["recovery_s"].get<double>(), 0.15, 1e-9);
+    }
+  EXPECT_TRUE(saw);
+  // Training goes on at step 4 with three voters.
+  EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
+}
+
+TEST(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
+  logic_harness h(small_config(4));
+  h.form();
+  h.step(1);
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  ASSERT_EQ(h.logic().generation(), 2u);
+  // One survivor reports for generation 2, then another dies before the rest report.
+  state_report early;
+  early.generation = 2;
+  early.member = h.logic().member_of_rank(0) >= 0 ? h.logic().member_of_rank(0) : 0;
+  h.logic().on_state_report(early, h.now());
+  auto a = h.logic().on_member_lost(3, loss_cause::connection, "closed", h.now());
+  EXPECT_EQ(h.logic().generation(), 3u);
+  EXPECT_EQ(all_of<send_abort>(a).size(), 2u);
+  // A report for generation 2 is now stale.
+  auto stale = h.logic().on_state_report(early, h.now());
+  EXPECT_TRUE(has_event(stale, "stale_message"));
+  auto rc = all_of<send_reconfigure>(h.report_all(1));
+  ASSERT_EQ(rc.size(), 2u);
+  for (const auto& r : rc) EXPECT_EQ(r.msg.world, 2);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+}
+
+TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplays) {
+  auto cfg = small_config(2);
+  cfg.parallel.pp = 2;
+  cfg.parallel.micro_batches = 4;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 7; ++s) {
+    auto a = h.step(s);
+    if (s == 5) {  // the checkpoint at step 5
+      for (int r = 0; r < 2; ++r) {
+        shard_written w;
+        w.generation = 1;
+        w.step = 5;
+        w.rank = r;
+        w.count = 10;
+        auto c = h.logic().on_shard_written(w, h.now());
+        for (const auto& cc : all_of<commit_checkpoint>(c))
+          h.logic().on_checkpoint_committed(cc.step, "ckpt5", "");
+      }
+    }
+  }
+  ASSERT_EQ(h.logic().last_checkpoint_step(), 5);
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  auto rc = all_of<send_reconfigure>(h.report_all(7));
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].msg.world, 1);
+  EXPECT_EQ(rc[0].msg.source, state_source::checkpoint);
+  EXPECT_EQ(rc[0].msg.start_step, 5) << "every rank rolls back to the checkpoint and replays";
+  EXPECT_EQ(h.logic().committed(), 5);
+}
+
+TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
+  auto cfg = small_config(2);
+  logic_harness h(cfg, /*spares=*/1);
+  h.set_spares(1);
+  h.form();
+  EXPECT_EQ(h.logic().world(), 2);
+  const auto& members = h.logic().members();
+  int32_t spare = -1;
+  for (const auto& m : members)
+    if (m.rank < 0) spare = m.id;
+  ASSERT_GE(spare, 0);
+  h.step(1);
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  auto rc = all_of<send_reconfigure>(h.report_all(1));
+  ASSERT_EQ(rc.size(), 2u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.world, 2) << "the layout does not change";
+    if (r.member == spare) {
+      EXPECT_EQ(r.msg.source, state_source::peer);
+      EXPECT_GE(r.msg.source_rank, 0);
+    } else {
+      EXPECT_EQ(r.msg.source, state_source::self);
+      EXPECT_EQ(r.msg.send_to.size(), 1u);
+    }
+  }
+}
+
+TEST(JobLogicTest, SilentMemberIsLostAtTheHeartbeatTimeout) {
+  logic_harness h(small_config(2));
+  h.form();
+  h.step(1);
+  // Member 0 keeps beating; member 1 falls silent.
+  for (int i = 0; i < 30; ++i) {
+    h.advance(100ms);
+    h.logic().on_heartbeat(heartbeat{0, 1, 1}, h.now());
+    auto a = h.logic().on_tick(h.now());
+    if (i < 19) {
+      EXPECT_EQ(h.logic().state(), job_state::training) << "tick " << i;
+    }
+    if (has_event(a, "rank_lost")) {
+      for (const auto& e : all_of<emit_event>(a))
+        if (e.event["event"] == "rank_lost") {
+          EXPECT_EQ(e.event["cause"], "hang");
+        }
+      EXPECT_GE(i, 19);
+      EXPECT_EQ(h.logic().state(), job_state::recovering);
+      // It wakes up later: its word no longer counts, and it is told to go.
+      auto late = h.logic().on_heartbeat(heartbeat{1, 1, 1}, h.now());
+      EXPECT_TRUE(has_event(late, "stale_message"));
+      auto go = all_of<send_abort>(late);
+      ASSERT_EQ(go.size(), 1u);
+      EXPECT_TRUE(go[0].msg.final);
+      return;
+    }
+  }
+  FAIL() << "the silent member was never declared lost";
+}
+
+TEST(JobLogicTest, BelowMinRanksTheJobFailsNamingTheLoss) {
+  logic_harness h(small_config(2), 0, 0, /*min_ranks=*/2);
+  h.form();
+  auto a = h.logic().on_member_lost(1, loss_cause::exit, "killed by signal 9", h.now());
+  auto end = all_of<finish_job>(a);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 1);
+  EXPECT_NE(end[0].message.find("rank 1 lost"), std::string::npos) << end[0].message;
+  EXPECT_NE(end[0].message.find("--min-ranks"), std::string::npos) << end[0].message;
+  EXPECT_EQ(h.logic().state(), job_state::failed);
+}
+
+TEST(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
+  logic_harness h(small_config(2));
+  h.form();
+  step_done bad;
+  bad.generation = 1;
+  bad.step = 1;
+  bad.rank = 0;
+  bad.ok = false;
+  bad.error = "peer lost";
+  bad.error_op = "reduce";
+  h.logic().on_vote(bad, h.now());
+  h.advance(100ms);
+  EXPECT_EQ(h.logic().state(), job_state::training);  // still settling
+  h.logic().on_tick(h.now());
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  h.advance(500ms);
+  auto a = h.logic().on_tick(h.now());
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  EXPECT_EQ(all_of<send_abort>(a).size(), 2u) << "nobody is evicted for a broken collective";
+}
+
+TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
+  logic_harness h(small_config(2), 0, /*max_ranks=*/4);
+  h.form();
+  h.step(1);
+  h.join(7);
+  h.join(8);
+  EXPECT_EQ(h.logic().state(), job_state::training) << "admitted at a step boundary, not mid-step";
+  auto a = h.step(2);
+  EXPECT_EQ(all_of<send_commit>(a).size(), 2u);
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  auto rc = all_of<send_reconfigure>(h.report_all(2));
+  ASSERT_EQ(rc.size(), 4u);
+  int peers = 0;
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.world, 4);
+    peers += r.msg.source == state_source::peer;
+  }
+  EXPECT_EQ(peers, 2) << "the newcomers receive their state from ranks that hold it";
+}
+
+TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
+  auto cfg = small_config(4);
+  cfg.parallel.pp = 2;
+  cfg.parallel.micro_batches = 4;
+  auto old_plan = plan_for(cfg, 4);
+  ASSERT_EQ(old_plan.shape.dp, 2);
+  std::map<uint64_t, strategies::layout_plan> plans{{1, old_plan}};
+  // Rank 3 (dp1, stage 1) is gone; members 0..2 held ranks 0..2 at step 9.
+  std::vector<member_info> live;
+  for (int r = 0; r < 3; ++r) {
+    member_info m;
+    m.id = r;
+    m.held_generation = 1;
+    m.held_rank = r;
+    m.held_step = 9;
+    live.push_back(m);
+  }
+  auto next_result =
+      strategies::replan_layout(old_plan, 3, cfg.model, strategies::constraints_from(cfg), {1, 4});
+  ASSERT_TRUE(strategies::has_plan(next_result));
+  const auto& next = strategies::plan_of(next_result);
+  EXPECT_EQ(next.shape.pp, 2);
+  EXPECT_EQ(next.shape.dp, 1);
+  auto rp = plan_restore(live, plans, next, cfg.model, 0, 9, 5);
+  EXPECT_EQ(rp.start_step, 9);
+  for (size_t r = 0; r < rp.source.size(); ++r) EXPECT_EQ(rp.source[r], state_source::self);
+  // ZeRO-1 shards depend on the dp size: a shrink must go back to the checkpoint.
+  auto zero_plan = plans;
+  auto rz = plan_restore(live, zero_plan, next, cfg.model, 1, 9, 5);
+  EXPECT_EQ(rz.start_step, 5);
+  for (auto s : rz.source) EXPECT_EQ(s, state_source::checkpoint);
+}
+
+TEST(JobLogicTest, NoFormingWithinTheDeadlineFails) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  h.advance(61s);
+  auto a = h.logic().on_tick(h.now());
+  auto end = all_of<finish_job>(a);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_NE(end[0].message.find("1 of 2"), std::string::npos) << end[0].message;
+}
+
+}  // namespace
+}  // namespace troupe::actors
