@@ -9,6 +9,8 @@
 
 #include <algorithm>
 
+#include "runtime/comm/communicator.hpp"
+
 namespace troupe::actors {
 namespace {
 
@@ -415,6 +417,7 @@ TEST(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
   bad.rank = 0;
   bad.ok = false;
   bad.error = "peer lost";
+  bad.error_kind = static_cast<int32_t>(comm::comm_errc::peer_lost);
   bad.error_op = "reduce";
   h.logic().on_vote(bad, h.now());
   h.advance(100ms);
@@ -424,7 +427,29 @@ TEST(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
   h.advance(500ms);
   auto a = h.logic().on_tick(h.now());
   EXPECT_EQ(h.logic().state(), job_state::recovering);
-  EXPECT_EQ(all_of<send_abort>(a).size(), 2u) << "nobody is evicted for a broken collective";
+  EXPECT_EQ(all_of<send_abort>(a).size(), 2u) << "nobody is evicted for a collective a peer broke";
+}
+
+TEST(JobLogicTest, RankWhoseOwnCollectiveFailsIsEvicted) {
+  logic_harness h(small_config(2));
+  h.form();
+  step_done bad;
+  bad.generation = 1;
+  bad.step = 1;
+  bad.rank = 1;
+  bad.ok = false;
+  bad.error = "injected fault";
+  bad.error_kind = static_cast<int32_t>(comm::comm_errc::internal);
+  h.logic().on_vote(bad, h.now());
+  h.advance(600ms);
+  auto a = h.logic().on_tick(h.now());
+  ASSERT_TRUE(has_event(a, "rank_lost"));
+  for (const auto& e : all_of<emit_event>(a))
+    if (e.event["event"] == "rank_lost") {
+      EXPECT_EQ(e.event["rank"], 1);
+      EXPECT_EQ(e.event["cause"], "error");
+    }
+  EXPECT_EQ(all_of<send_abort>(a).size(), 1u);
 }
 
 TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
