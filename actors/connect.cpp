@@ -1,7 +1,6 @@
 #include "actors/connect.hpp"
 
 #include <caf/io/middleman.hpp>
-
 #include <charconv>
 #include <thread>
 

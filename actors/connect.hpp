@@ -4,7 +4,6 @@
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
-
 #include <chrono>
 #include <cstdint>
 #include <string>

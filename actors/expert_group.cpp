@@ -2,7 +2,6 @@
 
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
-
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -10,15 +9,18 @@
 namespace troupe::actors {
 
 std::optional<expert_load_report> expert_load_tally::add(const expert_load_report& r) {
-  const auto blocks = static_cast<size_t>(setup_.blocks), experts = static_cast<size_t>(setup_.experts);
-  if (r.blocks != setup_.blocks || r.experts != setup_.experts || r.tokens.size() != blocks * experts ||
-      r.dropped.size() != blocks)
-    throw std::invalid_argument("expert load report of rank " + std::to_string(r.rank) + " for step " +
-                                std::to_string(r.step) + " has " + std::to_string(r.blocks) + " blocks x " +
-                                std::to_string(r.experts) + " experts; the job has " +
-                                std::to_string(setup_.blocks) + " x " + std::to_string(setup_.experts));
+  const auto blocks = static_cast<size_t>(setup_.blocks),
+             experts = static_cast<size_t>(setup_.experts);
+  if (r.blocks != setup_.blocks || r.experts != setup_.experts ||
+      r.tokens.size() != blocks * experts || r.dropped.size() != blocks)
+    throw std::invalid_argument(
+        "expert load report of rank " + std::to_string(r.rank) + " for step " +
+        std::to_string(r.step) + " has " + std::to_string(r.blocks) + " blocks x " +
+        std::to_string(r.experts) + " experts; the job has " + std::to_string(setup_.blocks) +
+        " x " + std::to_string(setup_.experts));
   // Reports of an older generation can no longer complete: their generation was aborted.
-  while (!pending_.empty() && pending_.begin()->first.first < r.generation) pending_.erase(pending_.begin());
+  while (!pending_.empty() && pending_.begin()->first.first < r.generation)
+    pending_.erase(pending_.begin());
   const auto key = std::make_pair(r.generation, r.step);
   auto it = pending_.find(key);
   if (it == pending_.end()) {
@@ -45,8 +47,8 @@ struct expert_group_state {
   std::optional<expert_load_tally> tally;
   expert_group_setup setup;
   expert_load_report latest;
-  std::vector<monitoring::counter*> tokens_total;  // [block * experts]
-  std::vector<monitoring::gauge*> step_tokens;     // [block * experts]
+  std::vector<monitoring::counter*> tokens_total;   // [block * experts]
+  std::vector<monitoring::gauge*> step_tokens;      // [block * experts]
   std::vector<monitoring::counter*> dropped_total;  // [block]
   static inline const char* name = "expert_group";
 };
@@ -65,8 +67,9 @@ void publish(self_ptr self, const expert_load_report& r) {
   if (!st.setup.events) return;
   nlohmann::json tokens = nlohmann::json::array();
   for (size_t b = 0; b < r.dropped.size(); ++b)
-    tokens.push_back(std::vector<int64_t>(r.tokens.begin() + static_cast<std::ptrdiff_t>(b * E),
-                                          r.tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * E)));
+    tokens.push_back(
+        std::vector<int64_t>(r.tokens.begin() + static_cast<std::ptrdiff_t>(b * E),
+                             r.tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * E)));
   st.setup.events->write({{"event", "expert_load"},
                           {"step", r.step},
                           {"generation", r.generation},
@@ -86,14 +89,17 @@ caf::behavior expert_group(self_ptr self, expert_group_setup setup) {
   st.latest.experts = setup.experts;
   if (setup.metrics) {
     auto& tokens = setup.metrics->add_counter_family(
-        "troupe_expert_tokens_total", "Tokens routed to each expert of each MoE block (every top_k choice, before capacity)");
-    auto& step = setup.metrics->add_gauge_family("troupe_expert_step_tokens",
-                                                 "Tokens routed to each expert of each MoE block in the last step");
-    auto& dropped = setup.metrics->add_counter_family("troupe_expert_dropped_total",
-                                                      "Expert choices of each MoE block dropped by capacity");
+        "troupe_expert_tokens_total",
+        "Tokens routed to each expert of each MoE block (every top_k choice, before capacity)");
+    auto& step = setup.metrics->add_gauge_family(
+        "troupe_expert_step_tokens",
+        "Tokens routed to each expert of each MoE block in the last step");
+    auto& dropped = setup.metrics->add_counter_family(
+        "troupe_expert_dropped_total", "Expert choices of each MoE block dropped by capacity");
     for (int b = 0; b < setup.blocks; ++b) {
       for (int e = 0; e < setup.experts; ++e) {
-        const monitoring::label_set labels{{"block", std::to_string(b)}, {"expert", std::to_string(e)}};
+        const monitoring::label_set labels{{"block", std::to_string(b)},
+                                           {"expert", std::to_string(e)}};
         st.tokens_total.push_back(&tokens.with(labels));
         st.step_tokens.push_back(&step.with(labels));
       }
@@ -112,7 +118,8 @@ caf::behavior expert_group(self_ptr self, expert_group_setup setup) {
           }
         } catch (const std::exception& e) {
           if (self->state.setup.events)
-            self->state.setup.events->write({{"event", "expert_load_rejected"}, {"rank", r.rank}, {"error", e.what()}});
+            self->state.setup.events->write(
+                {{"event", "expert_load_rejected"}, {"rank", r.rank}, {"error", e.what()}});
         }
       },
       [=](caf::get_atom) { return self->state.latest; },

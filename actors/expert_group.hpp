@@ -2,27 +2,26 @@
 // Expert load of an MoE job: adds up the ep groups' reports of each step, keeps the latest
 // complete step's tokens per expert per block, and publishes it (events.jsonl, Prometheus).
 
-#include "actors/messages.hpp"
-#include "monitoring/event_log.hpp"
-#include "monitoring/metrics.hpp"
-
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
-
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <utility>
 
+#include "actors/messages.hpp"
+#include "monitoring/event_log.hpp"
+#include "monitoring/metrics.hpp"
+
 namespace troupe::actors {
 
 /// What an expert_group needs to know about its job.
 struct expert_group_setup {
-  int blocks = 0;             ///< MoE blocks (n_layer)
-  int experts = 0;            ///< E
+  int blocks = 0;   ///< MoE blocks (n_layer)
+  int experts = 0;  ///< E
   int top_k = 1;
-  int reports_per_step = 1;   ///< ep groups in the layout (dp / ep): one report each per step
-  monitoring::event_log* events = nullptr;        ///< not owned; may be null
+  int reports_per_step = 1;  ///< ep groups in the layout (dp / ep): one report each per step
+  monitoring::event_log* events = nullptr;          ///< not owned; may be null
   monitoring::metrics_registry* metrics = nullptr;  ///< not owned; may be null
 };
 

@@ -237,6 +237,9 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
   m->pid = h.pid;
   m->host = h.host;
   m->last_heartbeat = now;
+  // A member that joins a running job waits idle for the next generation; the current one
+  // (training, or being formed) does not wait for it.
+  m->reported = m->reconfigured = state_ != job_state::forming;
   out.push_back(emit_event{{{"event", "rank_joined"},
                             {"member", h.member},
                             {"rank", h.member},
@@ -324,7 +327,10 @@ void job_logic::plan_generation(logic_time now, actions& out) {
   plan_ = next;
   plans_[generation_] = next;
   committed_ = restore_.start_step;
-  for (auto& m : members_) m.rank = -1;
+  for (auto& m : members_) {
+    m.rank = -1;
+    m.reconfigured = false;
+  }
   for (size_t r = 0; r < restore_.member_of_rank.size(); ++r)
     if (auto* m = find(restore_.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
   const std::string plan_json = strategies::to_json(next);
@@ -361,6 +367,7 @@ actions job_logic::on_state_report(const state_report& r, logic_time now) {
     stale("state_report", r.member, r.generation, out);
     return out;
   }
+  if (m->reported) return out;  // a duplicate, or a member that joined after the abort
   m->reported = true;
   m->held_generation = r.held_generation;
   m->held_rank = r.held_rank;
@@ -421,12 +428,14 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
                               {"layout", plan_doc(plan_, params_.cfg.parallel.zero)}}});
   recovery_cause_.clear();
   set_state(job_state::training, out, recovery_reason_);
-  pending_ = votes{};
   stragglers_.reset();
   flagged_.assign(static_cast<size_t>(world()), false);
   last_commit_ = now;
   deadline_ = now + std::chrono::milliseconds(2LL * params_.cfg.step_timeout_ms);
-  if (committed_ >= session_last_step(params_.cfg)) {
+  if (committed_ < session_last_step(params_.cfg)) {
+    // Ranks that finished reconfiguring first may already have voted for the next step.
+    if (pending_.count == world()) all_votes_in(now, out);
+  } else {
     // Recovered after the last step: the final checkpoint and validation come from the
     // new generation (its ranks hold the last step's state).
     finishing_ = true;
@@ -448,7 +457,12 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
   actions out;
   if (ended_) return out;
   const int32_t member = member_of_rank(v.rank);
-  if (v.generation != generation_ || state_ != job_state::training || member < 0) {
+  // Votes of the generation being formed count too: a rank that finished reconfiguring starts
+  // its step while the coordinator may still wait for another rank's acknowledgement.
+  const auto* voter = member >= 0 ? find(member) : nullptr;
+  if (v.generation != generation_ || member < 0 || !voter ||
+      (state_ != job_state::training &&
+       !(state_ == job_state::recovering && voter->reconfigured))) {
     stale("step_done", member, v.generation, out);
     return out;
   }
@@ -490,7 +504,7 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
                               {"optimizer_state_bytes", v.optim_state_bytes},
                               {"peak_rss_bytes", v.peak_rss_bytes},
                               {"zero", params_.cfg.parallel.zero}}});
-  if (p.count == world()) all_votes_in(now, out);
+  if (p.count == world() && state_ == job_state::training) all_votes_in(now, out);
   return out;
 }
 
@@ -551,8 +565,10 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
     return;
   }
   handle_stragglers(compute, now, out);
-  if (state_ == job_state::training && grow_wanted())
+  if (state_ == job_state::training && grow_wanted()) {
+    recovery_cause_ = "grow";
     begin_generation("members waiting to join: the layout grows", now, out);
+  }
 }
 
 void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_time now,
@@ -595,6 +611,7 @@ void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_ti
                                                       std::max(1, plan_.shape.pp));
       if (!counts.empty() && counts != plan_.replica_micro_batches) {
         rebalanced_ = counts;
+        recovery_cause_ = "rebalance";
         begin_generation(
             "rebalancing micro-batches away from straggler rank " + std::to_string(verdict.rank),
             now, out);

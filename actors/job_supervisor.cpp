@@ -111,7 +111,8 @@ struct job_metrics {
       world->set(e.value("world", 0.0));
       generation->set(e.value("number", 0.0));
       step->set(e.value("start_step", 0.0));
-      if (e.value("number", 0) > 1) {
+      const std::string cause = e.value("cause", std::string());
+      if (e.value("number", 0) > 1 && cause != "grow" && cause != "rebalance") {
         recoveries->with({{"cause", e.value("cause", std::string("other"))}}).inc();
         recovery_seconds->observe(e.value("recovery_s", 0.0));
       }
@@ -270,8 +271,10 @@ void inject_faults(self_ptr self) {
     const auto& f = st.setup.faults[st.next_fault++];
     std::vector<int32_t> pids;
     if (f.target == chaos::fault_target::rank) {
+      // A random schedule may name a rank the shrunken world no longer has.
+      const int rank = f.id < l.world() ? f.id : f.id % std::max(1, l.world());
       for (const auto& m : l.members())
-        if (m.live && m.rank == f.id) pids.push_back(m.pid);
+        if (m.live && m.rank == rank) pids.push_back(m.pid);
     } else {
       if (static_cast<size_t>(f.id) < st.agent_pids.size())
         pids.push_back(st.agent_pids[static_cast<size_t>(f.id)]);
@@ -389,6 +392,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         s.agent_pids.push_back(h.pid);
         self->monitor(agent);
         plan.node = node;
+        plan.max_restarts = s.setup.cfg.elastic.max_restarts;
         for (int i = 0; i < count; ++i) plan.members.push_back(s.next_member++);
         emit(self, {{"event", "agent_joined"},
                     {"host", h.host},

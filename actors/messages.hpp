@@ -115,6 +115,7 @@ struct launch_plan {
   uint64_t generation = 0;
   int32_t node = 0;
   std::vector<int32_t> members;  ///< members this agent must start
+  int32_t max_restarts = 0;      ///< times this agent may restart a worker that died
   std::string error;
 };
 
@@ -263,7 +264,8 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
-  return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members, x.error);
+  return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
+           x.max_restarts, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {

@@ -26,6 +26,8 @@ struct agent_state {
   caf::actor coordinator;
   std::map<int32_t, pid_t> workers;  // member -> pid, until reaped
   int32_t node = 0;
+  int restarts_left = 0;
+  std::string exe, endpoint;
   bool stopping = false;
   int stop_stage = 0;  // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
   std::shared_ptr<std::atomic<int>> exit_code;
@@ -87,6 +89,9 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
             const std::string endpoint =
                 s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
             s.node = plan.node;
+            s.restarts_left = plan.max_restarts;
+            s.exe = exe;
+            s.endpoint = endpoint;
             for (int32_t m : plan.members) {
               try {
                 s.workers[m] =
@@ -114,6 +119,25 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
             if (!s.stopping)
               self->send(s.coordinator,
                          worker_exited{it->first, it->second, ended->exit_code, ended->signal});
+            const bool died = ended->signal != 0 || ended->exit_code != 0;
+            if (!s.stopping && died && s.restarts_left > 0) {
+              // The same member starts again and rejoins; the job admits it at a step boundary.
+              --s.restarts_left;
+              const int32_t member = it->first;
+              monitoring::log(monitoring::level::warn, agent_ctx,
+                              "member " + std::to_string(member) + " died; restarting it (" +
+                                  std::to_string(s.restarts_left) + " restarts left)");
+              try {
+                it->second =
+                    spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
+                                 std::to_string(member), "--node", std::to_string(s.node)});
+                ++it;
+                continue;
+              } catch (const std::exception& e) {
+                monitoring::log(monitoring::level::error, agent_ctx,
+                                std::string("restart failed: ") + e.what());
+              }
+            }
             it = s.workers.erase(it);
           } else {
             ++it;

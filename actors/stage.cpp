@@ -2,7 +2,6 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-
 #include <stdexcept>
 #include <thread>
 
@@ -17,7 +16,8 @@ using clock_type = std::chrono::steady_clock;
 /// notices on the board. Event-based; it owns no state the rank does not share.
 /// Neighbours it watches: a neighbour's process that dies closes the board, so a rank waiting
 /// for its notice fails at once instead of at the deadline.
-caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<notice_board> board, uint64_t generation) {
+caf::behavior stage_actor(caf::event_based_actor* self, std::shared_ptr<notice_board> board,
+                          uint64_t generation) {
   self->set_down_handler([=](caf::down_msg& dm) {
     board->close("a neighbouring stage's actor is gone (" + self->system().render(dm.reason) + ")");
   });
@@ -47,7 +47,8 @@ void notice_board::post(const pipe_notice& n) {
   cv_.notify_all();
 }
 
-bool notice_board::take(int64_t step, int micro_batch, bool backward, clock_type::time_point deadline) {
+bool notice_board::take(int64_t step, int micro_batch, bool backward,
+                        clock_type::time_point deadline) {
   const key k{step, micro_batch, backward};
   const auto spin_until = clock_type::now() + std::chrono::microseconds(300);
   std::unique_lock lock(m_);
@@ -98,8 +99,9 @@ std::string notice_board::why_closed() {
   return why_;
 }
 
-stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation, const std::string& group,
-                       int stage, int stages, int next_slots, std::chrono::milliseconds timeout)
+stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation,
+                       const std::string& group, int stage, int stages, int next_slots,
+                       std::chrono::milliseconds timeout)
     : sys_(sys),
       generation_(generation),
       stage_(stage),
@@ -121,18 +123,20 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
   if (stage + 1 < stages) {
     const std::string where = store.get_string(key_of(generation, group, stage + 1), timeout);
     const auto colon = where.rfind(':');
-    auto peer = sys.middleman().remote_actor(where.substr(0, colon),
-                                             static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
-    if (!peer) fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + ": " +
-                    sys.render(peer.error()));
+    auto peer = sys.middleman().remote_actor(
+        where.substr(0, colon), static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
+    if (!peer)
+      fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + ": " +
+           sys.render(peer.error()));
     next_ = *peer;
     caf::anon_send(next_, introduce_atom::value, self_);
     caf::anon_send(self_, watch_atom::value, next_);
   }
   if (stage > 0) {
     prev_ = board_->await_prev(clock_type::now() + timeout);
-    if (!prev_) fail("stage " + std::to_string(stage - 1) + " did not introduce its actor within " +
-                     std::to_string(timeout.count() / 1000) + " s");
+    if (!prev_)
+      fail("stage " + std::to_string(stage - 1) + " did not introduce its actor within " +
+           std::to_string(timeout.count() / 1000) + " s");
   }
 }
 
@@ -152,14 +156,16 @@ void stage_link::waiting(const strategies::pipe_op& op) {
   }
   const int from = backward ? stage_ + 1 : stage_ - 1;
   if (const std::string why = board_->why_closed(); !why.empty())
-    throw comm::comm_error(comm::comm_errc::peer_lost, "pipeline stage " + std::to_string(stage_) + " waiting for " +
-                                                           (backward ? "B" : "F") + std::to_string(op.micro_batch) +
-                                                           " from stage " + std::to_string(from) + ": " + why);
+    throw comm::comm_error(comm::comm_errc::peer_lost,
+                           "pipeline stage " + std::to_string(stage_) + " waiting for " +
+                               (backward ? "B" : "F") + std::to_string(op.micro_batch) +
+                               " from stage " + std::to_string(from) + ": " + why);
   throw comm::comm_error(comm::comm_errc::timeout,
                          "pipeline stage " + std::to_string(stage_) + " waited " +
-                             std::to_string(timeout_.count() / 1000) + " s for stage " + std::to_string(from) +
-                             "'s notice of " + (backward ? "B" : "F") + std::to_string(op.micro_batch) + " (step " +
-                             std::to_string(step_) + ", generation " + std::to_string(generation_) + ")");
+                             std::to_string(timeout_.count() / 1000) + " s for stage " +
+                             std::to_string(from) + "'s notice of " + (backward ? "B" : "F") +
+                             std::to_string(op.micro_batch) + " (step " + std::to_string(step_) +
+                             ", generation " + std::to_string(generation_) + ")");
 }
 
 void stage_link::done(const strategies::timed_op& op) {
@@ -172,7 +178,8 @@ void stage_link::done(const strategies::timed_op& op) {
     if (!next_) return;  // the last stage's forward feeds its own backward
     if (credits_ <= 0)
       throw std::logic_error("pipeline stage " + std::to_string(stage_) + " would send F" +
-                             std::to_string(op.op.micro_batch) + " to stage " + std::to_string(stage_ + 1) +
+                             std::to_string(op.op.micro_batch) + " to stage " +
+                             std::to_string(stage_ + 1) +
                              ", which has no free activation slot: the schedule overruns it");
     --credits_;
     n.backward = false;

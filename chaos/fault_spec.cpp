@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
+#include <cstdint>
 #include <map>
 
 #include "runtime/config.hpp"
@@ -83,10 +85,70 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
   return f;
 }
 
+std::vector<fault> expand_random(const std::string& spec, int world, int64_t steps) {
+  const auto parts = split(spec, ':');
+  std::map<std::string, std::string> fields;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    auto eq = parts[i].find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw config_error("--fault '" + spec + "': expected key=value, got '" + parts[i] + "'");
+    if (!fields.emplace(parts[i].substr(0, eq), parts[i].substr(eq + 1)).second)
+      throw config_error("--fault '" + spec + "': '" + parts[i].substr(0, eq) + "' given twice");
+  }
+  for (const auto& [key, value] : fields)
+    if (key != "kills" && key != "seed" && key != "from" && key != "every")
+      throw config_error("--fault '" + spec + "': unknown field '" + key +
+                         "' (known: kills, seed, from, every)");
+  if (!fields.count("kills") || !fields.count("seed"))
+    throw config_error("--fault '" + spec + "': random needs kills=K and seed=S");
+  const int64_t kills = whole(spec, "kills", fields["kills"], 1, 10000);
+  uint64_t state = static_cast<uint64_t>(whole(spec, "seed", fields["seed"], 0, INT64_MAX));
+  const int64_t from = fields.count("from") ? whole(spec, "from", fields["from"], 1, steps)
+                                            : std::min<int64_t>(5, steps);
+  const int64_t every =
+      fields.count("every") ? whole(spec, "every", fields["every"], 1, steps) : 10;
+  if (from + (kills - 1) * every > steps)
+    throw config_error("--fault '" + spec + "': " + std::to_string(kills) + " kills " +
+                       std::to_string(every) + " steps apart from step " + std::to_string(from) +
+                       " do not fit in " + std::to_string(steps) +
+                       " steps; raise --steps or lower kills/every");
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  // Spread the kills over the steps left: each gets `every` steps plus a random share of the slack.
+  const int64_t slack = steps - from - (kills - 1) * every;
+  std::vector<int64_t> extra(static_cast<size_t>(kills));
+  for (auto& x : extra) x = static_cast<int64_t>(next() % static_cast<uint64_t>(slack / kills + 1));
+  std::vector<fault> out;
+  int64_t step = from;
+  for (int64_t k = 0; k < kills; ++k) {
+    step += extra[static_cast<size_t>(k)];
+    fault f;
+    f.kind = fault_action::kill;
+    f.target = fault_target::rank;
+    f.id = static_cast<int>(next() % static_cast<uint64_t>(world));
+    f.step = std::min(step, steps);
+    f.spec = spec;
+    out.push_back(f);
+    step += every;
+  }
+  return out;
+}
+
 std::vector<fault> parse_faults(const std::string& specs, int world, int nodes, int64_t steps) {
   std::vector<fault> out;
   if (specs.empty()) return out;
-  for (const auto& s : split(specs, ';')) out.push_back(parse_fault(s, world, nodes, steps));
+  for (const auto& s : split(specs, ';')) {
+    if (s.rfind("random:", 0) == 0) {
+      auto more = expand_random(s, world, steps);
+      out.insert(out.end(), more.begin(), more.end());
+    } else {
+      out.push_back(parse_fault(s, world, nodes, steps));
+    }
+  }
   std::stable_sort(out.begin(), out.end(),
                    [](const fault& a, const fault& b) { return a.step < b.step; });
   return out;

@@ -26,7 +26,12 @@ struct fault {
 
 /// Parses one spec; throws troupe::config_error naming the spec, the field and what is allowed.
 fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps);
-/// Every spec of a ';'-separated list (elastic.faults), sorted by step.
+/// A seeded schedule, `random:kills=K:seed=S[:from=F][:every=E]`: K kill -9s of ranks drawn
+/// from [0, world), at steps from F (default 5) on, at least E steps apart (default 10). The
+/// same seed gives the same schedule everywhere (splitmix64, no std distributions). A rank
+/// that is not placed when its kill comes is taken modulo the world of that moment.
+std::vector<fault> expand_random(const std::string& spec, int world, int64_t steps);
+/// Every spec of a ';'-separated list (elastic.faults), random ones expanded, sorted by step.
 std::vector<fault> parse_faults(const std::string& specs, int world, int nodes, int64_t steps);
 
 }  // namespace troupe::chaos

@@ -80,7 +80,7 @@ int64_t resume_point(const train_config& cfg) {
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
       "/parallel/schedule",
       // How the job survives failures does not change what it computes.
-      "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
+      "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares", "/elastic/max_restarts",
       "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy", "/elastic/faults"};
   try {
     ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);

@@ -39,6 +39,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--min-ranks", "elastic.min_ranks"},
       {"--max-ranks", "elastic.max_ranks"},
       {"--spares", "elastic.spares"},
+      {"--max-restarts", "elastic.max_restarts"},
       {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
       {"--straggler-policy", "elastic.straggler_policy"},
       {"--fault", "elastic.faults"},
@@ -168,6 +169,7 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --min-ranks N          fewer live ranks than this ends the job (default 1)
   --max-ranks N          the world grows back up to this when workers join (default --world)
   --spares K             K started, idle workers that take a lost rank's place (default 0)
+  --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
   --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
   --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,

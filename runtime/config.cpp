@@ -152,6 +152,7 @@ const std::vector<field>& fields() {
       make_field("elastic.min_ranks", &train_config::elastic, &elastic_config::min_ranks),
       make_field("elastic.max_ranks", &train_config::elastic, &elastic_config::max_ranks),
       make_field("elastic.spares", &train_config::elastic, &elastic_config::spares),
+      make_field("elastic.max_restarts", &train_config::elastic, &elastic_config::max_restarts),
       make_field("elastic.heartbeat_timeout_ms", &train_config::elastic,
                  &elastic_config::heartbeat_timeout_ms),
       section_string_field("elastic.straggler_policy", &train_config::elastic,
@@ -291,6 +292,9 @@ void validate(const train_config& c) {
   require(c.step_timeout_ms >= 100, "config: step_timeout_ms must be >= 100");
   require(c.bucket_bytes >= 1024, "config: bucket_bytes must be >= 1024");
   const auto& e = c.elastic;
+  require(e.max_restarts >= 0 && e.max_restarts <= 1000000,
+          "config: elastic.max_restarts (--max-restarts) must be in 0..1000000, got " +
+              std::to_string(e.max_restarts));
   require(e.spares >= 0 && e.spares <= 256,
           "config: elastic.spares (--spares) must be in 0..256, got " + std::to_string(e.spares));
   require(e.nodes >= 1 && e.nodes <= c.world + e.spares,

@@ -41,6 +41,7 @@ struct elastic_config {
   int min_ranks = 1;                ///< fewer live ranks than this ends the job
   int max_ranks = 0;                ///< the world never grows past this; 0 = world
   int spares = 0;                   ///< started idle workers that replace a lost rank
+  int max_restarts = 0;             ///< times each agent restarts a worker that died (it rejoins)
   int heartbeat_timeout_ms = 2000;  ///< a worker silent this long is lost (hang)
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated

@@ -472,6 +472,65 @@ TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
   EXPECT_EQ(peers, 2) << "the newcomers receive their state from ranks that hold it";
 }
 
+TEST(JobLogicTest, MemberJoiningDuringARecoveryWaitsForTheNextGeneration) {
+  logic_harness h(small_config(2), 0, /*max_ranks=*/2);
+  h.form();
+  h.step(1);
+  h.logic().on_member_lost(1, loss_cause::exit, "gone", h.now());
+  auto rc = all_of<send_reconfigure>(h.report_all(1));
+  ASSERT_EQ(rc.size(), 1u);
+  h.join(1);  // restarted by its agent while generation 2 forms
+  auto a = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training) << "the newcomer does not hold up generation 2";
+  // It is admitted at the next step boundary.
+  h.step(2);
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  EXPECT_EQ(all_of<send_reconfigure>(h.report_all(2)).size(), 2u);
+}
+
+TEST(JobLogicTest, VoteBeforeTheLastAcknowledgementStillCounts) {
+  logic_harness h(small_config(2));
+  h.form();
+  h.step(1);
+  h.logic().on_member_lost(1, loss_cause::exit, "gone", h.now());
+  h.join(1);
+  h.join(2);
+  auto all = all_of<send_reconfigure>(h.report_all(1));
+  ASSERT_EQ(all.size(), 3u);  // two ranks and a spare
+  std::vector<send_reconfigure> rc;
+  for (const auto& r : all)
+    if (r.msg.rank >= 0) rc.push_back(r);
+  ASSERT_EQ(rc.size(), 2u);
+  reconfigured spare;
+  for (const auto& r : all)
+    if (r.msg.rank < 0) {
+      spare.generation = r.msg.generation;
+      spare.member = r.member;
+      h.logic().on_reconfigured(spare, h.now());
+    }
+  // The first rank acknowledges and votes for step 2 before the second acknowledges.
+  reconfigured first;
+  first.generation = rc[0].msg.generation;
+  first.member = rc[0].member;
+  first.rank = rc[0].msg.rank;
+  h.logic().on_reconfigured(first, h.now());
+  step_done v;
+  v.generation = first.generation;
+  v.step = 2;
+  v.rank = first.rank;
+  v.tokens = 2;
+  auto early = h.logic().on_vote(v, h.now());
+  EXPECT_FALSE(has_event(early, "stale_message"));
+  reconfigured second = first;
+  second.member = rc[1].member;
+  second.rank = rc[1].msg.rank;
+  h.logic().on_reconfigured(second, h.now());
+  v.rank = second.rank;
+  auto a = h.logic().on_vote(v, h.now());
+  EXPECT_EQ(all_of<send_commit>(a).size(), 2u);
+  EXPECT_EQ(h.logic().committed(), 2);
+}
+
 TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
   auto cfg = small_config(4);
   cfg.parallel.pp = 2;
