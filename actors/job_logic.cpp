@@ -597,16 +597,21 @@ void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_ti
     if (params_.straggler_policy == "rebalance" && plan_.shape.dp > 1) {
       // Replica speeds from the smoothed scores of their ranks (the slowest rank of a
       // replica sets its pace); the global batch and the math stay the same.
-      const auto& scores = stragglers_.scores();
-      std::vector<double> speed(static_cast<size_t>(plan_.shape.dp), 1.0);
+      // A replica's speed: micro-batches per second of (smoothed) compute, its slowest rank
+      // setting the pace; a second rebalance so starts from the counts the first one gave.
+      const auto& times = stragglers_.smoothed();
+      std::vector<double> speed(static_cast<size_t>(plan_.shape.dp), 1e300);
       for (int rank = 0; rank < world(); ++rank) {
         const auto at = strategies::coords_of(plan_.shape, rank);
-        const double s =
-            static_cast<size_t>(rank) < scores.size() && scores[static_cast<size_t>(rank)] > 0
-                ? scores[static_cast<size_t>(rank)]
-                : 1.0;
-        speed[static_cast<size_t>(at.dp)] = std::min(speed[static_cast<size_t>(at.dp)], 1.0 / s);
+        const auto d = static_cast<size_t>(at.dp);
+        const double t = static_cast<size_t>(rank) < times.size() ? times[static_cast<size_t>(rank)]
+                                                                  : std::nan("");
+        const double count =
+            d < plan_.replica_micro_batches.size() ? plan_.replica_micro_batches[d] : 1.0;
+        if (std::isfinite(t) && t > 0) speed[d] = std::min(speed[d], count / t);
       }
+      for (auto& x : speed)
+        if (x >= 1e300) x = 0;  // no reports: balance_micro_batches refuses, nothing changes
       auto counts = strategies::balance_micro_batches(plan_.micro_batches, speed,
                                                       std::max(1, plan_.shape.pp));
       if (!counts.empty() && counts != plan_.replica_micro_batches) {

@@ -269,6 +269,7 @@ void inject_faults(self_ptr self) {
   while (st.next_fault < st.setup.faults.size() && l.state() == job_state::training &&
          st.setup.faults[st.next_fault].step <= l.committed() + 1) {
     const auto& f = st.setup.faults[st.next_fault++];
+    if (f.kind == chaos::fault_action::slow) continue;  // the rank slows itself down
     std::vector<int32_t> pids;
     if (f.target == chaos::fault_target::rank) {
       // A random schedule may name a rank the shrunken world no longer has.

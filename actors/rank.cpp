@@ -18,6 +18,7 @@
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
 #include "actors/state_transfer.hpp"
+#include "chaos/fault_spec.hpp"
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
@@ -151,6 +152,7 @@ struct worker {
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
   std::optional<byte_dataset> data;
+  std::vector<chaos::fault> faults;  // injected slowdowns apply here
   generation_context current;
   uint64_t newest_generation = 0;  // the newest generation any message named
   monitoring::log_context log_ctx() const {
@@ -328,6 +330,10 @@ loop_result train(worker& w, int64_t start_step) {
     try {
       if (g.stage) g.stage->begin_step(step);
       gr = engine.compute(*w.data, step - 1);
+      // An injected straggler: this rank's compute takes `factor` times as long.
+      if (const double slow = chaos::slowdown(w.faults, g.rank, step); slow > 1.0)
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>((slow - 1.0) * seconds_between(t0, clock_type::now())));
     } catch (const std::exception& e) {
       return fail_step(step, "compute", e);
     }
@@ -638,6 +644,8 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.store = comm::connect_tcp_store(answer->store_host, static_cast<uint16_t>(answer->store_port),
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
     w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+    w.faults = chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
+                                   w.cfg.elastic.nodes, session_last_step(w.cfg));
     const int c = serve(w);
     w.shared->detach();
     w.current = {};

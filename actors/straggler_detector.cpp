@@ -25,6 +25,7 @@ void straggler_detector::reset() {
   above_.clear();
   flagged_.clear();
   scores_.clear();
+  smoothed_.clear();
 }
 
 std::vector<straggler_verdict> straggler_detector::observe(const std::vector<double>& compute_s) {
@@ -44,8 +45,11 @@ std::vector<straggler_verdict> straggler_detector::observe(const std::vector<dou
       w.push_back(t);
       if (static_cast<int>(w.size()) > std::max(1, opts_.window)) w.erase(w.begin());
     }
-    if (!windows_[r].empty()) smoothed[r] = median_of(windows_[r]);
+    // Judged only on a full window: the first steps (allocation, caches) are noisy.
+    if (static_cast<int>(windows_[r].size()) >= std::max(1, opts_.window))
+      smoothed[r] = median_of(windows_[r]);
   }
+  smoothed_ = smoothed;
   std::vector<straggler_verdict> out;
   for (size_t r = 0; r < n; ++r) {
     if (!std::isfinite(smoothed[r])) continue;

@@ -26,6 +26,8 @@ class straggler_detector {
   std::vector<straggler_verdict> observe(const std::vector<double>& compute_s);
   /// The latest score per rank (smoothed time / median; 1.0 = typical).
   const std::vector<double>& scores() const { return scores_; }
+  /// Each rank's smoothed compute seconds (the median of its window); NaN before a full window.
+  const std::vector<double>& smoothed() const { return smoothed_; }
   /// Forgets everything (a new generation renumbers ranks).
   void reset();
 
@@ -35,6 +37,7 @@ class straggler_detector {
   std::vector<int> above_;
   std::vector<bool> flagged_;
   std::vector<double> scores_;
+  std::vector<double> smoothed_;
 };
 
 }  // namespace troupe::actors

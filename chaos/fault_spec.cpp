@@ -52,9 +52,11 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
     f.kind = fault_action::kill;
   else if (parts[0] == "stop")
     f.kind = fault_action::stop;
+  else if (parts[0] == "slow")
+    f.kind = fault_action::slow;
   else
-    throw config_error("--fault '" + spec + "': the kind must be kill or stop, got '" + parts[0] +
-                       "'");
+    throw config_error("--fault '" + spec +
+                       "': the kind must be kill, stop, slow or random, got '" + parts[0] + "'");
   std::map<std::string, std::string> fields;
   for (size_t i = 1; i < parts.size(); ++i) {
     auto eq = parts[i].find('=');
@@ -71,6 +73,21 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
   f.target = rank ? fault_target::rank : fault_target::node;
   f.id = static_cast<int>(rank ? whole(spec, "rank", fields["rank"], 0, world - 1)
                                : whole(spec, "node", fields["node"], 0, nodes - 1));
+  if (f.kind == fault_action::slow) {
+    if (node) throw config_error("--fault '" + spec + "': slow takes rank=R, not node=N");
+    if (!fields.count("factor") || !fields.count("from"))
+      throw config_error("--fault '" + spec + "': slow needs factor=F and from=S");
+    const std::string& v = fields["factor"];
+    double x = 0;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || end != v.data() + v.size() || !(x > 1.0) || !(x <= 100.0))
+      throw config_error("--fault '" + spec + "': factor must be a number in (1, 100], got '" + v +
+                         "'");
+    f.factor = x;
+    fields["step"] = fields["from"];
+    fields.erase("factor");
+    fields.erase("from");
+  }
   if (!fields.count("step")) throw config_error("--fault '" + spec + "': step=S is required");
   f.step = whole(spec, "step", fields["step"], 1, steps);
   if (fields.count("for")) {
@@ -83,6 +100,15 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
       throw config_error("--fault '" + spec + "': unknown field '" + key +
                          "' (known: rank, node, step, for)");
   return f;
+}
+
+double slowdown(const std::vector<fault>& faults, int rank, int64_t step) {
+  double factor = 1.0;
+  for (const auto& f : faults)
+    if (f.kind == fault_action::slow && f.target == fault_target::rank && f.id == rank &&
+        step >= f.step)
+      factor = std::max(factor, f.factor);
+  return factor;
 }
 
 std::vector<fault> expand_random(const std::string& spec, int world, int64_t steps) {

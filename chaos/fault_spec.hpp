@@ -9,20 +9,25 @@
 
 namespace troupe::chaos {
 
-enum class fault_action { kill, stop };
+enum class fault_action { kill, stop, slow };
 enum class fault_target { rank, node };
 
 /// One fault: `kill:rank=1:step=8` (kill -9 the process holding rank 1 when step 8 begins),
 /// `kill:node=1:step=12` (its agent and all its workers), `stop:rank=2:step=5[:for=3s]`
-/// (SIGSTOP, and SIGCONT after `for`; never without it).
+/// (SIGSTOP, and SIGCONT after `for`; never without it), `slow:rank=0:factor=2:from=10` (that
+/// rank's compute takes `factor` times as long from step 10 on: a straggler).
 struct fault {
   fault_action kind = fault_action::kill;
   fault_target target = fault_target::rank;
   int id = 0;
   int64_t step = 1;
   std::chrono::milliseconds duration{0};
+  double factor = 1.0;  ///< slow only
   std::string spec;
 };
+
+/// How much slower rank `rank` computes at `step` under `faults` (1 = not at all).
+double slowdown(const std::vector<fault>& faults, int rank, int64_t step);
 
 /// Parses one spec; throws troupe::config_error naming the spec, the field and what is allowed.
 fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps);

@@ -87,22 +87,33 @@ std::vector<int> balance_micro_batches(int M, const std::vector<double>& replica
     if (!std::isfinite(s) || s <= 0) return {};
     total += s;
   }
-  // The minimum for everyone, then the rest in proportion to speed, by largest remainder.
-  const int rest = M - n * min_each;
-  std::vector<int> out(static_cast<size_t>(n), min_each);
-  std::vector<std::pair<double, int>> remainders;
-  int given = 0;
-  for (int i = 0; i < n; ++i) {
-    const double share = rest * replica_speed[static_cast<size_t>(i)] / total;
-    const int whole = static_cast<int>(std::floor(share));
-    out[static_cast<size_t>(i)] += whole;
-    given += whole;
-    remainders.emplace_back(share - whole, i);
+  // Each replica's ideal share of M, rounded down but never below the minimum; then the
+  // micro-batches left over go to the largest shortfalls (ties to the lower index), or, when
+  // the minimums overshoot, come back from the largest surpluses.
+  std::vector<double> ideal(static_cast<size_t>(n));
+  std::vector<int> out(static_cast<size_t>(n));
+  int sum = 0;
+  for (size_t i = 0; i < ideal.size(); ++i) {
+    ideal[i] = M * replica_speed[i] / total;
+    out[i] = std::max(min_each, static_cast<int>(std::floor(ideal[i])));
+    sum += out[i];
   }
-  std::stable_sort(remainders.begin(), remainders.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first + 1e-12; });
-  for (int k = 0; k < rest - given; ++k)
-    ++out[static_cast<size_t>(remainders[static_cast<size_t>(k)].second)];
+  while (sum != M) {
+    const bool add = sum < M;
+    size_t pick = ideal.size();
+    for (size_t i = 0; i < ideal.size(); ++i) {
+      if (!add && out[i] <= min_each) continue;
+      const double gap = ideal[i] - out[i];
+      if (pick == ideal.size()) {
+        pick = i;
+      } else {
+        const double best = ideal[pick] - out[pick];
+        if (add ? gap > best + 1e-12 : gap < best - 1e-12) pick = i;
+      }
+    }
+    out[pick] += add ? 1 : -1;
+    sum += add ? 1 : -1;
+  }
   return out;
 }
 
