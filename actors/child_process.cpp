@@ -28,7 +28,7 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group) {
+pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, int death_signal) {
   if (argv.empty()) throw std::runtime_error("spawn_child: empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -38,7 +38,7 @@ pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group) 
   if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
   if (pid == 0) {
     // Only async-signal-safe calls until exec.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_PDEATHSIG, death_signal);
     if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
     if (new_process_group) setpgid(0, 0);
     sigset_t none;

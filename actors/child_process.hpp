@@ -24,7 +24,8 @@ std::string self_executable();
 /// `new_process_group`, a Ctrl-C at the terminal reaches only the parent, which then
 /// stops the child in order.
 /// Throws std::runtime_error when the process cannot be started.
-pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group = false);
+pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group = false,
+                  int death_signal = 9);
 
 /// Reaps `pid` if it has ended; never blocks.
 std::optional<exit_status> try_reap(pid_t pid);

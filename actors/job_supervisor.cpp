@@ -1,6 +1,7 @@
 #include "actors/job_supervisor.hpp"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <caf/all.hpp>
@@ -270,6 +271,16 @@ void inject_faults(self_ptr self) {
          st.setup.faults[st.next_fault].step <= l.committed() + 1) {
     const auto& f = st.setup.faults[st.next_fault++];
     if (f.kind == chaos::fault_action::slow) continue;  // the rank slows itself down
+    if (f.target == chaos::fault_target::coordinator) {
+      // The coordinator dies here, as if its machine did: every member must notice.
+      emit(self, {{"event", "fault"},
+                  {"what", "kill"},
+                  {"target", "coordinator"},
+                  {"step", f.step},
+                  {"pids", {getpid()}},
+                  {"spec", f.spec}});
+      ::kill(getpid(), SIGKILL);
+    }
     std::vector<int32_t> pids;
     if (f.target == chaos::fault_target::rank) {
       // A random schedule may name a rank the shrunken world no longer has.
@@ -394,6 +405,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         self->monitor(agent);
         plan.node = node;
         plan.max_restarts = s.setup.cfg.elastic.max_restarts;
+        plan.heartbeat_timeout_ms = s.setup.heartbeat_timeout_ms;
         for (int i = 0; i < count; ++i) plan.members.push_back(s.next_member++);
         emit(self, {{"event", "agent_joined"},
                     {"host", h.host},
@@ -480,6 +492,14 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         auto& s = self->state;
         run(self, s.logic->on_tick(logic_clock::now()));
         update_gauges(self);
+        // The members and agents watch for the coordinator's heartbeat as it watches theirs.
+        const heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
+        for (const auto& m : s.logic->members())
+          if (m.live)
+            if (auto it = s.members.find(m.id); it != s.members.end())
+              self->send(it->second.control, beat);
+        for (auto& a : s.agents)
+          if (a) self->send(a, beat);
         if (!s.result_sent) self->delayed_send(self, s.setup.tick, tick_atom::value);
       },
   };

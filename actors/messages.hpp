@@ -114,8 +114,9 @@ struct agent_hello {
 struct launch_plan {
   uint64_t generation = 0;
   int32_t node = 0;
-  std::vector<int32_t> members;  ///< members this agent must start
-  int32_t max_restarts = 0;      ///< times this agent may restart a worker that died
+  std::vector<int32_t> members;      ///< members this agent must start
+  int32_t max_restarts = 0;          ///< times this agent may restart a worker that died
+  int32_t heartbeat_timeout_ms = 0;  ///< a coordinator silent this long is gone
   std::string error;
 };
 
@@ -265,7 +266,7 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
-           x.max_restarts, x.error);
+           x.max_restarts, x.heartbeat_timeout_ms, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {

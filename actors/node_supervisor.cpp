@@ -1,5 +1,6 @@
 #include "actors/node_supervisor.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <csignal>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "actors/child_process.hpp"
 #include "actors/connect.hpp"
@@ -27,6 +29,8 @@ struct agent_state {
   std::map<int32_t, pid_t> workers;  // member -> pid, until reaped
   int32_t node = 0;
   int restarts_left = 0;
+  std::chrono::milliseconds coordinator_timeout{0};  // 0 = not known yet
+  std::chrono::steady_clock::time_point coordinator_seen = std::chrono::steady_clock::now();
   std::string exe, endpoint;
   bool stopping = false;
   int stop_stage = 0;  // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
@@ -90,6 +94,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
                 s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
             s.node = plan.node;
             s.restarts_left = plan.max_restarts;
+            s.coordinator_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
+            s.coordinator_seen = std::chrono::steady_clock::now();
             s.exe = exe;
             s.endpoint = endpoint;
             for (int32_t m : plan.members) {
@@ -147,9 +153,22 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           self->quit();
           return;
         }
+        if (!s.stopping && s.coordinator_timeout.count() > 0 &&
+            std::chrono::steady_clock::now() - s.coordinator_seen > s.coordinator_timeout) {
+          monitoring::log(monitoring::level::error, agent_ctx,
+                          "lost the coordinator: no heartbeat from it for " +
+                              std::to_string(s.coordinator_timeout.count()) +
+                              " ms; stopping the workers");
+          begin_stop(self, 1);
+        }
         self->delayed_send(self, reap_interval, tick_atom::value);
       },
       [=](stop_atom) { begin_stop(self, 0); },
+      [=](shutdown_atom, const std::string& why) {
+        if (!self->state.stopping) monitoring::log(monitoring::level::error, agent_ctx, why);
+        begin_stop(self, 1);
+      },
+      [=](const heartbeat&) { self->state.coordinator_seen = std::chrono::steady_clock::now(); },
       [=](stop_atom, int32_t stage) {
         auto& s = self->state;
         if (s.workers.empty() || stage <= s.stop_stage) return;
@@ -163,6 +182,12 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
 }  // namespace
 
 int run_agent(const agent_args& args) {
+  // Taken by one thread with sigwait (below); blocked before any thread starts.
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   system_config cfg;
   cfg.load<caf::io::middleman>();
   caf::actor_system sys{cfg};
@@ -175,8 +200,23 @@ int run_agent(const agent_args& args) {
     return 1;
   }
   auto code = std::make_shared<std::atomic<int>>(0);
-  sys.spawn(node_supervisor, args, coordinator, code);
+  auto agent = sys.spawn(node_supervisor, args, coordinator, code);
+  // SIGTERM (also what the kernel sends when the launching coordinator dies) stops the
+  // workers in order and says why, instead of ending the agent silently.
+  std::thread signals([agent, parent = getppid(), &blocked] {
+    for (;;) {
+      int sig = 0;
+      if (sigwait(&blocked, &sig) != 0 || sig == SIGUSR1) return;
+      caf::anon_send(agent, shutdown_atom::value,
+                     getppid() != parent
+                         ? std::string("lost the coordinator: the process that launched this agent "
+                                       "died; stopping the workers")
+                         : std::string("stopped by SIGTERM; stopping the workers"));
+    }
+  });
   sys.await_all_actors_done();
+  pthread_kill(signals.native_handle(), SIGUSR1);
+  signals.join();
   return code->load();
 }
 

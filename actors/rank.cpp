@@ -18,6 +18,7 @@
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
 #include "actors/state_transfer.hpp"
+#include "actors/worker_control.hpp"
 #include "chaos/fault_spec.hpp"
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -46,84 +47,6 @@ int64_t peak_rss_bytes() {
 double seconds_between(clock_type::time_point a, clock_type::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// What the rank actor, the control actor and the heartbeat thread share. The control actor
-// aborts the engine of a generation that is over while the rank actor is inside a collective.
-class worker_shared {
- public:
-  void attach(strategies::training_engine* engine, stage_link* stage, uint64_t generation) {
-    std::lock_guard lock(m_);
-    engine_ = engine;
-    stage_ = stage;
-    running_ = generation;
-    generation_.store(generation);
-  }
-  void detach() {
-    std::lock_guard lock(m_);
-    engine_ = nullptr;
-    stage_ = nullptr;
-  }
-  /// Aborts the running generation's data plane if `generation` (the one being formed) is
-  /// newer, or whatever runs when the job ends.
-  void abort_older_than(uint64_t generation, bool final, const std::string& why) {
-    std::lock_guard lock(m_);
-    if (!engine_ || (!final && running_ >= generation)) return;
-    engine_->abort();
-    if (stage_) stage_->abort(why);
-  }
-  std::atomic<uint64_t>& generation() { return generation_; }
-  std::atomic<int64_t>& step() { return step_; }
-
- private:
-  std::mutex m_;
-  strategies::training_engine* engine_ = nullptr;
-  stage_link* stage_ = nullptr;
-  uint64_t running_ = 0;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int64_t> step_{0};
-};
-
-// Receives the coordinator's aborts while the rank actor is busy, aborts the collective in
-// flight, and hands the message on to the rank actor, which decides what follows.
-caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker_shared> shared,
-                            caf::actor rank) {
-  (void)self;
-  return {
-      [=](const abort_generation& a) {
-        shared->abort_older_than(a.generation, a.final, a.reason);
-        self->send(rank, a);
-      },
-  };
-}
-
-// Beats from its own thread, so compute cannot silence it; only a stopped or dead process is.
-class heartbeat_thread {
- public:
-  heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,
-                   std::chrono::milliseconds interval)
-      : thread_([=, this] {
-          std::unique_lock lock(m_);
-          while (!stop_) {
-            caf::anon_send(coordinator,
-                           heartbeat{member, shared->generation().load(), shared->step().load()});
-            cv_.wait_for(lock, interval, [this] { return stop_; });
-          }
-        }) {}
-  ~heartbeat_thread() {
-    {
-      std::lock_guard lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 // One generation as this rank sees it: its place, its plan, its engine.
 struct generation_context {
@@ -640,7 +563,8 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.cfg = config_from_json(answer->config_json);
     set_blas_threads(w.cfg.blas_threads);
     beats.emplace(coordinator, args.member, w.shared,
-                  std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)));
+                  std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
+                  std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));
     w.store = comm::connect_tcp_store(answer->store_host, static_cast<uint16_t>(answer->store_port),
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
     w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));

@@ -58,7 +58,8 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
     throw config_error("--fault '" + spec +
                        "': the kind must be kill, stop, slow or random, got '" + parts[0] + "'");
   std::map<std::string, std::string> fields;
-  for (size_t i = 1; i < parts.size(); ++i) {
+  const bool coordinator = parts.size() > 1 && parts[1] == "coordinator";
+  for (size_t i = coordinator ? 2 : 1; i < parts.size(); ++i) {
     auto eq = parts[i].find('=');
     if (eq == std::string::npos || eq == 0)
       throw config_error("--fault '" + spec + "': expected key=value, got '" + parts[i] + "'");
@@ -66,6 +67,19 @@ fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps) 
       throw config_error("--fault '" + spec + "': '" + parts[i].substr(0, eq) + "' given twice");
   }
   const bool rank = fields.count("rank") > 0, node = fields.count("node") > 0;
+  if (coordinator) {
+    if (f.kind != fault_action::kill || rank || node)
+      throw config_error("--fault '" + spec +
+                         "': the coordinator can only be killed: kill:coordinator:step=S");
+    f.target = fault_target::coordinator;
+    f.id = -1;
+    if (!fields.count("step")) throw config_error("--fault '" + spec + "': step=S is required");
+    f.step = whole(spec, "step", fields["step"], 1, steps);
+    for (const auto& [key, value] : fields)
+      if (key != "step")
+        throw config_error("--fault '" + spec + "': unknown field '" + key + "' (known: step)");
+    return f;
+  }
   if (rank == node)
     throw config_error("--fault '" + spec + "': name exactly one target, rank=R or node=N");
   if (node && f.kind != fault_action::kill)
@@ -114,7 +128,8 @@ double slowdown(const std::vector<fault>& faults, int rank, int64_t step) {
 std::vector<fault> expand_random(const std::string& spec, int world, int64_t steps) {
   const auto parts = split(spec, ':');
   std::map<std::string, std::string> fields;
-  for (size_t i = 1; i < parts.size(); ++i) {
+  const bool coordinator = parts.size() > 1 && parts[1] == "coordinator";
+  for (size_t i = coordinator ? 2 : 1; i < parts.size(); ++i) {
     auto eq = parts[i].find('=');
     if (eq == std::string::npos || eq == 0)
       throw config_error("--fault '" + spec + "': expected key=value, got '" + parts[i] + "'");

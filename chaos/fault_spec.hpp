@@ -10,11 +10,11 @@
 namespace troupe::chaos {
 
 enum class fault_action { kill, stop, slow };
-enum class fault_target { rank, node };
+enum class fault_target { rank, node, coordinator };
 
 /// One fault: `kill:rank=1:step=8` (kill -9 the process holding rank 1 when step 8 begins),
 /// `kill:node=1:step=12` (its agent and all its workers), `stop:rank=2:step=5[:for=3s]`
-/// (SIGSTOP, and SIGCONT after `for`; never without it), `slow:rank=0:factor=2:from=10` (that
+/// (SIGSTOP, and SIGCONT after `for`; never without it), `kill:coordinator:step=15`, `slow:rank=0:factor=2:from=10` (that
 /// rank's compute takes `factor` times as long from step 10 on: a straggler).
 struct fault {
   fault_action kind = fault_action::kill;

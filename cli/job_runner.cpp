@@ -80,8 +80,9 @@ int64_t resume_point(const train_config& cfg) {
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
       "/parallel/schedule",
       // How the job survives failures does not change what it computes.
-      "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares", "/elastic/max_restarts",
-      "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy", "/elastic/faults"};
+      "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
+      "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy",
+      "/elastic/faults"};
   try {
     ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
   } catch (const ckpt::checkpoint_error& e) {
@@ -240,7 +241,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
     // One agent per simulated node, each leading its own process group with its workers.
     for (int n = 0; n < cfg.elastic.nodes; ++n)
       agents.push_back(actors::spawn_child(
-          {actors::self_executable(), "agent", "--coordinator", endpoint}, true));
+          {actors::self_executable(), "agent", "--coordinator", endpoint}, true, SIGTERM));
   } else {
     std::printf(
         "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s\n",

@@ -1,6 +1,8 @@
 #include "strategies/planner.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <stdexcept>
@@ -55,6 +57,14 @@ std::string check_inputs(const model_config& m, const plan_constraints& c) {
   if (c.tp < 0 || c.pp < 0 || c.ep < 0)
     return "parallel.tp, parallel.pp and parallel.ep must be >= 1 (or 0 = let the planner choose)";
   if (c.ranks_per_node < 1) return "ranks_per_node must be >= 1";
+  // The estimates divide by these; a zero or NaN would make every plan's cost inf or NaN and
+  // the comparison between candidates meaningless.
+  const auto positive = [](double x) { return std::isfinite(x) && x > 0; };
+  if (!positive(c.flops_per_s) || !positive(c.intra_node_bytes_per_s) ||
+      !positive(c.inter_node_bytes_per_s) || !std::isfinite(c.latency_s) || c.latency_s < 0 ||
+      !std::isfinite(c.memory_bytes) || c.memory_bytes < 0)
+    return "flops_per_s and the bandwidths must be finite and > 0, latency_s and memory_bytes "
+           "finite and >= 0";
   if (c.micro_batches > 0 && c.batch % c.micro_batches != 0)
     return "parallel.micro_batches (" + str(c.micro_batches) + ") must divide batch (" +
            str(c.batch) + "); use one of " + list(divisors(c.batch));
@@ -177,6 +187,15 @@ estimate estimate_of(const layout& l, const model_config& m, const plan_constrai
   return e;
 }
 
+// The shortest decimal text that reads back as `x` (std::to_chars guarantees the round trip),
+// so a plan sent as JSON arrives equal to the one planned; JSON has no inf or NaN: null.
+std::string exact(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
 std::string memory_text(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
@@ -193,6 +212,52 @@ std::string check_free_tp(const layout& l, const plan_constraints& c) {
   return {};
 }
 
+// "a", "a or b", "a, b or c".
+std::string either(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + str(v[i]);
+  return out;
+}
+
+// Whether the explicit-M rule (planner.hpp) leaves no layout of `world` ranks: M set by the
+// user, tp and pp free, a dense model, pure dp of the world not dividing M and not over the
+// memory budget. Then any layout would have tp or pp raised just to make dp divide M.
+bool micro_batches_rule_out(int world, const model_config& m, const plan_constraints& c) {
+  if (c.micro_batches == 0 || c.tp > 0 || c.pp > 0 || m.experts > 0) return false;
+  const int M = step_micro_batches(c);
+  if (M % world == 0) return false;  // pure dp fits M: the cost model chooses as before
+  if (c.memory_bytes == 0) return true;
+  const layout pure{world, 1, 1, 1, c.order};
+  // A malformed order string is rejected by the search with its own reason.
+  if (!check_layout(pure).empty()) return false;
+  const double need = estimate_of(pure, m, c, stage_layers(m.n_layer, 1), M).memory_bytes;
+  return need <= c.memory_bytes;  // over the budget: model parallelism is wanted anyway
+}
+
+// The reason when micro_batches_rule_out holds for `world`; `smaller` is the largest smaller
+// world that fits, if any.
+std::string micro_batches_reason(int world, const plan_constraints& c,
+                                 const std::optional<layout_plan>& smaller) {
+  std::vector<int> fits;  // micro-batch counts the batch allows that feed every rank
+  for (int k : divisors(c.batch))
+    if (k % world == 0 && fits.size() < 3) fits.push_back(k);
+  std::vector<std::string> fixes;
+  if (!fits.empty()) fixes.push_back("use --micro-batches " + either(fits));
+  fixes.push_back("set --tp/--pp explicitly");
+  if (smaller)
+    fixes.push_back("run on " + str(smaller->shape.world()) + " ranks as " +
+                    describe(smaller->shape) + " (or allow spare ranks)");
+  std::string why = "--micro-batches " + str(c.micro_batches) +
+                    " (parallel.micro_batches) cannot feed " + str(world) +
+                    " data-parallel replicas (dp must divide the micro-batches; with tp and pp "
+                    "free the planner does not add them to make it so unless memory needs "
+                    "them); ";
+  for (size_t i = 0; i < fixes.size(); ++i)
+    why += (i == 0 ? "" : i + 1 == fixes.size() ? ", or " : ", ") + fixes[i];
+  return why;
+}
+
 struct search_result {
   std::optional<layout_plan> best;
   std::vector<std::string> rejected;  // "dp4xtp2xpp1: reason"
@@ -202,6 +267,8 @@ struct search_result {
 // by the cost model, and why the others were rejected.
 search_result search(int world, const model_config& m, const plan_constraints& c) {
   search_result out;
+  // Nothing to choose from; plan_layout gives the reason for the whole world.
+  if (micro_batches_rule_out(world, m, c)) return out;
   // A fixed size is tried even when it cannot work, so the reason says why.
   const auto sizes = [](int fixed, int n) {
     return fixed > 0 ? std::vector<int>{fixed} : divisors(n);
@@ -365,6 +432,7 @@ plan_result plan_layout(int world, const model_config& m, const plan_constraints
     }
   }
   if (c.allow_spares && smaller) return std::move(*smaller);
+  if (micro_batches_rule_out(world, m, c)) return micro_batches_reason(world, c, smaller);
 
   std::string why = "no layout of " + str(world) + " ranks fits";
   const size_t shown = std::min<size_t>(found.rejected.size(), 6);
@@ -393,11 +461,9 @@ std::string to_json(const layout_plan& p) {
   std::string counts;
   for (size_t i = 0; i < p.replica_micro_batches.size(); ++i)
     counts += (i ? "," : "") + str(p.replica_micro_batches[i]);
-  char nums[160];
-  std::snprintf(nums, sizeof nums,
-                "\"bubble\":%.6g,\"params_per_rank\":%.6g,"
-                "\"memory_bytes\":%.6g,\"step_seconds\":%.6g",
-                p.bubble, p.params_per_rank, p.memory_bytes, p.step_seconds);
+  const std::string nums =
+      "\"bubble\":" + exact(p.bubble) + ",\"params_per_rank\":" + exact(p.params_per_rank) +
+      ",\"memory_bytes\":" + exact(p.memory_bytes) + ",\"step_seconds\":" + exact(p.step_seconds);
   return "{\"layout\":" + to_json(p.shape) + ",\"spares\":" + str(p.spares) + ",\"stages\":[" +
          stages + "],\"micro_batches\":" + str(p.micro_batches) +
          ",\"micro_batch_size\":" + str(p.micro_batch_size) +

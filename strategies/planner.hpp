@@ -11,7 +11,8 @@
 //  - A step is M micro-batches: parallel.micro_batches when set, else batch / micro_batch;
 //    M divides batch. M never depends on the world (so a shrunken world computes the same
 //    step with more accumulation), and dp divides M so every replica runs m = M / dp whole
-//    micro-batches.
+//    micro-batches (replica_micro_batches, all equal in a plan made here; a re-plan,
+//    strategies/replan.hpp, may give the first M % dp replicas one more).
 //  - pp > 1 needs m >= pp: fewer micro-batches than stages never fill the pipeline, and
 //    the bubble (pp-1)/(m+pp-1) would exceed one half.
 //  - With constraints.memory_bytes set, the estimated weights, gradients and AdamW state
@@ -27,6 +28,24 @@
 // parallelism is chosen when the batch cannot feed every rank or memory demands it. Free
 // tp is kept to divisors of ranks_per_node, so a tensor-parallel group never leaves a
 // node. Ties go to the smaller tp * pp, then smaller pp, tp, ep.
+//
+// An explicit M is the user's word (not a validity rule, so check_plan does not apply it):
+// when parallel.micro_batches is set (> 0) and tp and pp are both free, a dense model is
+// planned as pure data parallelism of the world, never with tp or pp raised only so that dp
+// divides M or so that the batch feeds every rank; that would change the user's layout
+// behind their back. Free tp/pp are still chosen as before when pure dp of the world would
+// divide M (then the cost model decides) or would break constraints.memory_bytes (memory
+// demands model parallelism). When neither holds, the reason names parallel.micro_batches
+// (--micro-batches) and the world and suggests an M that fits; with allow_spares the
+// largest smaller world that fits under the same rule is used instead. MoE models run over
+// dp x ep only, so the rule changes nothing for them.
+//
+// Estimates (cost and memory) need finite positive flops_per_s and bandwidths, latency_s
+// >= 0 and a finite memory_bytes >= 0; other values are refused with a reason.
+//
+// The plan travels from the coordinator to every rank as to_json's text, read back by
+// plan_from_json (strategies/replan.hpp); to_json writes every double with the fewest digits
+// that read back to the same value, so the round trip gives a plan == the original.
 
 #include <string>
 #include <string_view>
@@ -95,6 +114,8 @@ struct layout_plan {
   double params_per_rank = 0;  ///< parameters held by the fullest rank
   double memory_bytes = 0;     ///< its weights + gradients + AdamW state, estimated
   double step_seconds = 0;     ///< the cost model's estimate of one step
+  /// Every field equal, doubles exactly (to_json's text reads back exactly).
+  friend bool operator==(const layout_plan&, const layout_plan&) = default;
 };
 
 /// Either a plan or the reason none exists (naming the constraint and a fix).
@@ -118,8 +139,10 @@ std::string check_plan(const layout& l, const model_config& model, const plan_co
 /// std::invalid_argument with check_plan's reason otherwise.
 layout_plan make_plan(const layout& l, const model_config& model, const plan_constraints& c);
 
-/// The plan as a JSON object for events.jsonl: the layout, stages, micro-batching, bubble
-/// and estimates.
+/// The plan as a JSON object, for events.jsonl and for the reconfigure message that carries
+/// it to every rank: the layout, spares, stages, micro-batching (replica_micro_batches
+/// included), bubble and estimates. Doubles are written in the shortest form that reads back
+/// to the same value (null when not finite), so plan_from_json(to_json(p)) == p.
 std::string to_json(const layout_plan& p);
 
 /// Whether the result holds a plan, and accessors that read better than std::get.

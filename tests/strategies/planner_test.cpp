@@ -1,16 +1,24 @@
 // The layout planner: every plan it returns is rechecked here against the rules written out
 // independently, a reason comes back exactly when no layout satisfies them, the choice is
 // the cheapest by the cost model, fixed sizes are honoured, and impossible requests name
-// the constraint they break.
+// the constraint they break. Then the planner's elastic half (strategies/replan.hpp, built on
+// these rules): re-planning for the ranks left, the plan's JSON round trip, and dividing the
+// micro-batches among replicas of different speeds.
 
 #include "strategies/planner.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "strategies/replan.hpp"
 
 namespace ts = troupe::strategies;
 using troupe::model_config;
@@ -65,6 +73,13 @@ ts::plan_constraints batch_of(int batch, int micro_batch, int micro_batches = 0)
 const std::vector<ts::plan_constraints> batches = {
     batch_of(16, 4), batch_of(64, 4), batch_of(48, 1), batch_of(60, 2), batch_of(64, 1, 32)};
 
+// The explicit-M rule for a world, without a memory budget: parallel.micro_batches set, tp
+// and pp free, a dense model and a world that does not divide M.
+bool explicit_m_rules_out(int world, const model_config& m, const ts::plan_constraints& c) {
+  return c.micro_batches > 0 && c.tp == 0 && c.pp == 0 && m.experts == 0 &&
+         c.memory_bytes == 0 && c.micro_batches % world != 0;
+}
+
 // The rules, written out again without the planner's help. Returns true when `l` may be
 // chosen for these inputs (the free-tp node rule included).
 bool independently_valid(const ts::layout& l, const model_config& m,
@@ -81,6 +96,9 @@ bool independently_valid(const ts::layout& l, const model_config& m,
   const int M = c.micro_batches > 0 ? c.micro_batches : c.batch / c.micro_batch;
   if (c.batch % M) return false;
   if (M % l.dp) return false;
+  // An explicit M with tp and pp free: a dense model stays pure dp, so a world that pure dp
+  // cannot feed has no layout (no memory budget in the sweeps; that case is tested apart).
+  if (explicit_m_rules_out(l.world(), m, c)) return false;
   if (l.pp > 1 && M / l.dp < l.pp) return false;
   if (c.tp == 0 && l.tp > 1 && c.ranks_per_node % l.tp) return false;
   return true;
@@ -128,6 +146,8 @@ void expect_plan_consistent(const ts::layout_plan& p, int world, const model_con
   ASSERT_GT(p.step_seconds, 0);
   ASSERT_GT(p.params_per_rank, 0);
   ASSERT_GT(p.memory_bytes, 0);
+  ASSERT_EQ(p.replica_micro_batches, std::vector<int>(static_cast<size_t>(l.dp), m_rep));
+  ASSERT_EQ(ts::plan_from_json(ts::to_json(p)), p) << ts::to_json(p);
 }
 
 bool contains(const std::string& s, const std::string& part) {
@@ -185,6 +205,12 @@ TEST(Planner, PlanExistsExactlyWhenAValidLayoutDoesAndIsTheCheapest) {
         ASSERT_EQ(ts::has_plan(r), !valid.empty()) << (ts::has_plan(r) ? "" : ts::reason_of(r));
         if (!ts::has_plan(r)) {
           ++reasons;
+          if (explicit_m_rules_out(world, nm.m, c)) {
+            ASSERT_TRUE(contains(ts::reason_of(r), "parallel.micro_batches")) << ts::reason_of(r);
+            ASSERT_TRUE(contains(ts::reason_of(r), "cannot feed " + std::to_string(world)))
+                << ts::reason_of(r);
+            continue;
+          }
           ASSERT_TRUE(contains(ts::reason_of(r), "no layout of " + std::to_string(world)));
           ASSERT_TRUE(contains(ts::reason_of(r), "Fix:")) << ts::reason_of(r);
           continue;
@@ -459,4 +485,249 @@ TEST(Planner, PlanJsonNamesTheLayout) {
   EXPECT_TRUE(contains(j, R"("stages":[[0,2],[2,4]])")) << j;
   EXPECT_TRUE(contains(j, R"("micro_batches_per_replica":2)")) << j;
   EXPECT_TRUE(contains(j, R"("spares":0)")) << j;
+}
+
+// ---- an explicit micro-batch count (a reported bug) ---------------------------------------
+
+namespace {
+
+// batch 8 in 2 micro-batches of 4, tp and pp free.
+troupe::train_config two_micro_batches() {
+  troupe::train_config cfg;
+  cfg.batch = 8;
+  cfg.micro_batch = 4;
+  cfg.parallel.micro_batches = 2;
+  return cfg;
+}
+
+model_config big_dense() {
+  model_config m;
+  m.n_layer = 24;
+  m.n_head = 16;
+  m.d_model = 1024;
+  return m;
+}
+
+}  // namespace
+
+TEST(PlannerMicroBatches, AnExplicitCountIsNotMetBySilentModelParallelism) {
+  // The report: 4 ranks and --micro-batches 2 with tp and pp free used to plan dp2xtp2.
+  const auto cfg = two_micro_batches();
+  const auto r = ts::plan_layout(4, cfg);
+  ASSERT_FALSE(ts::has_plan(r)) << ts::describe(ts::plan_of(r).shape);
+  const auto& why = ts::reason_of(r);
+  for (const char* part :
+       {"--micro-batches 2", "parallel.micro_batches", "cannot feed 4 data-parallel replicas",
+        "use --micro-batches 4 or 8", "set --tp/--pp explicitly", "run on 2 ranks as dp2xtp1xpp1"})
+    EXPECT_TRUE(contains(why, part)) << part << " in: " << why;
+  // Worlds that pure dp can feed are planned as before.
+  for (int world : {1, 2}) {
+    const auto ok = ts::plan_layout(world, cfg);
+    ASSERT_TRUE(ts::has_plan(ok)) << ts::reason_of(ok);
+    EXPECT_EQ(ts::plan_of(ok).shape, (ts::layout{world, 1, 1, 1}));
+  }
+  // With spare ranks allowed: the largest world pure dp can feed, the rest idle.
+  auto spare = ts::constraints_from(cfg);
+  spare.allow_spares = true;
+  const auto s = ts::plan_layout(4, cfg.model, spare);
+  ASSERT_TRUE(ts::has_plan(s)) << ts::reason_of(s);
+  EXPECT_EQ(ts::plan_of(s).shape, (ts::layout{2, 1, 1, 1}));
+  EXPECT_EQ(ts::plan_of(s).spares, 2);
+}
+
+TEST(PlannerMicroBatches, FixingTpOrPpHandsTheLayoutBack) {
+  auto tp = two_micro_batches();
+  tp.parallel.tp = 2;
+  const auto with_tp = ts::plan_layout(4, tp);
+  ASSERT_TRUE(ts::has_plan(with_tp)) << ts::reason_of(with_tp);
+  EXPECT_EQ(ts::plan_of(with_tp).shape, (ts::layout{2, 2, 1, 1}));
+  // A fixed pp leaves tp to the planner again: 2 micro-batches fill 2 stages of one replica.
+  auto pp = two_micro_batches();
+  pp.parallel.pp = 2;
+  const auto with_pp = ts::plan_layout(4, pp);
+  ASSERT_TRUE(ts::has_plan(with_pp)) << ts::reason_of(with_pp);
+  EXPECT_EQ(ts::plan_of(with_pp).shape, (ts::layout{1, 2, 2, 1}));
+  // Without an explicit count (batch / micro_batch is 2 as well) the planner still fills the
+  // ranks the batch cannot with model parallelism.
+  auto implicit = two_micro_batches();
+  implicit.parallel.micro_batches = 0;
+  const auto old = ts::plan_layout(4, implicit);
+  ASSERT_TRUE(ts::has_plan(old)) << ts::reason_of(old);
+  EXPECT_EQ(ts::plan_of(old).shape.dp, 2);
+  EXPECT_GT(ts::plan_of(old).shape.tp * ts::plan_of(old).shape.pp, 1);
+}
+
+TEST(PlannerMicroBatches, MemoryMayStillDemandModelParallelism) {
+  auto c = batch_of(256, 4, 8);  // 16 ranks, 8 micro-batches: pure dp16 cannot be fed
+  const double pure = ts::make_plan({8, 1, 1, 1}, big_dense(), c).memory_bytes;
+  c.memory_bytes = pure / 3;  // no pure dp layout fits: model parallelism as before
+  const auto r = ts::plan_layout(16, big_dense(), c);
+  ASSERT_TRUE(ts::has_plan(r)) << ts::reason_of(r);
+  EXPECT_LE(ts::plan_of(r).memory_bytes, c.memory_bytes);
+  EXPECT_GE(ts::plan_of(r).shape.tp * ts::plan_of(r).shape.pp, 3);
+  EXPECT_EQ(8 % ts::plan_of(r).shape.dp, 0);
+  c.memory_bytes = pure * 2;  // pure dp fits the budget, so memory is no excuse
+  const auto refused = ts::plan_layout(16, big_dense(), c);
+  ASSERT_FALSE(ts::has_plan(refused));
+  EXPECT_TRUE(contains(ts::reason_of(refused), "parallel.micro_batches")) << ts::reason_of(refused);
+  EXPECT_TRUE(contains(ts::reason_of(refused), "use --micro-batches 16, 32 or 64"))
+      << ts::reason_of(refused);
+}
+
+TEST(PlannerMicroBatches, OtherwiseAnExplicitCountPlansAsTheImplicitOne) {
+  // Where the rule does not refuse (MoE models, worlds dividing M), setting M explicitly to
+  // batch / micro_batch changes nothing.
+  int compared = 0, refused = 0;
+  for (const auto& nm : models)
+    for (const auto& implicit : {batch_of(16, 4), batch_of(64, 4), batch_of(48, 1), batch_of(60, 2)}) {
+      auto explicit_m = implicit;
+      explicit_m.micro_batches = implicit.batch / implicit.micro_batch;
+      for (int world = 1; world <= 64; ++world) {
+        SCOPED_TRACE(std::string(nm.name) + " world " + std::to_string(world) + " M " +
+                     std::to_string(explicit_m.micro_batches));
+        const auto a = ts::plan_layout(world, nm.m, implicit);
+        const auto b = ts::plan_layout(world, nm.m, explicit_m);
+        if (explicit_m_rules_out(world, nm.m, explicit_m)) {
+          ASSERT_FALSE(ts::has_plan(b));
+          ++refused;
+          continue;
+        }
+        ASSERT_EQ(ts::has_plan(a), ts::has_plan(b));
+        if (ts::has_plan(a)) {
+          ASSERT_EQ(ts::plan_of(a), ts::plan_of(b));
+          ++compared;
+        }
+      }
+    }
+  EXPECT_GT(compared, 150);
+  EXPECT_GT(refused, 100);
+}
+
+TEST(PlannerMicroBatches, EstimatesNeedSaneMachineFigures) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int which = 0; which < 6; ++which) {
+    auto c = batch_of(16, 4);
+    if (which == 0) c.flops_per_s = 0;
+    if (which == 1) c.intra_node_bytes_per_s = nan;
+    if (which == 2) c.inter_node_bytes_per_s = -1;
+    if (which == 3) c.latency_s = inf;
+    if (which == 4) c.memory_bytes = nan;
+    if (which == 5) c.memory_bytes = -1;
+    const auto r = ts::plan_layout(4, dense_small(), c);
+    ASSERT_FALSE(ts::has_plan(r)) << which;
+    EXPECT_TRUE(contains(ts::reason_of(r), "flops_per_s")) << ts::reason_of(r);
+  }
+}
+
+// ---- the plan as JSON ----------------------------------------------------------------------
+
+TEST(PlanJson, RoundTripIsExactInEveryField) {
+  // Every plan of the planner sweeps goes through this too (expect_plan_consistent); here
+  // the fields a planned plan rarely has: doubles that six digits would round, a non-default
+  // order, spares, uneven replicas.
+  auto p = ts::make_plan({2, 2, 2, 1}, dense_small(), batch_of(16, 4));
+  p.shape.order = "pp-dp-ep-tp";
+  p.spares = 3;
+  p.bubble = 1.0 / 3;
+  p.params_per_rank = 123456789.123456789;
+  p.memory_bytes = 1e-300;
+  p.step_seconds = 0.1 + 0.2;
+  EXPECT_EQ(ts::plan_from_json(ts::to_json(p)), p) << ts::to_json(p);
+  p.shape = {3, 1, 2, 1};
+  p.micro_batches = 7;
+  p.replica_micro_batches = {3, 2, 2};
+  p.micro_batches_per_replica = 3;
+  p.bubble = ts::pipeline_bubble(2, 2);
+  const auto j = ts::to_json(p);
+  EXPECT_TRUE(contains(j, R"("replica_micro_batches":[3,2,2])")) << j;
+  EXPECT_EQ(ts::plan_from_json(j), p) << j;
+  // Equality sees the fields that matter.
+  auto q = p;
+  q.replica_micro_batches = {2, 3, 2};
+  EXPECT_NE(q, p);
+  q = p;
+  q.shape.order = ts::default_rank_order;
+  EXPECT_NE(q, p);
+  q = p;
+  q.bubble = std::nextafter(p.bubble, 1.0);
+  EXPECT_NE(q, p);
+}
+
+TEST(PlanJson, UnevenReplansRoundTrip) {
+  const auto c = batch_of(20, 2);  // 10 micro-batches
+  const auto prev = ts::make_plan({5, 1, 2, 1}, dense_small(), c);
+  for (int live = 1; live <= 24; ++live) {
+    const auto r = ts::replan_layout(prev, live, dense_small(), c, {1, 0});
+    ASSERT_TRUE(ts::has_plan(r)) << live << ": " << ts::reason_of(r);
+    EXPECT_EQ(ts::plan_from_json(ts::to_json(ts::plan_of(r))), ts::plan_of(r)) << live;
+  }
+}
+
+TEST(PlanJson, MalformedPlansAreRefused) {
+  const auto good = ts::to_json(ts::make_plan({2, 1, 2, 1}, dense_small(), batch_of(16, 4)));
+  ASSERT_NO_THROW(ts::plan_from_json(good));
+  // One field of the good plan replaced.
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string j = good;
+    const auto at = j.find(from);
+    EXPECT_NE(at, std::string::npos) << from << " in " << good;
+    if (at != std::string::npos) j.replace(at, from.size(), to);
+    return j;
+  };
+  const std::vector<std::string> bad = {
+      "",
+      "not json",
+      "{}",
+      "{\"layout\":{}}",
+      with(R"("dp":2)", R"("dp":0)"),
+      with(R"("tp":1)", R"("tp":-1)"),
+      with(R"("pp":2)", R"("pp":"2")"),
+      with(R"("dp":2)", R"("dp":3)"),  // counts no longer match dp
+      with(R"("order":"tp-ep-dp-pp")", R"("order":"tp-tp-dp-pp")"),
+      with(R"("spares":0)", R"("spares":-1)"),
+      with(R"("micro_batches":4)", R"("micro_batches":5)"),  // counts sum to 4
+      with(R"("micro_batches":4)", R"("micro_batches":0)"),
+      with(R"("micro_batch_size":4)", R"("micro_batch_size":0)"),
+      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[2])"),
+      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[4,0])"),
+      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[5,-1])"),
+      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[2.5,1.5])"),
+      with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2]])"),
+      with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2],[2,2]])"),
+      with(R"("dp":2)", R"("dp":99999999999)"),
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    EXPECT_THROW(ts::plan_from_json(bad[i]), std::invalid_argument) << i << ": " << bad[i];
+  }
+}
+
+TEST(PlanJson, ProbeGaps) {
+  const auto good = ts::to_json(ts::make_plan({2, 1, 2, 1}, dense_small(), batch_of(16, 4)));
+  const auto with = [&](const std::string& from, const std::string& to) {
+    std::string j = good;
+    j.replace(j.find(from), from.size(), to);
+    return j;
+  };
+  const std::vector<std::string> bad = {
+      "[]", "null", "42",
+      with(R"("bubble":)", R"("bubble":"x","b":)"),
+      with(R"("micro_batches_per_replica":2)", R"("micro_batches_per_replica":3)"),
+      with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2],[3,4]])"),
+      with(R"("stages":[[0,2],[2,4]])", R"("stages":[[1,2],[2,4]])"),
+      with(R"("order":"tp-ep-dp-pp")", R"("order":5)"),
+      with(R"("bubble":)", R"("bubble":-1,"b":)"),
+      with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2],[2,99999999999]])"),
+      with(R"("layout":{)", R"("layout":[],"l":{)"),
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    try {
+      auto p = ts::plan_from_json(bad[i]);
+      ADD_FAILURE() << i << " accepted: " << bad[i];
+    } catch (const std::invalid_argument& e) {
+      std::printf("%zu ok: %s\n", i, e.what());
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << i << " threw non-invalid_argument: " << e.what();
+    }
+  }
 }

@@ -1,0 +1,76 @@
+#pragma once
+// The parts of a worker process that must work while its step loop is busy: the state the
+// loop shares with them, the `control` actor that aborts a collective in flight, and the
+// heartbeat thread that tells the coordinator the process is alive and notices when the
+// coordinator is not.
+
+#include <atomic>
+#include <caf/actor.hpp>
+#include <caf/event_based_actor.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "actors/messages.hpp"
+#include "actors/stage.hpp"
+#include "strategies/engine.hpp"
+
+namespace troupe::actors {
+
+/// What the rank actor, the control actor and the heartbeat thread share. Thread-safe.
+class worker_shared {
+ public:
+  /// The engine (and pipeline stage) of the generation now running.
+  void attach(strategies::training_engine* engine, stage_link* stage, uint64_t generation);
+  void detach();
+  /// Aborts the running generation's data plane if `generation` (the one being formed) is
+  /// newer, or whatever runs when `final` (the job ends).
+  void abort_older_than(uint64_t generation, bool final, const std::string& why);
+  std::atomic<uint64_t>& generation() { return generation_; }
+  std::atomic<int64_t>& step() { return step_; }
+  /// The coordinator was heard from now.
+  void coordinator_seen();
+  /// Seconds since the coordinator was last heard from.
+  double coordinator_silence() const;
+
+ private:
+  std::mutex m_;
+  strategies::training_engine* engine_ = nullptr;
+  stage_link* stage_ = nullptr;
+  uint64_t running_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int64_t> step_{0};
+  std::atomic<int64_t> coordinator_seen_ns_{
+      std::chrono::steady_clock::now().time_since_epoch().count()};
+};
+
+/// Receives the coordinator's aborts while the rank actor is busy, aborts the collective in
+/// flight and hands the message on to the rank actor, which decides what follows; takes the
+/// coordinator's heartbeats.
+caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker_shared> shared,
+                            caf::actor rank);
+
+/// Beats from its own thread, so compute cannot silence it; only a stopped or dead process
+/// is. When the coordinator has been silent for `coordinator_timeout`, the job cannot go on:
+/// it aborts the data plane, says so, and ends the process (exit code 1).
+class heartbeat_thread {
+ public:
+  heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,
+                   std::chrono::milliseconds interval,
+                   std::chrono::milliseconds coordinator_timeout);
+  ~heartbeat_thread();
+  heartbeat_thread(const heartbeat_thread&) = delete;
+  heartbeat_thread& operator=(const heartbeat_thread&) = delete;
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace troupe::actors
