@@ -58,9 +58,26 @@ def test():
         expect_usage_error(["run", "--schedule", "zigzag"], "parallel.schedule")
         expect_usage_error(["run", "--zero", "2"], "parallel.zero")
         expect_usage_error(["run", "--top-k", "3"], "model.top_k")
+        # An explicit --micro-batches is honoured or refused, never answered with another layout.
+        fresh = ["--run-dir", os.path.join(tmp, "fresh")]
+        expect_usage_error(["run", "--world", "4", "--micro-batches", "2"] + fresh, "--micro-batches", "4")
+        # The elastic options are checked before anything starts.
+        expect_usage_error(["run", "--min-ranks", "3"], "--min-ranks")
+        expect_usage_error(["run", "--max-ranks", "1"], "--max-ranks")
+        expect_usage_error(["run", "--spares", "-1"], "--spares")
+        expect_usage_error(["run", "--nodes", "9"], "--nodes")
+        expect_usage_error(["run", "--heartbeat-timeout-ms", "5"], "--heartbeat-timeout-ms")
+        expect_usage_error(["run", "--straggler-policy", "shoot"], "--straggler-policy")
+        expect_usage_error(["run", "--fault", "kill:rank=9:step=3"], "--fault", "rank")
+        expect_usage_error(["run", "--fault", "melt:rank=1:step=3"], "--fault", "melt")
+        expect_usage_error(["run", "--fault", "slow:rank=1:factor=0.5:from=3"], "--fault", "factor")
+        expect_usage_error(["run", "--fault", "random:kills=500:seed=1"] + fresh, "--fault", "kills")
+        if os.path.exists(os.path.join(tmp, "fresh")):
+            fail("a refused run left a run directory behind")
         expect_usage_error(["agent"], "--coordinator")
         expect_usage_error(["agent", "--coordinator", "nohost"], "HOST:PORT")
-        expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--rank", "x"], "--rank")
+        expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--member", "x"], "--member")
+        expect_usage_error(["agent", "--coordinator", "127.0.0.1:5", "--ranks", "0"], "--ranks")
         expect_usage_error(["dance"], "dance")
         expect_usage_error(["bench", "nothing"], "nothing")
         # The collectives benchmark runs (a tiny sweep) and prints its table.

@@ -1,27 +1,37 @@
 """DP exactness: 2-rank and 4-rank jobs (separate processes, Gloo over TCP) give the same
-loss at each of 20 steps as a 1-rank job with the same global batch, within 1e-5 relative."""
+loss at each of 20 steps as a 1-rank job with the same global batch, within 1e-5 relative.
+An explicit --micro-batches is honoured: the plan runs that many micro-batches (of batch / M
+sequences), which changes how gradients are accumulated but not the model."""
 
 from harness import SMALL_MODEL, fail, main, relative_difference, run_to_end, step_losses
 
 STEPS = 20
 
 
-def losses_for(world):
+def losses_for(world, extra=(), want_plan=None):
     args = SMALL_MODEL + ["--world", str(world), "--steps", str(STEPS), "--metrics-port", "0",
-                          "--checkpoint-every", "0"]
+                          "--checkpoint-every", "0"] + list(extra)
     code, events, output = run_to_end(args, timeout=300)
     if code != 0:
         fail(f"world {world} exited {code}:\n{output}")
     losses = step_losses(events)
     if sorted(losses) != list(range(1, STEPS + 1)):
         fail(f"world {world}: expected steps 1..{STEPS}, got {sorted(losses)}")
+    if want_plan:
+        plan = next(e["layout"] for e in events if e.get("event") == "training_started")
+        got = {k: plan[k] for k in want_plan}
+        if got != want_plan:
+            fail(f"world {world} {list(extra)}: the plan has {got}, expected {want_plan}")
     return losses
 
 
 def test():
     reference = losses_for(1)
-    for world in (2, 4):
-        losses = losses_for(world)
+    runs = {2: losses_for(2), 4: losses_for(4),
+            "2 with --micro-batches 8": losses_for(2, ["--micro-batches", "8"],
+                                                   {"micro_batches": 8, "micro_batch_size": 1,
+                                                    "replica_micro_batches": [4, 4]})}
+    for world, losses in runs.items():
         worst = max(relative_difference(reference[s], losses[s]) for s in reference)
         print(f"world {world}: worst relative loss difference vs world 1 over {STEPS} steps: {worst:.2e}")
         if worst > 1e-5:
