@@ -19,11 +19,11 @@ std::optional<fault_plan> parse_fault_plan(const std::string& text) {
       auto at = part.find('@');
       std::string kind = part.substr(0, at);
       if (kind == "fail")
-        plan.kind = fault_kind::fail;
+        plan.kind = comm_fault::fail;
       else if (kind == "delay")
-        plan.kind = fault_kind::delay;
+        plan.kind = comm_fault::delay;
       else if (kind == "hang")
-        plan.kind = fault_kind::hang;
+        plan.kind = comm_fault::hang;
       else
         throw std::invalid_argument("fault plan '" + text + "': unknown fault '" + kind +
                                     "' (fail, delay, hang)");
@@ -58,7 +58,7 @@ faulty_communicator::faulty_communicator(std::unique_ptr<comm::communicator> inn
 
 void faulty_communicator::before_collective(const char* op, const comm::op_options& opts) {
   const uint64_t call = ++calls_;
-  const bool hit = plan_.kind != fault_kind::none &&
+  const bool hit = plan_.kind != comm_fault::none &&
                    (call == plan_.at_call || (plan_.every && call > plan_.at_call));
   if (!hit) return;
   const auto& id = inner_->identity();
@@ -66,18 +66,18 @@ void faulty_communicator::before_collective(const char* op, const comm::op_optio
                             id.group + " gen " + std::to_string(id.generation) + " rank " +
                             std::to_string(id.rank);
   switch (plan_.kind) {
-    case fault_kind::fail:
+    case comm_fault::fail:
       throw comm::comm_error(comm::comm_errc::internal, "injected fault: " + where);
-    case fault_kind::delay:
+    case comm_fault::delay:
       std::this_thread::sleep_for(plan_.delay);  // the fault is the delay itself
       return;
-    case fault_kind::hang: {
+    case comm_fault::hang: {
       std::unique_lock lock(mutex_);
       if (!wake_.wait_for(lock, opts.timeout, [&] { return aborted_; }))
         throw comm::comm_error(comm::comm_errc::internal, "injected hang timed out: " + where);
       throw comm::comm_error(comm::comm_errc::aborted, "injected hang aborted: " + where);
     }
-    case fault_kind::none:
+    case comm_fault::none:
       return;
   }
 }

@@ -16,7 +16,7 @@
 namespace troupe::chaos {
 
 /// What to do to one collective.
-enum class fault_kind : uint8_t {
+enum class comm_fault : uint8_t {
   none,
   fail,   ///< throw comm_error{internal} before touching the network (this rank's own failure)
   delay,  ///< sleep `delay` before running the collective (a straggler)
@@ -27,7 +27,7 @@ enum class fault_kind : uint8_t {
 /// A fault plan: the `at_call`-th collective (1-based, counted over every kind of
 /// collective) on this communicator suffers `kind`; with `every`, every later one too.
 struct fault_plan {
-  fault_kind kind = fault_kind::none;
+  comm_fault kind = comm_fault::none;
   uint64_t at_call = 1;
   bool every = false;
   std::chrono::milliseconds delay{0};

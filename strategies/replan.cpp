@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <stdexcept>
@@ -119,60 +120,87 @@ std::vector<int> balance_micro_batches(int M, const std::vector<double>& replica
 
 layout_plan plan_from_json(const std::string& text) {
   using nlohmann::json;
+  const auto bad = [](const std::string& why) { return std::invalid_argument("plan: " + why); };
   json doc;
   try {
     doc = json::parse(text);
   } catch (const json::parse_error& e) {
-    throw std::invalid_argument(std::string("plan: not JSON (") + e.what() + ")");
+    throw bad(std::string("not JSON (") + e.what() + ")");
   }
-  auto number = [&](const json& obj, const char* key, int min) {
-    if (!obj.is_object() || !obj.contains(key) || !obj[key].is_number_integer())
-      throw std::invalid_argument(std::string("plan: '") + key + "' missing or not an integer");
-    const auto v = obj[key].get<int64_t>();
-    if (v < min || v > 1'000'000)
-      throw std::invalid_argument(std::string("plan: '") + key + "' out of range");
-    return static_cast<int>(v);
+  // Every access below checks the type first, so nlohmann never throws its own type_error.
+  if (!doc.is_object()) throw bad("not a JSON object");
+  const auto integer = [&](const json& v, const std::string& what, int64_t min, int64_t max) {
+    if (!v.is_number_integer()) throw bad("'" + what + "' missing or not an integer");
+    const auto x = v.get<int64_t>();
+    if (x < min || x > max)
+      throw bad("'" + what + "' (" + std::to_string(x) + ") out of range [" + std::to_string(min) +
+                ", " + std::to_string(max) + "]");
+    return static_cast<int>(x);
   };
+  constexpr int64_t most = 1'000'000;
+  const auto field = [&](const json& obj, const char* key, int64_t min) {
+    return integer(obj.contains(key) ? obj[key] : json(), key, min, most);
+  };
+  // Doubles are estimates: absent means 0 (older writers), present must be finite and in range.
+  const auto real = [&](const char* key, double min, double max) {
+    if (!doc.contains(key)) return 0.0;
+    const json& v = doc[key];
+    if (!v.is_number()) throw bad(std::string("'") + key + "' is not a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < min || x > max)
+      throw bad(std::string("'") + key + "' (" + std::to_string(x) + ") out of range");
+    return x;
+  };
+  if (!doc.contains("layout") || !doc["layout"].is_object()) throw bad("'layout' missing");
+  const json& l = doc["layout"];
   layout_plan p;
-  const json& l = doc.value("layout", json());
-  p.shape.dp = number(l, "dp", 1);
-  p.shape.tp = number(l, "tp", 1);
-  p.shape.pp = number(l, "pp", 1);
-  p.shape.ep = number(l, "ep", 1);
-  if (l.contains("order") && l["order"].is_string()) p.shape.order = l["order"].get<std::string>();
-  if (auto why = check_layout(p.shape); !why.empty()) throw std::invalid_argument("plan: " + why);
-  p.spares = number(doc, "spares", 0);
-  p.micro_batches = number(doc, "micro_batches", 1);
-  p.micro_batch_size = number(doc, "micro_batch_size", 1);
-  p.micro_batches_per_replica = number(doc, "micro_batches_per_replica", 1);
+  p.shape.dp = field(l, "dp", 1);
+  p.shape.tp = field(l, "tp", 1);
+  p.shape.pp = field(l, "pp", 1);
+  p.shape.ep = field(l, "ep", 1);
+  if (l.contains("order")) {
+    if (!l["order"].is_string()) throw bad("'order' is not a string");
+    p.shape.order = l["order"].get<std::string>();
+  }
+  if (auto why = check_layout(p.shape); !why.empty()) throw bad(why);
+  p.spares = field(doc, "spares", 0);
+  p.micro_batches = field(doc, "micro_batches", 1);
+  p.micro_batch_size = field(doc, "micro_batch_size", 1);
+  p.micro_batches_per_replica = field(doc, "micro_batches_per_replica", 1);
   if (!doc.contains("stages") || !doc["stages"].is_array() ||
       doc["stages"].size() != static_cast<size_t>(p.shape.pp))
-    throw std::invalid_argument("plan: 'stages' must list pp layer ranges");
+    throw bad("'stages' must list pp (" + std::to_string(p.shape.pp) + ") layer ranges");
+  // Consecutive non-empty ranges from layer 0, as stage_layers makes them.
+  int next = 0;
   for (const auto& s : doc["stages"]) {
-    if (!s.is_array() || s.size() != 2 || !s[0].is_number_integer() || !s[1].is_number_integer())
-      throw std::invalid_argument("plan: a stage must be [first, last]");
-    layer_range r{s[0].get<int>(), s[1].get<int>()};
-    if (r.first < 0 || r.last <= r.first)
-      throw std::invalid_argument("plan: an empty or negative stage");
+    if (!s.is_array() || s.size() != 2) throw bad("a stage must be [first, last]");
+    const layer_range r{integer(s[0], "stage first", 0, most),
+                        integer(s[1], "stage last", 1, most)};
+    if (r.first != next || r.last <= r.first)
+      throw bad("stages must be consecutive non-empty ranges from layer 0");
     p.stages.push_back(r);
+    next = r.last;
   }
   if (!doc.contains("replica_micro_batches") || !doc["replica_micro_batches"].is_array() ||
       doc["replica_micro_batches"].size() != static_cast<size_t>(p.shape.dp))
-    throw std::invalid_argument("plan: 'replica_micro_batches' must list dp counts");
-  int sum = 0;
+    throw bad("'replica_micro_batches' must list dp (" + std::to_string(p.shape.dp) + ") counts");
+  int64_t sum = 0;
   for (const auto& x : doc["replica_micro_batches"]) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > 1'000'000)
-      throw std::invalid_argument("plan: a replica's micro-batch count must be a positive integer");
-    p.replica_micro_batches.push_back(x.get<int>());
+    p.replica_micro_batches.push_back(integer(x, "replica_micro_batches entry", 1, most));
     sum += p.replica_micro_batches.back();
   }
   if (sum != p.micro_batches)
-    throw std::invalid_argument("plan: replica_micro_batches sum to " + std::to_string(sum) +
-                                ", not micro_batches " + std::to_string(p.micro_batches));
-  p.bubble = doc.value("bubble", 0.0);
-  p.params_per_rank = doc.value("params_per_rank", 0.0);
-  p.memory_bytes = doc.value("memory_bytes", 0.0);
-  p.step_seconds = doc.value("step_seconds", 0.0);
+    throw bad("replica_micro_batches sum to " + std::to_string(sum) + ", not micro_batches " +
+              std::to_string(p.micro_batches));
+  const int largest =
+      *std::max_element(p.replica_micro_batches.begin(), p.replica_micro_batches.end());
+  if (p.micro_batches_per_replica != largest)
+    throw bad("micro_batches_per_replica (" + std::to_string(p.micro_batches_per_replica) +
+              ") is not the largest replica count (" + std::to_string(largest) + ")");
+  p.bubble = real("bubble", 0, 1);
+  p.params_per_rank = real("params_per_rank", 0, std::numeric_limits<double>::max());
+  p.memory_bytes = real("memory_bytes", 0, std::numeric_limits<double>::max());
+  p.step_seconds = real("step_seconds", 0, std::numeric_limits<double>::max());
   return p;
 }
 

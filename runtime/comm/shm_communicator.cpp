@@ -158,7 +158,8 @@ void shm_communicator::check_peer_arg(const char* name, int peer) const {
   }
 }
 
-void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total, uint32_t tag) {
+void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total,
+                                 uint32_t tag) {
   channel& ch = chan(id_.rank, peer);
   std::memcpy(p2p_slot(id_.rank, peer, h), src, len);
   ch.slots[h % 2] = {tag, total, len};
@@ -166,14 +167,15 @@ void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t l
   ring_bell();
 }
 
-void shm_communicator::take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len, size_t total,
-                                  uint32_t tag, const char* what) {
+void shm_communicator::take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len,
+                                  size_t total, uint32_t tag, const char* what) {
   channel& ch = chan(peer, id_.rank);
   const channel::slot_meta meta = ch.slots[t % 2];
   if (meta.total != total || meta.len != len) {
     fail(op, comm_errc::invalid, peer,
-         "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) + " bytes with tag " +
-             std::to_string(tag) + "; this " + what + " expects " + std::to_string(total));
+         "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
+             " bytes with tag " + std::to_string(tag) + "; this " + what + " expects " +
+             std::to_string(total));
   }
   std::memcpy(dst, p2p_slot(peer, id_.rank, t), len);
   ch.tail.store(t + 1);
@@ -382,13 +384,17 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
                                      "as the same user)"));
       }
     }
-    // MAP_POPULATE: the page tables are filled now, not on the first collective.
-    st.base =
-        ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, st.fd, 0);
+    // MAP_POPULATE: the page tables of the header and the staging regions are filled now, not
+    // on the first collective. The point-to-point slots (two per ordered pair of ranks:
+    // gigabytes for a big group) are mapped but touched only by the pairs that send.
+    st.base = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, st.fd, 0);
     if (st.base == MAP_FAILED) {
       st.base = nullptr;
       throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap"));
     }
+    if (::mmap(st.base, layout.p2p, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+               st.fd, 0) == MAP_FAILED)
+      throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap (populate)"));
     auto* hdr = static_cast<segment_header*>(st.base);
     if (id.rank == 0) {
       nonce = random_nonce();

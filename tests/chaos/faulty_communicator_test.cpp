@@ -20,7 +20,7 @@ TEST(FaultPlanTest, Parses) {
   EXPECT_FALSE(parse_fault_plan(""));
   auto p = parse_fault_plan("hang@7");
   ASSERT_TRUE(p);
-  EXPECT_EQ(p->kind, fault_kind::hang);
+  EXPECT_EQ(p->kind, comm_fault::hang);
   EXPECT_EQ(p->at_call, 7u);
   EXPECT_FALSE(p->every);
   auto d = parse_fault_plan("delay@2,every,delay:250");
@@ -46,7 +46,7 @@ class FaultyCommunicatorTest : public ::testing::Test {
 };
 
 TEST_F(FaultyCommunicatorTest, FailsExactlyOnThePlannedCall) {
-  auto c = make({fault_kind::fail, 2});
+  auto c = make({comm_fault::fail, 2});
   float x = 1;
   c->all_reduce(&x, 1, comm::reduce_op::sum, {});
   try {
@@ -61,7 +61,7 @@ TEST_F(FaultyCommunicatorTest, FailsExactlyOnThePlannedCall) {
 }
 
 TEST_F(FaultyCommunicatorTest, HangEndsAtTheDeadline) {
-  auto c = make({fault_kind::hang, 1});
+  auto c = make({comm_fault::hang, 1});
   float x = 1;
   auto t0 = std::chrono::steady_clock::now();
   try {
@@ -76,7 +76,7 @@ TEST_F(FaultyCommunicatorTest, HangEndsAtTheDeadline) {
 }
 
 TEST_F(FaultyCommunicatorTest, AbortUnblocksAHang) {
-  auto c = make({fault_kind::hang, 1});
+  auto c = make({comm_fault::hang, 1});
   std::thread aborter([&] {
     // Abort only once the collective is in flight.
     while (c->calls() == 0) std::this_thread::yield();
