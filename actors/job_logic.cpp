@@ -462,7 +462,7 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
   const auto* voter = member >= 0 ? find(member) : nullptr;
   if (v.generation != generation_ || member < 0 || !voter ||
       (state_ != job_state::training &&
-       !(state_ == job_state::recovering && voter->reconfigured))) {
+       !((state_ == job_state::recovering || state_ == job_state::forming) && voter->reconfigured))) {
     stale("step_done", member, v.generation, out);
     return out;
   }

@@ -531,6 +531,30 @@ TEST(JobLogicTest, VoteBeforeTheLastAcknowledgementStillCounts) {
   EXPECT_EQ(h.logic().committed(), 2);
 }
 
+TEST(JobLogicTest, FirstVoteBeforeTheLastRankJoinedGenerationOneCounts) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  auto rc = all_of<send_reconfigure>(h.join(1));
+  ASSERT_EQ(rc.size(), 2u);
+  reconfigured first;
+  first.generation = 1;
+  first.member = rc[0].member;
+  first.rank = rc[0].msg.rank;
+  h.logic().on_reconfigured(first, h.now());
+  step_done v;
+  v.generation = 1;
+  v.step = 1;
+  v.rank = first.rank;
+  v.tokens = 2;
+  EXPECT_FALSE(has_event(h.logic().on_vote(v, h.now()), "stale_message"));
+  reconfigured second = first;
+  second.member = rc[1].member;
+  second.rank = rc[1].msg.rank;
+  h.logic().on_reconfigured(second, h.now());
+  v.rank = second.rank;
+  EXPECT_EQ(all_of<send_commit>(h.logic().on_vote(v, h.now())).size(), 2u);
+}
+
 TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
   auto cfg = small_config(4);
   cfg.parallel.pp = 2;
