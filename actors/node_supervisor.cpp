@@ -93,6 +93,9 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
             const std::string endpoint =
                 s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
             s.node = plan.node;
+            // The workers' data plane treats each agent as a host of its own (shm inside, TCP
+            // across).
+            ::setenv("TROUPE_NODE", std::to_string(plan.node).c_str(), 1);
             s.restarts_left = plan.max_restarts;
             s.coordinator_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
             s.coordinator_seen = std::chrono::steady_clock::now();

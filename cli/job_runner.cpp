@@ -196,7 +196,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
       throw config_error(std::string("metrics_port: ") + e.what());
     }
   }
-  comm::tcp_store_server store("127.0.0.1", 0);
+  // The store listens where the coordinator does, so agents on other machines reach it.
+  comm::tcp_store_server store(opts.listen_host, 0);
 
   actors::system_config sys_cfg;
   sys_cfg.load<caf::io::middleman>();
@@ -205,7 +206,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
 
   actors::job_setup setup;
   setup.cfg = cfg;
-  setup.store_host = "127.0.0.1";
+  setup.store_host = opts.listen_host;
   setup.store_port = store.port();
   setup.start_step = start_step;
   setup.events = &events;

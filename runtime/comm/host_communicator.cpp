@@ -17,7 +17,11 @@ std::string this_host_identity() {
   std::string boot_id;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, boot_id);
-  return std::string(name) + " " + boot_id;
+  // Agents name their node (TROUPE_NODE): simulated nodes on one machine are hosts of their
+  // own, so a group across them takes the network path a real cluster would.
+  const char* node = std::getenv("TROUPE_NODE");
+  return std::string(name) + " " + boot_id +
+         (node && *node ? std::string(" node ") + node : std::string());
 }
 
 std::string requested_transport() {
@@ -94,8 +98,8 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
     shm_options shm;
     // Staging is chunk_bytes twice per rank, touched at creation (at ~0.3 GB/s for fresh
     // memory here): a big group stages less per rank, so building it (and rebuilding it after
-    // a failure) stays fast. 64 ranks: 1 MiB chunks, 128 MiB in all instead of 512.
-    const size_t cap = (size_t{64} << 20) / static_cast<size_t>(std::max(1, id.size));
+    // a failure) stays fast. 64 ranks: 256 KiB chunks, 32 MiB in all instead of 512.
+    const size_t cap = (size_t{16} << 20) / static_cast<size_t>(std::max(1, id.size));
     shm.chunk_bytes = std::min(shm.chunk_bytes, std::max<size_t>(size_t{256} << 10, cap));
     shm.connect_timeout = left;
     return make_shm_communicator(store, id, shm);

@@ -16,7 +16,8 @@ namespace troupe::comm {
 enum class transport_kind : uint8_t { tcp, shm };
 
 /// This machine as its ranks see it: "<hostname> <boot_id>" (the boot id tells two machines
-/// with the same hostname apart, and a host from itself before a reboot).
+/// with the same hostname apart, and a host from itself before a reboot), plus " node <N>"
+/// when the agent that started the process set TROUPE_NODE (simulated nodes).
 std::string this_host_identity();
 
 /// What a rank asks for: "auto", "tcp" or "shm"; the value of TROUPE_TRANSPORT, "auto" when
