@@ -134,6 +134,8 @@ struct step_done {
   int64_t tokens = 0;
   double lr = 0;                  ///< learning rate this step applies with
   double compute_s = 0;           ///< forward + backward
+  double compute_cpu_s = 0;       ///< the same, in the step thread's CPU time: what straggler
+                                  ///< verdicts use (wall time counts preemption on a busy host)
   double comm_s = 0;              ///< gradient all-reduce
   double control_s = 0;           ///< previous step's vote-to-commit round trip, less the peer wait
   double peer_wait_s = 0;         ///< previous step's wait, at the coordinator, for the last vote
@@ -272,7 +274,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
   return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error,
            x.error_kind, x.error_op, x.error_group, x.loss_sum, x.tokens, x.lr, x.compute_s,
-           x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes, x.peak_rss_bytes);
+           x.compute_cpu_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes,
+           x.peak_rss_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {

@@ -1,5 +1,6 @@
 #include "actors/rank.hpp"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -42,6 +43,13 @@ int64_t peak_rss_bytes() {
   for (std::string line; std::getline(in, line);)
     if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
   return 0;
+}
+
+// CPU time of the calling thread (the step loop: BLAS runs on one thread per rank).
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 double seconds_between(clock_type::time_point a, clock_type::time_point b) {
@@ -249,18 +257,23 @@ loop_result train(worker& w, int64_t start_step) {
     if (auto end = poll_control(w)) return *end;
     w.shared->step().store(step);
     auto t0 = clock_type::now();
+    const double cpu0 = thread_cpu_seconds();
     grad_result gr;
     try {
       if (g.stage) g.stage->begin_step(step);
       gr = engine.compute(*w.data, step - 1);
-      // An injected straggler: this rank's compute takes `factor` times as long.
-      if (const double slow = chaos::slowdown(w.faults, g.rank, step); slow > 1.0)
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>((slow - 1.0) * seconds_between(t0, clock_type::now())));
+      // An injected straggler: this rank's compute takes `factor` times as long, burning CPU
+      // as slow hardware would.
+      if (const double slow = chaos::slowdown(w.faults, g.rank, step); slow > 1.0) {
+        const double extra = (slow - 1.0) * (thread_cpu_seconds() - cpu0);
+        for (const double until = thread_cpu_seconds() + extra; thread_cpu_seconds() < until;) {
+        }
+      }
     } catch (const std::exception& e) {
       return fail_step(step, "compute", e);
     }
     auto t1 = clock_type::now();
+    const double cpu1 = thread_cpu_seconds();
     const double model_comm_s = engine.take_model_comm_seconds();
     if (auto load = engine.take_expert_load();
         !load.tokens.empty()) {  // MoE: one rank per ep group
@@ -291,6 +304,7 @@ loop_result train(worker& w, int64_t start_step) {
     }
     vote.lr = engine.learning_rate(step - 1);
     vote.compute_s = seconds_between(t0, t1) - model_comm_s;
+    vote.compute_cpu_s = cpu1 - cpu0;
     vote.comm_s = seconds_between(t1, t2) + model_comm_s;
     vote.control_s = prev_control;
     vote.peer_wait_s = prev_peer_wait;

@@ -1,6 +1,5 @@
 #pragma once
-// Injected faults (`--fault SPEC`): what to do to which process at which step, parsed and
-// checked before the job starts.
+// `--fault SPEC` values: parsed, range-checked and expanded into the faults a job injects.
 
 #include <chrono>
 #include <cstdint>
@@ -9,34 +8,54 @@
 
 namespace troupe::chaos {
 
-enum class fault_action { kill, stop, slow };
+/// What is done to the target: kill -9, SIGSTOP (and SIGCONT later), or slowed compute.
+enum class fault_kind { kill, stop, slow };
+/// The earlier name of fault_kind; callers still use it.
+using fault_action = fault_kind;
+/// Whom it is done to: one worker rank, a node's agent with all its workers, or the coordinator.
 enum class fault_target { rank, node, coordinator };
 
-/// One fault: `kill:rank=1:step=8` (kill -9 the process holding rank 1 when step 8 begins),
-/// `kill:node=1:step=12` (its agent and all its workers), `stop:rank=2:step=5[:for=3s]`
-/// (SIGSTOP, and SIGCONT after `for`; never without it), `kill:coordinator:step=15`, `slow:rank=0:factor=2:from=10` (that
-/// rank's compute takes `factor` times as long from step 10 on: a straggler).
+/// One fault, at the start of one step.
 struct fault {
-  fault_action kind = fault_action::kill;
+  fault_kind kind = fault_kind::kill;
   fault_target target = fault_target::rank;
-  int id = 0;
-  int64_t step = 1;
-  std::chrono::milliseconds duration{0};
-  double factor = 1.0;  ///< slow only
-  std::string spec;
+  int id = -1;       ///< rank or node number; -1 for the coordinator
+  int64_t step = 0;  ///< the step at whose start it fires (slow: first slowed step)
+  std::chrono::milliseconds duration{0};  ///< stop: when to continue; 0 = never
+  double factor = 1.0;                    ///< slow only: compute takes this many times as long
+  std::string spec;                       ///< the text it came from (for events and messages)
+  friend bool operator==(const fault&, const fault&) = default;
 };
 
-/// How much slower rank `rank` computes at `step` under `faults` (1 = not at all).
+/// What the job looks like, for range checks and random expansion.
+struct fault_bounds {
+  int world = 1;      ///< ranks are 0..world-1
+  int nodes = 1;      ///< nodes are 0..nodes-1
+  int64_t steps = 0;  ///< the run's last step; 0 = not known, steps are then only checked >= 1
+};
+
+/// Parses one --fault value; a random schedule expands into its kills. Accepted forms:
+///   kill:rank=R:step=S   kill:node=N:step=S   kill:coordinator:step=S
+///   stop:rank=R:step=S[:for=D]       (D like 500ms, 3s or 1.5s; without it never continued)
+///   slow:rank=R:factor=X:from=S      (X in (1, 100]; compute X times slower from step S on)
+///   random:kills=K:seed=Z[:from=S][:every=E][:nodes=M]
+/// The fields after the kind may come in any order. A random schedule draws, with splitmix64
+/// so that a seed means the same schedule everywhere, K kills at increasing steps from S
+/// (default 5) on, at least E (default 5) apart, M (default 0) of them of whole nodes and the
+/// rest of single ranks. Throws troupe::config_error naming the spec, the field, what it got
+/// and what is allowed.
+std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& bounds);
+/// All faults of several specs, sorted by step (stable: faults of one step keep their order).
+std::vector<fault> parse_faults(const std::vector<std::string>& specs, const fault_bounds& bounds);
+/// The same for elastic.faults, which holds the repeated --fault values joined by ';'.
+std::vector<fault> parse_faults(const std::string& joined, int world, int nodes, int64_t steps);
+
+/// How many times slower rank `rank` computes at `step` under `faults` (1 = not slowed): the
+/// largest factor of the slow faults on that rank that have begun.
 double slowdown(const std::vector<fault>& faults, int rank, int64_t step);
 
-/// Parses one spec; throws troupe::config_error naming the spec, the field and what is allowed.
-fault parse_fault(const std::string& spec, int world, int nodes, int64_t steps);
-/// A seeded schedule, `random:kills=K:seed=S[:from=F][:every=E]`: K kill -9s of ranks drawn
-/// from [0, world), at steps from F (default 5) on, at least E steps apart (default 10). The
-/// same seed gives the same schedule everywhere (splitmix64, no std distributions). A rank
-/// that is not placed when its kill comes is taken modulo the world of that moment.
-std::vector<fault> expand_random(const std::string& spec, int world, int64_t steps);
-/// Every spec of a ';'-separated list (elastic.faults), random ones expanded, sorted by step.
-std::vector<fault> parse_faults(const std::string& specs, int world, int nodes, int64_t steps);
+/// The fault as JSON for events.jsonl: {"what":"kill","target":"rank","id":1,"step":8,...}, with
+/// "for_ms" for a stop that is continued and "factor" for a slow.
+std::string to_json(const fault& f);
 
 }  // namespace troupe::chaos

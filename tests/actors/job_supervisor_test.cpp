@@ -86,6 +86,8 @@ class JobSupervisorTest : public ::testing::Test {
     s.listener = caf::actor_cast<caf::actor>(listener_);
     s.plan = strategies::plan_of(strategies::plan_layout(world, s.cfg));
     s.bounds.max_ranks = world;
+    s.heartbeat_timeout_ms =
+        60000;  // the stand-in members send no heartbeats (job_logic_test covers them)
     supervisor_ = spawn_job_supervisor(sys_, s);
   }
 
@@ -117,11 +119,14 @@ class JobSupervisorTest : public ::testing::Test {
 
   template <class T>
   std::optional<T> next(caf::scoped_actor& who, std::chrono::milliseconds timeout = 5s) {
+    // Other messages (the coordinator's heartbeats) keep arriving: wait against a deadline.
     std::optional<T> got;
-    bool stop = false;
-    while (!got && !stop)
-      who->receive([&](T& x) { got = x; }, [&](caf::message&) {},
-                   caf::after(timeout) >> [&] { stop = true; });
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (auto left = timeout; !got && left.count() > 0;
+         left = std::chrono::duration_cast<std::chrono::milliseconds>(
+             deadline - std::chrono::steady_clock::now()))
+      who->receive([&](T& x) { got = x; }, [&](const heartbeat&) {}, [&](caf::message&) {},
+                   caf::after(left) >> [] {});
     return got;
   }
 

@@ -1,7 +1,8 @@
 """Stragglers: a rank whose compute is slowed 2x (an injected `slow` fault) is flagged within
 10 steps; with --straggler-policy rebalance its replica gets fewer micro-batches (the global
 batch and the model stay the same: the losses match a run without the fault) and the step time
-comes back down; and 4 healthy ranks oversubscribed on this machine's cores run 300 steps with
+comes back down (with two replicas the best division leaves the step at 4/3 of the healthy one:
+the slow replica's half-speed share and the other's extra work meet there); and 4 healthy ranks oversubscribed on this machine's cores run 300 steps with
 the strictest policy (evict) without a single flag or eviction."""
 
 import os
@@ -18,7 +19,7 @@ def of(events, name):
 
 
 def slowed(tmp, policy):
-    args = SMALL_MODEL[:] + ["--d-model", "128", "--heads", "4", "--context", "64", "--batch", "16",
+    args = SMALL_MODEL[:] + ["--d-model", "128", "--heads", "4", "--context", "64", "--batch", "32",
                              "--lr", "1e-3", "--world", "2", "--steps", "100", "--metrics-port", "0",
                              "--checkpoint-every", "0", "--straggler-policy", policy]
     events = run_ok(policy, args + ["--fault", f"slow:rank=1:factor=2:from={SLOW_FROM}"], os.path.join(tmp, policy))
@@ -43,7 +44,7 @@ def test():
         final = plans[-1]
         if len(plans) < 2 or not final[1] < final[0]:
             fail(f"rebalance: the slowed replica should end with fewer micro-batches: {plans}")
-        if late > 0.85 * warn_late:
+        if late > 0.8 * warn_late:
             fail(f"rebalance: step time {late * 1e3:.1f} ms is not below the unbalanced {warn_late * 1e3:.1f} ms")
         reference = run_ok("no fault", args[:-1] + ["warn"], os.path.join(tmp, "reference"))
         ref, got = step_losses(reference), step_losses(events)
