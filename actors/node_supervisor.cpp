@@ -210,6 +210,10 @@ int run_agent(const agent_args& args) {
     for (;;) {
       int sig = 0;
       if (sigwait(&blocked, &sig) != 0 || sig == SIGUSR1) return;
+      // The kernel's death signal can come before this process is handed to its new parent:
+      // give the reparenting a moment to show.
+      for (int i = 0; i < 50 && getppid() == parent; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(4));
       caf::anon_send(agent, shutdown_atom::value,
                      getppid() != parent
                          ? std::string("lost the coordinator: the process that launched this agent "

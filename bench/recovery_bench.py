@@ -115,9 +115,13 @@ def main():
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--worlds", default="4,16,32,64")
     ap.add_argument("--only", choices=["recover", "detect", "goodput"])
+    ap.add_argument("--torch-model", action="store_true",
+                    help="the 4-rank job uses bench/torch_elastic.py's model (2 layers, d_model 32, context 32), "
+                         "to sit beside bench/torchrun_recovery.sh")
     a = ap.parse_args()
     if a.only in (None, "recover"):
-        base = time_to_recover(a.troupe, 4, a.trials, DEFAULT_JOB)
+        small = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32"] if a.torch_model else []
+        base = time_to_recover(a.troupe, 4, a.trials, DEFAULT_JOB + small)
         for world in [int(w) for w in a.worlds.split(",") if int(w) != 4]:
             job = DEFAULT_JOB + TINY + ["--batch", str(world), "--micro-batch", "1", "--step-timeout-ms", "20000"]
             t = time_to_recover(a.troupe, world, a.trials, job)

@@ -31,7 +31,7 @@ def grow(tmp):
     # summing gradients over 3 or 4 replicas instead of 2 reassociates floats, and AdamW
     # amplifies those last-bit differences over hundreds of steps.
     steps = 120
-    model = SMALL_MODEL[:] + ["--d-model", "128", "--heads", "4"]
+    model = SMALL_MODEL[:] + ["--d-model", "128", "--heads", "4", "--lr", "1e-3"]
     args = model + ["--steps", str(steps), "--checkpoint-every", "50", "--metrics-port", "0", "--world", "2"]
     ref_dir = os.path.join(tmp, "grow-ref")
     reference = run_ok("grow (uninterrupted)", args, ref_dir)
