@@ -437,8 +437,15 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   failed_recoveries_ = 0;
 
   const int64_t last = session_last_step(cfg);
-  commit c{generation_, step, checkpoint_due(step, last, cfg.checkpoint_every),
-           checkpoint_due(step, last, cfg.eval_every), 0.0};
+  // Members waiting to join open a generation at this step boundary; the ranks then hold
+  // after applying instead of starting a step the abort would throw away.
+  const bool grow = step < last && grow_wanted();
+  commit c{generation_,
+           step,
+           checkpoint_due(step, last, cfg.checkpoint_every),
+           checkpoint_due(step, last, cfg.eval_every),
+           0.0,
+           grow};
   for (const auto& m : members_) {
     if (!m.live || m.rank < 0) continue;
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
@@ -480,7 +487,7 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
     return;
   }
   handle_stragglers(compute, now, out);
-  if (state_ == job_state::training && grow_wanted()) {
+  if (state_ == job_state::training && grow) {
     recovery_cause_ = "grow";
     begin_generation("members waiting to join: the layout grows", now, out);
   }

@@ -152,6 +152,8 @@ struct commit {
   bool evaluate = false;    ///< compute validation loss after applying
   double peer_wait_s = 0;   ///< how long this rank's vote waited for the last one: time
                             ///< spent on peers (imbalance), not on the control plane
+  bool hold = false;        ///< the generation ends after this step (it grows): apply it, then
+                            ///< wait for the abort instead of starting a step that would be lost
 };
 
 /// The current generation is over: `generation` is the one being formed (or the last one,
@@ -280,7 +282,7 @@ typename Inspector::result_type inspect(Inspector& f, step_done& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
   return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate,
-           x.peer_wait_s);
+           x.peer_wait_s, x.hold);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {

@@ -345,6 +345,7 @@ loop_result train(worker& w, int64_t start_step) {
         return fail_step(step + 1, "evaluate", e);
       }
     }
+    if (c.hold) return await_decision(w);  // the next generation starts at this boundary
   }
   return {loop_end::finished, 0, ""};
 }

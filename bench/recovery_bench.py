@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--torch-model", action="store_true",
                     help="the 4-rank job uses bench/torch_elastic.py's model (2 layers, d_model 32, context 32), "
                          "to sit beside bench/torchrun_recovery.sh")
+    ap.add_argument("--goodput-seconds", type=float, action="append",
+                    help="also a kill every this many seconds of wall time (repeatable)")
     a = ap.parse_args()
     if a.only in (None, "recover"):
         small = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32"] if a.torch_model else []
@@ -131,6 +133,14 @@ def main():
     if a.only in (None, "goodput"):
         goodput(a.troupe, 60, 600, max(3, a.trials // 3))
         goodput(a.troupe, 15, 600, max(3, a.trials // 3))
+        if a.goodput_seconds:
+            # A kill every N seconds of wall time at this machine's own step time.
+            probe = run(a.troupe, DEFAULT_JOB + ["--world", "4", "--steps", "40", "--checkpoint-every", "0"])
+            step_s = statistics.median(e["step_s"] for e in of(probe, "step")[10:])
+            for seconds in a.goodput_seconds:
+                every = max(2, round(seconds / step_s))
+                print(f"(one kill every {seconds} s at {step_s * 1e3:.0f} ms a step = every {every} steps)", flush=True)
+                goodput(a.troupe, every, 4 * every + 10, max(1, a.trials // 9))
 
 
 if __name__ == "__main__":

@@ -217,17 +217,9 @@ ckpt::shard_state dense_backend::checkpoint_shard(int64_t step) {
 }
 
 local_state dense_backend::state() {
-  local_state s;
-  if (tp_)
-    s.buffers.emplace_back(tp_->params(), tp_->num_params());
-  else
-    s.buffers.emplace_back(dense_->params(), dense_->num_params());
-  auto& m = zero_ ? zero_->exp_avg() : replicated_->exp_avg();
-  auto& v = zero_ ? zero_->exp_avg_sq() : replicated_->exp_avg_sq();
-  s.buffers.emplace_back(m.data(), m.size());
-  s.buffers.emplace_back(v.data(), v.size());
-  s.adam_t = zero_ ? &zero_->t() : &replicated_->t();
-  return s;
+  float* params = tp_ ? tp_->params() : dense_->params();
+  const size_t n = tp_ ? tp_->num_params() : dense_->num_params();
+  return zero_ ? state_of(params, n, *zero_) : state_of(params, n, *replicated_);
 }
 
 size_t dense_backend::optimizer_state_bytes() const {

@@ -60,6 +60,18 @@ struct local_state {
   }
 };
 
+/// The local_state of `n` parameters at `params` and the AdamW moments and step count of
+/// `optimizer` (adamw, or a ZeRO-1 shard of it: anything with exp_avg(), exp_avg_sq(), t()).
+template <class Optimizer>
+local_state state_of(float* params, size_t n, Optimizer& optimizer) {
+  local_state s;
+  s.buffers.emplace_back(params, n);
+  s.buffers.emplace_back(optimizer.exp_avg().data(), optimizer.exp_avg().size());
+  s.buffers.emplace_back(optimizer.exp_avg_sq().data(), optimizer.exp_avg_sq().size());
+  s.adam_t = &optimizer.t();
+  return s;
+}
+
 /// One rank's share of the model for one layout and one generation. Collective calls must be
 /// made by every rank of the layout in the same order (see training_engine).
 class engine_backend {

@@ -46,14 +46,7 @@ class expert_backend final : public engine_backend {
   }
   eval_share evaluate(const byte_dataset& data) override;
   ckpt::shard_state checkpoint_shard(int64_t step) override;
-  local_state state() override {
-    local_state s;
-    s.buffers.emplace_back(model_->params(), model_->num_params());
-    s.buffers.emplace_back(optim_->exp_avg().data(), optim_->exp_avg().size());
-    s.buffers.emplace_back(optim_->exp_avg_sq().data(), optim_->exp_avg_sq().size());
-    s.adam_t = &optim_->t();
-    return s;
-  }
+  local_state state() override { return state_of(model_->params(), model_->num_params(), *optim_); }
   // Every rank reports the loss of its own slice: the slices partition the step's tokens.
   bool reports_loss() const override { return true; }
   size_t num_full_params() const override { return full_numel_; }

@@ -40,14 +40,8 @@ class pipeline_backend final : public engine_backend {
   eval_share evaluate(const byte_dataset& data) override;
   ckpt::shard_state checkpoint_shard(int64_t step) override;
   local_state state() override {
-    local_state s;
-    s.buffers.emplace_back(model_->params(), model_->num_params());
-    auto& m = zero_ ? zero_->exp_avg() : replicated_->exp_avg();
-    auto& v = zero_ ? zero_->exp_avg_sq() : replicated_->exp_avg_sq();
-    s.buffers.emplace_back(m.data(), m.size());
-    s.buffers.emplace_back(v.data(), v.size());
-    s.adam_t = zero_ ? &zero_->t() : &replicated_->t();
-    return s;
+    return zero_ ? state_of(model_->params(), model_->num_params(), *zero_)
+                 : state_of(model_->params(), model_->num_params(), *replicated_);
   }
   bool reports_loss() const override { return last_stage() && view_.tp.index == 0; }
   size_t num_full_params() const override { return model_->full_num_params(); }

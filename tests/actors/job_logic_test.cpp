@@ -460,7 +460,9 @@ TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
   h.join(8);
   EXPECT_EQ(h.logic().state(), job_state::training) << "admitted at a step boundary, not mid-step";
   auto a = h.step(2);
-  EXPECT_EQ(all_of<send_commit>(a).size(), 2u);
+  ASSERT_EQ(all_of<send_commit>(a).size(), 2u);
+  EXPECT_TRUE(all_of<send_commit>(a)[0].msg.hold)
+      << "the ranks apply step 2 and wait: no step is thrown away";
   EXPECT_EQ(h.logic().state(), job_state::recovering);
   auto rc = all_of<send_reconfigure>(h.report_all(2));
   ASSERT_EQ(rc.size(), 4u);
