@@ -1,7 +1,13 @@
 #include "actors/connect.hpp"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <caf/io/middleman.hpp>
 #include <charconv>
+#include <cstring>
 #include <thread>
 
 namespace troupe::actors {
@@ -23,6 +29,29 @@ caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& hos
           std::to_string(timeout.count() / 1000) + " s (" + last +
           "); is `troupe coordinator` running there, and is the address right?";
   return {};
+}
+
+std::string local_address_toward(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
+    return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text) != nullptr)
+      out = text;
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return out;
 }
 
 bool parse_endpoint(const std::string& text, std::string& host, uint16_t& port) {

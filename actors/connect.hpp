@@ -16,6 +16,12 @@ namespace troupe::actors {
 caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                   std::chrono::milliseconds timeout, std::string& error);
 
+/// The address of this machine's interface that traffic to host:port leaves by (what peers
+/// of a job should be told to connect to: a node's address, loopback when the coordinator is
+/// on loopback). Sends nothing (a UDP socket is connected, not written to). Falls back to
+/// 127.0.0.1 when the route cannot be found.
+std::string local_address_toward(const std::string& host, uint16_t port);
+
 /// Parses "HOST:PORT". Returns false (and leaves the outputs alone) on bad input.
 bool parse_endpoint(const std::string& text, std::string& host, uint16_t& port);
 

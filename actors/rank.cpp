@@ -83,7 +83,8 @@ struct worker {
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
   std::optional<byte_dataset> data;
-  std::vector<chaos::fault> faults;  // injected slowdowns apply here
+  std::vector<chaos::fault> faults;     // injected slowdowns apply here
+  std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;
   uint64_t newest_generation = 0;  // the newest generation any message named
   monitoring::log_context log_ctx() const {
@@ -416,8 +417,9 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           // The next stage's activation slots, plus the one activation this stage's send holds.
           next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
         }
-        next.stage = std::make_unique<stage_link>(w.self->system(), *w.store, r.generation,
-                                                  view.pp.name, s, p, next_slots, op_timeout);
+        next.stage =
+            std::make_unique<stage_link>(w.self->system(), *w.store, r.generation, view.pp.name, s,
+                                         p, next_slots, op_timeout, w.advertise);
         next.engine->set_pipeline_observer(next.stage.get());
       }
       w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
@@ -583,6 +585,8 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.store = comm::connect_tcp_store(answer->store_host, static_cast<uint16_t>(answer->store_port),
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
     w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+    w.advertise =
+        local_address_toward(answer->store_host, static_cast<uint16_t>(answer->store_port));
     w.faults = chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
                                    w.cfg.elastic.nodes, session_last_step(w.cfg));
     const int c = serve(w);

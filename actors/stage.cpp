@@ -101,7 +101,7 @@ std::string notice_board::why_closed() {
 
 stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation,
                        const std::string& group, int stage, int stages, int next_slots,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout, const std::string& advertise)
     : sys_(sys),
       generation_(generation),
       stage_(stage),
@@ -115,10 +115,11 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
     throw std::runtime_error("stage " + std::to_string(stage) + ": " + why);
   };
   if (stage > 0) {
-    auto port = sys.middleman().publish(self_, 0, "127.0.0.1");
+    // On the node's own address (loopback when the job is), never on every interface.
+    auto port = sys.middleman().publish(self_, 0, advertise.c_str());
     if (!port) fail("cannot publish the stage actor: " + sys.render(port.error()));
     port_ = *port;
-    store.set_string(key_of(generation, group, stage), "127.0.0.1:" + std::to_string(port_));
+    store.set_string(key_of(generation, group, stage), advertise + ":" + std::to_string(port_));
   }
   if (stage + 1 < stages) {
     const std::string where = store.get_string(key_of(generation, group, stage + 1), timeout);

@@ -67,7 +67,7 @@ class stage_link final : public strategies::pipeline_observer {
   /// cannot be reached.
   stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t generation,
              const std::string& group, int stage, int stages, int next_slots,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, const std::string& advertise = "127.0.0.1");
   ~stage_link() override;
   stage_link(const stage_link&) = delete;
   stage_link& operator=(const stage_link&) = delete;

@@ -59,6 +59,12 @@ TEST(JobPolicyTest, ParseEndpoint) {
   EXPECT_FALSE(parse_endpoint("h:12x", host, port));
 }
 
+TEST(JobPolicyTest, AdvertisedAddressFacesTheCoordinator) {
+  EXPECT_EQ(local_address_toward("127.0.0.1", 9), "127.0.0.1");
+  EXPECT_EQ(local_address_toward("127.0.0.5", 9), "127.0.0.1");  // loopback leaves by loopback
+  EXPECT_EQ(local_address_toward("no-such-host.invalid", 9), "127.0.0.1");
+}
+
 class JobSupervisorTest : public ::testing::Test {
  protected:
   void SetUp() override {
