@@ -451,10 +451,17 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       can_read = ::process_vm_readv(want, &l, 1, &r, 1, 0) == sizeof(got) && got == want;
     }
     scoped.set_string("single_copy/" + std::to_string(id.rank), can_read ? "1" : "0");
+    // Rank 0 collects every rank's answer and publishes the group's: 2n round trips, not n^2.
     bool single_copy = true;
-    for (int j = 0; j < id.size; ++j) {
-      single_copy = single_copy && scoped.get_string("single_copy/" + std::to_string(j),
-                                                     left_until(deadline)) == "1";
+    if (id.rank == 0) {
+      std::vector<std::string> answers;
+      for (int j = 0; j < id.size; ++j) answers.push_back("single_copy/" + std::to_string(j));
+      scoped.wait(answers, left_until(deadline));
+      for (const auto& k : answers)
+        single_copy = single_copy && scoped.get_string(k, left_until(deadline)) == "1";
+      scoped.set_string("single_copy", single_copy ? "1" : "0");
+    } else {
+      single_copy = scoped.get_string("single_copy", left_until(deadline)) == "1";
     }
     auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
                                                             std::move(pidfds), single_copy);
