@@ -89,18 +89,28 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
   if (cfg.model.experts > 0 || shape.ep > 1)
     throw std::logic_error("pipeline_backend: layout " + describe(shape) +
                            " belongs to the expert backend");
-  const layout_plan plan =
-      make_plan(shape, cfg.model, constraints_from(cfg));  // throws with the rule broken
-  micro_batches_ = plan.micro_batches_per_replica;
-  micro_batch_size_ = plan.micro_batch_size;
-  first_sample_ = view_.dp.index * micro_batches_ * micro_batch_size_;
+  std::vector<layer_range> stages;
   if (!batching.empty()) {
-    // The coordinator's plan: this replica's count, possibly not the even one.
+    // The coordinator's plan (already checked there): this replica's count, possibly not the
+    // even one, and the stages every plan of this pp has.
+    if (static_cast<int>(batching.replica_micro_batches.size()) != shape.dp)
+      throw std::invalid_argument("pipeline_backend: the plan divides the batch among " +
+                                  std::to_string(batching.replica_micro_batches.size()) +
+                                  " replicas, the layout has " + std::to_string(shape.dp));
     const auto share =
         replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
     micro_batch_size_ = batching.micro_batch_size;
     micro_batches_ = batching.replica_micro_batches[static_cast<size_t>(view_.dp.index)];
     first_sample_ = share.first;
+    stages = stage_layers(cfg.model.n_layer, shape.pp);
+  } else {
+    // Built without a plan (tests): plan the even division here.
+    const layout_plan plan =
+        make_plan(shape, cfg.model, constraints_from(cfg));  // throws with the rule broken
+    micro_batches_ = plan.micro_batches_per_replica;
+    micro_batch_size_ = plan.micro_batch_size;
+    first_sample_ = view_.dp.index * micro_batches_ * micro_batch_size_;
+    stages = plan.stages;
   }
 
   auto make = [&](const group& g) {
@@ -111,7 +121,7 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
   dp_comm_ = make(view_.dp);
   if (shape.pp > 1 && view_.embd) embd_comm_ = make(*view_.embd);
 
-  const layer_range layers = plan.stages[static_cast<size_t>(view_.at.pp)];
+  const layer_range layers = stages[static_cast<size_t>(view_.at.pp)];
   tensor_parallel::stage_span span;
   span.first_layer = layers.first;
   span.last_layer = layers.last;

@@ -99,6 +99,12 @@ def test():
         scenario(tmp, "spare", ["--world", "2", "--spares", "1"], "kill:rank=1:step=10", 2, "self+peer")
         scenario(tmp, "dp2xpp2-kill", ["--world", "4", "--pp", "2", "--micro-batches", "4"], "kill:rank=3:step=10",
                  2, "self")
+        # dp4xpp2 loses a rank: dp3xpp2 with replicas running 3, 3 and 2 micro-batches, a spare.
+        rec = scenario(tmp, "dp4xpp2-uneven", ["--world", "8", "--pp", "2", "--micro-batches", "8"],
+                       "kill:rank=5:step=10", 6, "self")
+        final = of(rec, "generation")[-1]["plan"]["replica_micro_batches"]
+        if sorted(final) != [2, 3, 3]:
+            fail(f"dp4xpp2-uneven: expected replicas of 3, 3 and 2 micro-batches, got {final}")
         scenario(tmp, "pp2-kill", ["--world", "2", "--pp", "2", "--micro-batches", "4"], "kill:rank=1:step=12", 1,
                  "checkpoint")
         scenario(tmp, "dp2-zero1-kill", ["--world", "2", "--zero", "1"], "kill:rank=1:step=12", 1, "checkpoint")
