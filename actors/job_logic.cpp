@@ -41,16 +41,20 @@ const char* to_string(loss_cause c) {
   return "unknown";
 }
 
+bool checkpoint_due(int64_t step, int64_t total_steps, int every) {
+  return step == total_steps || (every > 0 && step % every == 0);
+}
+
+bool evaluation_due(int64_t step, int64_t total_steps, int every) {
+  return checkpoint_due(step, total_steps, every);
+}
+
 namespace {
 
 using nlohmann::json;
 
 double seconds_between(logic_time a, logic_time b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-bool checkpoint_due(int64_t step, int64_t last, int every) {
-  return step == last || (every > 0 && step % every == 0);
 }
 
 // The plan as events.jsonl shows it: the planner's figures, a readable name and ZeRO.
@@ -235,8 +239,8 @@ void job_logic::plan_generation(logic_time now, actions& out) {
     }
   }
   rebalanced_.reset();
-  restore_ = plan_restore(live, plans_, next, params_.cfg.model, params_.cfg.parallel.zero,
-                          committed_, checkpoint_step_);
+  restore_ =
+      plan_restore(live, plans_, next, params_.cfg.parallel.zero, committed_, checkpoint_step_);
   plan_ = next;
   plans_[generation_] = next;
   committed_ = restore_.start_step;
@@ -443,7 +447,7 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   commit c{generation_,
            step,
            checkpoint_due(step, last, cfg.checkpoint_every),
-           checkpoint_due(step, last, cfg.eval_every),
+           evaluation_due(step, last, cfg.eval_every),
            0.0,
            grow};
   for (const auto& m : members_) {

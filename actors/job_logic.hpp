@@ -31,6 +31,11 @@ const char* to_string(job_state s);
 enum class loss_cause : uint8_t { exit, connection, hang, straggler, error };
 const char* to_string(loss_cause c);
 
+/// Whether step `step` writes a checkpoint (or evaluates): every `every` steps (0 = never),
+/// and always at the session's last step.
+bool checkpoint_due(int64_t step, int64_t total_steps, int every);
+bool evaluation_due(int64_t step, int64_t total_steps, int every);
+
 /// What the job supervisor is started with.
 struct job_params {
   train_config cfg;

@@ -17,16 +17,6 @@
 
 namespace troupe::actors {
 
-bool checkpoint_due(int64_t step, int64_t total_steps, int every) {
-  if (step == total_steps) return true;  // the last step is always kept
-  return every > 0 && step % every == 0;
-}
-
-bool evaluation_due(int64_t step, int64_t total_steps, int every) {
-  if (step == total_steps) return true;
-  return every > 0 && step % every == 0;
-}
-
 namespace {
 
 using nlohmann::json;
@@ -263,6 +253,14 @@ void run(self_ptr self, actions todo) {
   }
 }
 
+// An injected fault as events.jsonl shows it: the spec's fields and the processes it hit.
+json fault_event(const chaos::fault& f, const std::vector<int32_t>& pids) {
+  json e = json::parse(chaos::to_json(f));
+  e["event"] = "fault";
+  e["pids"] = pids;
+  return e;
+}
+
 // Fires the injected faults whose step is about to begin: real signals to real processes.
 void inject_faults(self_ptr self) {
   auto& st = self->state;
@@ -273,12 +271,7 @@ void inject_faults(self_ptr self) {
     if (f.kind == chaos::fault_action::slow) continue;  // the rank slows itself down
     if (f.target == chaos::fault_target::coordinator) {
       // The coordinator dies here, as if its machine did: every member must notice.
-      emit(self, {{"event", "fault"},
-                  {"what", "kill"},
-                  {"target", "coordinator"},
-                  {"step", f.step},
-                  {"pids", {getpid()}},
-                  {"spec", f.spec}});
+      emit(self, fault_event(f, {getpid()}));
       ::kill(getpid(), SIGKILL);
     }
     std::vector<int32_t> pids;
@@ -296,13 +289,7 @@ void inject_faults(self_ptr self) {
     const int sig = f.kind == chaos::fault_action::kill ? SIGKILL : SIGSTOP;
     for (int32_t pid : pids)
       if (pid > 0) ::kill(pid, sig);
-    emit(self, {{"event", "fault"},
-                {"what", f.kind == chaos::fault_action::kill ? "kill" : "stop"},
-                {"target", f.target == chaos::fault_target::rank ? "rank" : "node"},
-                {"id", f.id},
-                {"step", f.step},
-                {"pids", pids},
-                {"spec", f.spec}});
+    emit(self, fault_event(f, pids));
     if (f.kind == chaos::fault_action::stop && f.duration.count() > 0)
       for (int32_t pid : pids) self->delayed_send(self, f.duration, resume_atom::value, pid);
   }

@@ -41,10 +41,6 @@ struct job_setup {
   std::vector<chaos::fault> faults;     ///< injected when their step begins (same machine)
 };
 
-/// Pure decisions of the step protocol, tested without actors.
-bool checkpoint_due(int64_t step, int64_t total_steps, int every);
-bool evaluation_due(int64_t step, int64_t total_steps, int every);
-
 /// Spawns the job supervisor. It stops itself after delivering the job_result.
 caf::actor spawn_job_supervisor(caf::actor_system& sys, job_setup setup);
 

@@ -24,9 +24,8 @@ state_key key_of(const strategies::layout_plan& p, int rank, int zero) {
 
 restore_plan plan_restore(const std::vector<member_info>& live,
                           const std::map<uint64_t, strategies::layout_plan>& plans,
-                          const strategies::layout_plan& next, const model_config& model, int zero,
-                          int64_t committed, int64_t checkpoint_step) {
-  (void)model;
+                          const strategies::layout_plan& next, int zero, int64_t committed,
+                          int64_t checkpoint_step) {
   const int world = next.shape.world();
   restore_plan out;
   out.member_of_rank.assign(world, -1);

@@ -50,7 +50,7 @@ struct restore_plan {
 /// there. `plans` holds the plan of every generation a member may hold state from. Pure.
 restore_plan plan_restore(const std::vector<member_info>& live,
                           const std::map<uint64_t, strategies::layout_plan>& plans,
-                          const strategies::layout_plan& next, const model_config& model, int zero,
-                          int64_t committed, int64_t checkpoint_step);
+                          const strategies::layout_plan& next, int zero, int64_t committed,
+                          int64_t checkpoint_step);
 
 }  // namespace troupe::actors

@@ -580,12 +580,12 @@ TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
   const auto& next = strategies::plan_of(next_result);
   EXPECT_EQ(next.shape.pp, 2);
   EXPECT_EQ(next.shape.dp, 1);
-  auto rp = plan_restore(live, plans, next, cfg.model, 0, 9, 5);
+  auto rp = plan_restore(live, plans, next, 0, 9, 5);
   EXPECT_EQ(rp.start_step, 9);
   for (size_t r = 0; r < rp.source.size(); ++r) EXPECT_EQ(rp.source[r], state_source::self);
   // ZeRO-1 shards depend on the dp size: a shrink must go back to the checkpoint.
   auto zero_plan = plans;
-  auto rz = plan_restore(live, zero_plan, next, cfg.model, 1, 9, 5);
+  auto rz = plan_restore(live, zero_plan, next, 1, 9, 5);
   EXPECT_EQ(rz.start_step, 5);
   for (auto s : rz.source) EXPECT_EQ(s, state_source::checkpoint);
 }
