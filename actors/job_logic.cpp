@@ -202,7 +202,14 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   pending_ = votes{};
   pending_failure_.clear();
   failure_reports_.clear();
-  ckpt_step_ = -1;
+  for (const auto& [step, c] : collecting_) {
+    (void)c;
+    out.push_back(emit_event{{{"event", "checkpoint_failed"},
+                              {"step", step},
+                              {"error", "abandoned: the generation ended before every rank "
+                                        "reported its share; the previous checkpoint stays"}}});
+  }
+  collecting_.clear();
   eval_step_ = -1;
   restored_.clear();
   for (auto& m : members_) {
@@ -359,12 +366,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
     commit c{generation_, committed_, checkpoint_step_ != committed_, false, 0.0};
     for (const auto& x : members_)
       if (x.live && x.rank >= 0) out.push_back(send_commit{x.id, c});
-    if (c.checkpoint) {
-      ckpt_step_ = committed_;
-      shards_.assign(static_cast<size_t>(world()), {});
-      shards_in_ = 0;
-      ckpt_ok_ = true;
-    }
+    if (c.checkpoint) start_collecting(committed_);
     maybe_finish(out);
   }
   return out;
@@ -455,12 +457,7 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
     out.push_back(send_commit{m.id, c});
   }
-  if (c.checkpoint) {
-    ckpt_step_ = step;
-    shards_.assign(static_cast<size_t>(w), {});
-    shards_in_ = 0;
-    ckpt_ok_ = true;
-  }
+  if (c.checkpoint) start_collecting(step);
   if (c.evaluate) {
     eval_step_ = step;
     eval_sum_ = 0;
@@ -562,40 +559,89 @@ bool job_logic::grow_wanted() const {
   return strategies::has_plan(planned) && strategies::plan_of(planned).shape.world() > world();
 }
 
+void job_logic::start_collecting(int64_t step) {
+  collection c;
+  c.commit.step = step;
+  c.commit.world = world();
+  c.reported.assign(static_cast<size_t>(world()), false);
+  collecting_[step] = std::move(c);
+}
+
 actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
   (void)now;
   actions out;
-  if (w.generation != generation_ || w.step != ckpt_step_ || ckpt_step_ < 0 || w.rank < 0 ||
-      w.rank >= world()) {
+  const auto it = collecting_.find(w.step);
+  if (w.generation != generation_ || it == collecting_.end() || w.rank < 0 ||
+      w.rank >= world() || it->second.reported[static_cast<size_t>(w.rank)]) {
     stale("shard_written", member_of_rank(w.rank), w.generation, out);
     return out;
   }
-  if (!w.ok) {
-    ckpt_ok_ = false;
-    out.push_back(emit_event{
-        {{"event", "checkpoint_failed"}, {"step", w.step}, {"rank", w.rank}, {"error", w.error}}});
-  } else {
-    shards_[static_cast<size_t>(w.rank)] =
-        ckpt::shard_entry{w.rank, w.file, w.bytes, w.hash, {w.offset, w.count}};
+  collection& c = it->second;
+  c.reported[static_cast<size_t>(w.rank)] = true;
+  ++c.in;
+  std::string error = w.error;
+  if (w.ok) {
+    try {
+      auto pieces = ckpt::decode_pieces(w.pieces_json);
+      c.commit.pieces.insert(c.commit.pieces.end(), std::make_move_iterator(pieces.begin()),
+                             std::make_move_iterator(pieces.end()));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    if (error.empty() && c.in > 1 && w.adam_t != c.commit.adam_t)
+      error = "rank " + std::to_string(w.rank) + " is at optimizer step " +
+              std::to_string(w.adam_t) + ", another rank at " + std::to_string(c.commit.adam_t);
+    c.commit.adam_t = w.adam_t;
+    c.commit.bytes_written += w.bytes_written;
+    c.commit.bytes_deduplicated += w.bytes_deduplicated;
+    c.commit.stall_s = std::max(c.commit.stall_s, w.stall_s);
+    c.commit.write_s = std::max(c.commit.write_s, w.write_s);
   }
-  if (++shards_in_ < world()) return out;
-  const int64_t step = ckpt_step_;
-  ckpt_step_ = -1;
-  if (ckpt_ok_)
-    out.push_back(commit_checkpoint{step, world(), shards_});
-  else
+  c.commit.snapshot_buffer_bytes += w.buffer_bytes;
+  if (w.skipped) {
+    c.skipped = true;
+  } else if (!w.ok || !error.empty()) {
+    if (c.ok) c.error = "rank " + std::to_string(w.rank) + ": " + error;
+    c.ok = false;
+    ++c.failed;
+  }
+  if (c.in < c.commit.world) return out;
+  collection done = std::move(c);
+  collecting_.erase(it);
+  if (done.ok && !done.skipped) {
+    out.push_back(std::move(done.commit));
+  } else {
+    if (!done.ok)
+      out.push_back(emit_event{{{"event", "checkpoint_failed"},
+                                {"step", w.step},
+                                {"ranks_failed", done.failed},
+                                {"error", done.error}}});
+    if (done.skipped && done.ok)
+      out.push_back(emit_event{{{"event", "checkpoint_skipped"},
+                                {"step", w.step},
+                                {"reason", "a rank was still writing the previous checkpoint "
+                                           "(checkpoint_overlap skip)"}}});
     maybe_finish(out);
+  }
   return out;
 }
 
-actions job_logic::on_checkpoint_committed(int64_t step, const std::string& path,
+actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std::string& path,
                                            const std::string& error) {
   actions out;
+  const int64_t step = c.step;
   if (error.empty()) {
     checkpoint_step_ = std::max(checkpoint_step_, step);
     checkpoint_path_ = path;
-    out.push_back(emit_event{
-        {{"event", "checkpoint"}, {"step", step}, {"path", path}, {"generation", generation_}}});
+    out.push_back(emit_event{{{"event", "checkpoint"},
+                              {"step", step},
+                              {"path", path},
+                              {"generation", generation_},
+                              {"bytes_written", c.bytes_written},
+                              {"bytes_deduplicated", c.bytes_deduplicated},
+                              {"stall_s", c.stall_s},
+                              {"write_s", c.write_s},
+                              {"snapshot_buffer_bytes", c.snapshot_buffer_bytes}}});
   } else {
     out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
   }
@@ -756,7 +802,7 @@ actions job_logic::on_shutdown() {
 }
 
 void job_logic::maybe_finish(actions& out) {
-  if (!finishing_ || ckpt_step_ >= 0 || eval_step_ >= 0 || ended_ || state_ != job_state::training)
+  if (!finishing_ || !collecting_.empty() || eval_step_ >= 0 || ended_ || state_ != job_state::training)
     return;
   const auto& cfg = params_.cfg;
   finish(0,

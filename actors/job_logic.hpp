@@ -70,12 +70,18 @@ struct send_stop {
 struct emit_event {
   nlohmann::json event;
 };
-/// Write the manifest of a checkpoint whose shards are all durable; answer with
+/// Write the manifest of a checkpoint whose pieces are all durable; answer with
 /// on_checkpoint_committed.
 struct commit_checkpoint {
-  int64_t step;
-  int world;
-  std::vector<ckpt::shard_entry> shards;
+  int64_t step = 0;
+  int world = 0;
+  std::vector<ckpt::saved_piece> pieces;
+  int64_t adam_t = 0;
+  uint64_t bytes_written = 0;       ///< summed over the ranks
+  uint64_t bytes_deduplicated = 0;  ///< summed over the ranks
+  double stall_s = 0;               ///< the longest stall of a rank
+  double write_s = 0;               ///< the longest background write of a rank
+  uint64_t snapshot_buffer_bytes = 0;  ///< the ranks' snapshot buffers, summed
 };
 struct finish_job {
   int exit_code;
@@ -94,7 +100,8 @@ class job_logic {
   actions on_member_joined(const hello& h, logic_time now, welcome& answer);
   actions on_vote(const step_done& vote, logic_time now);
   actions on_shard_written(const shard_written& w, logic_time now);
-  actions on_checkpoint_committed(int64_t step, const std::string& path, const std::string& error);
+  actions on_checkpoint_committed(const commit_checkpoint& c, const std::string& path,
+                                  const std::string& error);
   actions on_eval_done(const eval_done& e, logic_time now);
   actions on_member_lost(int32_t member, loss_cause cause, const std::string& why, logic_time now);
   actions on_state_report(const state_report& r, logic_time now);
@@ -118,6 +125,9 @@ class job_logic {
   /// Messages of an older generation that were dropped.
   uint64_t stale_messages() const { return stale_; }
   int64_t last_checkpoint_step() const { return checkpoint_step_; }
+  /// Whether some rank may still be writing chunks of a checkpoint this job asked for (then
+  /// no chunk may be garbage-collected).
+  bool checkpoints_in_flight() const { return !collecting_.empty(); }
   const std::string& last_checkpoint_path() const { return checkpoint_path_; }
   double last_loss() const { return last_loss_; }
   double last_val_loss() const { return last_val_; }
@@ -155,11 +165,19 @@ class job_logic {
   std::vector<member_info> members_;
   int64_t committed_ = 0;
   votes pending_;
-  // checkpoint being collected (of the current generation)
-  int64_t ckpt_step_ = -1;
-  std::vector<ckpt::shard_entry> shards_;
-  int shards_in_ = 0;
-  bool ckpt_ok_ = true;
+  // checkpoints being collected (of the current generation), by step: with asynchronous
+  // writes the next one may be asked for before the last has every report
+  struct collection {
+    commit_checkpoint commit;
+    std::vector<bool> reported;  // by rank
+    int in = 0;
+    bool ok = true;
+    bool skipped = false;
+    std::string error;  // the first rank's
+    int failed = 0;
+  };
+  std::map<int64_t, collection> collecting_;
+  void start_collecting(int64_t step);
   int64_t checkpoint_step_ = -1;
   std::string checkpoint_path_;
   // validation being collected

@@ -13,6 +13,8 @@
 
 #include "actors/expert_group.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "strategies/mesh.hpp"
+#include "strategies/state_layout.hpp"
 #include "monitoring/log.hpp"
 
 namespace troupe::actors {
@@ -44,6 +46,13 @@ struct job_metrics {
   monitoring::gauge_family* straggler_score;
   monitoring::histogram* step_seconds;
   monitoring::histogram* recovery_seconds;
+  monitoring::histogram* ckpt_stall;
+  monitoring::histogram* ckpt_write;
+  monitoring::counter* ckpt_bytes_written;
+  monitoring::counter* ckpt_bytes_deduplicated;
+  monitoring::counter* ckpt_failures;
+  monitoring::gauge* ckpt_last_step;
+  monitoring::gauge* ckpt_snapshot_bytes;
 
   explicit job_metrics(monitoring::metrics_registry& r)
       : steps(&r.add_counter("troupe_steps_total", "Training steps committed")),
@@ -81,7 +90,24 @@ struct job_metrics {
         recovery_seconds(
             &r.add_histogram("troupe_recovery_seconds",
                              "From the failure's detection to the new generation training",
-                             monitoring::exponential_buckets(0.01, 2, 14))) {}
+                             monitoring::exponential_buckets(0.01, 2, 14))),
+        ckpt_stall(&r.add_histogram("troupe_checkpoint_stall_seconds",
+                                    "Training held per checkpoint (the slowest rank's snapshot)",
+                                    monitoring::exponential_buckets(0.0001, 2, 18))),
+        ckpt_write(&r.add_histogram("troupe_checkpoint_write_seconds",
+                                    "Background write of a checkpoint (the slowest rank's)",
+                                    monitoring::exponential_buckets(0.001, 2, 16))),
+        ckpt_bytes_written(&r.add_counter("troupe_checkpoint_bytes_written_total",
+                                          "Checkpoint chunk bytes written to storage")),
+        ckpt_bytes_deduplicated(
+            &r.add_counter("troupe_checkpoint_bytes_deduplicated_total",
+                           "Checkpoint chunk bytes already stored, so not written again")),
+        ckpt_failures(&r.add_counter("troupe_checkpoint_failures_total",
+                                     "Checkpoints that failed to save or commit")),
+        ckpt_last_step(&r.add_gauge("troupe_checkpoint_last_committed_step",
+                                    "Step of the newest committed checkpoint")),
+        ckpt_snapshot_bytes(&r.add_gauge("troupe_checkpoint_snapshot_buffer_bytes",
+                                         "Memory held by the ranks' snapshot buffers, summed")) {}
 
   void observe(const json& e) {
     const std::string what = e.value("event", "");
@@ -113,6 +139,14 @@ struct job_metrics {
       stale->inc();
     } else if (what == "checkpoint") {
       checkpoints->inc();
+      ckpt_stall->observe(e.value("stall_s", 0.0));
+      ckpt_write->observe(e.value("write_s", 0.0));
+      ckpt_bytes_written->inc(e.value("bytes_written", 0.0));
+      ckpt_bytes_deduplicated->inc(e.value("bytes_deduplicated", 0.0));
+      ckpt_last_step->set(e.value("step", 0.0));
+      ckpt_snapshot_bytes->set(e.value("snapshot_buffer_bytes", 0.0));
+    } else if (what == "checkpoint_failed") {
+      ckpt_failures->inc();
     } else if (what == "validation") {
       val_loss->set(e.value("val_loss", 0.0));
     }
@@ -196,25 +230,56 @@ void send_result(self_ptr self, const finish_job& f) {
   self->send(st.setup.listener, result_atom::value, res);
 }
 
+// Removes what retention no longer keeps, between checkpoints (never while a rank may be
+// writing chunks a coming manifest will name).
+void collect_checkpoint_garbage(self_ptr self) {
+  auto& st = self->state;
+  const auto& cfg = st.setup.cfg;
+  if (st.logic->checkpoints_in_flight()) return;
+  try {
+    const ckpt::gc_result gc = ckpt::collect_garbage(
+        cfg.run_dir,
+        {static_cast<size_t>(cfg.keep_last), static_cast<int64_t>(cfg.keep_every)},
+        std::chrono::minutes(10));
+    if (!gc.removed_steps.empty() || gc.chunks_removed > 0)
+      emit(self, {{"event", "checkpoint_gc"},
+                  {"removed_steps", gc.removed_steps},
+                  {"chunks_removed", gc.chunks_removed},
+                  {"chunks_kept", gc.chunks_kept},
+                  {"bytes_freed", gc.bytes_freed}});
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::warn, ctx(self),
+                    std::string("checkpoint retention skipped: ") + e.what());
+  }
+}
+
 void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   auto& st = self->state;
   const auto& cfg = st.setup.cfg;
   std::string error, path;
   try {
     ckpt::manifest m;
+    m.format_version = ckpt::format_version;
     m.step = c.step;
     m.world = c.world;
     m.seed = cfg.seed;
     m.config_json = to_json(cfg);
-    m.shards = c.shards;
-    for (const auto& s : c.shards) m.global_numel += s.range.count;
+    for (const auto& t : strategies::tensor_table(cfg.model)) {
+      m.tensors.push_back({t.name, t.shape, t.offset});
+      m.global_numel += ckpt::as_matrix(t.shape).first * ckpt::as_matrix(t.shape).second;
+    }
+    m.adam_t = c.adam_t;
+    m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
+    m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
+    m.pieces = c.pieces;
     ckpt::commit_manifest(cfg.run_dir, m);
     path = step_dir(cfg.run_dir, c.step);
   } catch (const std::exception& e) {
     error = e.what();
     monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
   }
-  run(self, st.logic->on_checkpoint_committed(c.step, path, error));
+  run(self, st.logic->on_checkpoint_committed(c, path, error));
+  if (error.empty()) collect_checkpoint_garbage(self);
 }
 
 // Carries out the logic's actions, in order.

@@ -15,7 +15,7 @@ namespace troupe::actors {
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
 /// receiving empty messages.
-constexpr int32_t protocol_version = 7;
+constexpr int32_t protocol_version = 8;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;  // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -165,18 +165,21 @@ struct abort_generation {
   bool final = false;  ///< the job is ending: exit instead of reporting
 };
 
-/// A rank's shard of a checkpoint is durable on disk.
+/// A rank's share of a checkpoint is durable on disk (or was skipped, or failed).
 struct shard_written {
   uint64_t generation = 0;
   int64_t step = 0;
   int32_t rank = 0;
   bool ok = true;
+  bool skipped = false;     ///< a write was still in flight (checkpoint_overlap = skip)
   std::string error;
-  std::string file;
-  uint64_t bytes = 0;
-  std::string hash;
-  uint64_t offset = 0;
-  uint64_t count = 0;
+  std::string pieces_json;  ///< ckpt::encode_pieces: the boxes written and their chunks
+  int64_t adam_t = 0;
+  uint64_t bytes_written = 0;
+  uint64_t bytes_deduplicated = 0;
+  double stall_s = 0;       ///< training held for the snapshot
+  double write_s = 0;       ///< the background write
+  uint64_t buffer_bytes = 0;  ///< memory the rank's snapshot buffer holds
 };
 
 /// A rank's part of a validation estimate.
@@ -291,7 +294,8 @@ typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
   return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok,
-           x.error, x.file, x.bytes, x.hash, x.offset, x.count);
+           x.skipped, x.error, x.pieces_json, x.adam_t, x.bytes_written, x.bytes_deduplicated,
+           x.stall_s, x.write_s, x.buffer_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {

@@ -22,6 +22,7 @@
 #include "actors/worker_control.hpp"
 #include "chaos/fault_spec.hpp"
 #include "chaos/faulty_communicator.hpp"
+#include "checkpoint/async_checkpointer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/comm/host_communicator.hpp"
@@ -87,6 +88,9 @@ struct worker {
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;
   uint64_t newest_generation = 0;  // the newest generation any message named
+  // Persists snapshots in the background; made at the first checkpoint, kept (with its
+  // snapshot buffer) across generations. Declared last: it finishes its write first.
+  std::unique_ptr<ckpt::async_checkpointer> checkpointer;
   monitoring::log_context log_ctx() const {
     return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
   }
@@ -188,23 +192,70 @@ loop_result await_decision(worker& w) {
   }
 }
 
-shard_written write_checkpoint_shard(worker& w, int64_t step) {
+// The report of a finished background write, sent from the writer's thread.
+shard_written report_of(const ckpt::write_outcome& o, bool synchronous) {
   shard_written out;
-  out.generation = w.current.generation;
-  out.step = step;
-  out.rank = w.current.rank;
-  try {
-    auto entry = ckpt::write_shard(w.cfg.run_dir, w.current.engine->checkpoint_shard(step));
-    out.file = entry.file;
-    out.bytes = entry.bytes;
-    out.hash = entry.hash;
-    out.offset = entry.range.offset;
-    out.count = entry.range.count;
-  } catch (const std::exception& e) {
+  out.generation = o.meta.generation;
+  out.step = o.meta.step;
+  out.rank = o.meta.rank;
+  out.adam_t = o.meta.adam_t;
+  out.stall_s = o.stall_s;
+  if (!o.report) {
     out.ok = false;
-    out.error = e.what();
+    out.error = o.error;
+    return out;
   }
+  out.pieces_json = ckpt::encode_pieces(o.report->pieces);
+  out.bytes_written = o.report->bytes_written;
+  out.bytes_deduplicated = o.report->bytes_deduplicated;
+  out.write_s = o.report->write_s;
+  if (synchronous) out.stall_s += o.report->write_s;  // the step waited for the write too
+  out.buffer_bytes = o.buffer_bytes;
   return out;
+}
+
+// Takes this rank's snapshot of committed step `step`: the copy holds training, the write
+// runs in the background (or here, with checkpoint_async off) and reports when durable.
+void take_checkpoint(worker& w, int64_t step) {
+  const bool synchronous = !w.cfg.checkpoint_async;
+  if (!w.checkpointer) {
+    const caf::actor coordinator = w.coordinator;
+    w.checkpointer = std::make_unique<ckpt::async_checkpointer>(
+        ckpt::make_fs_shard_writer(w.cfg.run_dir,
+                                   static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024),
+        *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
+        [coordinator, synchronous](ckpt::write_outcome o) {
+          caf::anon_send(coordinator, report_of(o, synchronous));
+        });
+  }
+  strategies::local_state state = w.current.engine->state();
+  std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
+  const ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step,
+                                 *state.adam_t};
+  try {
+    const ckpt::snapshot_outcome taken =
+        w.checkpointer->take(w.current.engine->state_map(), buffers, meta);
+    if (!taken.taken) {
+      shard_written skipped;
+      skipped.generation = meta.generation;
+      skipped.step = step;
+      skipped.rank = meta.rank;
+      skipped.ok = false;
+      skipped.skipped = true;
+      skipped.error = "the previous checkpoint was still being written (checkpoint_overlap skip)";
+      w.self->send(w.coordinator, skipped);
+      return;
+    }
+    if (synchronous) w.checkpointer->wait_idle();
+  } catch (const std::exception& e) {
+    shard_written failed;
+    failed.generation = meta.generation;
+    failed.step = step;
+    failed.rank = meta.rank;
+    failed.ok = false;
+    failed.error = std::string("taking the snapshot failed: ") + e.what();
+    w.self->send(w.coordinator, failed);
+  }
 }
 
 // A pipeline stage's passes of this session, as a Chrome trace: runs/<job>/traces/rank<r>.json.
@@ -336,7 +387,7 @@ loop_result train(worker& w, int64_t start_step) {
     prev_control = seconds_between(t2, t3) - prev_peer_wait;
     prev_optim = seconds_between(t3, t4);
     if (step == session_last_step(w.cfg)) write_pipeline_trace(w);
-    if (c.checkpoint) w.self->send(w.coordinator, write_checkpoint_shard(w, step));
+    if (c.checkpoint) take_checkpoint(w, step);
     if (c.evaluate) {
       try {
         auto share = engine.evaluate(*w.data);
@@ -371,7 +422,7 @@ loop_result await_stop(worker& w) {
         [&](const commit& c) {
           // A generation formed after the last step writes the final checkpoint.
           if (c.generation == w.current.generation && c.checkpoint && w.current.engine)
-            w.self->send(w.coordinator, write_checkpoint_shard(w, c.step));
+            take_checkpoint(w, c.step);
         },
         caf::after(left) >> [] {});
     if (end) return *end;
@@ -430,9 +481,18 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           break;
         case state_source::checkpoint: {
           auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
-          next.engine->init(w.cfg.seed);
-          next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
-          for (const auto& s : man.shards) out.bytes += s.bytes;
+          if (man.format_version >= 2) {
+            // Only the chunks of the boxes this rank holds in its new place, verified.
+            strategies::local_state state = next.engine->state();
+            out.bytes = ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(),
+                                           state.buffers)
+                            .bytes_read;
+            *state.adam_t = man.adam_t;
+          } else {  // format 1: one flat shard per rank of the writing world
+            next.engine->init(w.cfg.seed);
+            next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
+            for (const auto& s : man.shards) out.bytes += s.bytes;
+          }
           break;
         }
         case state_source::self:

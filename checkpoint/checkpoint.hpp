@@ -13,6 +13,7 @@
 // directory fsync'ed, so a crash at any point leaves either the old or the new file and
 // never a torn one; until LATEST names a step, that step does not exist for a restore.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -23,10 +24,15 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/shard_writer.hpp"
+
 namespace troupe::ckpt {
 
-/// The newest on-disk format this build writes and reads (shard headers and manifests).
-inline constexpr int format_version = 1;
+/// The newest manifest format this build writes and reads. Version 2 (chunked, per-box)
+/// is what ranks write; version 1 (one flat shard file per rank) still loads.
+inline constexpr int format_version = 2;
+/// The format of version 1 shard files and manifests (write_shard, load_full_state).
+inline constexpr int shard_format_version = 1;
 
 /// A contiguous slice [offset, offset + count) of the global flat state.
 struct shard_range {
@@ -81,8 +87,13 @@ struct manifest {
   size_t global_numel = 0;
   uint64_t seed = 0;
   std::string config_json;            ///< the job config, verbatim
-  std::vector<tensor_entry> tensors;  ///< optional; passed in by the caller
-  std::vector<shard_entry> shards;    ///< one per rank; their ranges tile [0, global_numel)
+  std::vector<tensor_entry> tensors;  ///< version 1: optional; version 2: every tensor
+  std::vector<shard_entry> shards;    ///< version 1: one per rank, tiling [0, global_numel)
+  // version 2
+  int64_t adam_t = 0;                ///< AdamW's step count (every rank agrees)
+  uint64_t chunk_floats = 0;         ///< floats per chunk of a piece
+  std::string layout;                ///< the layout that wrote it, for people
+  std::vector<saved_piece> pieces;   ///< per array and tensor, boxes tiling the tensor
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 
@@ -153,8 +164,28 @@ struct full_state {
 
 /// Reads every shard of `m`, verifies size, header (magic, version, byte order, rank,
 /// world, step) and every body byte against its hash, and assembles the full state.
-/// Independent of the world size that will use it.
+/// Independent of the world size that will use it. Reads both formats.
 full_state load_full_state(const std::string& run_dir, const manifest& m);
+
+/// What a restore read.
+struct restore_stats {
+  uint64_t bytes_read = 0;
+  size_t chunks_read = 0;
+};
+
+/// Fills `buffers` (array_names order) at every piece of `map` from the format 2 checkpoint
+/// `m`, reading and verifying only the chunks that overlap those pieces: any layout restores
+/// from any other. Throws checkpoint_error naming the chunk file and tensor on damage.
+restore_stats restore_into(const std::string& run_dir, const manifest& m, const state_map& map,
+                           std::span<const std::span<float>> buffers);
+
+/// A rank's written pieces as compact JSON, for the message that reports them.
+std::string encode_pieces(const std::vector<saved_piece>& pieces);
+/// Parses what encode_pieces wrote; throws checkpoint_error (corrupt) on anything else.
+std::vector<saved_piece> decode_pieces(std::string_view json);
+
+/// The state map of the single-rank model that `m` describes (every tensor whole).
+state_map full_state_map(const manifest& m);
 
 /// Re-slices a checkpoint for `rank` of a new `world`: reads (and verifies) only the
 /// shards that overlap that rank's owned_range. The result can be written again as is.
@@ -175,5 +206,40 @@ void require_compatible(const manifest& m, std::string_view config_json, size_t 
 /// removed first, so a crash midway leaves at worst an uncommitted directory. Returns
 /// the steps removed.
 std::vector<int64_t> prune_checkpoints(const std::string& run_dir, size_t keep_last);
+
+/// Which committed checkpoints retention keeps: the newest keep_last (0 = all of them), every
+/// step that is a multiple of keep_every (0 = none), and always the one LATEST names.
+struct retention_policy {
+  size_t keep_last = 0;
+  int64_t keep_every = 0;
+};
+
+/// What a garbage collection did.
+struct gc_result {
+  std::vector<int64_t> removed_steps;
+  size_t chunks_kept = 0;
+  size_t chunks_removed = 0;
+  uint64_t bytes_freed = 0;
+  size_t temp_files_removed = 0;
+};
+
+/// Applies `policy` (manifests removed first, durably) and then deletes every chunk that no
+/// remaining committed manifest references, plus chunk temporary files older than
+/// `temp_grace` (those of a writer that died). Chunks a writer is adding right now are not
+/// referenced yet: call this only when no checkpoint of the run is being written (the
+/// coordinator does so between checkpoints; `troupe ckpt gc` refuses while a job holds the
+/// run's lock). Throws checkpoint_error, deleting nothing, when a manifest cannot be read.
+gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
+                          std::chrono::seconds temp_grace);
+
+/// One damaged object found by verify_checkpoint.
+struct problem {
+  std::string path;     ///< the file at fault
+  std::string message;  ///< what is wrong with it and which tensors it holds
+};
+
+/// Reads back every object of committed checkpoint `step` (manifest, and every chunk or shard
+/// with its hash) and lists each damaged one; empty when the checkpoint is intact.
+std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step);
 
 }  // namespace troupe::ckpt

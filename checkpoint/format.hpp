@@ -66,7 +66,7 @@ inline constexpr uint64_t header_hash_seed = 0x5452504844520001ULL;
 ///  56 header_hash u64 (trp64 of bytes 0..55)
 struct shard_header {
   std::array<char, 8> magic_bytes = magic;
-  uint32_t format_version = static_cast<uint32_t>(ckpt::format_version);
+  uint32_t format_version = static_cast<uint32_t>(ckpt::shard_format_version);
   uint32_t byte_order = 0;  ///< as read back little endian; byte_order_tag if the writer was LE
   uint32_t header_size = static_cast<uint32_t>(header_bytes);
   uint32_t flags = 0;  ///< reserved for later formats (compression, chunked bodies)

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.hpp"
+#include "runtime/balanced_split.hpp"
 
 namespace troupe::ckpt {
 
@@ -14,11 +15,9 @@ shard_range owned_range(size_t global_numel, int rank, int world) {
                                " is not in a world of " + std::to_string(world) +
                                "; this is a bug in the caller.");
   }
-  const auto w = static_cast<size_t>(world);
-  const auto r = static_cast<size_t>(rank);
-  const size_t base = global_numel / w;
-  const size_t extra = global_numel % w;  // the first `extra` ranks take one more
-  return {r * base + std::min(r, extra), base + (r < extra ? 1 : 0)};
+  const balanced_run run =
+      balanced_part(global_numel, static_cast<size_t>(world), static_cast<size_t>(rank));
+  return {run.offset, run.count};
 }
 
 shard_state slice_state(const full_state& full, int rank, int world) {

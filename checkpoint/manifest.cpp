@@ -14,6 +14,7 @@
 // in file order) of the document without that key. Any edit, by a disk or a person, shows.
 
 #include "checkpoint/manifest.hpp"
+#include "checkpoint/manifest_fields.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -31,78 +32,10 @@ using nlohmann::json;
 
 namespace manifest_json {
 
-namespace {
-
-// Key order matters for the seal, so the manifest is handled as an ordered document.
-using doc_json = nlohmann::ordered_json;
-
-constexpr const char* seal_key = "manifest_hash";
-
-/// The seal of `doc`, which must not contain seal_key.
-std::string seal_of(const doc_json& doc) {
-  const std::string compact = doc.dump();
-  return hash_to_hex(hash64(compact.data(), compact.size()));
-}
-
-/// A malformed field is reported by its JSON path; nlohmann's own message is too vague.
-[[noreturn]] void bad_field(const fs::path& where, const std::string& field,
-                            const std::string& what) {
-  io::fail(error_kind::corrupt, where,
-           "manifest field \"" + field + "\" " + what +
-               ". The manifest is damaged or was edited by hand; restore it from a copy or "
-               "restore from an earlier checkpoint.");
-}
-
-const doc_json& field(const doc_json& obj, const char* key, const fs::path& where,
-                      const std::string& context) {
-  const auto it = obj.find(key);
-  if (it == obj.end()) bad_field(where, context + key, "is missing");
-  return *it;
-}
-
-uint64_t get_uint(const doc_json& obj, const char* key, const fs::path& where,
-                  const std::string& context = "") {
-  const doc_json& v = field(obj, key, where, context);
-  if (!v.is_number_unsigned()) bad_field(where, context + key, "is not a non-negative integer");
-  return v.get<uint64_t>();
-}
-
-int64_t get_int(const doc_json& obj, const char* key, const fs::path& where, int64_t max_value,
-                const std::string& context = "") {
-  const uint64_t v = get_uint(obj, key, where, context);
-  if (v > static_cast<uint64_t>(max_value)) bad_field(where, context + key, "is out of range");
-  return static_cast<int64_t>(v);
-}
-
-std::string get_string(const doc_json& obj, const char* key, const fs::path& where,
-                       const std::string& context = "") {
-  const doc_json& v = field(obj, key, where, context);
-  if (!v.is_string()) bad_field(where, context + key, "is not a string");
-  return v.get<std::string>();
-}
-
-const doc_json& get_array(const doc_json& obj, const char* key, const fs::path& where) {
-  const doc_json& v = field(obj, key, where, "");
-  if (!v.is_array()) bad_field(where, key, "is not an array");
-  return v;
-}
-
-[[noreturn]] void broken(const fs::path& where, error_kind kind, const std::string& rule) {
-  const std::string fix = kind == error_kind::invalid_argument
-                              ? " This is a bug in the caller that assembled the manifest."
-                              : " The manifest is damaged or was edited by hand; restore it "
-                                "from a copy or restore from an earlier checkpoint.";
-  io::fail(kind, where, "invalid manifest: " + rule + "." + fix);
-}
-
-bool is_plain_file_name(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
-}
-
-}  // namespace
+using namespace detail;
 
 std::string to_json(const manifest& m) {
+  if (m.format_version >= 2) return to_json_v2(m);
   doc_json tensors = doc_json::array();
   for (const tensor_entry& t : m.tensors) {
     tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
@@ -163,9 +96,11 @@ manifest from_json(std::string_view text, const fs::path& where) {
                  "): it was damaged or edited. Restore it from a copy or restore from an "
                  "earlier checkpoint.");
   }
-  if (get_string(doc, "hash_algorithm", where) != hash_algorithm_name) {
+  if (get_string(doc, "hash_algorithm", where) !=
+      (version == 1 ? hash_algorithm_name : chunk_hash_name)) {
     bad_field(where, "hash_algorithm", "names a hash this build does not know");
   }
+  if (version >= 2) return from_json_v2(doc, where);
 
   manifest m;
   m.format_version = static_cast<int>(version);
@@ -214,10 +149,14 @@ manifest from_json(std::string_view text, const fs::path& where) {
 }
 
 void validate(const manifest& m, const fs::path& where, error_kind kind) {
-  if (m.format_version != format_version) {
+  if (m.format_version == 2) {
+    validate_v2(m, where, kind);
+    return;
+  }
+  if (m.format_version != shard_format_version) {
     broken(where, kind,
            "format_version is " + std::to_string(m.format_version) + ", this build handles " +
-               std::to_string(format_version));
+               std::to_string(shard_format_version) + " and " + std::to_string(format_version));
   }
   if (m.step < 0) broken(where, kind, "step is negative");
   if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
@@ -270,6 +209,10 @@ void validate(const manifest& m, const fs::path& where, error_kind kind) {
                " elements");
   }
 
+  validate_tensors(m, where, kind);
+}
+
+void validate_tensors(const manifest& m, const fs::path& where, error_kind kind) {
   std::vector<std::pair<size_t, size_t>> spans;  // [offset, end) of each tensor
   std::vector<std::string> names;
   for (const tensor_entry& t : m.tensors) {

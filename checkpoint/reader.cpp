@@ -58,10 +58,10 @@ format::shard_body read_verified_shard(const fs::path& dir, const manifest& m,
              "its first bytes are damaged." +
                  std::string(restore_hint));
   }
-  if (h.format_version > static_cast<uint32_t>(format_version)) {
+  if (h.format_version > static_cast<uint32_t>(shard_format_version)) {
     io::fail(error_kind::unsupported_version, path,
              "has format_version " + std::to_string(h.format_version) +
-                 " but this build reads up to " + std::to_string(format_version) +
+                 " but this build reads up to " + std::to_string(shard_format_version) +
                  ". It was written by a newer troupe (or the header is damaged); restore with "
                  "the troupe that wrote it.");
   }
@@ -182,7 +182,10 @@ void check_same_adam_t(const fs::path& dir, const shard_entry& e, int64_t expect
 
 }  // namespace
 
+full_state load_full_state_v2(const std::string& run_dir, const manifest& m);  // restore.cpp
+
 full_state load_full_state(const std::string& run_dir, const manifest& m) {
+  if (m.format_version == 2) return load_full_state_v2(run_dir, m);
   manifest_json::validate(m, manifest_path_of(run_dir, m), error_kind::invalid_argument);
   const fs::path dir = format::step_dir(run_dir, m.step);
   full_state out;

@@ -5,7 +5,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdlib>
 #include <exception>
+#include <set>
 #include <ostream>
 #include <streambuf>
 #include <string>
@@ -247,13 +249,33 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
   const fs::path manifest_path = dir / format::manifest_name;
   manifest_json::validate(m, manifest_path, error_kind::invalid_argument);
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+  if (m.format_version >= 2) {
+    // Ranks reported their chunks durable; check each is there before naming it.
+    std::set<chunk_key> seen;
+    for (const saved_piece& p : m.pieces) {
+      for (const chunk_key& k : p.chunks) {
+        if (!seen.insert(k).second) continue;
+        const fs::path chunk = chunk_file::path_of(run_dir, k);
+        if (!fs::is_regular_file(chunk, ec)) {
+          io::fail(error_kind::missing, chunk,
+                   "is not on disk though rank " + std::to_string(p.rank) + " reported it for " +
+                       p.tensor + "; step " + std::to_string(m.step) +
+                       " is not committed and the previous checkpoint stays LATEST.");
+        }
+      }
+    }
+    io::make_dirs_durable(dir);
+  } else if (!fs::is_directory(dir, ec)) {
     io::fail(error_kind::missing, dir,
              "no shard of step " + std::to_string(m.step) +
                  " was written here, so it cannot be committed; the previous checkpoint stays "
                  "LATEST.");
   }
   for (const shard_entry& e : m.shards) check_reported_shard(dir, m, e);
+  if (m.format_version >= 2 && ::getenv("TROUPE_CHAOS_COMMIT_PAUSE_MS") != nullptr) {
+    // Crash-consistency tests kill the coordinator inside this window on purpose.
+    ::usleep(static_cast<useconds_t>(std::atoi(::getenv("TROUPE_CHAOS_COMMIT_PAUSE_MS")) * 1000));
+  }
 
   const std::string text = manifest_json::to_json(m);
   if (fs::exists(manifest_path, ec)) {

@@ -16,6 +16,11 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--metrics-port", "metrics_port"},
       {"--checkpoint-every", "checkpoint_every"},
       {"--exit-after-step", "exit_after_step"},
+      {"--checkpoint-overlap", "checkpoint_overlap"},
+      {"--checkpoint-chunk-kib", "checkpoint_chunk_kib"},
+      {"--keep-last", "keep_last"},
+      {"--keep-every", "keep_every"},
+      {"--freeze", "optim.freeze"},
       {"--batch", "batch"},
       {"--micro-batch", "micro_batch"},
       {"--lr", "optim.lr"},
@@ -153,6 +158,15 @@ const char* job_flags =
   --checkpoint-every K   checkpoint every K steps; 0 = only at the end (default 100)
   --exit-after-step N    stop cleanly after step N with a checkpoint (the schedule still
                          runs to --steps; --resume continues); 0 = off
+  --keep-last K          committed checkpoints kept; older ones and their unshared chunks
+                         are removed after each commit; 0 = keep all (default 3)
+  --keep-every N         also keep every checkpoint whose step is a multiple of N
+  --checkpoint-overlap wait|skip   a checkpoint due while the previous one is still being
+                         written waits for it, or is skipped (default wait)
+  --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024);
+                         --set checkpoint_async=false writes inside the step instead
+  --freeze PATTERN       parameters whose name matches (substring, '*' wildcard) are not
+                         trained; their checkpoint chunks are then shared, not rewritten
   --eval-every K         validation loss every K steps; 0 = only at the end (default 100)
   --zero 0|1             1 = ZeRO-1: optimizer state sharded over the data-parallel ranks
   --tp N, --pp N, --ep N tensor, pipeline and expert parallel sizes; dp is the rest of the

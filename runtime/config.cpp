@@ -166,6 +166,7 @@ const std::vector<field>& fields() {
       make_field("optim.beta2", &train_config::optim, &optim_config::beta2),
       make_field("optim.eps", &train_config::optim, &optim_config::eps),
       make_field("optim.grad_clip", &train_config::optim, &optim_config::grad_clip),
+      section_string_field("optim.freeze", &train_config::optim, &optim_config::freeze),
       make_field("world", &train_config::world),
       make_field("steps", &train_config::steps),
       make_field("batch", &train_config::batch),
@@ -179,6 +180,11 @@ const std::vector<field>& fields() {
       make_field("resume", &train_config::resume),
       make_field("checkpoint_every", &train_config::checkpoint_every),
       make_field("exit_after_step", &train_config::exit_after_step),
+      make_field("checkpoint_async", &train_config::checkpoint_async),
+      string_field("checkpoint_overlap", &train_config::checkpoint_overlap),
+      make_field("checkpoint_chunk_kib", &train_config::checkpoint_chunk_kib),
+      make_field("keep_last", &train_config::keep_last),
+      make_field("keep_every", &train_config::keep_every),
       make_field("metrics_port", &train_config::metrics_port),
       string_field("metrics_host", &train_config::metrics_host),
       make_field("blas_threads", &train_config::blas_threads),
@@ -284,6 +290,14 @@ void validate(const train_config& c) {
   require(c.eval_batches >= 1, "config: eval_batches must be >= 1");
   require(!c.run_dir.empty(), "config: run_dir must not be empty");
   require(c.checkpoint_every >= 0, "config: checkpoint_every must be >= 0 (0 = only at the end)");
+  require(c.checkpoint_overlap == "wait" || c.checkpoint_overlap == "skip",
+          "config: checkpoint_overlap (--checkpoint-overlap) must be wait or skip, got '" +
+              c.checkpoint_overlap + "'");
+  require(c.checkpoint_chunk_kib >= 4 && c.checkpoint_chunk_kib <= 262144,
+          "config: checkpoint_chunk_kib (--checkpoint-chunk-kib) must be in 4..262144, got " +
+              std::to_string(c.checkpoint_chunk_kib));
+  require(c.keep_last >= 0, "config: keep_last (--keep-last) must be >= 0 (0 = keep all)");
+  require(c.keep_every >= 0, "config: keep_every (--keep-every) must be >= 0 (0 = off)");
   require(c.exit_after_step >= 0 && c.exit_after_step <= c.steps,
           "config: exit_after_step must be in 0..steps (0 = off)");
   require(c.metrics_port >= 0 && c.metrics_port <= 65535,

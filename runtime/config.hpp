@@ -56,6 +56,9 @@ struct optim_config {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;  ///< global L2 norm; 0 = off
+  /// Parameters not trained: comma-separated patterns, each a substring of the tensor name or,
+  /// with '*', a glob of the whole name ("h.0.*"). Their moments stay zero.
+  std::string freeze;
 };
 
 struct train_config {
@@ -77,6 +80,11 @@ struct train_config {
   int checkpoint_every = 100;  ///< 0 = only at the end
   int exit_after_step = 0;     ///< stop cleanly (with a checkpoint) after this step; 0 = off.
                                ///< The schedule still runs to `steps`, so --resume continues it.
+  bool checkpoint_async = true;              ///< write in the background; false = in the step
+  std::string checkpoint_overlap = "wait";   ///< wait | skip: a snapshot due mid-write
+  int checkpoint_chunk_kib = 1024;           ///< chunk size of the content-addressed store
+  int keep_last = 3;                         ///< committed checkpoints kept; 0 = all
+  int keep_every = 0;                        ///< also keep steps that are multiples; 0 = off
   int metrics_port = 9400;     ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   int blas_threads = 1;

@@ -10,6 +10,7 @@
 #include "runtime/optim/adamw.hpp"
 #include "strategies/data_parallel.hpp"
 #include "strategies/engine_backend.hpp"
+#include "strategies/state_layout.hpp"
 #include "strategies/tensor_parallel/tp_gpt.hpp"
 #include "strategies/tensor_parallel/tp_train.hpp"
 #include "strategies/zero.hpp"
@@ -29,7 +30,7 @@ class dense_backend final : public engine_backend {
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override;
   eval_share evaluate(const byte_dataset& data) override;
-  ckpt::shard_state checkpoint_shard(int64_t step) override;
+  ckpt::state_map state_map() const override;
   local_state state() override;
   bool reports_loss() const override { return view_.tp.index == 0; }
   size_t num_full_params() const override { return full_numel_; }
@@ -49,7 +50,6 @@ class dense_backend final : public engine_backend {
   std::optional<adamw> replicated_;
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
-  ckpt::shard_range owned_;            // of the full flat layout, over the whole world
   std::optional<sample_share> share_;  // this replica's samples, when the plan says
 };
 
@@ -79,12 +79,10 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     if (cfg.parallel.zero == 1) {
       zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index,
                     static_cast<int>(dp.ranks.size()));
-      owned_ = {zero_->shard().offset, zero_->shard().count};
     } else {
       replicated_.emplace(cfg.optim, dense_->param_table(), full_numel_);
     }
   }
-  if (!zero_) owned_ = ckpt::owned_range(full_numel_, rank, shape.world());
   if (!batching.empty()) {
     if (static_cast<int>(batching.replica_micro_batches.size()) != shape.dp)
       throw std::invalid_argument("dense_backend: the plan divides the batch among " +
@@ -188,32 +186,12 @@ eval_share dense_backend::evaluate(const byte_dataset& data) {
   return out;
 }
 
-ckpt::shard_state dense_backend::checkpoint_shard(int64_t step) {
-  ckpt::shard_state s = checkpoint_header(cfg_, shape_, view_.rank, step, full_numel_, owned_);
-  auto take = [&](const float* p) { return std::vector<float>(p, p + s.range.count); };
-  if (tp_) {
-    // The checkpoint keeps the single-rank layout, so any later layout can restore it.
-    std::vector<float> full(full_numel_);
-    tp_->gather_full(tp_->params(), full.data());
-    s.params = take(full.data() + s.range.offset);
-    tp_->gather_full(replicated_->exp_avg().data(), full.data());
-    s.exp_avg = take(full.data() + s.range.offset);
-    tp_->gather_full(replicated_->exp_avg_sq().data(), full.data());
-    s.exp_avg_sq = take(full.data() + s.range.offset);
-    s.adam_t = replicated_->t();
-    return s;
-  }
-  s.params = take(dense_->params() + s.range.offset);
-  if (zero_) {
-    s.exp_avg = take(zero_->exp_avg().data());
-    s.exp_avg_sq = take(zero_->exp_avg_sq().data());
-    s.adam_t = zero_->t();
-  } else {
-    s.exp_avg = take(replicated_->exp_avg().data() + s.range.offset);
-    s.exp_avg_sq = take(replicated_->exp_avg_sq().data() + s.range.offset);
-    s.adam_t = replicated_->t();
-  }
-  return s;
+ckpt::state_map dense_backend::state_map() const {
+  const int dp = static_cast<int>(view_.dp.ranks.size());
+  if (tp_) return replicated_state_map(pieces_of(*tp_, dp, view_.dp.index));
+  auto params = pieces_of(*dense_, dp, view_.dp.index);
+  if (zero_) return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
+  return replicated_state_map(std::move(params));
 }
 
 local_state dense_backend::state() {

@@ -36,9 +36,8 @@ class training_engine {
 
   /// This rank's part of the validation loss (a collective for tp, pp and ep).
   eval_share evaluate(const byte_dataset& data) { return backend_->evaluate(data); }
-  /// What this rank checkpoints: its owned range of the full flat layout (a collective when
-  /// the model is sharded, which gathers the shards first).
-  ckpt::shard_state checkpoint_shard(int64_t step) { return backend_->checkpoint_shard(step); }
+  /// Where this rank's state sits in the single-rank model, for checkpoints (no collective).
+  ckpt::state_map state_map() const { return backend_->state_map(); }
 
   /// Whether this rank's loss and validation figures count (one rank per replica reports,
   /// so peers computing or sharing the same loss are not added twice).

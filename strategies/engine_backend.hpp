@@ -85,7 +85,9 @@ class engine_backend {
   virtual void apply(int64_t step0, const comm::op_options& opts) = 0;
   virtual double learning_rate(int64_t step0) const = 0;
   virtual eval_share evaluate(const byte_dataset& data) = 0;
-  virtual ckpt::shard_state checkpoint_shard(int64_t step) = 0;
+  /// Which boxes of the single-rank model this rank's state buffers hold, and which share of
+  /// them it writes to a checkpoint (checkpoint/state_map.hpp). No communication.
+  virtual ckpt::state_map state_map() const = 0;
   /// This rank's state buffers (see local_state); valid while the backend lives.
   virtual local_state state() = 0;
 
@@ -102,21 +104,6 @@ class engine_backend {
   virtual void set_pipeline_observer(pipeline_observer* observer) { (void)observer; }
   virtual void abort() = 0;
 };
-
-/// Fills the bookkeeping fields of a checkpoint shard (rank, world, step, seed, size).
-inline ckpt::shard_state checkpoint_header(const train_config& cfg, const layout& shape, int rank,
-                                           int64_t step, size_t full_numel,
-                                           const ckpt::shard_range& owned) {
-  ckpt::shard_state s;
-  s.rank = rank;
-  s.world = shape.world();
-  s.step = step;
-  s.seed = cfg.seed;
-  s.rng_state = cfg.seed;  // samples are a function of (seed, step): no hidden RNG state
-  s.global_numel = full_numel;
-  s.range = owned;
-  return s;
-}
 
 /// Dense model: dp, ZeRO-1 and tp (without ZeRO) over `shape` with pp = ep = 1.
 std::unique_ptr<engine_backend> make_dense_backend(const train_config& cfg, const layout& shape,

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/balanced_split.hpp"
+
 namespace troupe::comm {
 
 /// A run of elements [begin, begin + len).
@@ -18,9 +20,8 @@ struct extent {
 /// Piece `i` of `n` elements cut into `parts` consecutive pieces whose lengths differ by at
 /// most one (the first n % parts are the longer ones).
 inline extent piece(size_t n, size_t parts, size_t i) {
-  const size_t base = n / parts;
-  const size_t rem = n % parts;
-  return {i * base + std::min(i, rem), base + (i < rem ? 1 : 0)};
+  const balanced_run r = balanced_part(n, parts, i);
+  return {r.offset, r.count};
 }
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }

@@ -1,5 +1,7 @@
 #include "runtime/optim/adamw.hpp"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -21,14 +23,17 @@ adamw::adamw(const optim_config& cfg, const std::vector<param_tensor>& table, si
   if (!(cfg.min_lr_ratio >= 0 && cfg.min_lr_ratio <= 1)) fail("min_lr_ratio must lie in [0, 1]");
   if (cfg.warmup_steps < 0) fail("warmup_steps must be >= 0");
 
-  // Cover [0, num_params) with ranges: decay where the table says so, none elsewhere.
+  // Cover [0, num_params) with ranges: decay (or freezing) where the table says so, plain
+  // updates elsewhere.
   std::vector<range> decayed;
   for (const param_tensor& t : table) {
     if (t.offset + t.numel > num_params) {
       fail("tensor '" + t.name + "' lies outside the " + std::to_string(num_params) +
            " parameters");
     }
-    if (t.decay && t.numel > 0) decayed.push_back({t.offset, t.offset + t.numel, true});
+    const bool frozen = is_frozen(cfg.freeze, t.name);
+    if ((t.decay || frozen) && t.numel > 0)
+      decayed.push_back({t.offset, t.offset + t.numel, t.decay, frozen});
   }
   std::sort(decayed.begin(), decayed.end(),
             [](const range& a, const range& b) { return a.begin < b.begin; });
@@ -40,6 +45,21 @@ adamw::adamw(const optim_config& cfg, const std::vector<param_tensor>& table, si
     at = r.end;
   }
   if (at < num_params) ranges_.push_back({at, num_params, false});
+}
+
+bool adamw::is_frozen(const std::string& patterns, const std::string& name) {
+  size_t at = 0;
+  while (at <= patterns.size()) {
+    const size_t comma = std::min(patterns.find(',', at), patterns.size());
+    const std::string pattern = patterns.substr(at, comma - at);
+    at = comma + 1;
+    if (pattern.empty()) continue;
+    const bool glob = pattern.find('*') != std::string::npos;
+    if (glob ? ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0
+             : name.find(pattern) != std::string::npos)
+      return true;
+  }
+  return false;
 }
 
 double adamw::learning_rate(int64_t step, int64_t total_steps) const {
@@ -95,6 +115,7 @@ void adamw::step(float* params, const float* grads, int64_t step, int64_t total_
   float* m = m_.data();
   float* v = v_.data();
   for (const range& r : ranges_) {
+    if (r.frozen) continue;  // neither moments nor parameters move
     const float keep = r.decay ? static_cast<float>(1.0 - lr * cfg_.weight_decay) : 1.0f;
     for (size_t i = r.begin; i < r.end; ++i) {
       const float g = grads[i];

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/config.hpp"
@@ -56,11 +57,15 @@ class adamw {
   /// Number of updates applied so far; drives the bias corrections.
   int64_t& t() { return t_; }
 
+  /// Whether `name` matches the comma-separated freeze patterns of optim_config::freeze.
+  static bool is_frozen(const std::string& patterns, const std::string& name);
+
  private:
   /// A run of parameters with one weight-decay setting.
   struct range {
     size_t begin, end;
     bool decay;
+    bool frozen = false;
   };
 
   optim_config cfg_;

@@ -26,6 +26,7 @@
 #include "runtime/optim/adamw.hpp"
 #include "strategies/data_parallel.hpp"
 #include "strategies/engine_backend.hpp"
+#include "strategies/state_layout.hpp"
 #include "strategies/expert_parallel/expert_parallel.hpp"
 
 namespace troupe::strategies {
@@ -45,7 +46,7 @@ class expert_backend final : public engine_backend {
     return optim_->learning_rate(step0, cfg_.steps);
   }
   eval_share evaluate(const byte_dataset& data) override;
-  ckpt::shard_state checkpoint_shard(int64_t step) override;
+  ckpt::state_map state_map() const override;
   local_state state() override { return state_of(model_->params(), model_->num_params(), *optim_); }
   // Every rank reports the loss of its own slice: the slices partition the step's tokens.
   bool reports_loss() const override { return true; }
@@ -261,34 +262,19 @@ eval_share expert_backend::evaluate(const byte_dataset& data) {
   return out;
 }
 
-ckpt::shard_state expert_backend::checkpoint_shard(int64_t step) {
-  ckpt::shard_state s =
-      checkpoint_header(cfg_, shape_, view_.rank, step, full_numel_,
-                        ckpt::owned_range(full_numel_, view_.rank, shape_.world()));
-  // The one-rank layout, so any later layout can restore it: each ep rank places its tensors
-  // into a zeroed full buffer (replicated ones from ep rank 0 only) and the group sums, which
-  // adds each value to zeros only and so is exact.
-  const size_t N = full_numel_;
-  std::vector<float> full(3 * N, 0.0f);
-  for (const placement& p : where_) {
-    if (!p.expert && view_.at.ep != 0) continue;
-    std::copy_n(model_->params() + p.local, p.numel,
-                full.begin() + static_cast<std::ptrdiff_t>(p.full));
-    std::copy_n(optim_->exp_avg().begin() + static_cast<std::ptrdiff_t>(p.local), p.numel,
-                full.begin() + static_cast<std::ptrdiff_t>(N + p.full));
-    std::copy_n(optim_->exp_avg_sq().begin() + static_cast<std::ptrdiff_t>(p.local), p.numel,
-                full.begin() + static_cast<std::ptrdiff_t>(2 * N + p.full));
+ckpt::state_map expert_backend::state_map() const {
+  // Every rank holds the dense tensors; the dp replicas of an ep rank hold its experts.
+  std::vector<ckpt::placed_piece> params;
+  const auto& table = model_->param_table();
+  for (size_t i = 0; i < table.size(); ++i) {
+    const param_tensor& t = table[i];
+    if (t.numel == 0) continue;
+    const auto [rows, cols] = ckpt::as_matrix(t.shape);
+    const bool expert = where_[i].expert;
+    params.push_back({t.name, {0, 0, rows, cols}, t.offset, expert ? edp_ : shape_.world(),
+                      expert ? view_.at.edp : view_.rank, true});
   }
-  if (ep_ > 1) ep_comm_->all_reduce(full.data(), full.size(), comm::reduce_op::sum, exchange_opts_);
-  const auto take = [&](size_t base) {
-    const auto first = full.begin() + static_cast<std::ptrdiff_t>(base + s.range.offset);
-    return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(s.range.count));
-  };
-  s.params = take(0);
-  s.exp_avg = take(N);
-  s.exp_avg_sq = take(2 * N);
-  s.adam_t = optim_->t();
-  return s;
+  return replicated_state_map(std::move(params));
 }
 
 void expert_backend::abort() {

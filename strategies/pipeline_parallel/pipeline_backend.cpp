@@ -18,6 +18,7 @@
 #include "strategies/pipeline_parallel/pipeline_executor.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/tensor_parallel/tp_gpt.hpp"
+#include "strategies/state_layout.hpp"
 #include "strategies/zero.hpp"
 
 namespace troupe::strategies {
@@ -38,7 +39,7 @@ class pipeline_backend final : public engine_backend {
                  : replicated_->learning_rate(step0, cfg_.steps);
   }
   eval_share evaluate(const byte_dataset& data) override;
-  ckpt::shard_state checkpoint_shard(int64_t step) override;
+  ckpt::state_map state_map() const override;
   local_state state() override {
     return zero_ ? state_of(model_->params(), model_->num_params(), *zero_)
                  : state_of(model_->params(), model_->num_params(), *replicated_);
@@ -57,9 +58,6 @@ class pipeline_backend final : public engine_backend {
   bool last_stage() const { return view_.at.pp == shape_.pp - 1; }
   double global_norm(const float* grads, size_t offset, size_t count, bool sharded_over_dp,
                      const comm::op_options& opts);
-  /// The full single-rank flat buffer of a local one, on every rank (collective over tp
-  /// and pp).
-  std::vector<float> gather_full(const float* local);
 
   train_config cfg_;
   layout shape_;
@@ -257,48 +255,11 @@ eval_share pipeline_backend::evaluate(const byte_dataset& data) {
   return out;
 }
 
-std::vector<float> pipeline_backend::gather_full(const float* local) {
-  std::vector<float> full(model_->full_num_params());
-  model_->gather_full(local, full.data());  // this stage's tensors, summed over tp
-  const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
-  // Stages hold disjoint tensors (the tied copy is left out), so the sum over pp is exact.
-  if (pp_comm_->size() > 1)
-    pp_comm_->all_reduce(full.data(), full.size(), comm::reduce_op::sum, opts);
-  return full;
-}
-
-ckpt::shard_state pipeline_backend::checkpoint_shard(int64_t step) {
-  const size_t full_numel = model_->full_num_params();
-  const auto owned = ckpt::owned_range(full_numel, view_.rank, shape_.world());
-  ckpt::shard_state s = checkpoint_header(cfg_, shape_, view_.rank, step, full_numel, owned);
-  auto take = [&](const std::vector<float>& full) {
-    const auto first = full.begin() + static_cast<std::ptrdiff_t>(owned.offset);
-    return std::vector<float>(first, first + static_cast<std::ptrdiff_t>(owned.count));
-  };
-  // The checkpoint keeps the single-rank layout, so any later layout can restore it.
-  s.params = take(gather_full(model_->params()));
-  if (zero_) {
-    // Each dp rank holds a slice of the moments: place it in a zeroed local buffer and sum
-    // over the dp group to rebuild the whole local vector first.
-    const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
-    const auto& sh = zero_->shard();
-    auto whole = [&](const std::vector<float>& slice) {
-      std::vector<float> local(model_->num_params(), 0.0f);
-      std::copy(slice.begin(), slice.begin() + static_cast<std::ptrdiff_t>(sh.count),
-                local.begin() + static_cast<std::ptrdiff_t>(sh.offset));
-      if (dp_comm_->size() > 1)
-        dp_comm_->all_reduce(local.data(), local.size(), comm::reduce_op::sum, opts);
-      return local;
-    };
-    s.exp_avg = take(gather_full(whole(zero_->exp_avg()).data()));
-    s.exp_avg_sq = take(gather_full(whole(zero_->exp_avg_sq()).data()));
-    s.adam_t = zero_->t();
-  } else {
-    s.exp_avg = take(gather_full(replicated_->exp_avg().data()));
-    s.exp_avg_sq = take(gather_full(replicated_->exp_avg_sq().data()));
-    s.adam_t = replicated_->t();
-  }
-  return s;
+ckpt::state_map pipeline_backend::state_map() const {
+  const int dp = static_cast<int>(view_.dp.ranks.size());
+  auto params = pieces_of(*model_, dp, view_.dp.index);
+  if (zero_) return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
+  return replicated_state_map(std::move(params));
 }
 
 size_t pipeline_backend::optimizer_state_bytes() const {

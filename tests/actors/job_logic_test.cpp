@@ -321,10 +321,10 @@ TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplay
         w.generation = 1;
         w.step = 5;
         w.rank = r;
-        w.count = 10;
+        w.pieces_json = "[]";
         auto c = h.logic().on_shard_written(w, h.now());
         for (const auto& cc : all_of<commit_checkpoint>(c))
-          h.logic().on_checkpoint_committed(cc.step, "ckpt5", "");
+          h.logic().on_checkpoint_committed(cc, "ckpt5", "");
       }
     }
   }
@@ -336,6 +336,49 @@ TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplay
   EXPECT_EQ(rc[0].msg.source, state_source::checkpoint);
   EXPECT_EQ(rc[0].msg.start_step, 5) << "every rank rolls back to the checkpoint and replays";
   EXPECT_EQ(h.logic().committed(), 5);
+}
+
+// With asynchronous writes the next checkpoint can be asked for before the previous one has
+// every report; each is collected on its own, and a skipped or failed share drops only its own.
+TEST(JobLogicTest, CheckpointsInFlightAreCollectedSeparately) {
+  auto cfg = small_config(2);
+  cfg.checkpoint_every = 2;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 6; ++s) h.step(s);  // checkpoints due at 2, 4 and 6
+  EXPECT_TRUE(h.logic().checkpoints_in_flight());
+  auto report = [&](int64_t step, int rank, bool ok, bool skipped) {
+    shard_written w;
+    w.generation = 1;
+    w.step = step;
+    w.rank = rank;
+    w.ok = ok;
+    w.skipped = skipped;
+    w.adam_t = step;
+    w.bytes_written = 100;
+    w.pieces_json = ok ? "[[" + std::to_string(rank) +
+                             ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"]]]"
+                       : "";
+    return h.logic().on_shard_written(w, h.now());
+  };
+  EXPECT_TRUE(all_of<commit_checkpoint>(report(2, 0, true, false)).empty());
+  EXPECT_TRUE(all_of<commit_checkpoint>(report(4, 0, true, false)).empty());
+  auto done2 = all_of<commit_checkpoint>(report(2, 1, true, false));
+  ASSERT_EQ(done2.size(), 1u);
+  EXPECT_EQ(done2[0].step, 2);
+  EXPECT_EQ(done2[0].pieces.size(), 2u);
+  EXPECT_EQ(done2[0].bytes_written, 200u);
+  EXPECT_TRUE(has_event(report(2, 1, true, false), "stale_message")) << "a second report";
+  auto skipped = report(4, 1, false, true);
+  EXPECT_TRUE(all_of<commit_checkpoint>(skipped).empty());
+  EXPECT_TRUE(has_event(skipped, "checkpoint_skipped"));
+  report(6, 0, true, false);
+  auto failed = report(6, 1, false, false);
+  EXPECT_TRUE(has_event(failed, "checkpoint_failed"));
+  EXPECT_FALSE(h.logic().checkpoints_in_flight());
+  auto committed = h.logic().on_checkpoint_committed(done2[0], "ckpt2", "");
+  EXPECT_TRUE(has_event(committed, "checkpoint"));
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 2);
 }
 
 TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {

@@ -1,9 +1,10 @@
 // The expert backend (make_expert_backend) against the one-rank reference trainer: ranks are
 // threads with gloo communicators. Layouts ep2, dp2xep2 and dp2 (ep 1) of an MoE model that
 // drops tokens must give the reference's loss every step, its parameters after training
-// (gathered from checkpoint_shard), its validation loss, and whole-step expert loads; a
+// (assembled from each rank's state map), its validation loss, and whole-step expert loads; a
 // restore from the reference's state must continue it. Also the sample mapping itself.
 
+#include "tests/strategies/gather_state.hpp"
 #include "strategies/engine_backend.hpp"
 #include "strategies/expert_parallel/expert_parallel.hpp"
 
@@ -138,7 +139,8 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
   out.dropped.assign(static_cast<size_t>(steps), 0);
   double val_sum = 0;
   int64_t val_batches = 0;
-  std::vector<ckpt::shard_state> shards(static_cast<size_t>(world));
+  testing::full_model_state full;
+  std::mutex full_mu;
   std::mutex mu;
   std::vector<std::future<void>> ranks;
   for (int r = 0; r < world; ++r) {
@@ -166,20 +168,17 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
         }
       }
       const ts::eval_share share = b->evaluate(data);
-      auto shard = b->checkpoint_shard(first_step + steps);
+      testing::place_rank_state(*b, cfg.model, full, full_mu);
       std::lock_guard lock(mu);
       val_sum += share.loss_sum;
       val_batches += share.batches;
-      shards[static_cast<size_t>(r)] = std::move(shard);
     }));
   }
   for (auto& f : ranks) f.get();
   for (int s = 0; s < steps; ++s)
     out.losses.push_back(loss_sum[static_cast<size_t>(s)] / static_cast<double>(tokens[static_cast<size_t>(s)]));
   out.val = val_sum / static_cast<double>(val_batches);
-  out.params.resize(shards.front().global_numel);
-  for (const auto& sh : shards)
-    std::copy(sh.params.begin(), sh.params.end(), out.params.begin() + static_cast<std::ptrdiff_t>(sh.range.offset));
+  out.params = full.params;
   return out;
 }
 

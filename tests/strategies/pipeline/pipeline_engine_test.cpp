@@ -3,6 +3,7 @@
 // layout must give the single-rank loss at every step and the single-rank parameters after
 // the steps, gathered from the ranks' checkpoint shards in the single-rank layout.
 
+#include "tests/strategies/gather_state.hpp"
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "strategies/engine.hpp"
@@ -56,7 +57,8 @@ run_result train(const train_config& cfg, const layout& shape) {
   run_result out;
   out.losses.assign(static_cast<size_t>(cfg.steps), 0.0);
   std::vector<double> tokens(static_cast<size_t>(cfg.steps), 0.0);
-  std::vector<ckpt::shard_state> shards(static_cast<size_t>(world));
+  testing::full_model_state full;
+  std::mutex full_mu;
   std::vector<std::string> errors(static_cast<size_t>(world));
   double eval_sum = 0, eval_batches = 0;
   std::mutex m;
@@ -80,7 +82,7 @@ run_result train(const train_config& cfg, const layout& shape) {
           }
         }
         eval_share e = engine.evaluate(data);
-        shards[static_cast<size_t>(r)] = engine.checkpoint_shard(cfg.steps);
+        testing::place_rank_state(engine, cfg.model, full, full_mu);
         std::lock_guard lock(m);
         eval_sum += e.loss_sum;
         eval_batches += static_cast<double>(e.batches);
@@ -92,10 +94,8 @@ run_result train(const train_config& cfg, const layout& shape) {
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
   for (size_t s = 0; s < out.losses.size(); ++s) out.losses[s] /= tokens[s];
   out.eval = eval_sum / eval_batches;
-  for (const auto& sh : shards) {
-    out.params.insert(out.params.end(), sh.params.begin(), sh.params.end());
-    out.exp_avg.insert(out.exp_avg.end(), sh.exp_avg.begin(), sh.exp_avg.end());
-  }
+  out.params = full.params;
+  out.exp_avg = full.exp_avg;
   return out;
 }
 

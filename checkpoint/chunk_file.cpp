@@ -1,0 +1,157 @@
+// Chunk names, headers and verified decoding.
+
+#include "checkpoint/chunk_file.hpp"
+
+#include <xxhash.h>
+
+#include <array>
+#include <cstring>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr std::array<char, 8> chunk_magic = {'T', 'R', 'P', 'C', 'H', 'N', 'K', '\0'};
+
+void put_le(unsigned char* out, uint64_t v, size_t bytes) {
+  for (size_t i = 0; i < bytes; ++i, v >>= 8) out[i] = static_cast<unsigned char>(v & 0xFF);
+}
+
+uint64_t get_le(const unsigned char* in, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = bytes; i > 0; --i) v = (v << 8) | in[i - 1];
+  return v;
+}
+
+}  // namespace
+
+std::string chunk_key::hex() const {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    out[static_cast<size_t>(15 - i)] = digits[(high >> (4 * i)) & 0xF];
+    out[static_cast<size_t>(31 - i)] = digits[(low >> (4 * i)) & 0xF];
+  }
+  return out;
+}
+
+std::optional<chunk_key> chunk_key::from_hex(std::string_view text) {
+  if (text.size() != 32) return std::nullopt;
+  chunk_key k;
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = text[i];
+    uint64_t d = 0;
+    if (c >= '0' && c <= '9') {
+      d = static_cast<uint64_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      d = static_cast<uint64_t>(c - 'a' + 10);
+    } else {
+      return std::nullopt;
+    }
+    uint64_t& half = i < 16 ? k.high : k.low;
+    half = (half << 4) | d;
+  }
+  return k;
+}
+
+chunk_key key_of(const void* data, size_t bytes) {
+  const XXH128_hash_t h = XXH3_128bits(data, bytes);
+  return {h.high64, h.low64};
+}
+
+namespace chunk_file {
+
+fs::path root(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints" / "chunks"; }
+
+fs::path path_of(const std::string& run_dir, const chunk_key& key) {
+  const std::string name = key.hex();
+  return root(run_dir) / name.substr(0, 2) / name;
+}
+
+std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes) {
+  std::vector<unsigned char> h(header_bytes, 0);
+  std::memcpy(h.data(), chunk_magic.data(), chunk_magic.size());
+  put_le(h.data() + 8, format, 4);
+  put_le(h.data() + 12, raw_encoding, 4);
+  put_le(h.data() + 16, raw_bytes, 8);
+  put_le(h.data() + 24, raw_bytes, 8);
+  put_le(h.data() + 32, key.high, 8);
+  put_le(h.data() + 40, key.low, 8);
+  return h;
+}
+
+std::vector<float> decode(const unsigned char* data, size_t size, const chunk_key& key,
+                          size_t expected_floats, const fs::path& path, const std::string& context) {
+  const std::string hint =
+      " (" + context + "). Run `troupe ckpt verify` on the run directory; --resume falls back "
+      "to an earlier committed checkpoint.";
+  if (size < header_bytes) {
+    io::fail(error_kind::truncated, path,
+             "is " + std::to_string(size) + " bytes, shorter than a chunk header" + hint);
+  }
+  if (std::memcmp(data, chunk_magic.data(), chunk_magic.size()) != 0) {
+    io::fail(error_kind::bad_magic, path, "does not start with the TRPCHNK magic" + hint);
+  }
+  const uint64_t version = get_le(data + 8, 4);
+  if (version != format) {
+    io::fail(version > format ? error_kind::unsupported_version : error_kind::corrupt, path,
+             "has chunk format " + std::to_string(version) + "; this build reads format " +
+                 std::to_string(format) + hint);
+  }
+  const uint64_t encoding = get_le(data + 12, 4);
+  const uint64_t raw_bytes = get_le(data + 16, 8);
+  const uint64_t stored_bytes = get_le(data + 24, 8);
+  const chunk_key named{get_le(data + 32, 8), get_le(data + 40, 8)};
+  if (encoding != raw_encoding) {
+    io::fail(error_kind::corrupt, path, "names an unknown encoding " + std::to_string(encoding) + hint);
+  }
+  if (named != key) {
+    io::fail(error_kind::mismatch, path,
+             "holds chunk " + named.hex() + " but is stored under the name " + key.hex() + hint);
+  }
+  const uint64_t expected_bytes = static_cast<uint64_t>(expected_floats) * sizeof(float);
+  if (raw_bytes != expected_bytes || stored_bytes != raw_bytes) {
+    io::fail(error_kind::corrupt, path,
+             "promises " + std::to_string(raw_bytes) + " bytes where the manifest needs " +
+                 std::to_string(expected_bytes) + hint);
+  }
+  if (size - header_bytes != stored_bytes) {
+    io::fail(error_kind::truncated, path,
+             "holds " + std::to_string(size - header_bytes) + " payload bytes, its header says " +
+                 std::to_string(stored_bytes) +
+                 (size - header_bytes < stored_bytes ? " (truncated)" : " (bytes appended)") + hint);
+  }
+  const unsigned char* payload = data + header_bytes;
+  if (key_of(payload, stored_bytes) != key) {
+    io::fail(error_kind::corrupt, path,
+             "is damaged: its bytes no longer hash to its name (bit rot, a torn copy or an "
+             "edit)" + hint);
+  }
+  std::vector<float> out(expected_floats);
+  if (expected_bytes > 0) std::memcpy(out.data(), payload, expected_bytes);
+  return out;
+}
+
+std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
+                        const std::string& context) {
+  const fs::path path = path_of(run_dir, key);
+  std::vector<unsigned char> bytes;
+  try {
+    bytes = io::read_file(path);
+  } catch (const checkpoint_error& e) {
+    if (e.kind() != error_kind::missing) throw;
+    io::fail(error_kind::missing, path,
+             "is missing (" + context +
+                 "). Run `troupe ckpt verify` on the run directory; --resume falls back to an "
+                 "earlier committed checkpoint.");
+  }
+  return decode(bytes.data(), bytes.size(), key, expected_floats, path, context);
+}
+
+}  // namespace chunk_file
+}  // namespace troupe::ckpt

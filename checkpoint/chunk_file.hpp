@@ -1,0 +1,64 @@
+#pragma once
+// Content-addressed chunks: the unit a checkpoint stores. A chunk is named by the 128-bit
+// XXH3 hash of its float bytes, so equal content is stored once however many checkpoints,
+// ranks or tensors hold it, and every read can be checked against its own name.
+//
+//   RUN_DIR/checkpoints/chunks/3f/3f2a...e1   (32 hex digits; the first two name the folder)
+//
+// A chunk file is a 48-byte header followed by the payload (little endian):
+//   0 magic "TRPCHNK\0"  8 format u32 (1)  12 encoding u32 (0 = raw floats)
+//  16 raw_bytes u64  24 stored_bytes u64  32 key high u64  40 key low u64
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace troupe::ckpt {
+
+/// The XXH3-128 of a chunk's raw bytes, which is also its name.
+struct chunk_key {
+  uint64_t high = 0;
+  uint64_t low = 0;
+  [[nodiscard]] std::string hex() const;
+  static std::optional<chunk_key> from_hex(std::string_view text);
+  friend auto operator<=>(const chunk_key&, const chunk_key&) = default;
+};
+
+/// Name of the chunk hash, recorded in version 2 manifests.
+inline constexpr std::string_view chunk_hash_name = "xxh3-128";
+
+chunk_key key_of(const void* data, size_t bytes);
+
+namespace chunk_file {
+
+inline constexpr size_t header_bytes = 48;
+inline constexpr uint32_t format = 1;
+inline constexpr uint32_t raw_encoding = 0;
+
+/// RUN_DIR/checkpoints/chunks
+std::filesystem::path root(const std::string& run_dir);
+/// Where the chunk `key` lives.
+std::filesystem::path path_of(const std::string& run_dir, const chunk_key& key);
+
+/// The header of a raw chunk of `raw_bytes` named `key`.
+std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes);
+
+/// Decodes and verifies a chunk file's bytes: header fields, the size it promises, and the
+/// payload's hash against `key`; the result holds exactly `expected_floats` floats. Throws
+/// checkpoint_error (missing / truncated / corrupt / bad_magic / unsupported_version) naming
+/// `path` and `context` (which tensor of which checkpoint needs it). Never reads past `size`.
+std::vector<float> decode(const unsigned char* data, size_t size, const chunk_key& key,
+                          size_t expected_floats, const std::filesystem::path& path,
+                          const std::string& context);
+
+/// Reads and decodes the chunk `key` of `run_dir` (see decode).
+std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
+                        const std::string& context);
+
+}  // namespace chunk_file
+}  // namespace troupe::ckpt

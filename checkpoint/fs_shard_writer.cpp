@@ -1,0 +1,139 @@
+// The filesystem shard_writer and snapshot capture.
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <stdexcept>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/shard_writer.hpp"
+#include "runtime/balanced_split.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+
+void capture(const state_map& map, std::span<const std::span<const float>> buffers,
+             snapshot& into) {
+  if (buffers.size() != map.arrays.size())
+    throw std::logic_error("capture: the state has " + std::to_string(buffers.size()) +
+                           " buffers, the map " + std::to_string(map.arrays.size()));
+  // First pass: what this rank writes, so the buffer is sized once.
+  into.pieces.clear();
+  size_t total = 0;
+  for (size_t a = 0; a < map.arrays.size(); ++a) {
+    for (const placed_piece& p : map.arrays[a]) {
+      if (!p.saved) continue;
+      const balanced_run mine = balanced_part(p.where.numel(), static_cast<size_t>(p.replicas),
+                                              static_cast<size_t>(p.replica_index));
+      if (p.local_offset + p.where.numel() > buffers[a].size())
+        throw std::logic_error("capture: piece " + p.tensor + " runs past its local buffer");
+      for (const box& b : sub_boxes(p.where, mine.offset, mine.count)) {
+        into.pieces.push_back({static_cast<int>(a), p.tensor, b, total});
+        total += b.numel();
+      }
+    }
+  }
+  if (into.data.size() < total) into.data.resize(total);  // first touch happens once
+  into.used = total;
+  // Second pass: the copies (the stall of an asynchronous checkpoint).
+  size_t k = 0;
+  for (size_t a = 0; a < map.arrays.size(); ++a) {
+    for (const placed_piece& p : map.arrays[a]) {
+      if (!p.saved) continue;
+      const balanced_run mine = balanced_part(p.where.numel(), static_cast<size_t>(p.replicas),
+                                              static_cast<size_t>(p.replica_index));
+      const float* src = buffers[a].data() + p.local_offset + mine.offset;
+      for (const box& b : sub_boxes(p.where, mine.offset, mine.count)) {
+        const snapshot_piece& s = into.pieces[k++];
+        std::memcpy(into.data.data() + s.data_offset, src, b.numel() * sizeof(float));
+        src += b.numel();
+      }
+    }
+  }
+}
+
+namespace {
+
+class fs_shard_writer final : public shard_writer {
+ public:
+  fs_shard_writer(std::string run_dir, size_t chunk_bytes)
+      : run_dir_(std::move(run_dir)), chunk_floats_(std::max<size_t>(1, chunk_bytes / sizeof(float))) {}
+
+  [[nodiscard]] size_t chunk_floats() const override { return chunk_floats_; }
+
+  shard_report write(const snapshot& s) override {
+    const auto started = std::chrono::steady_clock::now();
+    shard_report r;
+    r.rank = s.rank;
+    r.step = s.step;
+    r.adam_t = s.adam_t;
+    std::set<fs::path> touched;  // folders that gained a chunk: fsync'ed at the end
+    for (const snapshot_piece& p : s.pieces) {
+      saved_piece out{s.rank, p.array, p.tensor, p.where, {}};
+      const size_t n = p.where.numel();
+      for (size_t first = 0; first < n; first += chunk_floats_) {
+        const size_t count = std::min(chunk_floats_, n - first);
+        const float* data = s.data.data() + p.data_offset + first;
+        out.chunks.push_back(put(data, count * sizeof(float), r, touched));
+      }
+      r.pieces.push_back(std::move(out));
+    }
+    for (const fs::path& dir : touched) io::fsync_dir(dir);
+    r.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return r;
+  }
+
+ private:
+  chunk_key put(const float* data, size_t bytes, shard_report& r, std::set<fs::path>& touched) {
+    const chunk_key key = key_of(data, bytes);
+    const fs::path path = chunk_file::path_of(run_dir_, key);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      r.bytes_deduplicated += static_cast<uint64_t>(st.st_size);
+      ++r.chunks_deduplicated;
+      return key;
+    }
+    const fs::path dir = path.parent_path();
+    if (!known_dirs_.contains(dir)) {
+      io::make_dirs_durable(dir);
+      known_dirs_.insert(dir);
+    }
+    const fs::path temp = io::temp_path_for(path);
+    io::unique_fd fd = io::create_temp(temp);
+    const std::vector<unsigned char> header = chunk_file::header_for(key, bytes);
+    try {
+      io::write_all(fd.get(), header.data(), header.size(), temp);
+      io::write_all(fd.get(), data, bytes, temp);
+      if (::fdatasync(fd.get()) != 0) io::fail_errno(temp, "fdatasync", errno);
+      if (::close(fd.release()) != 0) io::fail_errno(temp, "close", errno);
+      if (::rename(temp.c_str(), path.c_str()) != 0)
+        io::fail_errno(path, "renaming the finished chunk into place", errno);
+    } catch (...) {
+      ::unlink(temp.c_str());
+      throw;
+    }
+    touched.insert(dir);
+    r.bytes_written += header.size() + bytes;
+    ++r.chunks_written;
+    return key;
+  }
+
+  std::string run_dir_;
+  size_t chunk_floats_;
+  std::set<fs::path> known_dirs_;
+};
+
+}  // namespace
+
+std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes) {
+  return std::make_unique<fs_shard_writer>(run_dir, chunk_bytes);
+}
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,145 @@
+// Retention, garbage collection of chunks, and verification of committed checkpoints.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <set>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention_policy& policy) {
+  if (policy.keep_last == 0) return {};  // keep everything
+  const std::vector<int64_t> committed = list_committed(run_dir);
+  std::set<int64_t> keep(
+      committed.end() - static_cast<std::ptrdiff_t>(std::min(policy.keep_last, committed.size())),
+      committed.end());
+  if (policy.keep_every > 0) {
+    for (int64_t s : committed)
+      if (s % policy.keep_every == 0) keep.insert(s);
+  }
+  // prune_checkpoints keeps the newest N; run it with N = everything kept that is newest-first
+  // contiguous would be wrong with keep_every, so remove the victims one by one.
+  std::vector<int64_t> removed;
+  for (int64_t s : committed) {
+    if (keep.contains(s)) continue;
+    const fs::path dir = format::step_dir(run_dir, s);
+    const fs::path manifest_path = dir / format::manifest_name;
+    if (::unlink(manifest_path.c_str()) == 0) {
+      io::fsync_dir(dir);
+    } else if (errno != ENOENT) {
+      io::fail_errno(manifest_path, "removing", errno);
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    if (ec) io::fail_errno(dir, "removing", ec.value());
+    removed.push_back(s);
+  }
+  if (!removed.empty()) io::fsync_dir(format::checkpoints_dir(run_dir));
+  return removed;
+}
+
+}  // namespace
+
+gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
+                          std::chrono::seconds temp_grace) {
+  gc_result out;
+  // LATEST must name a readable checkpoint before anything is judged unreferenced.
+  if (!latest_committed(run_dir)) return out;
+  out.removed_steps = prune_by_policy(run_dir, policy);
+
+  std::set<chunk_key> referenced;
+  for (int64_t step : list_committed(run_dir)) {
+    const manifest m = read_manifest(run_dir, step);  // throws: then nothing is deleted
+    for (const saved_piece& p : m.pieces) referenced.insert(p.chunks.begin(), p.chunks.end());
+  }
+  const fs::path root = chunk_file::root(run_dir);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  const auto now = fs::file_time_type::clock::now();
+  for (const fs::directory_entry& folder : fs::directory_iterator(root, ec)) {
+    if (!folder.is_directory(ec)) continue;
+    bool changed = false;
+    for (const fs::directory_entry& f : fs::directory_iterator(folder.path(), ec)) {
+      const std::string name = f.path().filename().string();
+      const auto key = chunk_key::from_hex(name);
+      std::error_code size_ec;
+      const uint64_t bytes = f.file_size(size_ec);
+      if (key) {
+        if (referenced.contains(*key)) {
+          ++out.chunks_kept;
+          continue;
+        }
+        if (::unlink(f.path().c_str()) != 0 && errno != ENOENT)
+          io::fail_errno(f.path(), "removing an unreferenced chunk", errno);
+        ++out.chunks_removed;
+        out.bytes_freed += size_ec ? 0 : bytes;
+        changed = true;
+      } else if (name.find(".tmp.") != std::string::npos) {
+        std::error_code time_ec;
+        const auto written = f.last_write_time(time_ec);
+        if (time_ec || now - written < temp_grace) continue;
+        if (::unlink(f.path().c_str()) == 0) {
+          ++out.temp_files_removed;
+          changed = true;
+        }
+      }
+    }
+    if (changed) io::fsync_dir(folder.path());
+  }
+  if (ec) io::fail_errno(root, "listing", ec.value());
+  return out;
+}
+
+std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step) {
+  std::vector<problem> out;
+  manifest m;
+  try {
+    m = read_manifest(run_dir, step);
+  } catch (const checkpoint_error& e) {
+    out.push_back({e.path(), e.what()});
+    return out;
+  }
+  if (m.format_version < 2) {
+    try {
+      (void)load_full_state(run_dir, m);
+    } catch (const checkpoint_error& e) {
+      out.push_back({e.path(), e.what()});
+    }
+    return out;
+  }
+  // Each distinct chunk once, with every tensor that holds it named in the message.
+  std::map<chunk_key, std::pair<size_t, std::string>> chunks;  // key -> floats, holders
+  for (const saved_piece& p : m.pieces) {
+    const size_t n = p.where.numel();
+    for (size_t i = 0; i < p.chunks.size(); ++i) {
+      const size_t floats = std::min<size_t>(m.chunk_floats, n - i * m.chunk_floats);
+      auto& entry = chunks[p.chunks[i]];
+      entry.first = floats;
+      const std::string holder =
+          std::string(array_names[static_cast<size_t>(p.array)]) + " of " + p.tensor;
+      if (entry.second.find(holder) == std::string::npos)
+        entry.second += (entry.second.empty() ? "" : ", ") + holder;
+    }
+  }
+  for (const auto& [key, info] : chunks) {
+    try {
+      (void)chunk_file::read(run_dir, key, info.first,
+                             "holds " + info.second + " of step " + std::to_string(step));
+    } catch (const checkpoint_error& e) {
+      out.push_back({e.path(), e.what()});
+    }
+  }
+  return out;
+}
+
+}  // namespace troupe::ckpt

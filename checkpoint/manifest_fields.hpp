@@ -1,0 +1,96 @@
+#pragma once
+// Helpers shared by the parsers of the manifest formats (manifest.cpp, manifest_v2.cpp):
+// typed field access that names the broken field, and the manifest's seal. Internal.
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/hash.hpp"
+
+namespace troupe::ckpt::manifest_json {
+
+namespace fs = std::filesystem;
+
+namespace detail {
+
+// Key order matters for the seal, so the manifest is handled as an ordered document.
+using doc_json = nlohmann::ordered_json;
+
+inline constexpr const char* seal_key = "manifest_hash";
+
+/// The seal of `doc`, which must not contain seal_key.
+inline std::string seal_of(const doc_json& doc) {
+  const std::string compact = doc.dump();
+  return hash_to_hex(hash64(compact.data(), compact.size()));
+}
+
+/// A malformed field is reported by its JSON path; nlohmann's own message is too vague.
+[[noreturn]] inline void bad_field(const fs::path& where, const std::string& field,
+                            const std::string& what) {
+  io::fail(error_kind::corrupt, where,
+           "manifest field \"" + field + "\" " + what +
+               ". The manifest is damaged or was edited by hand; restore it from a copy or "
+               "restore from an earlier checkpoint.");
+}
+
+inline const doc_json& field(const doc_json& obj, const char* key, const fs::path& where,
+                      const std::string& context) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) bad_field(where, context + key, "is missing");
+  return *it;
+}
+
+inline uint64_t get_uint(const doc_json& obj, const char* key, const fs::path& where,
+                  const std::string& context = "") {
+  const doc_json& v = field(obj, key, where, context);
+  if (!v.is_number_unsigned()) bad_field(where, context + key, "is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+inline int64_t get_int(const doc_json& obj, const char* key, const fs::path& where, int64_t max_value,
+                const std::string& context = "") {
+  const uint64_t v = get_uint(obj, key, where, context);
+  if (v > static_cast<uint64_t>(max_value)) bad_field(where, context + key, "is out of range");
+  return static_cast<int64_t>(v);
+}
+
+inline std::string get_string(const doc_json& obj, const char* key, const fs::path& where,
+                       const std::string& context = "") {
+  const doc_json& v = field(obj, key, where, context);
+  if (!v.is_string()) bad_field(where, context + key, "is not a string");
+  return v.get<std::string>();
+}
+
+inline const doc_json& get_array(const doc_json& obj, const char* key, const fs::path& where) {
+  const doc_json& v = field(obj, key, where, "");
+  if (!v.is_array()) bad_field(where, key, "is not an array");
+  return v;
+}
+
+[[noreturn]] inline void broken(const fs::path& where, error_kind kind, const std::string& rule) {
+  const std::string fix = kind == error_kind::invalid_argument
+                              ? " This is a bug in the caller that assembled the manifest."
+                              : " The manifest is damaged or was edited by hand; restore it "
+                                "from a copy or restore from an earlier checkpoint.";
+  io::fail(kind, where, "invalid manifest: " + rule + "." + fix);
+}
+
+inline bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+}  // namespace detail
+
+/// Version 2 halves of to_json / from_json / validate (manifest_v2.cpp).
+std::string to_json_v2(const manifest& m);
+manifest from_json_v2(const detail::doc_json& doc, const fs::path& where);
+void validate_v2(const manifest& m, const fs::path& where, error_kind kind);
+/// The rules on the tensor table that both versions share.
+void validate_tensors(const manifest& m, const fs::path& where, error_kind kind);
+
+}  // namespace troupe::ckpt::manifest_json

@@ -1,0 +1,243 @@
+// Manifest format 2: a checkpoint as boxes of the single-rank model's tensors, each stored
+// as content-addressed chunks.
+//
+//   { "kind": "troupe-checkpoint-manifest", "format_version": 2,
+//     "step": int, "world": int, "global_numel": uint, "seed": uint, "adam_t": uint,
+//     "hash_algorithm": "xxh3-128", "chunk_floats": uint, "layout": string,
+//     "config_json": string,
+//     "tensors": [ { "name": string, "shape": [uint...], "offset": uint } ... ],
+//     "pieces":  [ { "rank": int, "array": "params" | "exp_avg" | "exp_avg_sq",
+//                    "tensor": string, "box": [row, col, rows, cols],
+//                    "chunks": [ 32 hex digits ... ] } ... ],
+//     "manifest_hash": 16 hex digits }
+//
+// The pieces of each (array, tensor) tile the tensor's [rows, cols] view exactly; chunk i of
+// a piece holds its row-major elements [i * chunk_floats, (i + 1) * chunk_floats).
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "checkpoint/manifest.hpp"
+#include "checkpoint/manifest_fields.hpp"
+
+namespace troupe::ckpt::manifest_json {
+
+using namespace detail;
+
+namespace {
+
+// Bounds on what a manifest may ask of the validator; far above any real checkpoint
+// (256 ranks), they keep a hostile manifest from costing minutes of pairwise checks.
+constexpr size_t max_pieces = size_t{1} << 20;
+constexpr size_t max_pieces_per_tensor = 4096;
+
+}  // namespace
+
+std::string to_json_v2(const manifest& m) {
+  doc_json tensors = doc_json::array();
+  for (const tensor_entry& t : m.tensors) {
+    tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+  }
+  doc_json pieces = doc_json::array();
+  for (const saved_piece& p : m.pieces) {
+    doc_json chunks = doc_json::array();
+    for (const chunk_key& k : p.chunks) chunks.push_back(k.hex());
+    pieces.push_back({{"rank", p.rank},
+                      {"array", std::string(array_names.at(static_cast<size_t>(p.array)))},
+                      {"tensor", p.tensor},
+                      {"box", {p.where.row, p.where.col, p.where.rows, p.where.cols}},
+                      {"chunks", std::move(chunks)}});
+  }
+  doc_json doc;
+  doc["kind"] = format::manifest_kind;
+  doc["format_version"] = 2;
+  doc["step"] = m.step;
+  doc["world"] = m.world;
+  doc["global_numel"] = m.global_numel;
+  doc["seed"] = m.seed;
+  doc["adam_t"] = m.adam_t;
+  doc["hash_algorithm"] = chunk_hash_name;
+  doc["chunk_floats"] = m.chunk_floats;
+  doc["layout"] = m.layout;
+  doc["config_json"] = m.config_json;
+  doc["tensors"] = tensors;
+  doc["pieces"] = pieces;
+  doc[seal_key] = seal_of(doc);
+  return doc.dump(1) + "\n";
+}
+
+manifest from_json_v2(const doc_json& doc, const fs::path& where) {
+  manifest m;
+  m.format_version = 2;
+  m.step = get_int(doc, "step", where, std::numeric_limits<int64_t>::max());
+  m.world = static_cast<int>(get_int(doc, "world", where, std::numeric_limits<int>::max()));
+  m.global_numel = get_uint(doc, "global_numel", where);
+  m.seed = get_uint(doc, "seed", where);
+  m.adam_t = get_int(doc, "adam_t", where, std::numeric_limits<int64_t>::max());
+  m.chunk_floats = get_uint(doc, "chunk_floats", where);
+  m.layout = get_string(doc, "layout", where);
+  m.config_json = get_string(doc, "config_json", where);
+
+  const doc_json& tensors = get_array(doc, "tensors", where);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string ctx = "tensors/" + std::to_string(i) + "/";
+    const doc_json& t = tensors[i];
+    if (!t.is_object()) bad_field(where, ctx, "is not an object");
+    tensor_entry e;
+    e.name = get_string(t, "name", where, ctx);
+    e.offset = get_uint(t, "offset", where, ctx);
+    const doc_json& shape = field(t, "shape", where, ctx);
+    if (!shape.is_array() || shape.size() > 8) bad_field(where, ctx + "shape", "is not an array of up to 8 sizes");
+    for (const doc_json& d : shape) {
+      if (!d.is_number_unsigned() ||
+          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        bad_field(where, ctx + "shape", "holds something other than a size below 2^31");
+      }
+      e.shape.push_back(d.get<int64_t>());
+    }
+    m.tensors.push_back(std::move(e));
+  }
+
+  const doc_json& pieces = get_array(doc, "pieces", where);
+  if (pieces.size() > max_pieces) bad_field(where, "pieces", "lists more pieces than any layout has");
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const std::string ctx = "pieces/" + std::to_string(i) + "/";
+    const doc_json& p = pieces[i];
+    if (!p.is_object()) bad_field(where, ctx, "is not an object");
+    saved_piece s;
+    s.rank = static_cast<int>(get_int(p, "rank", where, std::numeric_limits<int>::max(), ctx));
+    const auto array = array_index(get_string(p, "array", where, ctx));
+    if (!array) bad_field(where, ctx + "array", "names no state array");
+    s.array = *array;
+    s.tensor = get_string(p, "tensor", where, ctx);
+    const doc_json& b = field(p, "box", where, ctx);
+    if (!b.is_array() || b.size() != 4) bad_field(where, ctx + "box", "is not [row, col, rows, cols]");
+    int64_t v[4];
+    for (size_t k = 0; k < 4; ++k) {
+      if (!b[k].is_number_unsigned() ||
+          b[k].get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        bad_field(where, ctx + "box", "holds something other than a size below 2^31");
+      }
+      v[k] = b[k].get<int64_t>();
+    }
+    s.where = {v[0], v[1], v[2], v[3]};
+    const doc_json& chunks = field(p, "chunks", where, ctx);
+    if (!chunks.is_array()) bad_field(where, ctx + "chunks", "is not an array");
+    for (const doc_json& c : chunks) {
+      const auto key = c.is_string() ? chunk_key::from_hex(c.get<std::string>()) : std::nullopt;
+      if (!key) bad_field(where, ctx + "chunks", "holds something other than 32 hex digits");
+      s.chunks.push_back(*key);
+    }
+    m.pieces.push_back(std::move(s));
+  }
+  validate_v2(m, where, error_kind::corrupt);
+  return m;
+}
+
+void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
+  if (m.step < 0) broken(where, kind, "step is negative");
+  if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
+  if (m.chunk_floats < 1) broken(where, kind, "chunk_floats is 0");
+  if (m.tensors.empty()) broken(where, kind, "it lists no tensors");
+  if (m.pieces.size() > max_pieces) broken(where, kind, "it lists too many pieces");
+  validate_tensors(m, where, kind);
+
+  std::map<std::string, std::pair<int64_t, int64_t>> matrix;  // tensor -> [rows, cols]
+  for (const tensor_entry& t : m.tensors) matrix[t.name] = as_matrix(t.shape);
+  // (array, tensor) -> its pieces, to check they tile the tensor
+  std::map<std::pair<int, std::string>, std::vector<const saved_piece*>> groups;
+  for (const saved_piece& p : m.pieces) {
+    const std::string name = "piece of " + p.tensor;
+    if (p.rank < 0 || p.rank >= m.world) broken(where, kind, name + " has a rank outside the world");
+    if (p.array < 0 || static_cast<size_t>(p.array) >= array_names.size())
+      broken(where, kind, name + " names no state array");
+    const auto it = matrix.find(p.tensor);
+    if (it == matrix.end()) broken(where, kind, name + ": no such tensor in the table");
+    const auto [rows, cols] = it->second;
+    const box& b = p.where;
+    if (b.row < 0 || b.col < 0 || b.rows < 1 || b.cols < 1 || b.row > rows - b.rows ||
+        b.col > cols - b.cols) {
+      broken(where, kind, name + " has a box outside the tensor's [" + std::to_string(rows) +
+                              ", " + std::to_string(cols) + "]");
+    }
+    const size_t expected = (b.numel() + m.chunk_floats - 1) / m.chunk_floats;
+    if (p.chunks.size() != expected) {
+      broken(where, kind, name + " lists " + std::to_string(p.chunks.size()) +
+                              " chunks for a box that needs " + std::to_string(expected));
+    }
+    auto& group = groups[{p.array, p.tensor}];
+    if (group.size() >= max_pieces_per_tensor) broken(where, kind, p.tensor + " is cut into too many pieces");
+    group.push_back(&p);
+  }
+  for (const tensor_entry& t : m.tensors) {
+    const auto [rows, cols] = as_matrix(t.shape);
+    const auto area = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    for (size_t a = 0; a < array_names.size(); ++a) {
+      const std::string what = std::string(array_names[a]) + " of " + t.name;
+      const auto it = groups.find({static_cast<int>(a), t.name});
+      if (it == groups.end()) {
+        if (area == 0) continue;
+        broken(where, kind, "no piece holds the " + what);
+      }
+      // Boxes inside the tensor, pairwise disjoint and as large together as the tensor:
+      // exactly a tiling.
+      size_t covered = 0;
+      const auto& group = it->second;
+      for (size_t i = 0; i < group.size(); ++i) {
+        covered += group[i]->where.numel();
+        for (size_t j = i + 1; j < group.size(); ++j) {
+          if (intersect(group[i]->where, group[j]->where))
+            broken(where, kind, "two pieces of the " + what + " overlap");
+        }
+      }
+      if (covered != area)
+        broken(where, kind, "the pieces of the " + what + " cover " + std::to_string(covered) +
+                                " of its " + std::to_string(area) + " elements");
+    }
+  }
+}
+
+}  // namespace troupe::ckpt::manifest_json
+
+namespace troupe::ckpt {
+
+std::string encode_pieces(const std::vector<saved_piece>& pieces) {
+  manifest_json::detail::doc_json out = manifest_json::detail::doc_json::array();
+  for (const saved_piece& p : pieces) {
+    manifest_json::detail::doc_json chunks = manifest_json::detail::doc_json::array();
+    for (const chunk_key& k : p.chunks) chunks.push_back(k.hex());
+    out.push_back({p.rank, p.array, p.tensor, {p.where.row, p.where.col, p.where.rows, p.where.cols},
+                   std::move(chunks)});
+  }
+  return out.dump();
+}
+
+std::vector<saved_piece> decode_pieces(std::string_view text) {
+  using doc_json = manifest_json::detail::doc_json;
+  const std::filesystem::path where("(a rank's checkpoint report)");
+  std::vector<saved_piece> out;
+  try {
+    const doc_json doc = doc_json::parse(text.begin(), text.end());
+    for (const doc_json& p : doc) {
+      saved_piece s;
+      s.rank = p.at(0).get<int>();
+      s.array = p.at(1).get<int>();
+      s.tensor = p.at(2).get<std::string>();
+      const doc_json& b = p.at(3);
+      s.where = {b.at(0).get<int64_t>(), b.at(1).get<int64_t>(), b.at(2).get<int64_t>(),
+                 b.at(3).get<int64_t>()};
+      for (const doc_json& c : p.at(4)) {
+        const auto key = chunk_key::from_hex(c.get<std::string>());
+        if (!key) io::fail(error_kind::corrupt, where, "holds a malformed chunk name");
+        s.chunks.push_back(*key);
+      }
+      out.push_back(std::move(s));
+    }
+  } catch (const doc_json::exception& e) {
+    io::fail(error_kind::corrupt, where, std::string("does not parse: ") + e.what());
+  }
+  return out;
+}
+
+}  // namespace troupe::ckpt

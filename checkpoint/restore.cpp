@@ -1,0 +1,151 @@
+// The read side of a version 2 checkpoint: each rank reads, for every box it holds in its
+// new layout, just the chunks of the saved boxes that overlap it, each verified against its
+// hash. Independent of the layout that wrote the checkpoint.
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/manifest.hpp"
+
+namespace troupe::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using piece_index = std::map<std::pair<int, std::string>, std::vector<const saved_piece*>>;
+
+piece_index index_pieces(const manifest& m) {
+  piece_index out;
+  for (const saved_piece& p : m.pieces) out[{p.array, p.tensor}].push_back(&p);
+  return out;
+}
+
+/// Decoded chunks of one restore, so a chunk that several boxes need is read once; dropped
+/// wholesale when it grows past a budget.
+class chunk_cache {
+ public:
+  chunk_cache(const std::string& run_dir, const manifest& m, restore_stats& stats)
+      : run_dir_(run_dir), m_(m), stats_(stats) {}
+
+  const std::vector<float>& get(const saved_piece& p, size_t index) {
+    const chunk_key& key = p.chunks[index];
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    const size_t n = p.where.numel();
+    const size_t first = index * m_.chunk_floats;
+    const size_t floats = std::min<size_t>(m_.chunk_floats, n - first);
+    if (held_ + floats > budget_floats) {
+      cache_.clear();
+      held_ = 0;
+    }
+    const std::string context = std::string(array_names[static_cast<size_t>(p.array)]) + " of " +
+                                p.tensor + ", chunk " + std::to_string(index) + " of the piece of rank " +
+                                std::to_string(p.rank) + ", checkpoint step " + std::to_string(m_.step);
+    auto [it, inserted] = cache_.emplace(key, chunk_file::read(run_dir_, key, floats, context));
+    held_ += floats;
+    stats_.bytes_read += floats * sizeof(float);
+    ++stats_.chunks_read;
+    return it->second;
+  }
+
+ private:
+  static constexpr size_t budget_floats = size_t{16} << 20;  // 64 MiB
+  const std::string& run_dir_;
+  const manifest& m_;
+  restore_stats& stats_;
+  std::map<chunk_key, std::vector<float>> cache_;
+  size_t held_ = 0;
+};
+
+/// Copies elements [first, first + count) of saved piece `q` (row-major) to `out`.
+void copy_run(chunk_cache& cache, const saved_piece& q, size_t chunk_floats, size_t first,
+              size_t count, float* out) {
+  while (count > 0) {
+    const size_t index = first / chunk_floats;
+    const size_t within = first % chunk_floats;
+    const std::vector<float>& chunk = cache.get(q, index);
+    const size_t take = std::min(count, chunk.size() - within);
+    std::memcpy(out, chunk.data() + within, take * sizeof(float));
+    out += take;
+    first += take;
+    count -= take;
+  }
+}
+
+}  // namespace
+
+restore_stats restore_into(const std::string& run_dir, const manifest& m, const state_map& map,
+                           std::span<const std::span<float>> buffers) {
+  const fs::path where = format::step_dir(run_dir, m.step) / format::manifest_name;
+  if (m.format_version != 2)
+    io::fail(error_kind::invalid_argument, where, "restore_into reads format 2 checkpoints only");
+  manifest_json::validate(m, where, error_kind::invalid_argument);
+  if (buffers.size() != map.arrays.size())
+    io::fail(error_kind::invalid_argument, where, "the state has the wrong number of buffers");
+  const piece_index index = index_pieces(m);
+  restore_stats stats;
+  chunk_cache cache(run_dir, m, stats);
+  for (size_t a = 0; a < map.arrays.size(); ++a) {
+    for (const placed_piece& p : map.arrays[a]) {
+      const auto group = index.find({static_cast<int>(a), p.tensor});
+      if (group == index.end()) {
+        io::fail(error_kind::incompatible, where,
+                 "has no " + std::string(array_names[a]) + " of tensor " + p.tensor +
+                     ": it was written for another model. Resume with the checkpoint's config.");
+      }
+      if (p.local_offset + p.where.numel() > buffers[a].size())
+        io::fail(error_kind::invalid_argument, where, "a box runs past its local buffer");
+      size_t filled = 0;
+      for (const saved_piece* q : group->second) {
+        const auto overlap = intersect(p.where, q->where);
+        if (!overlap) continue;
+        for (int64_t r = overlap->row; r < overlap->row + overlap->rows; ++r) {
+          const auto from = static_cast<size_t>((r - q->where.row) * q->where.cols +
+                                                (overlap->col - q->where.col));
+          const auto to = p.local_offset + static_cast<size_t>((r - p.where.row) * p.where.cols +
+                                                               (overlap->col - p.where.col));
+          copy_run(cache, *q, m.chunk_floats, from, static_cast<size_t>(overlap->cols),
+                   buffers[a].data() + to);
+        }
+        filled += overlap->numel();
+      }
+      if (filled != p.where.numel())
+        io::fail(error_kind::corrupt, where,
+                 "does not cover the " + std::string(array_names[a]) + " of " + p.tensor +
+                     " that this rank holds");
+    }
+  }
+  return stats;
+}
+
+state_map full_state_map(const manifest& m) {
+  state_map map;
+  for (size_t a = 0; a < map.arrays.size(); ++a) {
+    for (const tensor_entry& t : m.tensors) {
+      const auto [rows, cols] = as_matrix(t.shape);
+      if (rows * cols == 0) continue;
+      map.arrays[a].push_back({t.name, {0, 0, rows, cols}, t.offset, 1, 0});
+    }
+  }
+  return map;
+}
+
+full_state load_full_state_v2(const std::string& run_dir, const manifest& m) {
+  full_state out;
+  out.step = m.step;
+  out.seed = m.seed;
+  out.rng_state = m.seed;
+  out.adam_t = m.adam_t;
+  out.params.assign(m.global_numel, 0.0f);
+  out.exp_avg.assign(m.global_numel, 0.0f);
+  out.exp_avg_sq.assign(m.global_numel, 0.0f);
+  const std::span<float> buffers[] = {out.params, out.exp_avg, out.exp_avg_sq};
+  restore_into(run_dir, m, full_state_map(m), buffers);
+  return out;
+}
+
+}  // namespace troupe::ckpt

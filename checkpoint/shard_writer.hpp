@@ -1,0 +1,83 @@
+#pragma once
+// The write side of a checkpoint, as a seam: a rank copies what it holds into a snapshot
+// (the only part that stalls training), and a shard_writer persists the snapshot as
+// content-addressed chunks and reports which chunks hold which boxes. The filesystem writer
+// is the one backend today; an object store can take its place without touching the ranks.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "checkpoint/chunk_file.hpp"
+#include "checkpoint/state_map.hpp"
+
+namespace troupe::ckpt {
+
+/// One box a rank writes, at `data_offset` in its snapshot's data.
+struct snapshot_piece {
+  int array = 0;  ///< index into array_names
+  std::string tensor;
+  box where;
+  size_t data_offset = 0;
+};
+
+/// A copy of the state one rank writes at one step. The data buffer is allocated once and
+/// reused by every later snapshot (fresh memory is slow to touch on these machines).
+struct snapshot {
+  int rank = 0;
+  int world = 1;
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int64_t adam_t = 0;
+  std::vector<snapshot_piece> pieces;
+  std::vector<float> data;
+  size_t used = 0;  ///< floats of `data` in use
+};
+
+/// Copies this rank's share of every piece of `map` (its replica_index's balanced part of
+/// each box) out of `buffers` (array_names order) into `into`, growing its buffer only the
+/// first time (or when the layout grew).
+void capture(const state_map& map, std::span<const std::span<const float>> buffers,
+             snapshot& into);
+
+/// A box persisted as chunks: element i of the box (row-major) is in chunk i / chunk_floats.
+struct saved_piece {
+  int rank = 0;
+  int array = 0;
+  std::string tensor;
+  box where;
+  std::vector<chunk_key> chunks;
+  friend bool operator==(const saved_piece&, const saved_piece&) = default;
+};
+
+/// What a writer tells the coordinator once a snapshot is durable.
+struct shard_report {
+  int rank = 0;
+  int64_t step = 0;
+  int64_t adam_t = 0;
+  std::vector<saved_piece> pieces;
+  uint64_t bytes_written = 0;       ///< chunk bytes that reached the disk (headers included)
+  uint64_t bytes_deduplicated = 0;  ///< chunk bytes already stored, so not written again
+  size_t chunks_written = 0;
+  size_t chunks_deduplicated = 0;
+  double write_s = 0;
+};
+
+/// Persists snapshots. write() returns only when every chunk it reports is durable; it
+/// throws checkpoint_error (io, with the cause, e.g. a full disk) otherwise.
+class shard_writer {
+ public:
+  virtual ~shard_writer() = default;
+  virtual shard_report write(const snapshot& s) = 0;
+  /// Floats per chunk (the last chunk of a box may be shorter).
+  [[nodiscard]] virtual size_t chunk_floats() const = 0;
+};
+
+/// The filesystem backend: chunks under RUN_DIR/checkpoints/chunks, each written to a
+/// temporary name, fsync'ed and renamed; a chunk already present is not written again.
+std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes);
+
+}  // namespace troupe::ckpt
