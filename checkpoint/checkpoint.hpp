@@ -232,6 +232,24 @@ struct gc_result {
 gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
                           std::chrono::seconds temp_grace);
 
+/// An exclusive hold on a run directory's checkpoints (flock of RUN_DIR/checkpoints/.lock),
+/// kept by a running job for its whole life, so that an offline `troupe ckpt gc` never
+/// deletes chunks a job is about to reference. Released on destruction or process death.
+class run_lock {
+ public:
+  /// The lock, or nullopt when another process holds it. Throws checkpoint_error (io) when
+  /// the lock file cannot be created.
+  static std::optional<run_lock> try_acquire(const std::string& run_dir);
+  run_lock(run_lock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  run_lock& operator=(run_lock&&) = delete;
+  run_lock(const run_lock&) = delete;
+  ~run_lock();
+
+ private:
+  explicit run_lock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
 /// One damaged object found by verify_checkpoint.
 struct problem {
   std::string path;     ///< the file at fault

@@ -1,5 +1,7 @@
 // Retention, garbage collection of chunks, and verification of committed checkpoints.
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -98,6 +100,23 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
   }
   if (ec) io::fail_errno(root, "listing", ec.value());
   return out;
+}
+
+std::optional<run_lock> run_lock::try_acquire(const std::string& run_dir) {
+  const fs::path dir = format::checkpoints_dir(run_dir);
+  io::make_dirs_durable(dir);
+  const fs::path path = dir / ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) io::fail_errno(path, "creating the lock file", errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  return run_lock(fd);
+}
+
+run_lock::~run_lock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
 std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step) {

@@ -51,6 +51,9 @@ void prepare_paths(train_config& cfg) {
   cfg.run_dir = fs::absolute(cfg.run_dir).lexically_normal().string();
   if (!cfg.run_dir.empty() && cfg.run_dir.back() == '/') cfg.run_dir.pop_back();
   if (!cfg.resume && fs::exists(fs::path(cfg.run_dir) / "checkpoints")) {
+    if (!ckpt::run_lock::try_acquire(cfg.run_dir))
+      throw config_error("run_dir: another troupe job is using " + cfg.run_dir +
+                         " (it holds checkpoints/.lock); stop it or pick another --run-dir");
     auto stamp = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count());
@@ -63,36 +66,98 @@ void prepare_paths(train_config& cfg) {
   fs::create_directories(cfg.run_dir);
 }
 
-// The step a resumed job starts after; checks the checkpoint fits this config.
-int64_t resume_point(const train_config& cfg) {
-  auto man = ckpt::latest_committed(cfg.run_dir);
-  if (!man)
-    throw config_error(
-        "resume: no committed checkpoint in " + cfg.run_dir +
-        "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
+// A damaged checkpoint that --resume passed over, for the event log.
+struct passed_over {
+  int64_t step = -1;  // -1: LATEST itself
+  std::string path, error;
+};
+
+struct resume_choice {
+  int64_t step = 0;
+  std::string layout;
+  int format = 0;
+  std::vector<passed_over> fallbacks;
+};
+
+// The checkpoint a resumed job starts from: the newest committed one that fits this config
+// and reads back intact (every chunk against its hash). A damaged one is reported and passed
+// over for the one before; none left stops the job (exit 1), a checkpoint of another run
+// or model stops it as a usage error (exit 2).
+resume_choice resume_point(const train_config& cfg) {
   // Everything that shapes the math must match; what only says how or how long to run
   // (world size, step budget, ports, paths, cadences) may change between sessions.
   static const std::vector<std::string> may_change = {
       "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host", "/progress",
       "/exit_after_step", "/checkpoint_every", "/eval_every", "/eval_batches", "/step_timeout_ms",
-      "/bucket_bytes", "/blas_threads", "/data",
-      // The layout may change too: checkpoints are layout-independent (single-rank flat layout).
+      "/bucket_bytes", "/blas_threads", "/data", "/checkpoint_async", "/checkpoint_overlap",
+      "/checkpoint_chunk_kib", "/keep_last", "/keep_every", "/optim/freeze",
+      // The layout may change too: a checkpoint holds boxes of the single-rank model, which
+      // any layout reads back (reshard on restore).
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
       "/parallel/schedule",
       // How the job survives failures does not change what it computes.
       "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
       "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy",
       "/elastic/faults"};
+  resume_choice out;
+  std::vector<int64_t> candidates = ckpt::list_committed(cfg.run_dir);
+  std::optional<int64_t> latest;
   try {
-    ckpt::require_compatible(*man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
+    if (auto man = ckpt::latest_committed(cfg.run_dir)) latest = man->step;
   } catch (const ckpt::checkpoint_error& e) {
-    throw config_error(std::string("resume: ") + e.what());
+    out.fallbacks.push_back({-1, e.path(), e.what()});
   }
-  if (man->step >= cfg.steps)
-    throw config_error("resume: the checkpoint is at step " + std::to_string(man->step) +
+  if (candidates.empty() && out.fallbacks.empty())
+    throw config_error(
+        "resume: no committed checkpoint in " + cfg.run_dir +
+        "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
+  // Newest first, never past what LATEST names (a newer manifest was never committed).
+  std::sort(candidates.rbegin(), candidates.rend());
+  for (int64_t step : candidates) {
+    if (latest && step > *latest) continue;
+    ckpt::manifest man;
+    try {
+      man = ckpt::read_manifest(cfg.run_dir, step);
+    } catch (const ckpt::checkpoint_error& e) {
+      out.fallbacks.push_back({step, e.path(), e.what()});
+      continue;
+    }
+    try {
+      ckpt::require_compatible(man, to_json(cfg), gpt(cfg.model).num_params(), may_change);
+    } catch (const ckpt::checkpoint_error& e) {
+      throw config_error(std::string("resume: ") + e.what());
+    }
+    const auto problems = ckpt::verify_checkpoint(cfg.run_dir, step);
+    if (!problems.empty()) {
+      out.fallbacks.push_back({step, problems.front().path,
+                               problems.front().message +
+                                   (problems.size() > 1
+                                        ? " (and " + std::to_string(problems.size() - 1) +
+                                              " more damaged objects)"
+                                        : "")});
+      continue;
+    }
+    out.step = man.step;
+    out.layout = man.format_version >= 2 ? man.layout : "dp" + std::to_string(man.world);
+    out.format = man.format_version;
+    break;
+  }
+  for (const auto& f : out.fallbacks)
+    std::fprintf(stderr, "troupe: resume: passing over %s: %s\n",
+                 f.step < 0 ? "LATEST" : ("checkpoint step " + std::to_string(f.step)).c_str(),
+                 f.error.c_str());
+  if (out.format == 0)
+    throw std::runtime_error("resume: no committed checkpoint in " + cfg.run_dir +
+                             "/checkpoints reads back intact (see above); nothing to resume. "
+                             "Restore the damaged files from a copy, or start a new run.");
+  if (out.step >= cfg.steps)
+    throw config_error("resume: the checkpoint is at step " + std::to_string(out.step) +
                        ", which is not before --steps " + std::to_string(cfg.steps) +
                        "; raise --steps");
-  return man->step;
+  std::fprintf(stderr, "troupe: resuming from checkpoint step %lld (written by %s, format %d)%s\n",
+               static_cast<long long>(out.step), out.layout.c_str(), out.format,
+               out.fallbacks.empty() ? "" : ", an earlier one than the newest");
+  return out;
 }
 
 // Stage 1: the layout for this world, from the planner. The coordinator plans again, for the
@@ -150,7 +215,13 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   layout_doc["describe"] = strategies::describe(plan.shape);
   layout_doc["zero"] = cfg.parallel.zero;
   prepare_paths(cfg);
-  int64_t start_step = cfg.resume ? resume_point(cfg) : 0;
+  // One job per run directory: the lock also keeps `troupe ckpt gc` off chunks being written.
+  auto lock = ckpt::run_lock::try_acquire(cfg.run_dir);
+  if (!lock)
+    throw config_error("run_dir: another troupe job is using " + cfg.run_dir +
+                       " (it holds checkpoints/.lock); stop it or pick another --run-dir");
+  const resume_choice resumed = cfg.resume ? resume_point(cfg) : resume_choice{};
+  const int64_t start_step = resumed.step;
   {
     std::ofstream out(cfg.run_dir + "/config.json");
     out << nlohmann::json::parse(to_json(cfg)).dump(2) << "\n";
@@ -165,6 +236,17 @@ int run_job(const job_options& opts, bool launch_local_agent) {
                 {"config", nlohmann::json::parse(to_json(cfg))},
                 {"pid", getpid()},
                 {"layout", layout_doc}});
+  for (const auto& f : resumed.fallbacks)
+    events.write({{"event", "checkpoint_fallback"},
+                  {"step", f.step},
+                  {"path", f.path},
+                  {"error", f.error},
+                  {"resumed_step", start_step}});
+  if (cfg.resume)
+    events.write({{"event", "resume"},
+                  {"step", start_step},
+                  {"written_by", resumed.layout},
+                  {"format_version", resumed.format}});
   // The progress line follows the event stream.
   std::optional<progress_line> progress;
   if (cfg.progress) progress.emplace(start_step);
