@@ -140,6 +140,7 @@ TEST(Commit, RanksWriteConcurrently) {
   }
   for (auto& t : ranks) t.join();
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.step = 30;
   m.world = world;
   m.global_numel = full.params.size();

@@ -207,10 +207,10 @@ TEST_F(damaged_checkpoint, FutureManifestFormatVersion) {
   const fs::path path = step_path(dir_.str(), 10) / "manifest.json";
   const std::vector<char> clean = read_bytes(path);
   std::string text(clean.begin(), clean.end());
-  text.replace(text.find("\"format_version\": 1"), 19, "\"format_version\": 2");
+  text.replace(text.find("\"format_version\": 1"), 19, "\"format_version\": 3");
   write_text(path, text);
   expect_error([&] { latest_committed(dir_.str()); }, error_kind::unsupported_version,
-               "format_version 2");
+               "format_version 3");
 }
 
 TEST_F(damaged_checkpoint, CorruptLatest) {

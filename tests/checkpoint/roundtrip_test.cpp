@@ -122,6 +122,7 @@ TEST(RoundTrip, RankRngStatesAreKeptPerRank) {
   temp_dir dir;
   const full_state full = make_full(100, 3);
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.step = 3;
   m.world = 2;
   m.global_numel = 100;
@@ -142,6 +143,7 @@ TEST(Manifest, IsReadableJsonWithTensorTableAndConfig) {
   temp_dir dir;
   const full_state full = make_full(30, 10);
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.step = 10;
   m.world = 2;
   m.global_numel = 30;
@@ -154,7 +156,7 @@ TEST(Manifest, IsReadableJsonWithTensorTableAndConfig) {
   const auto text = testing::read_bytes(testing::step_path(dir.str(), 10) / "manifest.json");
   const auto doc = nlohmann::json::parse(text.begin(), text.end());
   EXPECT_EQ(doc["kind"], "troupe-checkpoint-manifest");
-  EXPECT_EQ(doc["format_version"], format_version);
+  EXPECT_EQ(doc["format_version"], shard_format_version);
   EXPECT_EQ(doc["hash_algorithm"], "trp64");
   EXPECT_EQ(doc["shards"][1]["file"], "shard-00001.bin");
   EXPECT_EQ(doc["tensors"][0]["shape"], nlohmann::json::array({4, 5}));
@@ -174,6 +176,7 @@ TEST(Manifest, TensorTableMustFitTheLayout) {
 
 TEST(Compatibility, SameConfigPassesInAnyKeyOrder) {
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.global_numel = 10;
   m.config_json = testing::test_config;
   EXPECT_NO_THROW(require_compatible(
@@ -182,6 +185,7 @@ TEST(Compatibility, SameConfigPassesInAnyKeyOrder) {
 
 TEST(Compatibility, DifferentRunIsRefusedNamingTheKey) {
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.step = 5;
   m.global_numel = 10;
   m.config_json = testing::test_config;

@@ -64,6 +64,7 @@ inline const std::string test_config =
 inline manifest write_checkpoint(const std::string& run_dir, const full_state& full, int world,
                                  bool commit = true) {
   manifest m;
+  m.format_version = shard_format_version;  // the flat-shard format
   m.step = full.step;
   m.world = world;
   m.global_numel = full.params.size();
