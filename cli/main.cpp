@@ -9,6 +9,7 @@
 #include "actors/node_supervisor.hpp"
 #include "actors/rank.hpp"
 #include "bench/comm_bench.hpp"
+#include "cli/ckpt_tool.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 
@@ -128,8 +129,9 @@ int dispatch(int argc, char** argv) {
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node);
     return troupe::actors::run_worker(w);
   }
+  if (command == "ckpt") return troupe::cli::run_ckpt_tool(args);
   throw usage_error("troupe: unknown command '" + command +
-                    "'; commands: run, coordinator, agent, worker, bench");
+                    "'; commands: run, coordinator, agent, worker, bench, ckpt");
 }
 
 }  // namespace

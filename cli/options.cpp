@@ -137,6 +137,7 @@ commands:
   agent         run the agent of one node: starts that node's workers
   worker        one rank (started by an agent; not usually run by hand)
   bench comm    collectives benchmark (like nccl-tests): time, algbw, busbw per size
+  ckpt          inspect, verify, diff and garbage-collect a run's checkpoints (ls, gc, ...)
 
 Run `troupe <command> --help` for a command's options.
 )";
@@ -254,6 +255,69 @@ std::string worker_help() {
 
 One rank of a job. Agents start workers; run one by hand only to debug.
 )";
+}
+
+std::string ckpt_help(const std::string& subcommand) {
+  if (subcommand.empty())
+    return R"(usage: troupe ckpt <subcommand> RUN_DIR [options]
+
+Offline tools for the checkpoints of a run directory (RUN_DIR/checkpoints, e.g. of
+runs/latest). Only gc changes anything, and it refuses while a job holds the run.
+
+subcommands:
+  ls RUN_DIR                     committed checkpoints, oldest first, with their sizes
+  inspect RUN_DIR [--step N]     one checkpoint's manifest (default: the one LATEST names)
+  verify RUN_DIR [--step N]      reads back every chunk or shard and checks its hash
+  diff RUN_DIR [A B]             what two checkpoints share and how far their values differ
+  gc RUN_DIR [--keep-last K] [--keep-every N]   drops old checkpoints and unreferenced chunks
+
+Exit codes: 0 ok, 1 an error or a damaged checkpoint, 2 bad usage.
+Run `troupe ckpt <subcommand> --help` for details.
+)";
+  static const std::map<std::string, std::string> subcommands = {
+      {"ls", R"(usage: troupe ckpt ls RUN_DIR
+
+One line per committed checkpoint, oldest first: its step, LATEST on the one LATEST names,
+format version, layout, AdamW's step count, distinct chunks, the bytes of those chunks on
+disk, and the bytes of chunks the previous listed checkpoint does not reference (what this
+checkpoint added). Format 1 checkpoints show their shard files' bytes. A last line gives the
+chunk store's size on disk. Exit 1 when LATEST or a manifest cannot be read.
+)"},
+      {"inspect", R"(usage: troupe ckpt inspect RUN_DIR [--step N]
+
+Prints a checkpoint's manifest: step, format, world, layout, seed, adam_t, chunk size, the
+size of the flat state, and per tensor its shape and, for params, exp_avg and exp_avg_sq,
+how many pieces hold it and which ranks wrote them (format 1: the shard files).
+  --step N    the checkpoint of step N (default: the one LATEST names)
+)"},
+      {"verify", R"(usage: troupe ckpt verify RUN_DIR [--step N]
+
+Reads back every object of every committed checkpoint (or only step N): the manifest and
+each chunk (or format 1 shard) against its hash. Prints "step N: ok" or each damaged file
+and what is wrong with it. Without --step, a LATEST that is unreadable or points at no
+checkpoint is a problem too. Exit 0 only when everything verified is intact, else 1.
+  --step N    verify only the checkpoint of step N
+)"},
+      {"diff", R"(usage: troupe ckpt diff RUN_DIR [A B]
+
+Compares the checkpoints of steps A and B (default: the two newest committed ones): the
+bytes of the chunks they share and of those only one of them holds, then per tensor and
+array whether the chunks are identical ("same"), and where they are not, the largest
+absolute difference of the values (both are read back whole and verified). Format 1
+checkpoints are compared by value only.
+)"},
+      {"gc", R"(usage: troupe ckpt gc RUN_DIR [--keep-last K] [--keep-every N]
+
+Removes committed checkpoints that the retention policy does not keep (their manifests
+first), then every chunk no remaining checkpoint references and any chunk temporary files
+left by a writer that died. Refuses (exit 1) while a job holds the run directory's lock.
+  --keep-last K    keep the newest K checkpoints (default 0: keep every checkpoint and
+                   remove only unreferenced chunks)
+  --keep-every N   with --keep-last, also keep every step that is a multiple of N
+)"},
+  };
+  auto it = subcommands.find(subcommand);
+  return it == subcommands.end() ? "" : it->second;
 }
 
 }  // namespace troupe::cli

@@ -34,5 +34,7 @@ std::string agent_help();
 std::string worker_help();
 std::string main_help();
 std::string bench_help();
+/// `troupe ckpt --help` for "", a subcommand's help for its name, "" for an unknown one.
+std::string ckpt_help(const std::string& subcommand);
 
 }  // namespace troupe::cli

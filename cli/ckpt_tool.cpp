@@ -1,0 +1,411 @@
+// `troupe ckpt`: offline tools for a run directory's checkpoints (ls, inspect, verify,
+// diff, gc). This file parses the command line and runs ls, verify and gc; inspect and diff
+// are in ckpt_views.cpp.
+
+#include "cli/ckpt_tool.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/checkpoint.hpp"
+#include "cli/ckpt_common.hpp"
+#include "cli/options.hpp"
+
+namespace troupe::cli {
+namespace ckpt_tool {
+
+namespace fs = std::filesystem;
+using ckpt::chunk_key;
+using ckpt::manifest;
+
+// ---- the run directory -------------------------------------------------------------------
+
+fs::path checkpoints_dir(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints"; }
+
+fs::path step_dir(const std::string& run_dir, int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return checkpoints_dir(run_dir) / name;
+}
+
+std::optional<int64_t> latest_step(const std::string& run_dir) {
+  auto m = ckpt::latest_committed(run_dir);
+  return m ? std::optional<int64_t>(m->step) : std::nullopt;
+}
+
+std::optional<int64_t> latest_step_or_none(const std::string& run_dir) {
+  try {
+    return latest_step(run_dir);
+  } catch (const ckpt::checkpoint_error&) {
+    return std::nullopt;
+  }
+}
+
+// ---- sizes and chunk sets ----------------------------------------------------------------
+
+std::string human(uint64_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = -1;
+  while (v >= 1024 && u < 3) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  return buf;
+}
+
+bool chunked(const manifest& m) { return m.format_version >= 2; }
+
+std::set<chunk_key> distinct_chunks(const manifest& m) {
+  std::set<chunk_key> out;
+  for (const auto& p : m.pieces) out.insert(p.chunks.begin(), p.chunks.end());
+  return out;
+}
+
+uint64_t chunk_sizes::of(const chunk_key& key) {
+  auto [it, fresh] = sizes_.try_emplace(key, 0);
+  if (fresh) {
+    std::error_code ec;
+    const auto n = fs::file_size(ckpt::chunk_file::path_of(run_dir_, key), ec);
+    it->second = ec ? 0 : n;
+  }
+  return it->second;
+}
+
+uint64_t chunk_sizes::total(const std::set<chunk_key>& keys) {
+  uint64_t sum = 0;
+  for (const auto& k : keys) sum += of(k);
+  return sum;
+}
+
+uint64_t shard_bytes(const manifest& m) {
+  uint64_t sum = 0;
+  for (const auto& s : m.shards) sum += s.bytes;
+  return sum;
+}
+
+std::string layout_of(const manifest& m) {
+  if (chunked(m)) return m.layout.empty() ? "?" : m.layout;
+  return "dp" + std::to_string(m.world);
+}
+
+// ---- output ------------------------------------------------------------------------------
+
+void print_table(const std::vector<row>& rows, const std::string& indent) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line.append(width[i] + 2 - r[i].size(), ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    std::puts(line.c_str());
+  }
+}
+
+}  // namespace ckpt_tool
+
+namespace {
+
+using namespace ckpt_tool;
+
+// ---- arguments ---------------------------------------------------------------------------
+
+struct parsed_args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> options;  ///< "--step" -> "12"
+};
+
+usage_error usage(const std::string& sub, const std::string& what) {
+  return usage_error("troupe ckpt " + sub + ": " + what + "; see troupe ckpt " + sub + " --help");
+}
+
+/// Splits `args` into positional arguments and the options in `allowed` (each takes a value,
+/// as "--opt V" or "--opt=V"). Anything else starting with '-' is a usage error.
+parsed_args parse_args(const std::string& sub, const std::vector<std::string>& args,
+                       const std::set<std::string>& allowed) {
+  parsed_args out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    if (flag.empty() || flag[0] != '-') {
+      out.positional.push_back(flag);
+      continue;
+    }
+    std::optional<std::string> value;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    }
+    if (!allowed.contains(flag)) throw usage(sub, "unknown option '" + flag + "'");
+    if (!value) {
+      if (i + 1 >= args.size()) throw usage(sub, "option " + flag + " needs a value");
+      value = args[++i];
+    }
+    out.options[flag] = *value;
+  }
+  return out;
+}
+
+/// A non-negative integer; "step-00000012" is accepted for a step.
+int64_t parse_number(const std::string& sub, const std::string& what, std::string text) {
+  const std::string original = text;
+  if (text.starts_with("step-")) text = text.substr(5);
+  int64_t v = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < 0)
+    throw usage(sub, what + " must be a non-negative integer, got '" + original + "'");
+  return v;
+}
+
+std::optional<int64_t> number_option(const std::string& sub, const parsed_args& a,
+                                     const std::string& flag) {
+  auto it = a.options.find(flag);
+  if (it == a.options.end()) return std::nullopt;
+  return parse_number(sub, flag, it->second);
+}
+
+// ---- the run directory -------------------------------------------------------------------
+
+void require_checkpoints(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    throw tool_error(run_dir + " is not a directory; give a job's run directory (its --run-dir)");
+  if (!fs::is_directory(checkpoints_dir(run_dir), ec))
+    throw tool_error(
+        run_dir + " has no checkpoints directory (" + checkpoints_dir(run_dir).string() +
+        "): no job has checkpointed there; give a job's run directory (its --run-dir)");
+}
+
+// ---- ls ----------------------------------------------------------------------------------
+
+int cmd_ls(const std::string& run_dir) {
+  int rc = 0;
+  std::optional<int64_t> latest;
+  try {
+    latest = latest_step(run_dir);
+  } catch (const ckpt::checkpoint_error& e) {
+    std::fprintf(stderr, "troupe ckpt: LATEST is unusable: %s\n", e.what());
+    rc = 1;
+  }
+  chunk_sizes sizes(run_dir);
+  std::vector<row> rows = {{"step", "", "format", "layout", "adam_t", "chunks", "bytes", "new"}};
+  std::vector<std::string> damaged;
+  std::set<chunk_key> previous;
+  const std::vector<int64_t> steps = ckpt::list_committed(run_dir);
+  for (int64_t step : steps) {
+    const std::string mark = latest == step ? "LATEST" : "";
+    manifest m;
+    try {
+      m = ckpt::read_manifest(run_dir, step);
+    } catch (const ckpt::checkpoint_error& e) {
+      rows.push_back({std::to_string(step), mark, "damaged"});
+      damaged.push_back(e.what());
+      previous.clear();
+      rc = 1;
+      continue;
+    }
+    if (chunked(m)) {
+      std::set<chunk_key> keys = distinct_chunks(m), added;
+      std::set_difference(keys.begin(), keys.end(), previous.begin(), previous.end(),
+                          std::inserter(added, added.end()));
+      rows.push_back({std::to_string(step), mark, std::to_string(m.format_version), layout_of(m),
+                      std::to_string(m.adam_t), std::to_string(keys.size()),
+                      human(sizes.total(keys)), human(sizes.total(added))});
+      previous = std::move(keys);
+    } else {
+      rows.push_back({std::to_string(step), mark, std::to_string(m.format_version), layout_of(m),
+                      "-", "-", human(shard_bytes(m)), human(shard_bytes(m))});
+      previous.clear();
+    }
+  }
+  if (steps.empty())
+    std::printf("no committed checkpoints in %s\n", checkpoints_dir(run_dir).c_str());
+  else
+    print_table(rows);
+  for (const auto& d : damaged) std::printf("damaged manifest: %s\n", d.c_str());
+
+  const fs::path root = ckpt::chunk_file::root(run_dir);
+  uint64_t files = 0, bytes = 0;
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    for (auto it = fs::recursive_directory_iterator(root, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      std::error_code e2;
+      if (!it->is_regular_file(e2)) continue;
+      if (chunk_key::from_hex(it->path().filename().string())) ++files;
+      bytes += it->file_size(e2);
+    }
+  }
+  std::printf("chunk store: %llu chunks, %s on disk (%s)\n", static_cast<unsigned long long>(files),
+              human(bytes).c_str(), root.c_str());
+  return rc;
+}
+
+// ---- verify ------------------------------------------------------------------------------
+
+int cmd_verify(const std::string& run_dir, std::optional<int64_t> only) {
+  int rc = 0;
+  const std::vector<int64_t> committed = ckpt::list_committed(run_dir);
+  if (!only) {
+    try {
+      if (!latest_step(run_dir) && !committed.empty()) {
+        std::printf("LATEST: missing: %s does not exist although step directories hold manifests\n",
+                    (checkpoints_dir(run_dir) / "LATEST").c_str());
+        rc = 1;
+      }
+    } catch (const ckpt::checkpoint_error& e) {
+      std::printf("LATEST: damaged\n  %s\n", e.what());
+      rc = 1;
+    }
+  }
+  const std::vector<int64_t> steps = only ? std::vector<int64_t>{*only} : committed;
+  if (steps.empty()) {
+    std::printf("no committed checkpoints in %s: nothing to verify\n",
+                checkpoints_dir(run_dir).c_str());
+    return 1;
+  }
+  size_t bad = 0;
+  for (int64_t step : steps) {
+    const auto problems = ckpt::verify_checkpoint(run_dir, step);
+    if (problems.empty()) {
+      std::printf("step %lld: ok\n", static_cast<long long>(step));
+      continue;
+    }
+    ++bad;
+    std::printf("step %lld: %zu problem%s\n", static_cast<long long>(step), problems.size(),
+                problems.size() == 1 ? "" : "s");
+    for (const auto& p : problems) {
+      if (p.path.empty() || p.message.find(p.path) != std::string::npos)
+        std::printf("  %s\n", p.message.c_str());
+      else
+        std::printf("  %s: %s\n", p.path.c_str(), p.message.c_str());
+    }
+  }
+  if (bad) rc = 1;
+  std::printf("%zu checkpoint%s checked, %zu damaged%s\n", steps.size(),
+              steps.size() == 1 ? "" : "s", bad, rc ? "" : ": all intact");
+  return rc;
+}
+
+// ---- gc ----------------------------------------------------------------------------------
+
+int cmd_gc(const std::string& run_dir, size_t keep_last, int64_t keep_every) {
+  auto lock = ckpt::run_lock::try_acquire(run_dir);
+  if (!lock)
+    throw tool_error("a job holds " + run_dir + " (the lock " +
+                     (checkpoints_dir(run_dir) / ".lock").string() +
+                     "); gc would race its checkpoints. Run it when the job has ended");
+  const std::optional<int64_t> latest = latest_step(run_dir);
+  if (!latest) {
+    std::printf("nothing to collect: %s has no LATEST (no committed checkpoint)\n",
+                checkpoints_dir(run_dir).c_str());
+    return 0;
+  }
+  if (keep_last > 0) {  // the policy must keep what LATEST names, or a resume would fail
+    const auto steps = ckpt::list_committed(run_dir);
+    const size_t newer =
+        static_cast<size_t>(steps.end() - std::upper_bound(steps.begin(), steps.end(), *latest));
+    if (newer >= keep_last && !(keep_every > 0 && *latest % keep_every == 0))
+      throw tool_error("LATEST names step " + std::to_string(*latest) + " but " +
+                       std::to_string(newer) + " newer checkpoint(s) exist, so --keep-last " +
+                       std::to_string(keep_last) + " would remove it. Keep more or fix LATEST");
+  }
+  const ckpt::gc_result r =
+      ckpt::collect_garbage(run_dir, {keep_last, keep_every}, std::chrono::seconds(0));
+  std::string removed;
+  for (int64_t s : r.removed_steps) removed += (removed.empty() ? "" : ", ") + std::to_string(s);
+  std::printf("gc of %s\n", checkpoints_dir(run_dir).c_str());
+  print_table(
+      {{"steps removed", removed.empty() ? "none" : removed},
+       {"chunks removed", std::to_string(r.chunks_removed)},
+       {"chunks kept", std::to_string(r.chunks_kept)},
+       {"bytes freed", human(r.bytes_freed) + " (" + std::to_string(r.bytes_freed) + " bytes)"},
+       {"temp files removed", std::to_string(r.temp_files_removed)}},
+      "  ");
+  return 0;
+}
+
+// ---- dispatch ----------------------------------------------------------------------------
+
+int dispatch(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::fputs(ckpt_help("").c_str(), stderr);
+    return 2;
+  }
+  const std::string sub = args[0];
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    std::fputs(ckpt_help("").c_str(), stdout);
+    return 0;
+  }
+  const std::string help = ckpt_help(sub);
+  if (help.empty())
+    throw usage_error("troupe ckpt: unknown subcommand '" + sub +
+                      "'; subcommands: ls, inspect, verify, diff, gc (see troupe ckpt --help)");
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  for (const auto& a : rest) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(help.c_str(), stdout);
+      return 0;
+    }
+  }
+  std::set<std::string> allowed;
+  if (sub == "inspect" || sub == "verify") allowed = {"--step"};
+  if (sub == "gc") allowed = {"--keep-last", "--keep-every"};
+  const parsed_args a = parse_args(sub, rest, allowed);
+  const size_t extra = sub == "diff" ? 2 : 0;
+  if (a.positional.empty()) throw usage(sub, "RUN_DIR is required");
+  if (a.positional.size() != 1 && a.positional.size() != 1 + extra)
+    throw usage(sub, sub == "diff" ? "expected RUN_DIR and either no steps or two (A B)"
+                                   : "unexpected argument '" + a.positional[1] + "'");
+  const std::string& run_dir = a.positional[0];
+  // Parse every number before touching the disk, so that bad usage is always exit 2.
+  const auto step = number_option(sub, a, "--step");
+  const auto keep_last = number_option(sub, a, "--keep-last");
+  const auto keep_every = number_option(sub, a, "--keep-every");
+  std::optional<std::pair<int64_t, int64_t>> pair;
+  if (a.positional.size() == 3)
+    pair = {parse_number(sub, "step A", a.positional[1]),
+            parse_number(sub, "step B", a.positional[2])};
+  require_checkpoints(run_dir);
+  if (sub == "ls") return cmd_ls(run_dir);
+  if (sub == "inspect") return inspect(run_dir, step);
+  if (sub == "verify") return cmd_verify(run_dir, step);
+  if (sub == "diff") return diff(run_dir, pair);
+  return cmd_gc(run_dir, static_cast<size_t>(keep_last.value_or(0)), keep_every.value_or(0));
+}
+
+}  // namespace
+
+int run_ckpt_tool(const std::vector<std::string>& args) {
+  try {
+    return dispatch(args);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {  // checkpoint_error names the file already
+    std::fflush(stdout);
+    std::fprintf(stderr, "troupe ckpt: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace troupe::cli
