@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -75,8 +76,11 @@ void on_every_rank(const layout_case& c, uint64_t generation, Body body) {
   comm::tcp_store_server server;
   std::vector<std::string> errors(static_cast<size_t>(shape.world()));
   std::vector<std::thread> threads;
+  // No rank tears its communicators down while a peer may still be finishing its handshake.
+  std::barrier done(shape.world());
   for (int r = 0; r < shape.world(); ++r)
     threads.emplace_back([&, r] {
+      bool arrived = false;
       try {
         auto store = comm::connect_tcp_store("127.0.0.1", server.port(), 10s);
         auto connect = [&](const comm::comm_identity& id) {
@@ -84,9 +88,12 @@ void on_every_rank(const layout_case& c, uint64_t generation, Body body) {
         };
         strategies::training_engine engine(cfg, shape, r, generation, connect);
         body(engine, r);
+        arrived = true;
+        done.arrive_and_wait();
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = e.what();
       }
+      if (!arrived) done.arrive_and_drop();
     });
   for (auto& t : threads) t.join();
   for (size_t r = 0; r < errors.size(); ++r) ASSERT_EQ(errors[r], "") << c.name << " rank " << r;
