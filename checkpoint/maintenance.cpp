@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention_policy& policy) {
+std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention_policy& policy,
+                                     int64_t latest) {
   if (policy.keep_last == 0) return {};  // keep everything
   const std::vector<int64_t> committed = list_committed(run_dir);
   std::set<int64_t> keep(
@@ -29,11 +30,11 @@ std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention
     for (int64_t s : committed)
       if (s % policy.keep_every == 0) keep.insert(s);
   }
-  // prune_checkpoints keeps the newest N; run it with N = everything kept that is newest-first
-  // contiguous would be wrong with keep_every, so remove the victims one by one.
+  keep.insert(latest);  // whatever else happens, the checkpoint a restore would use stays
   std::vector<int64_t> removed;
   for (int64_t s : committed) {
-    if (keep.contains(s)) continue;
+    // Newer than LATEST: a commit may be under way; never touched.
+    if (keep.contains(s) || s > latest) continue;
     const fs::path dir = format::step_dir(run_dir, s);
     const fs::path manifest_path = dir / format::manifest_name;
     if (::unlink(manifest_path.c_str()) == 0) {
@@ -56,8 +57,9 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
                           std::chrono::seconds temp_grace) {
   gc_result out;
   // LATEST must name a readable checkpoint before anything is judged unreferenced.
-  if (!latest_committed(run_dir)) return out;
-  out.removed_steps = prune_by_policy(run_dir, policy);
+  const std::optional<manifest> latest = latest_committed(run_dir);
+  if (!latest) return out;
+  out.removed_steps = prune_by_policy(run_dir, policy, latest->step);
 
   std::set<chunk_key> referenced;
   for (int64_t step : list_committed(run_dir)) {
