@@ -105,7 +105,14 @@ resume_choice resume_point(const train_config& cfg) {
   try {
     if (auto man = ckpt::latest_committed(cfg.run_dir)) latest = man->step;
   } catch (const ckpt::checkpoint_error& e) {
-    out.fallbacks.push_back({-1, e.path(), e.what()});
+    // A damaged manifest of the step LATEST names is reported with that step below; only a
+    // damaged LATEST itself is reported on its own.
+    const fs::path at(e.path());
+    const std::string dir = at.parent_path().filename().string();
+    if (at.filename() == "manifest.json" && dir.rfind("step-", 0) == 0)
+      latest = std::stoll(dir.substr(5));
+    else
+      out.fallbacks.push_back({-1, e.path(), e.what()});
   }
   if (candidates.empty() && out.fallbacks.empty())
     throw config_error(
