@@ -1,0 +1,217 @@
+// The pieces of format 2 on their own: box arithmetic, chunk files and their verification,
+// manifest rules, and the asynchronous snapshot (a snapshot is the state at its step even
+// while training goes on changing the buffers it was copied from).
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <atomic>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "checkpoint/async_checkpointer.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/manifest.hpp"
+#include "tests/checkpoint/test_support.hpp"
+
+namespace troupe::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Boxes, SubBoxesCoverARowMajorRangeExactly) {
+  const box b{2, 3, 4, 5};  // 20 elements
+  for (size_t first = 0; first < 20; ++first) {
+    for (size_t count = 0; first + count <= 20; ++count) {
+      size_t total = 0;
+      size_t expected_at = first;
+      for (const box& s : sub_boxes(b, first, count)) {
+        // Each sub-box starts where the previous one ended, in row-major order.
+        const size_t at = static_cast<size_t>((s.row - b.row) * b.cols + (s.col - b.col));
+        EXPECT_EQ(at, expected_at);
+        EXPECT_TRUE(s.cols == b.cols || s.rows == 1);
+        total += s.numel();
+        expected_at += s.numel();
+      }
+      EXPECT_EQ(total, count);
+    }
+  }
+}
+
+TEST(Boxes, IntersectAndRestrict) {
+  EXPECT_EQ(intersect({0, 0, 4, 4}, {2, 3, 4, 4}), (box{2, 3, 2, 1}));
+  EXPECT_FALSE(intersect({0, 0, 2, 2}, {2, 0, 2, 2}));
+  // A ZeRO shard [5, 13) of two tensors laid out one after the other.
+  const std::vector<placed_piece> params = {{"a", {0, 0, 2, 4}, 0, 2, 1, true},
+                                            {"b", {0, 0, 1, 6}, 8, 2, 1, true}};
+  const auto moments = restrict_to(params, 5, 8);
+  size_t n = 0;
+  for (const auto& p : moments) {
+    EXPECT_EQ(p.local_offset, n);
+    n += p.where.numel();
+  }
+  EXPECT_EQ(n, 8u);
+  EXPECT_EQ(moments.front().tensor, "a");
+  EXPECT_EQ(moments.back().tensor, "b");
+}
+
+TEST(Chunks, KeysNameContentAndDamageIsCaught) {
+  testing::temp_dir dir;
+  auto writer = make_fs_shard_writer(dir.str(), 64);  // 16 floats per chunk
+  snapshot s;
+  std::vector<float> a(40), b(40);
+  std::iota(a.begin(), a.end(), 0.0f);
+  b = a;
+  state_map map;
+  map.arrays[0] = {{"t", {0, 0, 4, 10}, 0, 1, 0, true}};
+  const std::span<const float> bufs[] = {a, {}, {}};
+  capture(map, bufs, s);
+  shard_report first = writer->write(s);
+  ASSERT_EQ(first.pieces.size(), 1u);
+  EXPECT_EQ(first.pieces[0].chunks.size(), 3u);  // 16 + 16 + 8
+  EXPECT_EQ(first.chunks_written, 3u);
+  // The same content again: nothing new is written.
+  shard_report again = writer->write(s);
+  EXPECT_EQ(again.chunks_written, 0u);
+  EXPECT_EQ(again.chunks_deduplicated, 3u);
+  EXPECT_EQ(again.pieces, first.pieces);
+  // Read back, verified; then damaged in three ways, each reported with the context.
+  const chunk_key k = first.pieces[0].chunks[1];
+  const auto back = chunk_file::read(dir.str(), k, 16, "t");
+  EXPECT_EQ(back[0], 16.0f);
+  const fs::path p = chunk_file::path_of(dir.str(), k);
+  auto bytes = testing::read_bytes(p);
+  bytes[chunk_file::header_bytes + 3] ^= 1;
+  testing::write_bytes(p, bytes);
+  testing::expect_error([&] { chunk_file::read(dir.str(), k, 16, "tensor t"); },
+                        error_kind::corrupt, "tensor t");
+  testing::expect_error([&] { chunk_file::read(dir.str(), k, 15, "t"); }, error_kind::corrupt,
+                        "promises");
+  bytes.resize(bytes.size() - 5);
+  testing::write_bytes(p, bytes);
+  testing::expect_error([&] { chunk_file::read(dir.str(), k, 16, "t"); }, error_kind::truncated,
+                        "truncated");
+  fs::remove(p);
+  testing::expect_error([&] { chunk_file::read(dir.str(), k, 16, "held by t"); },
+                        error_kind::missing, "held by t");
+}
+
+manifest tiny_manifest() {
+  manifest m;
+  m.step = 3;
+  m.world = 2;
+  m.global_numel = 12;
+  m.chunk_floats = 4;
+  m.tensors = {{"w", {3, 4}, 0}};
+  const chunk_key k{1, 2};
+  for (int a = 0; a < 3; ++a) {
+    m.pieces.push_back({0, a, "w", {0, 0, 2, 4}, {k, k}});
+    m.pieces.push_back({1, a, "w", {2, 0, 1, 4}, {k}});
+  }
+  return m;
+}
+
+TEST(ManifestV2, RoundTripsAndRefusesPiecesThatDoNotTile) {
+  const manifest m = tiny_manifest();
+  EXPECT_EQ(manifest_json::from_json(manifest_json::to_json(m), "m"), m);
+  manifest gap = m;
+  gap.pieces[1].where = {2, 0, 1, 3};
+  gap.pieces[1].chunks = {chunk_key{1, 2}};
+  testing::expect_error([&] { manifest_json::validate(gap, "m", error_kind::corrupt); },
+                        error_kind::corrupt, "cover 11 of its 12");
+  manifest overlap = m;
+  overlap.pieces[1].where = {1, 0, 2, 4};
+  overlap.pieces[1].chunks = {chunk_key{1, 2}, chunk_key{1, 2}};
+  testing::expect_error([&] { manifest_json::validate(overlap, "m", error_kind::corrupt); },
+                        error_kind::corrupt, "overlap");
+  manifest outside = m;
+  outside.pieces[1].where = {2, 1, 1, 4};
+  testing::expect_error([&] { manifest_json::validate(outside, "m", error_kind::corrupt); },
+                        error_kind::corrupt, "outside");
+  manifest chunks = m;
+  chunks.pieces[0].chunks.pop_back();
+  testing::expect_error([&] { manifest_json::validate(chunks, "m", error_kind::corrupt); },
+                        error_kind::corrupt, "needs 2");
+}
+
+TEST(AsyncCheckpointer, ASnapshotIsTheStateAtItsStepWhileTrainingChangesIt) {
+  testing::temp_dir dir;
+  std::vector<write_outcome> done;
+  std::mutex mu;
+  std::vector<float> params(1 << 16), m(1 << 16), v(1 << 16);
+  std::iota(params.begin(), params.end(), 1.0f);
+  std::fill(m.begin(), m.end(), 0.5f);
+  std::fill(v.begin(), v.end(), 0.25f);
+  const std::vector<float> at_step = params;
+  state_map map;
+  for (auto& a : map.arrays) a = {{"w", {0, 0, 256, 256}, 0, 1, 0, true}};
+  {
+    async_checkpointer ckpt(make_fs_shard_writer(dir.str(), 4096), overlap_policy::wait,
+                            [&](write_outcome o) {
+                              std::lock_guard lock(mu);
+                              done.push_back(std::move(o));
+                            });
+    const std::span<const float> bufs[] = {params, m, v};
+    const snapshot_outcome taken = ckpt.take(map, bufs, {0, 1, 1, 7, 7});
+    EXPECT_TRUE(taken.taken);
+    // Training goes on at once: the buffers change while the write is in flight.
+    for (float& x : params) x = -x;
+    ckpt.wait_idle();
+    EXPECT_EQ(ckpt.buffer_bytes(), 3 * params.size() * sizeof(float));
+  }
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(done[0].report) << done[0].error;
+  manifest man;
+  man.step = 7;
+  man.world = 1;
+  man.global_numel = params.size();
+  man.adam_t = 7;
+  man.chunk_floats = 1024;
+  man.config_json = "{}";
+  man.tensors = {{"w", {256, 256}, 0}};
+  man.pieces = done[0].report->pieces;
+  commit_manifest(dir.str(), man);
+  const full_state back = load_full_state(dir.str(), *latest_committed(dir.str()));
+  EXPECT_TRUE(back.params == at_step) << "the snapshot holds the state of step 7";
+  EXPECT_TRUE(back.exp_avg == m);
+  EXPECT_EQ(back.adam_t, 7);
+}
+
+TEST(AsyncCheckpointer, SkipPolicyNeverTouchesTheSnapshotBeingWritten) {
+  testing::temp_dir dir;
+  // A writer that holds the first write until told, so the second snapshot meets it.
+  struct slow_writer final : shard_writer {
+    std::unique_ptr<shard_writer> inner;
+    std::atomic<bool> release{false};
+    shard_report write(const snapshot& s) override {
+      while (!release) std::this_thread::yield();
+      return inner->write(s);
+    }
+    size_t chunk_floats() const override { return inner->chunk_floats(); }
+  };
+  auto w = std::make_unique<slow_writer>();
+  w->inner = make_fs_shard_writer(dir.str(), 4096);
+  slow_writer* handle = w.get();
+  std::vector<shard_report> reports;
+  std::vector<float> x(100, 1.0f);
+  state_map map;
+  map.arrays[0] = {{"x", {0, 0, 1, 100}, 0, 1, 0, true}};
+  const std::span<const float> bufs[] = {x, {}, {}};
+  {
+    async_checkpointer ckpt(std::move(w), overlap_policy::skip,
+                            [&](write_outcome o) { reports.push_back(*o.report); });
+    EXPECT_TRUE(ckpt.take(map, bufs, {0, 1, 1, 1, 1}).taken);
+    x.assign(100, 2.0f);
+    EXPECT_FALSE(ckpt.take(map, bufs, {0, 1, 1, 2, 2}).taken) << "skipped, not queued";
+    handle->release = true;
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].step, 1);
+  const auto back = chunk_file::read(dir.str(), reports[0].pieces[0].chunks[0], 100, "x");
+  EXPECT_EQ(back[0], 1.0f) << "the in-flight snapshot was not overwritten by the skipped one";
+}
+
+}  // namespace
+}  // namespace troupe::ckpt
