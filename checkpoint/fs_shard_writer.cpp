@@ -74,24 +74,44 @@ class fs_shard_writer final : public shard_writer {
     r.rank = s.rank;
     r.step = s.step;
     r.adam_t = s.adam_t;
-    std::set<fs::path> touched;  // folders that gained a chunk: fsync'ed at the end
-    for (const snapshot_piece& p : s.pieces) {
-      saved_piece out{s.rank, p.array, p.tensor, p.where, {}};
-      const size_t n = p.where.numel();
-      for (size_t first = 0; first < n; first += chunk_floats_) {
-        const size_t count = std::min(chunk_floats_, n - first);
-        const float* data = s.data.data() + p.data_offset + first;
-        out.chunks.push_back(put(data, count * sizeof(float), r, touched));
+    std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final, not yet durable
+    try {
+      for (const snapshot_piece& p : s.pieces) {
+        saved_piece out{s.rank, p.array, p.tensor, p.where, {}};
+        const size_t n = p.where.numel();
+        for (size_t first = 0; first < n; first += chunk_floats_) {
+          const size_t count = std::min(chunk_floats_, n - first);
+          const float* data = s.data.data() + p.data_offset + first;
+          out.chunks.push_back(stage(data, count * sizeof(float), r, staged));
+        }
+        r.pieces.push_back(std::move(out));
       }
-      r.pieces.push_back(std::move(out));
+      // One flush of the file system for every staged chunk, instead of one fsync each
+      // (a rank stages hundreds of small ones); only then are they named.
+      if (!staged.empty()) {
+        io::unique_fd root(::open(chunk_file::root(run_dir_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (root.get() < 0 || ::syncfs(root.get()) != 0)
+          io::fail_errno(chunk_file::root(run_dir_), "flushing the staged chunks", errno);
+      }
+      std::set<fs::path> touched;
+      for (const auto& [temp, path] : staged) {
+        if (::rename(temp.c_str(), path.c_str()) != 0)
+          io::fail_errno(path, "renaming the finished chunk into place", errno);
+        touched.insert(path.parent_path());
+      }
+      staged.clear();
+      for (const fs::path& dir : touched) io::fsync_dir(dir);
+    } catch (...) {
+      for (const auto& [temp, path] : staged) ::unlink(temp.c_str());
+      throw;
     }
-    for (const fs::path& dir : touched) io::fsync_dir(dir);
     r.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return r;
   }
 
  private:
-  chunk_key put(const float* data, size_t bytes, shard_report& r, std::set<fs::path>& touched) {
+  chunk_key stage(const float* data, size_t bytes, shard_report& r,
+                  std::vector<std::pair<fs::path, fs::path>>& staged) {
     const chunk_key key = key_of(data, bytes);
     const fs::path path = chunk_file::path_of(run_dir_, key);
     struct stat st {};
@@ -100,6 +120,13 @@ class fs_shard_writer final : public shard_writer {
       ++r.chunks_deduplicated;
       return key;
     }
+    for (const auto& [temp, final_path] : staged) {
+      if (final_path == path) {  // the same content twice in this snapshot
+        r.bytes_deduplicated += chunk_file::header_bytes + bytes;
+        ++r.chunks_deduplicated;
+        return key;
+      }
+    }
     const fs::path dir = path.parent_path();
     if (!known_dirs_.contains(dir)) {
       io::make_dirs_durable(dir);
@@ -107,19 +134,11 @@ class fs_shard_writer final : public shard_writer {
     }
     const fs::path temp = io::temp_path_for(path);
     io::unique_fd fd = io::create_temp(temp);
+    staged.emplace_back(temp, path);
     const std::vector<unsigned char> header = chunk_file::header_for(key, bytes);
-    try {
-      io::write_all(fd.get(), header.data(), header.size(), temp);
-      io::write_all(fd.get(), data, bytes, temp);
-      if (::fdatasync(fd.get()) != 0) io::fail_errno(temp, "fdatasync", errno);
-      if (::close(fd.release()) != 0) io::fail_errno(temp, "close", errno);
-      if (::rename(temp.c_str(), path.c_str()) != 0)
-        io::fail_errno(path, "renaming the finished chunk into place", errno);
-    } catch (...) {
-      ::unlink(temp.c_str());
-      throw;
-    }
-    touched.insert(dir);
+    io::write_all(fd.get(), header.data(), header.size(), temp);
+    io::write_all(fd.get(), data, bytes, temp);
+    if (::close(fd.release()) != 0) io::fail_errno(temp, "close", errno);
     r.bytes_written += header.size() + bytes;
     ++r.chunks_written;
     return key;

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Checkpoint costs against simpler baselines and a real peer, in one session.
+
+  stall     the default job (world 2) with a checkpoint every 10 steps, asynchronous and
+            synchronous, against the same job without checkpoints: median stall per
+            checkpoint as a share of the median step, and the total wall-time overhead
+  write     a large model's checkpoint written synchronously (one rank) against `dd` with
+            fsync of the same bytes to the same disk, and torch.save + fsync of the same
+            bytes; restore (--resume) against torch.load
+  bytes     bytes written per checkpoint: full, then chunk-deduplicated, for dense training
+            and with half the model frozen
+
+Usage: bench/checkpoint_bench.py [--runs 5] [--build build] [--dir /var/tmp/troupe-bench]
+Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+
+def events(run_dir):
+    with open(os.path.join(run_dir, "events.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def of(evs, name):
+    return [e for e in evs if e.get("event") == name]
+
+
+def run(troupe, run_dir, args):
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    p = subprocess.run([troupe, "run", "--run-dir", run_dir, "--metrics-port", "0", "--no-progress"] + args,
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.exit(f"troupe run {' '.join(args)} failed:\n{p.stdout}{p.stderr}")
+    return wall, events(run_dir)
+
+
+def train_seconds(evs):
+    steps = of(evs, "step")
+    return (steps[-1]["unix_ms"] - steps[0]["unix_ms"]) / 1000.0
+
+
+def stall(troupe, base, runs):
+    common = ["--world", "2", "--steps", "100", "--eval-every", "0"]
+    plain, asyn, syn, stalls_a, stalls_s, steps_s = [], [], [], [], [], []
+    for _ in range(runs):
+        # Every configuration writes the final checkpoint; only the in-run ones differ.
+        _, e = run(troupe, base, common + ["--checkpoint-every", "0"])
+        plain.append(train_seconds(e))
+        steps_s += [s["step_s"] for s in of(e, "step")]
+        _, e = run(troupe, base, common + ["--checkpoint-every", "10"])
+        asyn.append(train_seconds(e))
+        stalls_a += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < 100]
+        _, e = run(troupe, base, common + ["--checkpoint-every", "10", "--set", "checkpoint_async=false"])
+        syn.append(train_seconds(e))
+        stalls_s += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < 100]
+    step = statistics.median(steps_s)
+    print(f"stall: median step {step * 1e3:.2f} ms; async stall {statistics.median(stalls_a) * 1e3:.2f} ms "
+          f"({statistics.median(stalls_a) / step:.1%} of a step), sync stall "
+          f"{statistics.median(stalls_s) * 1e3:.1f} ms ({statistics.median(stalls_s) / step:.0%})")
+    p, a, s = statistics.median(plain), statistics.median(asyn), statistics.median(syn)
+    print(f"overhead (checkpoint every 10 steps, 100 steps): async {a / p - 1:+.1%}, sync {s / p - 1:+.1%} "
+          f"(train seconds, medians: none {p:.2f}, async {a:.2f}, sync {s:.2f})")
+
+
+def write(troupe, base, runs):
+    model = ["--layers", "8", "--d-model", "384", "--heads", "8", "--world", "1", "--eval-every", "0"]
+    w_tp, r_tp, dd_tp, ts_tp, tl_tp = [], [], [], [], []
+    nbytes = 0
+    for _ in range(runs):
+        _, e = run(troupe, base, model + ["--steps", "1", "--checkpoint-every", "0",
+                                          "--set", "checkpoint_async=false"])
+        c = of(e, "checkpoint")[-1]
+        nbytes = c["bytes_written"]
+        w_tp.append(nbytes / c["write_s"])
+        p = subprocess.run([troupe, "run", "--run-dir", base, "--metrics-port", "0", "--no-progress",
+                            "--resume", "--steps", "2"] + model, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(p.stderr)
+        restored = [x for x in of(events(base), "restored") if x["from"] == "checkpoint"]
+        r_tp.append(sum(x["bytes"] for x in restored) / max(x["seconds"] for x in restored))
+        target = os.path.join(base, "dd.bin")
+        t0 = time.perf_counter()
+        subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={nbytes >> 20}",
+                        "conv=fsync"], capture_output=True, check=True)
+        dd_tp.append((nbytes >> 20 << 20) / (time.perf_counter() - t0))
+        os.remove(target)
+        torch = subprocess.run([sys.executable, "-c", TORCH_SAVE, base, str(nbytes)],
+                               capture_output=True, text=True)
+        if torch.returncode == 0:
+            s, l = map(float, torch.stdout.split())
+            ts_tp.append(s)
+            tl_tp.append(l)
+    gb = 1e9
+    print(f"write: troupe {statistics.median(w_tp) / gb:.2f} GB/s for {nbytes / 1e6:.0f} MB "
+          f"({statistics.median(w_tp) / statistics.median(dd_tp):.0%} of dd+fsync "
+          f"{statistics.median(dd_tp) / gb:.2f} GB/s)" +
+          (f"; torch.save+fsync {statistics.median(ts_tp) / gb:.2f} GB/s" if ts_tp else "; torch not found"))
+    print(f"restore: troupe {statistics.median(r_tp) / gb:.2f} GB/s (verified, the slowest rank)" +
+          (f"; torch.load {statistics.median(tl_tp) / gb:.2f} GB/s" if tl_tp else ""))
+
+
+TORCH_SAVE = r"""
+import os, sys, time, torch
+d, n = sys.argv[1], int(sys.argv[2])
+t = {"state": torch.ones(n // 4)}
+p = os.path.join(d, "torch.pt")
+t0 = time.perf_counter()
+with open(p, "wb") as f:
+    torch.save(t, f); f.flush(); os.fsync(f.fileno())
+s = n / (time.perf_counter() - t0)
+t0 = time.perf_counter()
+torch.load(p)
+l = n / (time.perf_counter() - t0)
+os.remove(p)
+print(s, l)
+"""
+
+
+def bytes_per_checkpoint(troupe, base):
+    common = ["--world", "2", "--steps", "20", "--checkpoint-every", "10", "--eval-every", "0"]
+    for name, extra in [("dense", []), ("half frozen", ["--freeze", "wte,wpe,h.0.,h.1."])]:
+        _, e = run(troupe, base, common + extra)
+        c = of(e, "checkpoint")
+        full = c[0]["bytes_written"] + c[0]["bytes_deduplicated"]
+        print(f"bytes ({name}): full state {full / 1e6:.2f} MB; first checkpoint wrote "
+              f"{c[0]['bytes_written'] / 1e6:.2f} MB, second {c[1]['bytes_written'] / 1e6:.2f} MB "
+              f"({c[1]['bytes_written'] / full:.0%} of full)")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--dir", default="/var/tmp/troupe-ckpt-bench")
+    ap.add_argument("--only", choices=["stall", "write", "bytes"])
+    a = ap.parse_args()
+    troupe = os.path.join(a.build, "cli", "troupe")
+    os.makedirs(a.dir, exist_ok=True)
+    base = os.path.join(a.dir, "run")
+    if a.only in (None, "stall"):
+        stall(troupe, base, a.runs)
+    if a.only in (None, "write"):
+        write(troupe, base, a.runs)
+    if a.only in (None, "bytes"):
+        bytes_per_checkpoint(troupe, base)
+    shutil.rmtree(a.dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
