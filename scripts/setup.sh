@@ -11,6 +11,8 @@ packages=(
   libcereal-dev         # checkpoint shards
   libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store
   nlohmann-json3-dev    # config files, events.jsonl, manifests
+  libxxhash-dev libzstd-dev   # checkpoint chunks: names (XXH3-128), compression (zstd)
+  clang libclang-rt-14-dev    # libFuzzer + sanitizers: scripts/fuzz.sh, checkpoint_fuzz_smoke
   cppzmq-dev libzmq3-dev
   libgtest-dev
   prometheus            # promtool + the real server the tests scrape with
