@@ -206,8 +206,9 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
     (void)c;
     out.push_back(emit_event{{{"event", "checkpoint_failed"},
                               {"step", step},
-                              {"error", "abandoned: the generation ended before every rank "
-                                        "reported its share; the previous checkpoint stays"}}});
+                              {"error",
+                               "abandoned: the generation ended before every rank "
+                               "reported its share; the previous checkpoint stays"}}});
   }
   collecting_.clear();
   eval_step_ = -1;
@@ -571,8 +572,8 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
   (void)now;
   actions out;
   const auto it = collecting_.find(w.step);
-  if (w.generation != generation_ || it == collecting_.end() || w.rank < 0 ||
-      w.rank >= world() || it->second.reported[static_cast<size_t>(w.rank)]) {
+  if (w.generation != generation_ || it == collecting_.end() || w.rank < 0 || w.rank >= world() ||
+      it->second.reported[static_cast<size_t>(w.rank)]) {
     stale("shard_written", member_of_rank(w.rank), w.generation, out);
     return out;
   }
@@ -619,8 +620,9 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
     if (done.skipped && done.ok)
       out.push_back(emit_event{{{"event", "checkpoint_skipped"},
                                 {"step", w.step},
-                                {"reason", "a rank was still writing the previous checkpoint "
-                                           "(checkpoint_overlap skip)"}}});
+                                {"reason",
+                                 "a rank was still writing the previous checkpoint "
+                                 "(checkpoint_overlap skip)"}}});
     maybe_finish(out);
   }
   return out;
@@ -802,7 +804,8 @@ actions job_logic::on_shutdown() {
 }
 
 void job_logic::maybe_finish(actions& out) {
-  if (!finishing_ || !collecting_.empty() || eval_step_ >= 0 || ended_ || state_ != job_state::training)
+  if (!finishing_ || !collecting_.empty() || eval_step_ >= 0 || ended_ ||
+      state_ != job_state::training)
     return;
   const auto& cfg = params_.cfg;
   finish(0,

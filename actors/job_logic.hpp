@@ -77,10 +77,10 @@ struct commit_checkpoint {
   int world = 0;
   std::vector<ckpt::saved_piece> pieces;
   int64_t adam_t = 0;
-  uint64_t bytes_written = 0;       ///< summed over the ranks
-  uint64_t bytes_deduplicated = 0;  ///< summed over the ranks
-  double stall_s = 0;               ///< the longest stall of a rank
-  double write_s = 0;               ///< the longest background write of a rank
+  uint64_t bytes_written = 0;          ///< summed over the ranks
+  uint64_t bytes_deduplicated = 0;     ///< summed over the ranks
+  double stall_s = 0;                  ///< the longest stall of a rank
+  double write_s = 0;                  ///< the longest background write of a rank
   uint64_t snapshot_buffer_bytes = 0;  ///< the ranks' snapshot buffers, summed
 };
 struct finish_job {

@@ -13,9 +13,9 @@
 
 #include "actors/expert_group.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "monitoring/log.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/state_layout.hpp"
-#include "monitoring/log.hpp"
 
 namespace troupe::actors {
 
@@ -238,8 +238,7 @@ void collect_checkpoint_garbage(self_ptr self) {
   if (st.logic->checkpoints_in_flight()) return;
   try {
     const ckpt::gc_result gc = ckpt::collect_garbage(
-        cfg.run_dir,
-        {static_cast<size_t>(cfg.keep_last), static_cast<int64_t>(cfg.keep_every)},
+        cfg.run_dir, {static_cast<size_t>(cfg.keep_last), static_cast<int64_t>(cfg.keep_every)},
         std::chrono::minutes(10));
     if (!gc.removed_steps.empty() || gc.chunks_removed > 0)
       emit(self, {{"event", "checkpoint_gc"},

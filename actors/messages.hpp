@@ -171,14 +171,14 @@ struct shard_written {
   int64_t step = 0;
   int32_t rank = 0;
   bool ok = true;
-  bool skipped = false;     ///< a write was still in flight (checkpoint_overlap = skip)
+  bool skipped = false;  ///< a write was still in flight (checkpoint_overlap = skip)
   std::string error;
   std::string pieces_json;  ///< ckpt::encode_pieces: the boxes written and their chunks
   int64_t adam_t = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_deduplicated = 0;
-  double stall_s = 0;       ///< training held for the snapshot
-  double write_s = 0;       ///< the background write
+  double stall_s = 0;         ///< training held for the snapshot
+  double write_s = 0;         ///< the background write
   uint64_t buffer_bytes = 0;  ///< memory the rank's snapshot buffer holds
 };
 

@@ -484,9 +484,9 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           if (man.format_version >= 2) {
             // Only the chunks of the boxes this rank holds in its new place, verified.
             strategies::local_state state = next.engine->state();
-            out.bytes = ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(),
-                                           state.buffers)
-                            .bytes_read;
+            out.bytes =
+                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers)
+                    .bytes_read;
             *state.adam_t = man.adam_t;
           } else {  // format 1: one flat shard per rank of the writing world
             next.engine->init(w.cfg.seed);

@@ -21,8 +21,7 @@ std::optional<overlap_policy> parse_overlap_policy(std::string_view text) {
   return std::nullopt;
 }
 
-async_checkpointer::async_checkpointer(std::unique_ptr<shard_writer> writer,
-                                       overlap_policy policy,
+async_checkpointer::async_checkpointer(std::unique_ptr<shard_writer> writer, overlap_policy policy,
                                        std::function<void(write_outcome)> done)
     : writer_(std::move(writer)), policy_(policy), done_(std::move(done)) {
   thread_ = std::thread([this] { run(); });

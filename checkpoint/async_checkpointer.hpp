@@ -33,15 +33,15 @@ struct snapshot_meta {
 
 /// How taking a snapshot went, for the rank's report.
 struct snapshot_outcome {
-  bool taken = false;     ///< false: skipped because a write was in flight (policy skip)
-  double stall_s = 0;     ///< time training was held: the wait (policy wait) plus the copy
-  double waited_s = 0;    ///< the part of stall_s spent waiting for the previous write
+  bool taken = false;   ///< false: skipped because a write was in flight (policy skip)
+  double stall_s = 0;   ///< time training was held: the wait (policy wait) plus the copy
+  double waited_s = 0;  ///< the part of stall_s spent waiting for the previous write
 };
 
 /// The end of one background write: the report, or the error that stopped it.
 struct write_outcome {
   snapshot_meta meta;
-  double stall_s = 0;  ///< what taking the snapshot held training for
+  double stall_s = 0;       ///< what taking the snapshot held training for
   size_t buffer_bytes = 0;  ///< the snapshot buffer's size
   std::optional<shard_report> report;
   std::string error;

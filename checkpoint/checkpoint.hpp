@@ -90,10 +90,10 @@ struct manifest {
   std::vector<tensor_entry> tensors;  ///< version 1: optional; version 2: every tensor
   std::vector<shard_entry> shards;    ///< version 1: one per rank, tiling [0, global_numel)
   // version 2
-  int64_t adam_t = 0;                ///< AdamW's step count (every rank agrees)
-  uint64_t chunk_floats = 0;         ///< floats per chunk of a piece
-  std::string layout;                ///< the layout that wrote it, for people
-  std::vector<saved_piece> pieces;   ///< per array and tensor, boxes tiling the tensor
+  int64_t adam_t = 0;               ///< AdamW's step count (every rank agrees)
+  uint64_t chunk_floats = 0;        ///< floats per chunk of a piece
+  std::string layout;               ///< the layout that wrote it, for people
+  std::vector<saved_piece> pieces;  ///< per array and tensor, boxes tiling the tensor
   friend bool operator==(const manifest&, const manifest&) = default;
 };
 

@@ -86,10 +86,11 @@ std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes) 
 }
 
 std::vector<float> decode(const unsigned char* data, size_t size, const chunk_key& key,
-                          size_t expected_floats, const fs::path& path, const std::string& context) {
-  const std::string hint =
-      " (" + context + "). Run `troupe ckpt verify` on the run directory; --resume falls back "
-      "to an earlier committed checkpoint.";
+                          size_t expected_floats, const fs::path& path,
+                          const std::string& context) {
+  const std::string hint = " (" + context +
+                           "). Run `troupe ckpt verify` on the run directory; --resume falls back "
+                           "to an earlier committed checkpoint.";
   if (size < header_bytes) {
     io::fail(error_kind::truncated, path,
              "is " + std::to_string(size) + " bytes, shorter than a chunk header" + hint);
@@ -108,7 +109,8 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
   const uint64_t stored_bytes = get_le(data + 24, 8);
   const chunk_key named{get_le(data + 32, 8), get_le(data + 40, 8)};
   if (encoding != raw_encoding) {
-    io::fail(error_kind::corrupt, path, "names an unknown encoding " + std::to_string(encoding) + hint);
+    io::fail(error_kind::corrupt, path,
+             "names an unknown encoding " + std::to_string(encoding) + hint);
   }
   if (named != key) {
     io::fail(error_kind::mismatch, path,
@@ -124,13 +126,15 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
     io::fail(error_kind::truncated, path,
              "holds " + std::to_string(size - header_bytes) + " payload bytes, its header says " +
                  std::to_string(stored_bytes) +
-                 (size - header_bytes < stored_bytes ? " (truncated)" : " (bytes appended)") + hint);
+                 (size - header_bytes < stored_bytes ? " (truncated)" : " (bytes appended)") +
+                 hint);
   }
   const unsigned char* payload = data + header_bytes;
   if (key_of(payload, stored_bytes) != key) {
     io::fail(error_kind::corrupt, path,
              "is damaged: its bytes no longer hash to its name (bit rot, a torn copy or an "
-             "edit)" + hint);
+             "edit)" +
+                 hint);
   }
   std::vector<float> out(expected_floats);
   if (expected_bytes > 0) std::memcpy(out.data(), payload, expected_bytes);

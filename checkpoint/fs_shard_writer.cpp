@@ -64,7 +64,8 @@ namespace {
 class fs_shard_writer final : public shard_writer {
  public:
   fs_shard_writer(std::string run_dir, size_t chunk_bytes)
-      : run_dir_(std::move(run_dir)), chunk_floats_(std::max<size_t>(1, chunk_bytes / sizeof(float))) {}
+      : run_dir_(std::move(run_dir)),
+        chunk_floats_(std::max<size_t>(1, chunk_bytes / sizeof(float))) {}
 
   [[nodiscard]] size_t chunk_floats() const override { return chunk_floats_; }
 
@@ -89,7 +90,8 @@ class fs_shard_writer final : public shard_writer {
       // One flush of the file system for every staged chunk, instead of one fsync each
       // (a rank stages hundreds of small ones); only then are they named.
       if (!staged.empty()) {
-        io::unique_fd root(::open(chunk_file::root(run_dir_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        io::unique_fd root(
+            ::open(chunk_file::root(run_dir_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
         if (root.get() < 0 || ::syncfs(root.get()) != 0)
           io::fail_errno(chunk_file::root(run_dir_), "flushing the staged chunks", errno);
       }

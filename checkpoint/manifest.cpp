@@ -14,7 +14,6 @@
 // in file order) of the document without that key. Any edit, by a disk or a person, shows.
 
 #include "checkpoint/manifest.hpp"
-#include "checkpoint/manifest_fields.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -24,6 +23,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/hash.hpp"
+#include "checkpoint/manifest_fields.hpp"
 
 namespace troupe::ckpt {
 
@@ -68,8 +68,15 @@ std::string to_json(const manifest& m) {
 manifest from_json(std::string_view text, const fs::path& where) {
   doc_json doc;
   try {
-    doc = doc_json::parse(text.begin(), text.end());
-  } catch (const doc_json::parse_error& e) {
+    // A manifest is a few levels deep; anything deeper is refused while parsing, before the
+    // recursive seal could run out of stack on it.
+    const doc_json::parser_callback_t shallow = [&where](int depth, doc_json::parse_event_t,
+                                                         doc_json&) {
+      if (depth > max_manifest_depth) bad_field(where, "(document)", "nests too deep");
+      return true;
+    };
+    doc = doc_json::parse(text.begin(), text.end(), shallow);
+  } catch (const doc_json::exception& e) {  // malformed text, or a number no double holds
     io::fail(error_kind::corrupt, where,
              std::string("is not valid JSON (") + e.what() +
                  "); it was damaged or written partially by a tool other than troupe. Restore "

@@ -21,6 +21,11 @@ namespace detail {
 using doc_json = nlohmann::ordered_json;
 
 inline constexpr const char* seal_key = "manifest_hash";
+/// Deepest nesting a manifest may have (real ones have 5 levels).
+inline constexpr int max_manifest_depth = 16;
+/// Bounds a format 2 manifest may claim: 2^40 floats (4 TiB) in all, 2^28 floats per chunk.
+inline constexpr uint64_t max_global_numel = uint64_t{1} << 40;
+inline constexpr uint64_t max_chunk_floats = uint64_t{1} << 28;
 
 /// The seal of `doc`, which must not contain seal_key.
 inline std::string seal_of(const doc_json& doc) {
@@ -30,7 +35,7 @@ inline std::string seal_of(const doc_json& doc) {
 
 /// A malformed field is reported by its JSON path; nlohmann's own message is too vague.
 [[noreturn]] inline void bad_field(const fs::path& where, const std::string& field,
-                            const std::string& what) {
+                                   const std::string& what) {
   io::fail(error_kind::corrupt, where,
            "manifest field \"" + field + "\" " + what +
                ". The manifest is damaged or was edited by hand; restore it from a copy or "
@@ -38,28 +43,28 @@ inline std::string seal_of(const doc_json& doc) {
 }
 
 inline const doc_json& field(const doc_json& obj, const char* key, const fs::path& where,
-                      const std::string& context) {
+                             const std::string& context) {
   const auto it = obj.find(key);
   if (it == obj.end()) bad_field(where, context + key, "is missing");
   return *it;
 }
 
 inline uint64_t get_uint(const doc_json& obj, const char* key, const fs::path& where,
-                  const std::string& context = "") {
+                         const std::string& context = "") {
   const doc_json& v = field(obj, key, where, context);
   if (!v.is_number_unsigned()) bad_field(where, context + key, "is not a non-negative integer");
   return v.get<uint64_t>();
 }
 
-inline int64_t get_int(const doc_json& obj, const char* key, const fs::path& where, int64_t max_value,
-                const std::string& context = "") {
+inline int64_t get_int(const doc_json& obj, const char* key, const fs::path& where,
+                       int64_t max_value, const std::string& context = "") {
   const uint64_t v = get_uint(obj, key, where, context);
   if (v > static_cast<uint64_t>(max_value)) bad_field(where, context + key, "is out of range");
   return static_cast<int64_t>(v);
 }
 
 inline std::string get_string(const doc_json& obj, const char* key, const fs::path& where,
-                       const std::string& context = "") {
+                              const std::string& context = "") {
   const doc_json& v = field(obj, key, where, context);
   if (!v.is_string()) bad_field(where, context + key, "is not a string");
   return v.get<std::string>();

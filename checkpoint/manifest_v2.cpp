@@ -88,7 +88,8 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
     e.name = get_string(t, "name", where, ctx);
     e.offset = get_uint(t, "offset", where, ctx);
     const doc_json& shape = field(t, "shape", where, ctx);
-    if (!shape.is_array() || shape.size() > 8) bad_field(where, ctx + "shape", "is not an array of up to 8 sizes");
+    if (!shape.is_array() || shape.size() > 8)
+      bad_field(where, ctx + "shape", "is not an array of up to 8 sizes");
     for (const doc_json& d : shape) {
       if (!d.is_number_unsigned() ||
           d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
@@ -100,7 +101,9 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
   }
 
   const doc_json& pieces = get_array(doc, "pieces", where);
-  if (pieces.size() > max_pieces) bad_field(where, "pieces", "lists more pieces than any layout has");
+  if (m.global_numel > max_global_numel) bad_field(where, "global_numel", "is beyond 2^40");
+  if (pieces.size() > max_pieces)
+    bad_field(where, "pieces", "lists more pieces than any layout has");
   for (size_t i = 0; i < pieces.size(); ++i) {
     const std::string ctx = "pieces/" + std::to_string(i) + "/";
     const doc_json& p = pieces[i];
@@ -112,7 +115,8 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
     s.array = *array;
     s.tensor = get_string(p, "tensor", where, ctx);
     const doc_json& b = field(p, "box", where, ctx);
-    if (!b.is_array() || b.size() != 4) bad_field(where, ctx + "box", "is not [row, col, rows, cols]");
+    if (!b.is_array() || b.size() != 4)
+      bad_field(where, ctx + "box", "is not [row, col, rows, cols]");
     int64_t v[4];
     for (size_t k = 0; k < 4; ++k) {
       if (!b[k].is_number_unsigned() ||
@@ -138,7 +142,11 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
 void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
   if (m.step < 0) broken(where, kind, "step is negative");
   if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
-  if (m.chunk_floats < 1) broken(where, kind, "chunk_floats is 0");
+  if (m.chunk_floats < 1 || m.chunk_floats > max_chunk_floats)
+    broken(where, kind, "chunk_floats is " + std::to_string(m.chunk_floats) + ", not in 1..2^28");
+  // Bounds every size below so that box and tensor arithmetic cannot overflow.
+  if (m.global_numel > max_global_numel)
+    broken(where, kind, "global_numel " + std::to_string(m.global_numel) + " is beyond 2^40");
   if (m.tensors.empty()) broken(where, kind, "it lists no tensors");
   if (m.pieces.size() > max_pieces) broken(where, kind, "it lists too many pieces");
   validate_tensors(m, where, kind);
@@ -149,7 +157,8 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
   std::map<std::pair<int, std::string>, std::vector<const saved_piece*>> groups;
   for (const saved_piece& p : m.pieces) {
     const std::string name = "piece of " + p.tensor;
-    if (p.rank < 0 || p.rank >= m.world) broken(where, kind, name + " has a rank outside the world");
+    if (p.rank < 0 || p.rank >= m.world)
+      broken(where, kind, name + " has a rank outside the world");
     if (p.array < 0 || static_cast<size_t>(p.array) >= array_names.size())
       broken(where, kind, name + " names no state array");
     const auto it = matrix.find(p.tensor);
@@ -158,16 +167,19 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
     const box& b = p.where;
     if (b.row < 0 || b.col < 0 || b.rows < 1 || b.cols < 1 || b.row > rows - b.rows ||
         b.col > cols - b.cols) {
-      broken(where, kind, name + " has a box outside the tensor's [" + std::to_string(rows) +
-                              ", " + std::to_string(cols) + "]");
+      broken(where, kind,
+             name + " has a box outside the tensor's [" + std::to_string(rows) + ", " +
+                 std::to_string(cols) + "]");
     }
-    const size_t expected = (b.numel() + m.chunk_floats - 1) / m.chunk_floats;
+    const size_t expected = b.numel() / m.chunk_floats + (b.numel() % m.chunk_floats != 0);
     if (p.chunks.size() != expected) {
-      broken(where, kind, name + " lists " + std::to_string(p.chunks.size()) +
-                              " chunks for a box that needs " + std::to_string(expected));
+      broken(where, kind,
+             name + " lists " + std::to_string(p.chunks.size()) + " chunks for a box that needs " +
+                 std::to_string(expected));
     }
     auto& group = groups[{p.array, p.tensor}];
-    if (group.size() >= max_pieces_per_tensor) broken(where, kind, p.tensor + " is cut into too many pieces");
+    if (group.size() >= max_pieces_per_tensor)
+      broken(where, kind, p.tensor + " is cut into too many pieces");
     group.push_back(&p);
   }
   for (const tensor_entry& t : m.tensors) {
@@ -192,8 +204,9 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
         }
       }
       if (covered != area)
-        broken(where, kind, "the pieces of the " + what + " cover " + std::to_string(covered) +
-                                " of its " + std::to_string(area) + " elements");
+        broken(where, kind,
+               "the pieces of the " + what + " cover " + std::to_string(covered) + " of its " +
+                   std::to_string(area) + " elements");
     }
   }
 }
@@ -207,7 +220,10 @@ std::string encode_pieces(const std::vector<saved_piece>& pieces) {
   for (const saved_piece& p : pieces) {
     manifest_json::detail::doc_json chunks = manifest_json::detail::doc_json::array();
     for (const chunk_key& k : p.chunks) chunks.push_back(k.hex());
-    out.push_back({p.rank, p.array, p.tensor, {p.where.row, p.where.col, p.where.rows, p.where.cols},
+    out.push_back({p.rank,
+                   p.array,
+                   p.tensor,
+                   {p.where.row, p.where.col, p.where.rows, p.where.cols},
                    std::move(chunks)});
   }
   return out.dump();
@@ -216,19 +232,36 @@ std::string encode_pieces(const std::vector<saved_piece>& pieces) {
 std::vector<saved_piece> decode_pieces(std::string_view text) {
   using doc_json = manifest_json::detail::doc_json;
   const std::filesystem::path where("(a rank's checkpoint report)");
+  const auto integer = [&](const doc_json& v, int64_t lo, int64_t hi) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+        (!v.is_number_unsigned() && (v.get<int64_t>() < lo || v.get<int64_t>() > hi)))
+      io::fail(error_kind::corrupt, where, "holds a number out of range");
+    return v.get<int64_t>();
+  };
+  constexpr int64_t max_size = int64_t{1} << 31;
   std::vector<saved_piece> out;
   try {
-    const doc_json doc = doc_json::parse(text.begin(), text.end());
+    const doc_json doc = doc_json::parse(text.begin(), text.end(), [&](int depth, auto, auto&) {
+      if (depth > 8) io::fail(error_kind::corrupt, where, "nests too deep");
+      return true;
+    });
+    if (!doc.is_array()) io::fail(error_kind::corrupt, where, "is not a list of pieces");
     for (const doc_json& p : doc) {
+      if (!p.is_array() || p.size() != 5)
+        io::fail(error_kind::corrupt, where, "holds a malformed piece");
       saved_piece s;
-      s.rank = p.at(0).get<int>();
-      s.array = p.at(1).get<int>();
-      s.tensor = p.at(2).get<std::string>();
-      const doc_json& b = p.at(3);
-      s.where = {b.at(0).get<int64_t>(), b.at(1).get<int64_t>(), b.at(2).get<int64_t>(),
-                 b.at(3).get<int64_t>()};
-      for (const doc_json& c : p.at(4)) {
-        const auto key = chunk_key::from_hex(c.get<std::string>());
+      s.rank = static_cast<int>(integer(p[0], 0, 1 << 20));
+      s.array = static_cast<int>(integer(p[1], 0, static_cast<int64_t>(array_names.size()) - 1));
+      if (!p[2].is_string()) io::fail(error_kind::corrupt, where, "names no tensor");
+      s.tensor = p[2].get<std::string>();
+      const doc_json& b = p[3];
+      if (!b.is_array() || b.size() != 4)
+        io::fail(error_kind::corrupt, where, "holds a malformed box");
+      s.where = {integer(b[0], 0, max_size), integer(b[1], 0, max_size), integer(b[2], 0, max_size),
+                 integer(b[3], 0, max_size)};
+      if (!p[4].is_array()) io::fail(error_kind::corrupt, where, "holds no chunk list");
+      for (const doc_json& c : p[4]) {
+        const auto key = c.is_string() ? chunk_key::from_hex(c.get<std::string>()) : std::nullopt;
         if (!key) io::fail(error_kind::corrupt, where, "holds a malformed chunk name");
         s.chunks.push_back(*key);
       }

@@ -43,8 +43,9 @@ class chunk_cache {
       held_ = 0;
     }
     const std::string context = std::string(array_names[static_cast<size_t>(p.array)]) + " of " +
-                                p.tensor + ", chunk " + std::to_string(index) + " of the piece of rank " +
-                                std::to_string(p.rank) + ", checkpoint step " + std::to_string(m_.step);
+                                p.tensor + ", chunk " + std::to_string(index) +
+                                " of the piece of rank " + std::to_string(p.rank) +
+                                ", checkpoint step " + std::to_string(m_.step);
     auto [it, inserted] = cache_.emplace(key, chunk_file::read(run_dir_, key, floats, context));
     held_ += floats;
     stats_.bytes_read += floats * sizeof(float);

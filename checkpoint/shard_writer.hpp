@@ -40,8 +40,7 @@ struct snapshot {
 /// Copies this rank's share of every piece of `map` (its replica_index's balanced part of
 /// each box) out of `buffers` (array_names order) into `into`, growing its buffer only the
 /// first time (or when the layout grew).
-void capture(const state_map& map, std::span<const std::span<const float>> buffers,
-             snapshot& into);
+void capture(const state_map& map, std::span<const std::span<const float>> buffers, snapshot& into);
 
 /// A box persisted as chunks: element i of the box (row-major) is in chunk i / chunk_floats.
 struct saved_piece {

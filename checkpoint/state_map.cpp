@@ -29,13 +29,13 @@ std::vector<box> sub_boxes(const box& b, size_t first, size_t count) {
   }
   if (end - at >= cols) {  // whole rows
     const size_t rows = (end - at) / cols;
-    out.push_back({b.row + static_cast<int64_t>(at / cols), b.col, static_cast<int64_t>(rows),
-                   b.cols});
+    out.push_back(
+        {b.row + static_cast<int64_t>(at / cols), b.col, static_cast<int64_t>(rows), b.cols});
     at += rows * cols;
   }
   if (at < end) {  // a partial last row
-    out.push_back({b.row + static_cast<int64_t>(at / cols), b.col, 1,
-                   static_cast<int64_t>(end - at)});
+    out.push_back(
+        {b.row + static_cast<int64_t>(at / cols), b.col, 1, static_cast<int64_t>(end - at)});
   }
   return out;
 }
@@ -67,7 +67,8 @@ std::vector<placed_piece> restrict_to(const std::vector<placed_piece>& whole, si
 }
 
 void place_into_full(const state_map& map, std::span<const std::span<const float>> buffers,
-                     std::span<const tensor_shape> tensors, std::span<const std::span<float>> full) {
+                     std::span<const tensor_shape> tensors,
+                     std::span<const std::span<float>> full) {
   if (buffers.size() != map.arrays.size() || full.size() != map.arrays.size())
     throw std::invalid_argument("place_into_full: expected one buffer per state array");
   for (size_t a = 0; a < map.arrays.size(); ++a) {

@@ -23,7 +23,9 @@ struct box {
   int64_t col = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  [[nodiscard]] size_t numel() const { return static_cast<size_t>(rows) * static_cast<size_t>(cols); }
+  [[nodiscard]] size_t numel() const {
+    return static_cast<size_t>(rows) * static_cast<size_t>(cols);
+  }
   friend bool operator==(const box&, const box&) = default;
 };
 
@@ -35,8 +37,7 @@ std::optional<box> intersect(const box& a, const box& b);
 std::vector<box> sub_boxes(const box& b, size_t first, size_t count);
 
 /// The state arrays every rank holds, in the order of its local buffers.
-inline constexpr std::array<std::string_view, 3> array_names = {"params", "exp_avg",
-                                                               "exp_avg_sq"};
+inline constexpr std::array<std::string_view, 3> array_names = {"params", "exp_avg", "exp_avg_sq"};
 /// The index of `name` in array_names, nullopt for another name.
 std::optional<int> array_index(std::string_view name);
 

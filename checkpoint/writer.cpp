@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
-#include <set>
 #include <ostream>
+#include <set>
 #include <streambuf>
 #include <string>
 #include <utility>

@@ -136,12 +136,12 @@ resume_choice resume_point(const train_config& cfg) {
     }
     const auto problems = ckpt::verify_checkpoint(cfg.run_dir, step);
     if (!problems.empty()) {
-      out.fallbacks.push_back({step, problems.front().path,
-                               problems.front().message +
-                                   (problems.size() > 1
-                                        ? " (and " + std::to_string(problems.size() - 1) +
-                                              " more damaged objects)"
-                                        : "")});
+      out.fallbacks.push_back(
+          {step, problems.front().path,
+           problems.front().message +
+               (problems.size() > 1
+                    ? " (and " + std::to_string(problems.size() - 1) + " more damaged objects)"
+                    : "")});
       continue;
     }
     out.step = man.step;

@@ -2,12 +2,12 @@
 // Command-line parsing for every `troupe` command: options map onto config fields, and
 // every mistake becomes a usage_error naming the option and the fix (exit code 2).
 
-#include "runtime/config.hpp"
-
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "runtime/config.hpp"
 
 namespace troupe::cli {
 
@@ -20,8 +20,8 @@ class usage_error : public std::runtime_error {
 struct job_options {
   train_config cfg;
   bool help = false;
-  std::string listen_host = "127.0.0.1";   ///< coordinator only
-  uint16_t listen_port = 0;                ///< coordinator only; 0 = any free port
+  std::string listen_host = "127.0.0.1";  ///< coordinator only
+  uint16_t listen_port = 0;               ///< coordinator only; 0 = any free port
 };
 
 /// Applies `--config FILE` first, then every other option in order, then validates.

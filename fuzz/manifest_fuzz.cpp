@@ -6,8 +6,8 @@
 // breaks; so an input that parses as a JSON object is also re-sealed (manifest_hash
 // recomputed) and parsed again, which lets the fuzzer reach the field checks and validate().
 // A manifest that is accepted must survive to_json -> from_json unchanged and satisfy the
-// rules the restore relies on. Inputs that hit a known, reported bug are skipped unless
-// TROUPE_FUZZ_STRICT=1 (known_findings.hpp).
+// rules the restore relies on. The findings of earlier runs (fuzz/findings/) are fixed and
+// stay in the seed corpus as regression inputs.
 
 #include <algorithm>
 #include <cstddef>
@@ -20,14 +20,12 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/manifest_fields.hpp"
-#include "known_findings.hpp"
 
 namespace {
 
 using troupe::ckpt::checkpoint_error;
 using troupe::ckpt::manifest;
 namespace mj = troupe::ckpt::manifest_json;
-namespace known = troupe::fuzz;
 using doc_json = mj::detail::doc_json;
 
 [[noreturn]] void finding(const char* what) {
@@ -40,7 +38,6 @@ using doc_json = mj::detail::doc_json;
 void check_accepted(const manifest& m) {
   if (m.format_version != 2) return;
   for (const auto& p : m.pieces) {
-    if (!known::strict() && known::chunk_count_wrap(p.where.numel(), m.chunk_floats)) continue;
     const auto numel = static_cast<unsigned __int128>(p.where.numel());
     const auto per_chunk = static_cast<unsigned __int128>(m.chunk_floats);
     const auto chunks = static_cast<unsigned __int128>(p.chunks.size());
@@ -56,9 +53,6 @@ void parse(std::string_view text) {
     m = mj::from_json(text, "fuzz/manifest.json");
   } catch (const checkpoint_error&) {
     return;
-  } catch (const nlohmann::json::exception& e) {
-    if (!known::strict() && known::number_overflow(e)) return;
-    throw;
   }
   check_accepted(m);
   const std::string again = mj::to_json(m);
@@ -76,7 +70,6 @@ void parse(std::string_view text) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  if (!known::strict() && known::deep_nesting(text)) return 0;
   int depth = 0;
   doc_json doc = doc_json::parse(
       text.begin(), text.end(),
@@ -85,7 +78,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return true;
       },
       /*allow_exceptions=*/false);
-  if (!known::strict() && !doc.is_discarded() && known::tensor_shape_overflow(doc)) return 0;
 
   parse(text);
 

@@ -77,15 +77,15 @@ struct train_config {
   int eval_batches = 8;        ///< micro-batches per validation estimate
   std::string run_dir = "runs/latest";
   bool resume = false;
-  int checkpoint_every = 100;  ///< 0 = only at the end
-  int exit_after_step = 0;     ///< stop cleanly (with a checkpoint) after this step; 0 = off.
-                               ///< The schedule still runs to `steps`, so --resume continues it.
-  bool checkpoint_async = true;              ///< write in the background; false = in the step
-  std::string checkpoint_overlap = "wait";   ///< wait | skip: a snapshot due mid-write
-  int checkpoint_chunk_kib = 1024;           ///< chunk size of the content-addressed store
-  int keep_last = 3;                         ///< committed checkpoints kept; 0 = all
-  int keep_every = 0;                        ///< also keep steps that are multiples; 0 = off
-  int metrics_port = 9400;     ///< 0 = off
+  int checkpoint_every = 100;    ///< 0 = only at the end
+  int exit_after_step = 0;       ///< stop cleanly (with a checkpoint) after this step; 0 = off.
+                                 ///< The schedule still runs to `steps`, so --resume continues it.
+  bool checkpoint_async = true;  ///< write in the background; false = in the step
+  std::string checkpoint_overlap = "wait";  ///< wait | skip: a snapshot due mid-write
+  int checkpoint_chunk_kib = 1024;          ///< chunk size of the content-addressed store
+  int keep_last = 3;                        ///< committed checkpoints kept; 0 = all
+  int keep_every = 0;                       ///< also keep steps that are multiples; 0 = off
+  int metrics_port = 9400;                  ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   int blas_threads = 1;
   int step_timeout_ms = 60000;  ///< deadline for one step's collectives and votes

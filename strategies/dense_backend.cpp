@@ -190,7 +190,8 @@ ckpt::state_map dense_backend::state_map() const {
   const int dp = static_cast<int>(view_.dp.ranks.size());
   if (tp_) return replicated_state_map(pieces_of(*tp_, dp, view_.dp.index));
   auto params = pieces_of(*dense_, dp, view_.dp.index);
-  if (zero_) return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
+  if (zero_)
+    return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
   return replicated_state_map(std::move(params));
 }
 

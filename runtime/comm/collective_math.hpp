@@ -42,7 +42,8 @@ inline void divide(float* p, size_t n, float d) {
 
 /// all_to_allv's block offsets: offsets[j] where the block for rank j starts in the send
 /// buffer, offsets[p + j] where the block from rank j starts in the receive buffer.
-inline void all_to_allv_offsets(const std::vector<size_t>& send_bytes, const std::vector<size_t>& recv_bytes,
+inline void all_to_allv_offsets(const std::vector<size_t>& send_bytes,
+                                const std::vector<size_t>& recv_bytes,
                                 std::vector<size_t>& offsets) {
   const size_t p = send_bytes.size();
   offsets.resize(2 * p);
@@ -57,7 +58,8 @@ inline void all_to_allv_offsets(const std::vector<size_t>& send_bytes, const std
 }
 
 /// What is wrong with all_to_allv's arguments on rank `rank` of `size`, or "" when nothing.
-std::string all_to_allv_argument_error(int rank, int size, const void* in, const std::vector<size_t>& send_bytes,
-                                       const void* out, const std::vector<size_t>& recv_bytes);
+std::string all_to_allv_argument_error(int rank, int size, const void* in,
+                                       const std::vector<size_t>& send_bytes, const void* out,
+                                       const std::vector<size_t>& recv_bytes);
 
 }  // namespace troupe::comm

@@ -26,8 +26,8 @@
 #include "runtime/optim/adamw.hpp"
 #include "strategies/data_parallel.hpp"
 #include "strategies/engine_backend.hpp"
-#include "strategies/state_layout.hpp"
 #include "strategies/expert_parallel/expert_parallel.hpp"
+#include "strategies/state_layout.hpp"
 
 namespace troupe::strategies {
 namespace {
@@ -271,8 +271,12 @@ ckpt::state_map expert_backend::state_map() const {
     if (t.numel == 0) continue;
     const auto [rows, cols] = ckpt::as_matrix(t.shape);
     const bool expert = where_[i].expert;
-    params.push_back({t.name, {0, 0, rows, cols}, t.offset, expert ? edp_ : shape_.world(),
-                      expert ? view_.at.edp : view_.rank, true});
+    params.push_back({t.name,
+                      {0, 0, rows, cols},
+                      t.offset,
+                      expert ? edp_ : shape_.world(),
+                      expert ? view_.at.edp : view_.rank,
+                      true});
   }
   return replicated_state_map(std::move(params));
 }

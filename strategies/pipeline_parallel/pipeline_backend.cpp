@@ -17,8 +17,8 @@
 #include "strategies/engine_backend.hpp"
 #include "strategies/pipeline_parallel/pipeline_executor.hpp"
 #include "strategies/planner.hpp"
-#include "strategies/tensor_parallel/tp_gpt.hpp"
 #include "strategies/state_layout.hpp"
+#include "strategies/tensor_parallel/tp_gpt.hpp"
 #include "strategies/zero.hpp"
 
 namespace troupe::strategies {
@@ -258,7 +258,8 @@ eval_share pipeline_backend::evaluate(const byte_dataset& data) {
 ckpt::state_map pipeline_backend::state_map() const {
   const int dp = static_cast<int>(view_.dp.ranks.size());
   auto params = pieces_of(*model_, dp, view_.dp.index);
-  if (zero_) return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
+  if (zero_)
+    return zero_state_map(std::move(params), zero_->shard().offset, zero_->shard().count, dp);
   return replicated_state_map(std::move(params));
 }
 

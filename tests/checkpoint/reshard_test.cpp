@@ -169,12 +169,12 @@ testing::full_model_state restore_as(const layout_case& c, const std::string& ru
 }
 
 const layout_case save_layouts[] = {
-    {"dp1", 1, 1, 1, 0},        {"dp2", 2, 1, 1, 0},  {"dp2-zero1", 2, 1, 1, 1},
-    {"tp2", 1, 2, 1, 0},        {"dp2xpp2", 2, 1, 2, 0}, {"tp2xpp2-zero1", 1, 2, 2, 1},
+    {"dp1", 1, 1, 1, 0}, {"dp2", 2, 1, 1, 0},     {"dp2-zero1", 2, 1, 1, 1},
+    {"tp2", 1, 2, 1, 0}, {"dp2xpp2", 2, 1, 2, 0}, {"tp2xpp2-zero1", 1, 2, 2, 1},
 };
 const layout_case restore_layouts[] = {
-    {"dp3", 3, 1, 1, 0},        {"dp4-zero1", 4, 1, 1, 1}, {"tp4", 1, 4, 1, 0},
-    {"pp2", 1, 1, 2, 0},        {"dp2xtp2", 2, 2, 1, 0},   {"dp2xpp2-zero1", 2, 1, 2, 1},
+    {"dp3", 3, 1, 1, 0}, {"dp4-zero1", 4, 1, 1, 1}, {"tp4", 1, 4, 1, 0},
+    {"pp2", 1, 1, 2, 0}, {"dp2xtp2", 2, 2, 1, 0},   {"dp2xpp2-zero1", 2, 1, 2, 1},
 };
 
 class ReshardMatrix : public ::testing::TestWithParam<layout_case> {};

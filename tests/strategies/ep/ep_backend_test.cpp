@@ -4,10 +4,6 @@
 // (assembled from each rank's state map), its validation loss, and whole-step expert loads; a
 // restore from the reference's state must continue it. Also the sample mapping itself.
 
-#include "tests/strategies/gather_state.hpp"
-#include "strategies/engine_backend.hpp"
-#include "strategies/expert_parallel/expert_parallel.hpp"
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,6 +19,9 @@
 #include "runtime/comm/store.hpp"
 #include "runtime/optim/adamw.hpp"
 #include "runtime/trainer.hpp"
+#include "strategies/engine_backend.hpp"
+#include "strategies/expert_parallel/expert_parallel.hpp"
+#include "tests/strategies/gather_state.hpp"
 
 namespace troupe {
 namespace {
@@ -49,9 +48,12 @@ TEST(ep_sample_plan, ep_groups_cover_each_micro_batch_in_order) {
 }
 
 TEST(ep_sample_plan, rejects_batches_that_do_not_split) {
-  EXPECT_NE(ts::check_ep_batch(16, 3, 1, 1).find("micro_batch (3) must divide batch (16)"), std::string::npos);
-  EXPECT_NE(ts::check_ep_batch(16, 2, 4, 1).find("ep (4) must divide micro_batch (2)"), std::string::npos);
-  EXPECT_NE(ts::check_ep_batch(8, 4, 2, 4).find("dp / ep (4) must divide the 2 micro-batches"), std::string::npos);
+  EXPECT_NE(ts::check_ep_batch(16, 3, 1, 1).find("micro_batch (3) must divide batch (16)"),
+            std::string::npos);
+  EXPECT_NE(ts::check_ep_batch(16, 2, 4, 1).find("ep (4) must divide micro_batch (2)"),
+            std::string::npos);
+  EXPECT_NE(ts::check_ep_batch(8, 4, 2, 4).find("dp / ep (4) must divide the 2 micro-batches"),
+            std::string::npos);
   EXPECT_EQ(ts::check_ep_batch(8, 4, 2, 2), "");
   EXPECT_THROW(ts::plan_ep_samples(16, 2, 4, 1, 0, 0), std::invalid_argument);
 }
@@ -86,9 +88,9 @@ byte_dataset corpus() {
 }
 
 struct reference_run {
-  std::vector<double> losses;           // per step
+  std::vector<double> losses;              // per step
   std::vector<std::vector<float>> params;  // after each step
-  ckpt::full_state state;               // after the last step
+  ckpt::full_state state;                  // after the last step
   double val = 0;
 };
 
@@ -124,8 +126,8 @@ struct layout_run {
 std::atomic<uint64_t> next_generation{1};
 
 // Trains `steps` steps of `shape` (optionally from `from`), ranks as threads.
-layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::layout shape, int steps,
-                      const ckpt::full_state* from = nullptr) {
+layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::layout shape,
+                      int steps, const ckpt::full_state* from = nullptr) {
   const int world = shape.world();
   const uint64_t generation = next_generation++;
   const int first_step = from ? static_cast<int>(from->step) : 0;
@@ -146,7 +148,9 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
   for (int r = 0; r < world; ++r) {
     ranks.push_back(std::async(std::launch::async, [&, r] {
       auto store = comm::connect_tcp_store("127.0.0.1", server.port(), 10s);
-      auto connect = [&](const comm::comm_identity& id) { return comm::make_gloo_communicator(*store, id); };
+      auto connect = [&](const comm::comm_identity& id) {
+        return comm::make_gloo_communicator(*store, id);
+      };
       auto b = ts::make_expert_backend(cfg, shape, r, generation, connect);
       b->init(cfg.seed);
       if (from) b->restore(*from);
@@ -163,7 +167,8 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
         }
         for (size_t l = 0; l < load.tokens.size(); ++l) {
           for (size_t e = 0; e < load.tokens[l].size(); ++e)
-            out.tokens[static_cast<size_t>(s)][l * static_cast<size_t>(cfg.model.experts) + e] += load.tokens[l][e];
+            out.tokens[static_cast<size_t>(s)][l * static_cast<size_t>(cfg.model.experts) + e] +=
+                load.tokens[l][e];
           out.dropped[static_cast<size_t>(s)] += load.dropped[l];
         }
       }
@@ -176,7 +181,8 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
   }
   for (auto& f : ranks) f.get();
   for (int s = 0; s < steps; ++s)
-    out.losses.push_back(loss_sum[static_cast<size_t>(s)] / static_cast<double>(tokens[static_cast<size_t>(s)]));
+    out.losses.push_back(loss_sum[static_cast<size_t>(s)] /
+                         static_cast<double>(tokens[static_cast<size_t>(s)]));
   out.val = val_sum / static_cast<double>(val_batches);
   out.params = full.params;
   return out;
@@ -207,22 +213,30 @@ TEST_P(expert_backend, matches_the_one_rank_trainer) {
   const layout_run one = run_layout(cfg, data, ts::layout{1, 1, 1, 1}, cfg.steps);
   for (int s = 0; s < cfg.steps; ++s) {
     EXPECT_NEAR(run.losses[static_cast<size_t>(s)], ref.losses[static_cast<size_t>(s)],
-                1e-5 * ref.losses[static_cast<size_t>(s)]) << "step " << s;
+                1e-5 * ref.losses[static_cast<size_t>(s)])
+        << "step " << s;
     // Whole-step loads: every token's top_k choices, once, and the same drops as one rank.
     int64_t total = 0;
     for (int64_t v : run.tokens[static_cast<size_t>(s)]) total += v;
     EXPECT_EQ(total, int64_t{cfg.model.n_layer} * cfg.batch * cfg.model.context * cfg.model.top_k);
-    EXPECT_EQ(run.tokens[static_cast<size_t>(s)], one.tokens[static_cast<size_t>(s)]) << "step " << s;
-    EXPECT_EQ(run.dropped[static_cast<size_t>(s)], one.dropped[static_cast<size_t>(s)]) << "step " << s;
-    EXPECT_GT(run.dropped[static_cast<size_t>(s)], 0) << "capacity should drop tokens at step " << s;
+    EXPECT_EQ(run.tokens[static_cast<size_t>(s)], one.tokens[static_cast<size_t>(s)])
+        << "step " << s;
+    EXPECT_EQ(run.dropped[static_cast<size_t>(s)], one.dropped[static_cast<size_t>(s)])
+        << "step " << s;
+    EXPECT_GT(run.dropped[static_cast<size_t>(s)], 0)
+        << "capacity should drop tokens at step " << s;
   }
   double worst = 0;
   for (int s = 0; s < cfg.steps; ++s)
-    worst = std::max(worst, std::abs(run.losses[static_cast<size_t>(s)] / ref.losses[static_cast<size_t>(s)] - 1));
-  std::cout << GetParam().name << ": loss " << worst << ", parameters " << max_rel_diff(run.params, ref.params.back())
-            << ", validation " << std::abs(run.val / ref.val - 1) << " (relative to one rank); dropped "
+    worst = std::max(
+        worst,
+        std::abs(run.losses[static_cast<size_t>(s)] / ref.losses[static_cast<size_t>(s)] - 1));
+  std::cout << GetParam().name << ": loss " << worst << ", parameters "
+            << max_rel_diff(run.params, ref.params.back()) << ", validation "
+            << std::abs(run.val / ref.val - 1) << " (relative to one rank); dropped "
             << std::accumulate(run.dropped.begin(), run.dropped.end(), int64_t{0}) << " choices\n";
-  EXPECT_LT(max_rel_diff(run.params, ref.params.back()), 1e-4);  // measured ~8e-6: AdamW magnifies noise
+  EXPECT_LT(max_rel_diff(run.params, ref.params.back()),
+            1e-4);  // measured ~8e-6: AdamW magnifies noise
   EXPECT_NEAR(run.val, ref.val, 1e-5 * ref.val);
 
   // Restoring the reference's state after step 2 and training the rest matches it too.
@@ -259,7 +273,8 @@ TEST(expert_backend_layout, rejects_what_it_cannot_run_with_the_reason) {
   EXPECT_NE(reason(zero, {2, 1, 1, 2}).find("parallel.zero = 0"), std::string::npos);
   train_config odd = cfg;
   odd.micro_batch = 2;
-  EXPECT_NE(reason(odd, {4, 1, 1, 4}).find("ep (4) must divide micro_batch (2)"), std::string::npos);
+  EXPECT_NE(reason(odd, {4, 1, 1, 4}).find("ep (4) must divide micro_batch (2)"),
+            std::string::npos);
   train_config dense = cfg;
   dense.model.experts = 0;
   EXPECT_NE(reason(dense, {2, 1, 1, 2}).find("needs an MoE model"), std::string::npos);

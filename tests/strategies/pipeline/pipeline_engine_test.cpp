@@ -3,17 +3,17 @@
 // layout must give the single-rank loss at every step and the single-rank parameters after
 // the steps, gathered from the ranks' checkpoint shards in the single-rank layout.
 
-#include "tests/strategies/gather_state.hpp"
-#include "runtime/comm/gloo_communicator.hpp"
-#include "runtime/comm/store.hpp"
-#include "strategies/engine.hpp"
-#include "strategies/pipeline_parallel/pipeline_executor.hpp"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <mutex>
 #include <thread>
+
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
+#include "strategies/engine.hpp"
+#include "strategies/pipeline_parallel/pipeline_executor.hpp"
+#include "tests/strategies/gather_state.hpp"
 
 namespace troupe::strategies {
 namespace {
@@ -38,7 +38,8 @@ train_config tiny_config() {
 
 byte_dataset tiny_data() {
   std::vector<uint8_t> bytes(20000);
-  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>("the quick brown fox "[i % 20] + (i / 97) % 3);
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<uint8_t>("the quick brown fox "[i % 20] + (i / 97) % 3);
   return byte_dataset::from_bytes(std::move(bytes), 0.1);
 }
 
@@ -67,7 +68,9 @@ run_result train(const train_config& cfg, const layout& shape) {
     threads.emplace_back([&, r] {
       try {
         auto store = comm::connect_tcp_store("127.0.0.1", server.port(), 10s);
-        auto connect = [&](const comm::comm_identity& id) { return comm::make_gloo_communicator(*store, id); };
+        auto connect = [&](const comm::comm_identity& id) {
+          return comm::make_gloo_communicator(*store, id);
+        };
         training_engine engine(cfg, shape, r, 1, connect);
         engine.init(cfg.seed);
         const comm::op_options opts{20s};
@@ -139,13 +142,16 @@ TEST_P(PipelineLayouts, MatchOneRank) {
   EXPECT_NEAR(got.eval, one.eval, 1e-5 * one.eval);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, PipelineLayouts,
-    ::testing::Values(case_t{"pp2_gpipe", 1, 1, 2, "gpipe", 0, 4}, case_t{"pp2_1f1b", 1, 1, 2, "1f1b", 0, 4},
-                      case_t{"pp3_1f1b_uneven", 1, 1, 3, "1f1b", 0, 4}, case_t{"pp3_gpipe", 1, 1, 3, "gpipe", 0, 8},
-                      case_t{"tp2xpp2", 1, 2, 2, "1f1b", 0, 4}, case_t{"dp2xpp2_zero1", 2, 1, 2, "1f1b", 1, 4},
-                      case_t{"tp2_zero1", 2, 2, 1, "1f1b", 1, 0}, case_t{"dp2xtp2xpp2", 2, 2, 2, "1f1b", 0, 4}),
-    [](const auto& param_info) { return std::string(param_info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Layouts, PipelineLayouts,
+                         ::testing::Values(case_t{"pp2_gpipe", 1, 1, 2, "gpipe", 0, 4},
+                                           case_t{"pp2_1f1b", 1, 1, 2, "1f1b", 0, 4},
+                                           case_t{"pp3_1f1b_uneven", 1, 1, 3, "1f1b", 0, 4},
+                                           case_t{"pp3_gpipe", 1, 1, 3, "gpipe", 0, 8},
+                                           case_t{"tp2xpp2", 1, 2, 2, "1f1b", 0, 4},
+                                           case_t{"dp2xpp2_zero1", 2, 1, 2, "1f1b", 1, 4},
+                                           case_t{"tp2_zero1", 2, 2, 1, "1f1b", 1, 0},
+                                           case_t{"dp2xtp2xpp2", 2, 2, 2, "1f1b", 0, 4}),
+                         [](const auto& param_info) { return std::string(param_info.param.name); });
 
 }  // namespace
 }  // namespace troupe::strategies
