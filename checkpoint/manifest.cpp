@@ -117,25 +117,7 @@ manifest from_json(std::string_view text, const fs::path& where) {
   m.seed = get_uint(doc, "seed", where);
   m.config_json = get_string(doc, "config_json", where);
 
-  const doc_json& tensors = get_array(doc, "tensors", where);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string ctx = "tensors/" + std::to_string(i) + "/";
-    const doc_json& t = tensors[i];
-    if (!t.is_object()) bad_field(where, ctx, "is not an object");
-    tensor_entry e;
-    e.name = get_string(t, "name", where, ctx);
-    e.offset = get_uint(t, "offset", where, ctx);
-    const doc_json& shape = field(t, "shape", where, ctx);
-    if (!shape.is_array()) bad_field(where, ctx + "shape", "is not an array");
-    for (const doc_json& d : shape) {
-      if (!d.is_number_unsigned() ||
-          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        bad_field(where, ctx + "shape", "holds something other than a non-negative integer");
-      }
-      e.shape.push_back(d.get<int64_t>());
-    }
-    m.tensors.push_back(std::move(e));
-  }
+  m.tensors = parse_tensor_table(doc, where);
 
   const doc_json& shards = get_array(doc, "shards", where);
   for (size_t i = 0; i < shards.size(); ++i) {

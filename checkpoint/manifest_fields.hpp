@@ -95,6 +95,8 @@ inline bool is_plain_file_name(const std::string& name) {
 std::string to_json_v2(const manifest& m);
 manifest from_json_v2(const detail::doc_json& doc, const fs::path& where);
 void validate_v2(const manifest& m, const fs::path& where, error_kind kind);
+/// The "tensors" table of either version: names, shapes (up to 8 sizes below 2^31), offsets.
+std::vector<tensor_entry> parse_tensor_table(const detail::doc_json& doc, const fs::path& where);
 /// The rules on the tensor table that both versions share.
 void validate_tensors(const manifest& m, const fs::path& where, error_kind kind);
 

@@ -34,6 +34,32 @@ constexpr size_t max_pieces_per_tensor = 4096;
 
 }  // namespace
 
+std::vector<tensor_entry> parse_tensor_table(const doc_json& doc, const fs::path& where) {
+  std::vector<tensor_entry> out;
+  const doc_json& tensors = get_array(doc, "tensors", where);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string ctx = "tensors/" + std::to_string(i) + "/";
+    const doc_json& t = tensors[i];
+    if (!t.is_object()) bad_field(where, ctx, "is not an object");
+    tensor_entry e;
+    e.name = get_string(t, "name", where, ctx);
+    e.offset = get_uint(t, "offset", where, ctx);
+    const doc_json& shape = field(t, "shape", where, ctx);
+    if (!shape.is_array() || shape.size() > 8)
+      bad_field(where, ctx + "shape", "is not an array of up to 8 sizes");
+    for (const doc_json& d : shape) {
+      if (!d.is_number_unsigned() ||
+          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        bad_field(where, ctx + "shape", "holds something other than a size below 2^31");
+      }
+      e.shape.push_back(d.get<int64_t>());
+    }
+    out.push_back(std::move(e));
+  }
+
+  return out;
+}
+
 std::string to_json_v2(const manifest& m) {
   doc_json tensors = doc_json::array();
   for (const tensor_entry& t : m.tensors) {
@@ -79,26 +105,7 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
   m.layout = get_string(doc, "layout", where);
   m.config_json = get_string(doc, "config_json", where);
 
-  const doc_json& tensors = get_array(doc, "tensors", where);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::string ctx = "tensors/" + std::to_string(i) + "/";
-    const doc_json& t = tensors[i];
-    if (!t.is_object()) bad_field(where, ctx, "is not an object");
-    tensor_entry e;
-    e.name = get_string(t, "name", where, ctx);
-    e.offset = get_uint(t, "offset", where, ctx);
-    const doc_json& shape = field(t, "shape", where, ctx);
-    if (!shape.is_array() || shape.size() > 8)
-      bad_field(where, ctx + "shape", "is not an array of up to 8 sizes");
-    for (const doc_json& d : shape) {
-      if (!d.is_number_unsigned() ||
-          d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
-        bad_field(where, ctx + "shape", "holds something other than a size below 2^31");
-      }
-      e.shape.push_back(d.get<int64_t>());
-    }
-    m.tensors.push_back(std::move(e));
-  }
+  m.tensors = parse_tensor_table(doc, where);
 
   const doc_json& pieces = get_array(doc, "pieces", where);
   if (m.global_numel > max_global_numel) bad_field(where, "global_numel", "is beyond 2^40");
