@@ -610,6 +610,7 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
   collection done = std::move(c);
   collecting_.erase(it);
   if (done.ok && !done.skipped) {
+    ++committing_;
     out.push_back(std::move(done.commit));
   } else {
     if (!done.ok)
@@ -632,6 +633,7 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
                                            const std::string& error) {
   actions out;
   const int64_t step = c.step;
+  committing_ = std::max(0, committing_ - 1);
   if (error.empty()) {
     checkpoint_step_ = std::max(checkpoint_step_, step);
     checkpoint_path_ = path;
@@ -804,7 +806,7 @@ actions job_logic::on_shutdown() {
 }
 
 void job_logic::maybe_finish(actions& out) {
-  if (!finishing_ || !collecting_.empty() || eval_step_ >= 0 || ended_ ||
+  if (!finishing_ || !collecting_.empty() || committing_ > 0 || eval_step_ >= 0 || ended_ ||
       state_ != job_state::training)
     return;
   const auto& cfg = params_.cfg;

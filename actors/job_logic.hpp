@@ -127,7 +127,7 @@ class job_logic {
   int64_t last_checkpoint_step() const { return checkpoint_step_; }
   /// Whether some rank may still be writing chunks of a checkpoint this job asked for (then
   /// no chunk may be garbage-collected).
-  bool checkpoints_in_flight() const { return !collecting_.empty(); }
+  bool checkpoints_in_flight() const { return !collecting_.empty() || committing_ > 0; }
   const std::string& last_checkpoint_path() const { return checkpoint_path_; }
   double last_loss() const { return last_loss_; }
   double last_val_loss() const { return last_val_; }
@@ -177,6 +177,7 @@ class job_logic {
     int failed = 0;
   };
   std::map<int64_t, collection> collecting_;
+  int committing_ = 0;  // manifests handed to the committer, not yet confirmed
   void start_collecting(int64_t step);
   int64_t checkpoint_step_ = -1;
   std::string checkpoint_path_;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "actors/checkpoint_committer.hpp"
 #include "actors/expert_group.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
@@ -173,6 +174,8 @@ struct supervisor_state {
   logic_time training_started{};
   int64_t training_start_step = 0;
   caf::actor experts;
+  std::unique_ptr<checkpoint_committer> committer;  // manifests and retention, off this thread
+  std::map<int64_t, commit_checkpoint> committing;  // by step, until the committer answers
   static inline const char* name = "job_supervisor";
 };
 
@@ -181,12 +184,6 @@ using self_ptr = caf::stateful_actor<supervisor_state>*;
 monitoring::log_context ctx(self_ptr self) {
   const auto& l = *self->state.logic;
   return {"coordinator", -1, l.generation(), l.committed()};
-}
-
-std::string step_dir(const std::string& run_dir, int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
-  return run_dir + "/checkpoints/" + name;
 }
 
 void emit(self_ptr self, const json& event) {
@@ -209,6 +206,10 @@ void send_result(self_ptr self, const finish_job& f) {
   auto& st = self->state;
   if (st.result_sent) return;
   st.result_sent = true;
+  // Every commit was confirmed before the job could end; the last retention runs here.
+  if (st.committer && !st.logic->checkpoints_in_flight())
+    st.committer->collect_garbage(st.committer->requests());
+  st.committer.reset();
   for (auto& a : st.agents)
     if (a) self->send(a, stop_atom::value);
   const auto& l = *st.logic;
@@ -230,55 +231,42 @@ void send_result(self_ptr self, const finish_job& f) {
   self->send(st.setup.listener, result_atom::value, res);
 }
 
-// Removes what retention no longer keeps, between checkpoints (never while a rank may be
-// writing chunks a coming manifest will name).
-void collect_checkpoint_garbage(self_ptr self) {
-  auto& st = self->state;
-  const auto& cfg = st.setup.cfg;
-  if (st.logic->checkpoints_in_flight()) return;
-  try {
-    const ckpt::gc_result gc = ckpt::collect_garbage(
-        cfg.run_dir, {static_cast<size_t>(cfg.keep_last), static_cast<int64_t>(cfg.keep_every)},
-        std::chrono::minutes(10));
-    if (!gc.removed_steps.empty() || gc.chunks_removed > 0)
-      emit(self, {{"event", "checkpoint_gc"},
-                  {"removed_steps", gc.removed_steps},
-                  {"chunks_removed", gc.chunks_removed},
-                  {"chunks_kept", gc.chunks_kept},
-                  {"bytes_freed", gc.bytes_freed}});
-  } catch (const std::exception& e) {
-    monitoring::log(monitoring::level::warn, ctx(self),
-                    std::string("checkpoint retention skipped: ") + e.what());
-  }
-}
-
+// Hands the manifest of a checkpoint whose every share is durable to the committer thread;
+// on_checkpoint_committed follows when it answers.
 void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   auto& st = self->state;
   const auto& cfg = st.setup.cfg;
-  std::string error, path;
-  try {
-    ckpt::manifest m;
-    m.format_version = ckpt::format_version;
-    m.step = c.step;
-    m.world = c.world;
-    m.seed = cfg.seed;
-    m.config_json = to_json(cfg);
-    for (const auto& t : strategies::tensor_table(cfg.model)) {
-      m.tensors.push_back({t.name, t.shape, t.offset});
-      m.global_numel += ckpt::as_matrix(t.shape).first * ckpt::as_matrix(t.shape).second;
-    }
-    m.adam_t = c.adam_t;
-    m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
-    m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
-    m.pieces = c.pieces;
-    ckpt::commit_manifest(cfg.run_dir, m);
-    path = step_dir(cfg.run_dir, c.step);
-  } catch (const std::exception& e) {
-    error = e.what();
-    monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
+  ckpt::manifest m;
+  m.format_version = ckpt::format_version;
+  m.step = c.step;
+  m.world = c.world;
+  m.seed = cfg.seed;
+  m.config_json = to_json(cfg);
+  for (const auto& t : strategies::tensor_table(cfg.model)) {
+    m.tensors.push_back({t.name, t.shape, t.offset});
+    const auto [rows, cols] = ckpt::as_matrix(t.shape);
+    m.global_numel += static_cast<size_t>(rows * cols);
   }
+  m.adam_t = c.adam_t;
+  m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
+  m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
+  m.pieces = c.pieces;
+  st.committing[c.step] = c;
+  st.committer->commit(std::move(m));
+}
+
+void on_committed(self_ptr self, int64_t step, const std::string& path, const std::string& error) {
+  auto& st = self->state;
+  const auto it = st.committing.find(step);
+  if (it == st.committing.end()) return;
+  const commit_checkpoint c = std::move(it->second);
+  st.committing.erase(it);
+  if (!error.empty())
+    monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
   run(self, st.logic->on_checkpoint_committed(c, path, error));
-  if (error.empty()) collect_checkpoint_garbage(self);
+  // Retention between checkpoints: only while no rank may be writing chunks of one.
+  if (error.empty() && st.committer && !st.logic->checkpoints_in_flight())
+    st.committer->collect_garbage(st.committer->requests());
 }
 
 // Carries out the logic's actions, in order.
@@ -291,6 +279,7 @@ void run(self_ptr self, actions todo) {
           if constexpr (std::is_same_v<T, emit_event>) {
             emit(self, x.event);
           } else if constexpr (std::is_same_v<T, send_commit>) {
+            if (x.msg.checkpoint && st.committer) st.committer->checkpoint_requested();
             if (auto it = st.members.find(x.member); it != st.members.end())
               self->send(it->second.rank, x.msg);
           } else if constexpr (std::is_same_v<T, send_reconfigure>) {
@@ -405,6 +394,11 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
     eg.metrics = st.setup.metrics;
     st.experts = spawn_expert_group(self, eg);
   }
+  st.committer = std::make_unique<checkpoint_committer>(
+      st.setup.cfg.run_dir,
+      ckpt::retention_policy{static_cast<size_t>(st.setup.cfg.keep_last),
+                             static_cast<int64_t>(st.setup.cfg.keep_every)},
+      caf::actor_cast<caf::actor>(self));
   self->send(self, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -539,6 +533,10 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         ::kill(pid, SIGCONT);
         emit(self, {{"event", "fault"}, {"what", "continue"}, {"pids", {pid}}});
       },
+      [=](ckpt_done_atom, int64_t step, const std::string& path, const std::string& error) {
+        on_committed(self, step, path, error);
+      },
+      [=](ckpt_gc_atom, const std::string& event) { emit(self, json::parse(event)); },
       [=](tick_atom) {
         auto& s = self->state;
         run(self, s.logic->on_tick(logic_clock::now()));

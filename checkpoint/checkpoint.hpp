@@ -250,6 +250,25 @@ class run_lock {
   int fd_ = -1;
 };
 
+/// The chunk store's lock (flock of RUN_DIR/checkpoints/.chunks.lock): every shard writer
+/// holds it shared for the whole of a write, and a garbage collection holds it exclusively,
+/// so a collection never deletes a chunk that a writer is adding or deduplicating against.
+class chunk_store_lock {
+ public:
+  /// Waits for a running collection to finish. Throws checkpoint_error (io).
+  static chunk_store_lock shared(const std::string& run_dir);
+  /// nullopt while any writer holds it. Throws checkpoint_error (io).
+  static std::optional<chunk_store_lock> try_exclusive(const std::string& run_dir);
+  chunk_store_lock(chunk_store_lock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  chunk_store_lock& operator=(chunk_store_lock&&) = delete;
+  chunk_store_lock(const chunk_store_lock&) = delete;
+  ~chunk_store_lock();
+
+ private:
+  explicit chunk_store_lock(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
 /// One damaged object found by verify_checkpoint.
 struct problem {
   std::string path;     ///< the file at fault

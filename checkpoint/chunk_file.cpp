@@ -88,6 +88,12 @@ std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes) 
 std::vector<float> decode(const unsigned char* data, size_t size, const chunk_key& key,
                           size_t expected_floats, const fs::path& path,
                           const std::string& context) {
+  return decode_range(data, size, key, expected_floats, expected_floats, path, context);
+}
+
+std::vector<float> decode_range(const unsigned char* data, size_t size, const chunk_key& key,
+                                size_t min_floats, size_t max_floats, const fs::path& path,
+                                const std::string& context) {
   const std::string hint = " (" + context +
                            "). Run `troupe ckpt verify` on the run directory; --resume falls back "
                            "to an earlier committed checkpoint.";
@@ -116,12 +122,18 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
     io::fail(error_kind::mismatch, path,
              "holds chunk " + named.hex() + " but is stored under the name " + key.hex() + hint);
   }
-  const uint64_t expected_bytes = static_cast<uint64_t>(expected_floats) * sizeof(float);
-  if (raw_bytes != expected_bytes || stored_bytes != raw_bytes) {
+  const uint64_t min_bytes = static_cast<uint64_t>(min_floats) * sizeof(float);
+  const uint64_t max_bytes = static_cast<uint64_t>(max_floats) * sizeof(float);
+  if (raw_bytes < min_bytes || raw_bytes > max_bytes || raw_bytes % sizeof(float) != 0 ||
+      stored_bytes != raw_bytes) {
     io::fail(error_kind::corrupt, path,
              "promises " + std::to_string(raw_bytes) + " bytes where the manifest needs " +
-                 std::to_string(expected_bytes) + hint);
+                 (min_bytes == max_bytes
+                      ? std::to_string(min_bytes)
+                      : std::to_string(min_bytes) + " to " + std::to_string(max_bytes)) +
+                 hint);
   }
+  const uint64_t expected_bytes = raw_bytes;
   if (size - header_bytes != stored_bytes) {
     io::fail(error_kind::truncated, path,
              "holds " + std::to_string(size - header_bytes) + " payload bytes, its header says " +
@@ -136,13 +148,18 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
              "edit)" +
                  hint);
   }
-  std::vector<float> out(expected_floats);
+  std::vector<float> out(expected_bytes / sizeof(float));
   if (expected_bytes > 0) std::memcpy(out.data(), payload, expected_bytes);
   return out;
 }
 
 std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
                         const std::string& context) {
+  return read_range(run_dir, key, expected_floats, expected_floats, context);
+}
+
+std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, size_t min_floats,
+                              size_t max_floats, const std::string& context) {
   const fs::path path = path_of(run_dir, key);
   std::vector<unsigned char> bytes;
   try {
@@ -154,7 +171,7 @@ std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t
                  "). Run `troupe ckpt verify` on the run directory; --resume falls back to an "
                  "earlier committed checkpoint.");
   }
-  return decode(bytes.data(), bytes.size(), key, expected_floats, path, context);
+  return decode_range(bytes.data(), bytes.size(), key, min_floats, max_floats, path, context);
 }
 
 }  // namespace chunk_file

@@ -56,9 +56,18 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
                           size_t expected_floats, const std::filesystem::path& path,
                           const std::string& context);
 
+/// decode for a chunk whose length is known only within [min_floats, max_floats] (the last
+/// chunk of a packed run, which other pieces fill up).
+std::vector<float> decode_range(const unsigned char* data, size_t size, const chunk_key& key,
+                                size_t min_floats, size_t max_floats,
+                                const std::filesystem::path& path, const std::string& context);
+
 /// Reads and decodes the chunk `key` of `run_dir` (see decode).
 std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
                         const std::string& context);
+/// Reads and decodes a chunk of `min_floats` to `max_floats` floats (see decode_range).
+std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, size_t min_floats,
+                              size_t max_floats, const std::string& context);
 
 }  // namespace chunk_file
 }  // namespace troupe::ckpt

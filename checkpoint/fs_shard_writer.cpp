@@ -71,21 +71,46 @@ class fs_shard_writer final : public shard_writer {
 
   shard_report write(const snapshot& s) override {
     const auto started = std::chrono::steady_clock::now();
+    // No garbage collection while this write looks for and adds chunks.
+    const chunk_store_lock guard = chunk_store_lock::shared(run_dir_);
     shard_report r;
     r.rank = s.rank;
     r.step = s.step;
     r.adam_t = s.adam_t;
     std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final, not yet durable
     try {
+      // Large boxes get chunks of their own, so unchanged ones are shared across checkpoints;
+      // small ones (biases, norms: most of the boxes, little of the bytes) are packed
+      // together, so a rank writes a few files rather than hundreds.
+      const size_t pack_below = std::min<size_t>(chunk_floats_ / 4, 4096);
+      std::vector<std::pair<size_t, size_t>> packed;  // (index in r.pieces, start in pack_)
+      pack_.clear();
       for (const snapshot_piece& p : s.pieces) {
-        saved_piece out{s.rank, p.array, p.tensor, p.where, {}};
+        saved_piece out{s.rank, p.array, p.tensor, p.where, {}, 0};
         const size_t n = p.where.numel();
-        for (size_t first = 0; first < n; first += chunk_floats_) {
-          const size_t count = std::min(chunk_floats_, n - first);
-          const float* data = s.data.data() + p.data_offset + first;
-          out.chunks.push_back(stage(data, count * sizeof(float), r, staged));
+        const float* data = s.data.data() + p.data_offset;
+        if (n < pack_below) {
+          packed.emplace_back(r.pieces.size(), pack_.size());
+          pack_.insert(pack_.end(), data, data + n);
+        } else {
+          for (size_t first = 0; first < n; first += chunk_floats_) {
+            const size_t count = std::min(chunk_floats_, n - first);
+            out.chunks.push_back(stage(data + first, count * sizeof(float), r, staged));
+          }
         }
         r.pieces.push_back(std::move(out));
+      }
+      std::vector<chunk_key> pack_keys;
+      for (size_t first = 0; first < pack_.size(); first += chunk_floats_) {
+        const size_t count = std::min(chunk_floats_, pack_.size() - first);
+        pack_keys.push_back(stage(pack_.data() + first, count * sizeof(float), r, staged));
+      }
+      for (const auto& [index, start] : packed) {
+        saved_piece& out = r.pieces[index];
+        const size_t n = out.where.numel();
+        out.offset = start % chunk_floats_;
+        for (size_t c = start / chunk_floats_; c <= (start + n - 1) / chunk_floats_; ++c)
+          out.chunks.push_back(pack_keys[c]);
       }
       // One flush of the file system for every staged chunk, instead of one fsync each
       // (a rank stages hundreds of small ones); only then are they named.
@@ -148,6 +173,7 @@ class fs_shard_writer final : public shard_writer {
 
   std::string run_dir_;
   size_t chunk_floats_;
+  std::vector<float> pack_;  // small boxes laid end to end; kept for the next snapshot
   std::set<fs::path> known_dirs_;
 };
 

@@ -8,11 +8,13 @@
 //     "tensors": [ { "name": string, "shape": [uint...], "offset": uint } ... ],
 //     "pieces":  [ { "rank": int, "array": "params" | "exp_avg" | "exp_avg_sq",
 //                    "tensor": string, "box": [row, col, rows, cols],
-//                    "chunks": [ 32 hex digits ... ] } ... ],
+//                    "chunks": [ 32 hex digits ... ], "offset": uint } ... ],
 //     "manifest_hash": 16 hex digits }
 //
-// The pieces of each (array, tensor) tile the tensor's [rows, cols] view exactly; chunk i of
-// a piece holds its row-major elements [i * chunk_floats, (i + 1) * chunk_floats).
+// The pieces of each (array, tensor) tile the tensor's [rows, cols] view exactly. A piece's
+// row-major elements start at `offset` in its chunks laid end to end (0 for a large box with
+// chunks of its own; small boxes are packed into shared chunks); every chunk of a piece but
+// its last holds exactly chunk_floats floats.
 
 #include <algorithm>
 #include <limits>
@@ -73,7 +75,8 @@ std::string to_json_v2(const manifest& m) {
                       {"array", std::string(array_names.at(static_cast<size_t>(p.array)))},
                       {"tensor", p.tensor},
                       {"box", {p.where.row, p.where.col, p.where.rows, p.where.cols}},
-                      {"chunks", std::move(chunks)}});
+                      {"chunks", std::move(chunks)},
+                      {"offset", p.offset}});
   }
   doc_json doc;
   doc["kind"] = format::manifest_kind;
@@ -133,6 +136,7 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
       v[k] = b[k].get<int64_t>();
     }
     s.where = {v[0], v[1], v[2], v[3]};
+    s.offset = get_uint(p, "offset", where, ctx);
     const doc_json& chunks = field(p, "chunks", where, ctx);
     if (!chunks.is_array()) bad_field(where, ctx + "chunks", "is not an array");
     for (const doc_json& c : chunks) {
@@ -178,7 +182,10 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
              name + " has a box outside the tensor's [" + std::to_string(rows) + ", " +
                  std::to_string(cols) + "]");
     }
-    const size_t expected = b.numel() / m.chunk_floats + (b.numel() % m.chunk_floats != 0);
+    if (p.offset >= m.chunk_floats)
+      broken(where, kind, name + " starts past the end of its first chunk");
+    const size_t span = p.offset + b.numel();  // below 2^41: no overflow
+    const size_t expected = span / m.chunk_floats + (span % m.chunk_floats != 0);
     if (p.chunks.size() != expected) {
       broken(where, kind,
              name + " lists " + std::to_string(p.chunks.size()) + " chunks for a box that needs " +
@@ -231,7 +238,8 @@ std::string encode_pieces(const std::vector<saved_piece>& pieces) {
                    p.array,
                    p.tensor,
                    {p.where.row, p.where.col, p.where.rows, p.where.cols},
-                   std::move(chunks)});
+                   std::move(chunks),
+                   p.offset});
   }
   return out.dump();
 }
@@ -254,7 +262,7 @@ std::vector<saved_piece> decode_pieces(std::string_view text) {
     });
     if (!doc.is_array()) io::fail(error_kind::corrupt, where, "is not a list of pieces");
     for (const doc_json& p : doc) {
-      if (!p.is_array() || p.size() != 5)
+      if (!p.is_array() || p.size() != 6)
         io::fail(error_kind::corrupt, where, "holds a malformed piece");
       saved_piece s;
       s.rank = static_cast<int>(integer(p[0], 0, 1 << 20));
@@ -272,6 +280,7 @@ std::vector<saved_piece> decode_pieces(std::string_view text) {
         if (!key) io::fail(error_kind::corrupt, where, "holds a malformed chunk name");
         s.chunks.push_back(*key);
       }
+      s.offset = static_cast<uint64_t>(integer(p[5], 0, int64_t{1} << 28));
       out.push_back(std::move(s));
     }
   } catch (const doc_json::exception& e) {

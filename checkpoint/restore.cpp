@@ -35,10 +35,8 @@ class chunk_cache {
   const std::vector<float>& get(const saved_piece& p, size_t index) {
     const chunk_key& key = p.chunks[index];
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    const size_t n = p.where.numel();
-    const size_t first = index * m_.chunk_floats;
-    const size_t floats = std::min<size_t>(m_.chunk_floats, n - first);
-    if (held_ + floats > budget_floats) {
+    const chunk_extent extent = extent_of(p, index, m_.chunk_floats);
+    if (held_ + extent.max_floats > budget_floats) {
       cache_.clear();
       held_ = 0;
     }
@@ -46,9 +44,10 @@ class chunk_cache {
                                 p.tensor + ", chunk " + std::to_string(index) +
                                 " of the piece of rank " + std::to_string(p.rank) +
                                 ", checkpoint step " + std::to_string(m_.step);
-    auto [it, inserted] = cache_.emplace(key, chunk_file::read(run_dir_, key, floats, context));
-    held_ += floats;
-    stats_.bytes_read += floats * sizeof(float);
+    auto [it, inserted] = cache_.emplace(
+        key, chunk_file::read_range(run_dir_, key, extent.min_floats, extent.max_floats, context));
+    held_ += it->second.size();
+    stats_.bytes_read += it->second.size() * sizeof(float);
     ++stats_.chunks_read;
     return it->second;
   }
@@ -65,6 +64,7 @@ class chunk_cache {
 /// Copies elements [first, first + count) of saved piece `q` (row-major) to `out`.
 void copy_run(chunk_cache& cache, const saved_piece& q, size_t chunk_floats, size_t first,
               size_t count, float* out) {
+  first += static_cast<size_t>(q.offset);  // the box's place in its chunks
   while (count > 0) {
     const size_t index = first / chunk_floats;
     const size_t within = first % chunk_floats;

@@ -42,15 +42,31 @@ struct snapshot {
 /// first time (or when the layout grew).
 void capture(const state_map& map, std::span<const std::span<const float>> buffers, snapshot& into);
 
-/// A box persisted as chunks: element i of the box (row-major) is in chunk i / chunk_floats.
+/// A box persisted as chunks: element i of the box (row-major) is element offset + i of its
+/// chunks laid end to end. A large box starts its own chunks (offset 0); small boxes are
+/// packed together, so one begins inside a chunk. Every chunk but a piece's last holds
+/// exactly chunk_floats floats; the last holds at least what the piece needs of it.
 struct saved_piece {
   int rank = 0;
   int array = 0;
   std::string tensor;
   box where;
   std::vector<chunk_key> chunks;
+  uint64_t offset = 0;  ///< where the box starts in its first chunk
   friend bool operator==(const saved_piece&, const saved_piece&) = default;
 };
+
+/// How many floats chunk `index` of `p` holds: exactly chunk_floats for all but the piece's
+/// last chunk; for the last, at least what the piece needs of it (it may be shared).
+struct chunk_extent {
+  size_t min_floats = 0;
+  size_t max_floats = 0;
+};
+inline chunk_extent extent_of(const saved_piece& p, size_t index, size_t chunk_floats) {
+  if (index + 1 < p.chunks.size()) return {chunk_floats, chunk_floats};
+  const size_t end = static_cast<size_t>(p.offset) + p.where.numel();
+  return {end - index * chunk_floats, chunk_floats};
+}
 
 /// What a writer tells the coordinator once a snapshot is durable.
 struct shard_report {

@@ -34,11 +34,13 @@ using doc_json = mj::detail::doc_json;
 }
 
 /// What the restore assumes of an accepted format 2 manifest: every piece's chunks hold
-/// exactly its box (chunk i holds elements [i * chunk_floats, (i + 1) * chunk_floats)).
+/// exactly its box, starting at its offset (chunk i holds elements [i * chunk_floats,
+/// (i + 1) * chunk_floats) of the run that begins `offset` floats before the box).
 void check_accepted(const manifest& m) {
   if (m.format_version != 2) return;
   for (const auto& p : m.pieces) {
-    const auto numel = static_cast<unsigned __int128>(p.where.numel());
+    if (p.offset >= m.chunk_floats) finding("an accepted piece starts past its first chunk");
+    const auto numel = static_cast<unsigned __int128>(p.where.numel()) + p.offset;
     const auto per_chunk = static_cast<unsigned __int128>(m.chunk_floats);
     const auto chunks = static_cast<unsigned __int128>(p.chunks.size());
     if (chunks * per_chunk < numel || (chunks > 0 && (chunks - 1) * per_chunk >= numel)) {

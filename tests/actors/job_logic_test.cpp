@@ -357,7 +357,7 @@ TEST(JobLogicTest, CheckpointsInFlightAreCollectedSeparately) {
     w.adam_t = step;
     w.bytes_written = 100;
     w.pieces_json = ok ? "[[" + std::to_string(rank) +
-                             ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"]]]"
+                             ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"],0]]"
                        : "";
     return h.logic().on_shard_written(w, h.now());
   };
@@ -375,9 +375,10 @@ TEST(JobLogicTest, CheckpointsInFlightAreCollectedSeparately) {
   report(6, 0, true, false);
   auto failed = report(6, 1, false, false);
   EXPECT_TRUE(has_event(failed, "checkpoint_failed"));
-  EXPECT_FALSE(h.logic().checkpoints_in_flight());
+  EXPECT_TRUE(h.logic().checkpoints_in_flight()) << "step 2's manifest is not confirmed yet";
   auto committed = h.logic().on_checkpoint_committed(done2[0], "ckpt2", "");
   EXPECT_TRUE(has_event(committed, "checkpoint"));
+  EXPECT_FALSE(h.logic().checkpoints_in_flight());
   EXPECT_EQ(h.logic().last_checkpoint_step(), 2);
 }
 

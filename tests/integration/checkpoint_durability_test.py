@@ -131,9 +131,11 @@ def corruption(tmp):
 
 def incremental(tmp):
     d = os.path.join(tmp, "frozen")
-    # wte, wpe and the first block are more than half of this model's parameters.
+    # wte, wpe and the first block are more than half of this model's parameters; small
+    # chunks, so that its matrices (under 16 KiB each) get chunks of their own, not packed.
     events = run_ok("frozen", BASE + ["--steps", "12", "--checkpoint-every", "2", "--keep-last", "2",
-                                      "--keep-every", "4", "--freeze", "wte,wpe,h.0."], d)
+                                      "--keep-every", "4", "--freeze", "wte,wpe,h.0.",
+                                      "--checkpoint-chunk-kib", "4"], d)
     saved = of(events, "checkpoint")
     # The first checkpoint already stores the frozen moments (all zeros) once, so it is
     # compared by what it holds: the bytes written plus those deduplicated.

@@ -1,0 +1,92 @@
+// The checkpoint committer's thread.
+
+#include "actors/checkpoint_committer.hpp"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+namespace troupe::actors {
+
+checkpoint_committer::checkpoint_committer(std::string run_dir, ckpt::retention_policy policy,
+                                           caf::actor reply_to)
+    : run_dir_(std::move(run_dir)), policy_(policy), reply_to_(std::move(reply_to)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+checkpoint_committer::~checkpoint_committer() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void checkpoint_committer::commit(ckpt::manifest m) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back(std::move(m));
+  }
+  wake_.notify_all();
+}
+
+void checkpoint_committer::collect_garbage(uint64_t ticket) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back(gc_job{ticket});
+  }
+  wake_.notify_all();
+}
+
+void checkpoint_committer::run() {
+  for (;;) {
+    std::unique_lock lock(mutex_);
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    job next = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    if (auto* m = std::get_if<ckpt::manifest>(&next))
+      do_commit(*m);
+    else
+      do_collect(std::get<gc_job>(next));
+  }
+}
+
+void checkpoint_committer::do_commit(const ckpt::manifest& m) {
+  std::string error;
+  try {
+    ckpt::commit_manifest(run_dir_, m);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(m.step));
+  caf::anon_send(reply_to_, ckpt_done_atom::value, m.step,
+                 error.empty() ? run_dir_ + "/checkpoints/" + name : std::string(), error);
+}
+
+void checkpoint_committer::do_collect(const gc_job& g) {
+  // A writer that started after the ticket holds (or will wait for) the chunk store lock;
+  // one that already finished changed the request count. Either way: not now.
+  const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
+  if (!lock || requests_.load() != g.ticket) return;
+  nlohmann::json event;
+  try {
+    const auto started = std::chrono::steady_clock::now();
+    const ckpt::gc_result gc = ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10));
+    if (gc.removed_steps.empty() && gc.chunks_removed == 0) return;
+    event = {{"event", "checkpoint_gc"},
+             {"removed_steps", gc.removed_steps},
+             {"chunks_removed", gc.chunks_removed},
+             {"chunks_kept", gc.chunks_kept},
+             {"bytes_freed", gc.bytes_freed},
+             {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                             .count()}};
+  } catch (const std::exception& e) {
+    event = {{"event", "checkpoint_gc_failed"}, {"error", e.what()}};
+  }
+  caf::anon_send(reply_to_, ckpt_gc_atom::value, event.dump());
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,65 @@
+#pragma once
+// The coordinator's disk work for checkpoints, off the actor that commits steps: writing a
+// manifest and LATEST (fsyncs) and retention (unlinking old manifests and chunks) take tens
+// of milliseconds, which the ranks would otherwise spend waiting for their next commit.
+// One thread does the jobs in order and answers the supervisor with messages.
+
+#include <caf/all.hpp>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <variant>
+
+#include "checkpoint/checkpoint.hpp"
+
+namespace troupe::actors {
+
+/// (ckpt_done_atom, step, path, error): a manifest committed (error empty) or not.
+using ckpt_done_atom = caf::atom_constant<caf::atom("ckptdone")>;
+/// (ckpt_gc_atom, json): what a garbage collection removed.
+using ckpt_gc_atom = caf::atom_constant<caf::atom("ckptgc")>;
+
+class checkpoint_committer {
+ public:
+  checkpoint_committer(std::string run_dir, ckpt::retention_policy policy, caf::actor reply_to);
+  /// Finishes the queued jobs (a final checkpoint must be committed), then stops.
+  ~checkpoint_committer();
+  checkpoint_committer(const checkpoint_committer&) = delete;
+  checkpoint_committer& operator=(const checkpoint_committer&) = delete;
+
+  /// Queues the commit of `m`; answered with ckpt_done_atom.
+  void commit(ckpt::manifest m);
+  /// Counts a checkpoint asked of the ranks (they may start writing chunks now).
+  void checkpoint_requested() { requests_.fetch_add(1); }
+  /// The number of checkpoints asked so far: the ticket of a collection queued now.
+  [[nodiscard]] uint64_t requests() const { return requests_.load(); }
+  /// Queues retention and chunk garbage collection. It runs only if no checkpoint was asked
+  /// for since `ticket` was taken and no writer holds the chunk store; otherwise it waits for
+  /// the next one. Answered with ckpt_gc_atom when it removed something.
+  void collect_garbage(uint64_t ticket);
+
+ private:
+  struct gc_job {
+    uint64_t ticket;
+  };
+  using job = std::variant<ckpt::manifest, gc_job>;
+  void run();
+  void do_commit(const ckpt::manifest& m);
+  void do_collect(const gc_job& g);
+
+  std::string run_dir_;
+  ckpt::retention_policy policy_;
+  caf::actor reply_to_;
+  std::atomic<uint64_t> requests_{0};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<job> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace troupe::actors
