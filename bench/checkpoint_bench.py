@@ -93,7 +93,9 @@ def write(troupe, base, runs):
                         "conv=fsync"], capture_output=True, check=True)
         dd_tp.append((nbytes >> 20 << 20) / (time.perf_counter() - t0))
         os.remove(target)
-        torch = subprocess.run([sys.executable, "-c", TORCH_SAVE, base, str(nbytes)],
+        # Debian's python3-torch lives in the system interpreter, whatever `python3` is here.
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        torch = subprocess.run([python, "-c", TORCH_SAVE, base, str(nbytes)],
                                capture_output=True, text=True)
         if torch.returncode == 0:
             s, l = map(float, torch.stdout.split())
