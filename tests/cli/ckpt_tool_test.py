@@ -90,11 +90,12 @@ def test():
         fail("TROUPE_BIN is not set")
     with tempfile.TemporaryDirectory(prefix="troupe-ckpt-") as tmp:
         run_dir = os.path.join(tmp, "run")
-        # --freeze keeps wpe's chunks unchanged, so checkpoints share some chunks.
+        # --freeze keeps wpe's chunks unchanged, so checkpoints share some chunks (small chunks,
+        # so that wpe gets chunks of its own rather than being packed with trained tensors).
         code, out, err = troupe("run", "--world", "2", "--steps", "12", "--checkpoint-every", "4",
                                 "--keep-last", "0", "--metrics-port", "0", "--no-progress",
                                 "--run-dir", run_dir, "--layers", "2", "--d-model", "64",
-                                "--freeze", "wpe*", timeout=100)
+                                "--freeze", "wpe*", "--checkpoint-chunk-kib", "4", timeout=100)
         if code != 0:
             fail(f"troupe run failed ({code}):\n{out}\n{err}")
 
