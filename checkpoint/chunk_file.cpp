@@ -2,7 +2,13 @@
 
 #include "checkpoint/chunk_file.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <array>
 #include <cstring>
@@ -91,12 +97,20 @@ std::vector<float> decode(const unsigned char* data, size_t size, const chunk_ke
   return decode_range(data, size, key, expected_floats, expected_floats, path, context);
 }
 
-std::vector<float> decode_range(const unsigned char* data, size_t size, const chunk_key& key,
-                                size_t min_floats, size_t max_floats, const fs::path& path,
-                                const std::string& context) {
-  const std::string hint = " (" + context +
-                           "). Run `troupe ckpt verify` on the run directory; --resume falls back "
-                           "to an earlier committed checkpoint.";
+namespace {
+
+std::string hint_for(const std::string& context) {
+  return " (" + context +
+         "). Run `troupe ckpt verify` on the run directory; --resume falls back to an earlier "
+         "committed checkpoint.";
+}
+
+/// Checks a chunk's 48-byte header against what the manifest expects of chunk `key` and
+/// against the file's `size`; returns the payload's length in bytes.
+uint64_t check_header(const unsigned char* data, size_t size, const chunk_key& key,
+                      size_t min_floats, size_t max_floats, const fs::path& path,
+                      const std::string& context) {
+  const std::string hint = hint_for(context);
   if (size < header_bytes) {
     io::fail(error_kind::truncated, path,
              "is " + std::to_string(size) + " bytes, shorter than a chunk header" + hint);
@@ -133,7 +147,6 @@ std::vector<float> decode_range(const unsigned char* data, size_t size, const ch
                       : std::to_string(min_bytes) + " to " + std::to_string(max_bytes)) +
                  hint);
   }
-  const uint64_t expected_bytes = raw_bytes;
   if (size - header_bytes != stored_bytes) {
     io::fail(error_kind::truncated, path,
              "holds " + std::to_string(size - header_bytes) + " payload bytes, its header says " +
@@ -141,16 +154,63 @@ std::vector<float> decode_range(const unsigned char* data, size_t size, const ch
                  (size - header_bytes < stored_bytes ? " (truncated)" : " (bytes appended)") +
                  hint);
   }
-  const unsigned char* payload = data + header_bytes;
-  if (key_of(payload, stored_bytes) != key) {
+  return stored_bytes;
+}
+
+void check_payload(const void* payload, uint64_t bytes, const chunk_key& key,
+                   const fs::path& path, const std::string& context) {
+  if (key_of(payload, bytes) != key) {
     io::fail(error_kind::corrupt, path,
              "is damaged: its bytes no longer hash to its name (bit rot, a torn copy or an "
              "edit)" +
-                 hint);
+                 hint_for(context));
   }
-  std::vector<float> out(expected_bytes / sizeof(float));
-  if (expected_bytes > 0) std::memcpy(out.data(), payload, expected_bytes);
+}
+
+}  // namespace
+
+std::vector<float> decode_range(const unsigned char* data, size_t size, const chunk_key& key,
+                                size_t min_floats, size_t max_floats, const fs::path& path,
+                                const std::string& context) {
+  const uint64_t bytes = check_header(data, size, key, min_floats, max_floats, path, context);
+  check_payload(data + header_bytes, bytes, key, path, context);
+  std::vector<float> out(bytes / sizeof(float));
+  if (bytes > 0) std::memcpy(out.data(), data + header_bytes, bytes);
   return out;
+}
+
+void read_range_into(const std::string& run_dir, const chunk_key& key, size_t min_floats,
+                     size_t max_floats, const std::string& context, std::vector<float>& out) {
+  const fs::path path = path_of(run_dir, key);
+  io::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT)
+      io::fail(error_kind::missing, path, "is missing" + hint_for(context));
+    io::fail_errno(path, "opening", errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io::fail_errno(path, "stat", errno);
+  if (!S_ISREG(st.st_mode)) io::fail(error_kind::corrupt, path, "is not a regular file");
+  const auto size = static_cast<size_t>(st.st_size);
+  unsigned char header[header_bytes] = {};
+  const auto pread_all = [&](void* to, size_t bytes, off_t at) {
+    auto* p = static_cast<unsigned char*>(to);
+    while (bytes > 0) {
+      const ssize_t n = ::pread(fd.get(), p, bytes, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) io::fail_errno(path, "read", errno);
+      if (n == 0) io::fail(error_kind::truncated, path, "shrank while being read" + hint_for(context));
+      p += n;
+      at += n;
+      bytes -= static_cast<size_t>(n);
+    }
+  };
+  pread_all(header, std::min(size, header_bytes), 0);
+  const uint64_t bytes = check_header(header, size, key, min_floats, max_floats, path, context);
+  // Straight into the caller's buffer, whose memory is reused from chunk to chunk.
+  out.resize(bytes / sizeof(float));
+  pread_all(out.data(), bytes, static_cast<off_t>(header_bytes));
+  check_payload(out.data(), bytes, key, path, context);
 }
 
 std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
@@ -160,18 +220,9 @@ std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t
 
 std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, size_t min_floats,
                               size_t max_floats, const std::string& context) {
-  const fs::path path = path_of(run_dir, key);
-  std::vector<unsigned char> bytes;
-  try {
-    bytes = io::read_file(path);
-  } catch (const checkpoint_error& e) {
-    if (e.kind() != error_kind::missing) throw;
-    io::fail(error_kind::missing, path,
-             "is missing (" + context +
-                 "). Run `troupe ckpt verify` on the run directory; --resume falls back to an "
-                 "earlier committed checkpoint.");
-  }
-  return decode_range(bytes.data(), bytes.size(), key, min_floats, max_floats, path, context);
+  std::vector<float> out;
+  read_range_into(run_dir, key, min_floats, max_floats, context, out);
+  return out;
 }
 
 }  // namespace chunk_file

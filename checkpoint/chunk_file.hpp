@@ -65,6 +65,9 @@ std::vector<float> decode_range(const unsigned char* data, size_t size, const ch
 /// Reads and decodes the chunk `key` of `run_dir` (see decode).
 std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
                         const std::string& context);
+/// read_range into `out`, reusing its memory (no fresh pages per chunk).
+void read_range_into(const std::string& run_dir, const chunk_key& key, size_t min_floats,
+                     size_t max_floats, const std::string& context, std::vector<float>& out);
 /// Reads and decodes a chunk of `min_floats` to `max_floats` floats (see decode_range).
 std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, size_t min_floats,
                               size_t max_floats, const std::string& context);

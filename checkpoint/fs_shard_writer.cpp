@@ -78,6 +78,7 @@ class fs_shard_writer final : public shard_writer {
     r.step = s.step;
     r.adam_t = s.adam_t;
     std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final, not yet durable
+    staged_keys_.clear();
     try {
       // Large boxes get chunks of their own, so unchanged ones are shared across checkpoints;
       // small ones (biases, norms: most of the boxes, little of the bytes) are packed
@@ -147,12 +148,10 @@ class fs_shard_writer final : public shard_writer {
       ++r.chunks_deduplicated;
       return key;
     }
-    for (const auto& [temp, final_path] : staged) {
-      if (final_path == path) {  // the same content twice in this snapshot
-        r.bytes_deduplicated += chunk_file::header_bytes + bytes;
-        ++r.chunks_deduplicated;
-        return key;
-      }
+    if (staged_keys_.contains(key)) {  // the same content twice in this snapshot
+      r.bytes_deduplicated += chunk_file::header_bytes + bytes;
+      ++r.chunks_deduplicated;
+      return key;
     }
     const fs::path dir = path.parent_path();
     if (!known_dirs_.contains(dir)) {
@@ -162,6 +161,7 @@ class fs_shard_writer final : public shard_writer {
     const fs::path temp = io::temp_path_for(path);
     io::unique_fd fd = io::create_temp(temp);
     staged.emplace_back(temp, path);
+    staged_keys_.insert(key);
     const std::vector<unsigned char> header = chunk_file::header_for(key, bytes);
     io::write_all(fd.get(), header.data(), header.size(), temp);
     io::write_all(fd.get(), data, bytes, temp);
@@ -174,6 +174,7 @@ class fs_shard_writer final : public shard_writer {
   std::string run_dir_;
   size_t chunk_floats_;
   std::vector<float> pack_;  // small boxes laid end to end; kept for the next snapshot
+  std::set<chunk_key> staged_keys_;  // chunks this write has staged so far
   std::set<fs::path> known_dirs_;
 };
 

@@ -37,6 +37,7 @@ class chunk_cache {
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     const chunk_extent extent = extent_of(p, index, m_.chunk_floats);
     if (held_ + extent.max_floats > budget_floats) {
+      for (auto& [k, v] : cache_) spare_.push_back(std::move(v));  // their memory is reused
       cache_.clear();
       held_ = 0;
     }
@@ -44,8 +45,14 @@ class chunk_cache {
                                 p.tensor + ", chunk " + std::to_string(index) +
                                 " of the piece of rank " + std::to_string(p.rank) +
                                 ", checkpoint step " + std::to_string(m_.step);
-    auto [it, inserted] = cache_.emplace(
-        key, chunk_file::read_range(run_dir_, key, extent.min_floats, extent.max_floats, context));
+    std::vector<float> buffer;
+    if (!spare_.empty()) {
+      buffer = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    chunk_file::read_range_into(run_dir_, key, extent.min_floats, extent.max_floats, context,
+                                buffer);
+    auto [it, inserted] = cache_.emplace(key, std::move(buffer));
     held_ += it->second.size();
     stats_.bytes_read += it->second.size() * sizeof(float);
     ++stats_.chunks_read;
@@ -53,11 +60,12 @@ class chunk_cache {
   }
 
  private:
-  static constexpr size_t budget_floats = size_t{16} << 20;  // 64 MiB
+  static constexpr size_t budget_floats = size_t{4} << 20;  // 16 MiB, then reused
   const std::string& run_dir_;
   const manifest& m_;
   restore_stats& stats_;
   std::map<chunk_key, std::vector<float>> cache_;
+  std::vector<std::vector<float>> spare_;
   size_t held_ = 0;
 };
 
