@@ -81,8 +81,8 @@ void checkpoint_committer::do_collect(const gc_job& g) {
              {"chunks_removed", gc.chunks_removed},
              {"chunks_kept", gc.chunks_kept},
              {"bytes_freed", gc.bytes_freed},
-             {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
-                             .count()}};
+             {"seconds",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()}};
   } catch (const std::exception& e) {
     event = {{"event", "checkpoint_gc_failed"}, {"error", e.what()}};
   }

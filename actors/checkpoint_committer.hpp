@@ -4,8 +4,8 @@
 // of milliseconds, which the ranks would otherwise spend waiting for their next commit.
 // One thread does the jobs in order and answers the supervisor with messages.
 
-#include <caf/all.hpp>
 #include <atomic>
+#include <caf/all.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>

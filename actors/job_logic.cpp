@@ -329,6 +329,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
                   {"member", done.member},     {"generation", generation_},
                   {"from", to_string(source)}, {"bytes", done.bytes},
                   {"seconds", done.seconds},   {"step", restore_.start_step}};
+    if (done.memory_bytes > 0) piece["from_memory_bytes"] = done.memory_bytes;
     if (source == state_source::peer)
       piece["peer_rank"] = restore_.source_rank[static_cast<size_t>(rank)];
     if (source == state_source::checkpoint) piece["checkpoint_step"] = restore_.start_step;
@@ -447,12 +448,10 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   // Members waiting to join open a generation at this step boundary; the ranks then hold
   // after applying instead of starting a step the abort would throw away.
   const bool grow = step < last && grow_wanted();
-  commit c{generation_,
-           step,
-           checkpoint_due(step, last, cfg.checkpoint_every),
-           evaluation_due(step, last, cfg.eval_every),
-           0.0,
-           grow};
+  commit c{generation_, step,
+           // A step replayed after a recovery may already have its checkpoint.
+           checkpoint_due(step, last, cfg.checkpoint_every) && step > checkpoint_step_,
+           evaluation_due(step, last, cfg.eval_every), 0.0, grow};
   for (const auto& m : members_) {
     if (!m.live || m.rank < 0) continue;
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
@@ -599,6 +598,7 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
     c.commit.write_s = std::max(c.commit.write_s, w.write_s);
   }
   c.commit.snapshot_buffer_bytes += w.buffer_bytes;
+  c.commit.replicated_bytes += w.replicated_bytes;
   if (w.skipped) {
     c.skipped = true;
   } else if (!w.ok || !error.empty()) {
@@ -645,7 +645,8 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
                               {"bytes_deduplicated", c.bytes_deduplicated},
                               {"stall_s", c.stall_s},
                               {"write_s", c.write_s},
-                              {"snapshot_buffer_bytes", c.snapshot_buffer_bytes}}});
+                              {"snapshot_buffer_bytes", c.snapshot_buffer_bytes},
+                              {"replicated_bytes", c.replicated_bytes}}});
   } else {
     out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
   }

@@ -82,6 +82,7 @@ struct commit_checkpoint {
   double stall_s = 0;                  ///< the longest stall of a rank
   double write_s = 0;                  ///< the longest background write of a rank
   uint64_t snapshot_buffer_bytes = 0;  ///< the ranks' snapshot buffers, summed
+  uint64_t replicated_bytes = 0;       ///< chunk bytes also held in peers' memory
 };
 struct finish_job {
   int exit_code;

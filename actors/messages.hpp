@@ -91,8 +91,9 @@ struct reconfigured {
   int32_t rank = -1;
   bool ok = true;
   std::string error;
-  uint64_t bytes = 0;  ///< state received (peer) or read (checkpoint)
-  double seconds = 0;  ///< building communicators and restoring
+  uint64_t bytes = 0;         ///< state received (peer) or read (checkpoint)
+  double seconds = 0;         ///< building communicators and restoring
+  uint64_t memory_bytes = 0;  ///< of `bytes`, read from peers' memory (replicated checkpoints)
 };
 
 /// Sent by every worker from a thread that compute cannot block, so a hung process (SIGSTOP,
@@ -177,9 +178,10 @@ struct shard_written {
   int64_t adam_t = 0;
   uint64_t bytes_written = 0;
   uint64_t bytes_deduplicated = 0;
-  double stall_s = 0;         ///< training held for the snapshot
-  double write_s = 0;         ///< the background write
-  uint64_t buffer_bytes = 0;  ///< memory the rank's snapshot buffer holds
+  double stall_s = 0;             ///< training held for the snapshot
+  double write_s = 0;             ///< the background write
+  uint64_t buffer_bytes = 0;      ///< memory the rank's snapshot buffer holds
+  uint64_t replicated_bytes = 0;  ///< chunk bytes also sent to a peer's memory
 };
 
 /// A rank's part of a validation estimate.
@@ -260,7 +262,7 @@ typename Inspector::result_type inspect(Inspector& f, state_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigured& x) {
   return f(caf::meta::type_name("troupe::reconfigured"), x.generation, x.member, x.rank, x.ok,
-           x.error, x.bytes, x.seconds);
+           x.error, x.bytes, x.seconds, x.memory_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
@@ -295,7 +297,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
   return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok,
            x.skipped, x.error, x.pieces_json, x.adam_t, x.bytes_written, x.bytes_deduplicated,
-           x.stall_s, x.write_s, x.buffer_bytes);
+           x.stall_s, x.write_s, x.buffer_bytes, x.replicated_bytes);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {

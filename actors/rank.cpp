@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "actors/checkpoint_replica.hpp"
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
@@ -88,6 +89,9 @@ struct worker {
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;
   uint64_t newest_generation = 0;  // the newest generation any message named
+  int node = 0;
+  // --replicate-checkpoints: this process's replica server and route (outlives the writer).
+  std::unique_ptr<checkpoint_replica> replica;
   // Persists snapshots in the background; made at the first checkpoint, kept (with its
   // snapshot buffer) across generations. Declared last: it finishes its write first.
   std::unique_ptr<ckpt::async_checkpointer> checkpointer;
@@ -193,7 +197,8 @@ loop_result await_decision(worker& w) {
 }
 
 // The report of a finished background write, sent from the writer's thread.
-shard_written report_of(const ckpt::write_outcome& o, bool synchronous) {
+shard_written report_of(const ckpt::write_outcome& o, bool synchronous,
+                        checkpoint_replica* replica) {
   shard_written out;
   out.generation = o.meta.generation;
   out.step = o.meta.step;
@@ -211,6 +216,7 @@ shard_written report_of(const ckpt::write_outcome& o, bool synchronous) {
   out.write_s = o.report->write_s;
   if (synchronous) out.stall_s += o.report->write_s;  // the step waited for the write too
   out.buffer_bytes = o.buffer_bytes;
+  if (replica) out.replicated_bytes = replica->take_sent_bytes();
   return out;
 }
 
@@ -220,12 +226,14 @@ void take_checkpoint(worker& w, int64_t step) {
   const bool synchronous = !w.cfg.checkpoint_async;
   if (!w.checkpointer) {
     const caf::actor coordinator = w.coordinator;
+    checkpoint_replica* replica = w.replica.get();
     w.checkpointer = std::make_unique<ckpt::async_checkpointer>(
         ckpt::make_fs_shard_writer(w.cfg.run_dir,
-                                   static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024),
+                                   static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
+                                   replica ? replica->observer() : ckpt::chunk_observer{}),
         *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
-        [coordinator, synchronous](ckpt::write_outcome o) {
-          caf::anon_send(coordinator, report_of(o, synchronous));
+        [coordinator, synchronous, replica](ckpt::write_outcome o) {
+          caf::anon_send(coordinator, report_of(o, synchronous, replica));
         });
   }
   strategies::local_state state = w.current.engine->state();
@@ -475,6 +483,13 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       }
       w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
       const comm::op_options opts{op_timeout};
+      if (w.cfg.replicate_checkpoints) {
+        if (!w.replica)
+          w.replica = std::make_unique<checkpoint_replica>(
+              *w.store, w.advertise, static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
+              op_timeout);
+        w.replica->enter_generation(*w.store, r.generation, r.rank, r.world, w.node);
+      }
       switch (r.source) {
         case state_source::init:
           next.engine->init(w.cfg.seed);
@@ -484,9 +499,12 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           if (man.format_version >= 2) {
             // Only the chunks of the boxes this rank holds in its new place, verified.
             strategies::local_state state = next.engine->state();
-            out.bytes =
-                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers)
-                    .bytes_read;
+            // With replicated checkpoints, the live ranks' memory first, then the disk.
+            const ckpt::restore_stats stats =
+                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers,
+                                   w.replica ? w.replica->memory() : ckpt::memory_source{});
+            out.bytes = stats.bytes_read;
+            out.memory_bytes = stats.bytes_from_memory;
             *state.adam_t = man.adam_t;
           } else {  // format 1: one flat shard per rank of the writing world
             next.engine->init(w.cfg.seed);
@@ -612,6 +630,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   w.self = self;
   w.coordinator = coordinator;
   w.member = args.member;
+  w.node = args.node;
   w.shared = std::make_shared<worker_shared>();
   self->monitor(coordinator);
   auto control = self->spawn(control_actor, w.shared, caf::actor_cast<caf::actor>(self));

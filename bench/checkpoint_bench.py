@@ -9,6 +9,8 @@
             bytes; restore (--resume) against torch.load
   bytes     bytes written per checkpoint: full, then chunk-deduplicated, for dense training
             and with half the model frozen
+  replica   one lost pipeline stage (kill -9, 2 simulated nodes) restored with and without
+            --replicate-checkpoints: the restore's seconds and the bytes read from memory
 
 Usage: bench/checkpoint_bench.py [--runs 5] [--build build] [--dir /var/tmp/troupe-bench]
 Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
@@ -138,12 +140,31 @@ def bytes_per_checkpoint(troupe, base):
               f"({c[1]['bytes_written'] / full:.0%} of full)")
 
 
+def replica(troupe, base, runs):
+    args = ["--world", "2", "--nodes", "2", "--pp", "2", "--steps", "24", "--checkpoint-every", "5",
+            "--eval-every", "0", "--fault", "kill:rank=1:step=12"]
+    got = {}
+    for name, extra in [("disk", []), ("memory", ["--replicate-checkpoints"])]:
+        seconds, memory, total = [], [], []
+        for _ in range(runs):
+            _, e = run(troupe, base, args + extra)
+            last = of(e, "generation")[-1]["number"]
+            r = [x for x in of(e, "restored") if x["generation"] == last and x["from"] == "checkpoint"]
+            seconds.append(max(x["seconds"] for x in r))
+            memory.append(sum(x.get("from_memory_bytes", 0) for x in r))
+            total.append(sum(x["bytes"] for x in r))
+        got[name] = statistics.median(seconds)
+        print(f"replica ({name}): restore of the lost stage {statistics.median(seconds) * 1e3:.1f} ms, "
+              f"{statistics.median(memory) / 1e6:.2f} of {statistics.median(total) / 1e6:.2f} MB from memory")
+    print(f"replica: memory / disk restore time {got['memory'] / got['disk']:.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--build", default="build")
     ap.add_argument("--dir", default="/var/tmp/troupe-ckpt-bench")
-    ap.add_argument("--only", choices=["stall", "write", "bytes"])
+    ap.add_argument("--only", choices=["stall", "write", "bytes", "replica"])
     a = ap.parse_args()
     troupe = os.path.join(a.build, "cli", "troupe")
     os.makedirs(a.dir, exist_ok=True)
@@ -154,6 +175,8 @@ def main():
         write(troupe, base, a.runs)
     if a.only in (None, "bytes"):
         bytes_per_checkpoint(troupe, base)
+    if a.only in (None, "replica"):
+        replica(troupe, base, a.runs)
     shutil.rmtree(a.dir, ignore_errors=True)
 
 

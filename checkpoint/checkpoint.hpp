@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -169,15 +170,22 @@ full_state load_full_state(const std::string& run_dir, const manifest& m);
 
 /// What a restore read.
 struct restore_stats {
-  uint64_t bytes_read = 0;
+  uint64_t bytes_read = 0;  ///< from the disk or from memory
   size_t chunks_read = 0;
+  uint64_t bytes_from_memory = 0;  ///< the part a memory_source supplied
 };
+
+/// Where a restore looks for a chunk before the disk (a peer's memory): fills `out` with the
+/// chunk's floats and returns true, or returns false. What it returns is verified against the
+/// key and the expected size like a chunk read from disk; a bad answer falls back to the disk.
+using memory_source = std::function<bool(const chunk_key& key, std::vector<float>& out)>;
 
 /// Fills `buffers` (array_names order) at every piece of `map` from the format 2 checkpoint
 /// `m`, reading and verifying only the chunks that overlap those pieces: any layout restores
 /// from any other. Throws checkpoint_error naming the chunk file and tensor on damage.
 restore_stats restore_into(const std::string& run_dir, const manifest& m, const state_map& map,
-                           std::span<const std::span<float>> buffers);
+                           std::span<const std::span<float>> buffers,
+                           const memory_source& memory = {});
 
 /// A rank's written pieces as compact JSON, for the message that reports them.
 std::string encode_pieces(const std::vector<saved_piece>& pieces);

@@ -8,9 +8,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cerrno>
-
 #include <array>
+#include <cerrno>
 #include <cstring>
 
 #include "checkpoint/checkpoint.hpp"
@@ -157,8 +156,8 @@ uint64_t check_header(const unsigned char* data, size_t size, const chunk_key& k
   return stored_bytes;
 }
 
-void check_payload(const void* payload, uint64_t bytes, const chunk_key& key,
-                   const fs::path& path, const std::string& context) {
+void check_payload(const void* payload, uint64_t bytes, const chunk_key& key, const fs::path& path,
+                   const std::string& context) {
   if (key_of(payload, bytes) != key) {
     io::fail(error_kind::corrupt, path,
              "is damaged: its bytes no longer hash to its name (bit rot, a torn copy or an "
@@ -184,8 +183,7 @@ void read_range_into(const std::string& run_dir, const chunk_key& key, size_t mi
   const fs::path path = path_of(run_dir, key);
   io::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
-    if (errno == ENOENT)
-      io::fail(error_kind::missing, path, "is missing" + hint_for(context));
+    if (errno == ENOENT) io::fail(error_kind::missing, path, "is missing" + hint_for(context));
     io::fail_errno(path, "opening", errno);
   }
   struct stat st {};
@@ -199,7 +197,8 @@ void read_range_into(const std::string& run_dir, const chunk_key& key, size_t mi
       const ssize_t n = ::pread(fd.get(), p, bytes, at);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) io::fail_errno(path, "read", errno);
-      if (n == 0) io::fail(error_kind::truncated, path, "shrank while being read" + hint_for(context));
+      if (n == 0)
+        io::fail(error_kind::truncated, path, "shrank while being read" + hint_for(context));
       p += n;
       at += n;
       bytes -= static_cast<size_t>(n);

@@ -63,8 +63,9 @@ namespace {
 
 class fs_shard_writer final : public shard_writer {
  public:
-  fs_shard_writer(std::string run_dir, size_t chunk_bytes)
+  fs_shard_writer(std::string run_dir, size_t chunk_bytes, chunk_observer observer)
       : run_dir_(std::move(run_dir)),
+        observer_(std::move(observer)),
         chunk_floats_(std::max<size_t>(1, chunk_bytes / sizeof(float))) {}
 
   [[nodiscard]] size_t chunk_floats() const override { return chunk_floats_; }
@@ -141,6 +142,7 @@ class fs_shard_writer final : public shard_writer {
   chunk_key stage(const float* data, size_t bytes, shard_report& r,
                   std::vector<std::pair<fs::path, fs::path>>& staged) {
     const chunk_key key = key_of(data, bytes);
+    if (observer_) observer_(r.rank, r.step, key, {data, bytes / sizeof(float)});
     const fs::path path = chunk_file::path_of(run_dir_, key);
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
@@ -172,16 +174,18 @@ class fs_shard_writer final : public shard_writer {
   }
 
   std::string run_dir_;
+  chunk_observer observer_;
   size_t chunk_floats_;
-  std::vector<float> pack_;  // small boxes laid end to end; kept for the next snapshot
+  std::vector<float> pack_;          // small boxes laid end to end; kept for the next snapshot
   std::set<chunk_key> staged_keys_;  // chunks this write has staged so far
   std::set<fs::path> known_dirs_;
 };
 
 }  // namespace
 
-std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes) {
-  return std::make_unique<fs_shard_writer>(run_dir, chunk_bytes);
+std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes,
+                                                   chunk_observer observer) {
+  return std::make_unique<fs_shard_writer>(run_dir, chunk_bytes, std::move(observer));
 }
 
 }  // namespace troupe::ckpt

@@ -29,8 +29,9 @@ piece_index index_pieces(const manifest& m) {
 /// wholesale when it grows past a budget.
 class chunk_cache {
  public:
-  chunk_cache(const std::string& run_dir, const manifest& m, restore_stats& stats)
-      : run_dir_(run_dir), m_(m), stats_(stats) {}
+  chunk_cache(const std::string& run_dir, const manifest& m, restore_stats& stats,
+              const memory_source& memory)
+      : run_dir_(run_dir), m_(m), stats_(stats), memory_(memory) {}
 
   const std::vector<float>& get(const saved_piece& p, size_t index) {
     const chunk_key& key = p.chunks[index];
@@ -50,8 +51,15 @@ class chunk_cache {
       buffer = std::move(spare_.back());
       spare_.pop_back();
     }
-    chunk_file::read_range_into(run_dir_, key, extent.min_floats, extent.max_floats, context,
-                                buffer);
+    const bool from_memory = memory_ && memory_(key, buffer) &&
+                             buffer.size() >= extent.min_floats &&
+                             buffer.size() <= extent.max_floats &&
+                             key_of(buffer.data(), buffer.size() * sizeof(float)) == key;
+    if (from_memory)
+      stats_.bytes_from_memory += buffer.size() * sizeof(float);
+    else
+      chunk_file::read_range_into(run_dir_, key, extent.min_floats, extent.max_floats, context,
+                                  buffer);
     auto [it, inserted] = cache_.emplace(key, std::move(buffer));
     held_ += it->second.size();
     stats_.bytes_read += it->second.size() * sizeof(float);
@@ -64,6 +72,7 @@ class chunk_cache {
   const std::string& run_dir_;
   const manifest& m_;
   restore_stats& stats_;
+  const memory_source& memory_;
   std::map<chunk_key, std::vector<float>> cache_;
   std::vector<std::vector<float>> spare_;
   size_t held_ = 0;
@@ -88,7 +97,7 @@ void copy_run(chunk_cache& cache, const saved_piece& q, size_t chunk_floats, siz
 }  // namespace
 
 restore_stats restore_into(const std::string& run_dir, const manifest& m, const state_map& map,
-                           std::span<const std::span<float>> buffers) {
+                           std::span<const std::span<float>> buffers, const memory_source& memory) {
   const fs::path where = format::step_dir(run_dir, m.step) / format::manifest_name;
   if (m.format_version != 2)
     io::fail(error_kind::invalid_argument, where, "restore_into reads format 2 checkpoints only");
@@ -97,7 +106,7 @@ restore_stats restore_into(const std::string& run_dir, const manifest& m, const 
     io::fail(error_kind::invalid_argument, where, "the state has the wrong number of buffers");
   const piece_index index = index_pieces(m);
   restore_stats stats;
-  chunk_cache cache(run_dir, m, stats);
+  chunk_cache cache(run_dir, m, stats, memory);
   for (size_t a = 0; a < map.arrays.size(); ++a) {
     for (const placed_piece& p : map.arrays[a]) {
       const auto group = index.find({static_cast<int>(a), p.tensor});

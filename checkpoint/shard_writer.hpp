@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -91,8 +92,14 @@ class shard_writer {
   [[nodiscard]] virtual size_t chunk_floats() const = 0;
 };
 
+/// Told of every chunk of a snapshot as it is written (new or already stored), on the
+/// writer's thread: (rank, step, key, floats). The in-memory replica rides on it.
+using chunk_observer =
+    std::function<void(int rank, int64_t step, const chunk_key&, std::span<const float>)>;
+
 /// The filesystem backend: chunks under RUN_DIR/checkpoints/chunks, each written to a
 /// temporary name, fsync'ed and renamed; a chunk already present is not written again.
-std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes);
+std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes,
+                                                   chunk_observer observer = {});
 
 }  // namespace troupe::ckpt

@@ -91,6 +91,7 @@ resume_choice resume_point(const train_config& cfg) {
       "/exit_after_step", "/checkpoint_every", "/eval_every", "/eval_batches", "/step_timeout_ms",
       "/bucket_bytes", "/blas_threads", "/data", "/checkpoint_async", "/checkpoint_overlap",
       "/checkpoint_chunk_kib", "/keep_last", "/keep_every", "/optim/freeze",
+      "/replicate_checkpoints",
       // The layout may change too: a checkpoint holds boxes of the single-rank model, which
       // any layout reads back (reshard on restore).
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",

@@ -68,8 +68,8 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
       flag = flag.substr(0, eq);
       has_value = true;
     }
-    bool boolean =
-        flag == "--resume" || flag == "--help" || flag == "-h" || flag == "--no-progress";
+    bool boolean = flag == "--resume" || flag == "--help" || flag == "-h" ||
+                   flag == "--no-progress" || flag == "--replicate-checkpoints";
     if (flag.rfind("-", 0) != 0)
       throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " +
                         command + " --help");
@@ -91,6 +91,8 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
       out.cfg.resume = true;
     } else if (flag == "--no-progress") {
       out.cfg.progress = false;
+    } else if (flag == "--replicate-checkpoints") {
+      out.cfg.replicate_checkpoints = true;
     } else if (flag == "--set") {
       auto eq = value.find('=');
       if (eq == std::string::npos || eq == 0)
@@ -166,6 +168,9 @@ const char* job_flags =
                          written waits for it, or is skipped (default wait)
   --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024);
                          --set checkpoint_async=false writes inside the step instead
+  --replicate-checkpoints   also hold each rank's latest checkpoint chunks in the memory
+                         of a rank on another node (needs --nodes 2+); a restore after a
+                         loss reads them from there before the disk
   --freeze PATTERN       parameters whose name matches (substring, '*' wildcard) are not
                          trained; their checkpoint chunks are then shared, not rewritten
   --eval-every K         validation loss every K steps; 0 = only at the end (default 100)

@@ -185,6 +185,7 @@ const std::vector<field>& fields() {
       make_field("checkpoint_chunk_kib", &train_config::checkpoint_chunk_kib),
       make_field("keep_last", &train_config::keep_last),
       make_field("keep_every", &train_config::keep_every),
+      make_field("replicate_checkpoints", &train_config::replicate_checkpoints),
       make_field("metrics_port", &train_config::metrics_port),
       string_field("metrics_host", &train_config::metrics_host),
       make_field("blas_threads", &train_config::blas_threads),
@@ -298,6 +299,9 @@ void validate(const train_config& c) {
               std::to_string(c.checkpoint_chunk_kib));
   require(c.keep_last >= 0, "config: keep_last (--keep-last) must be >= 0 (0 = keep all)");
   require(c.keep_every >= 0, "config: keep_every (--keep-every) must be >= 0 (0 = off)");
+  require(!c.replicate_checkpoints || c.elastic.nodes >= 2,
+          "config: replicate_checkpoints (--replicate-checkpoints) holds each rank's checkpoint in "
+          "the memory of a rank on another node, so it needs --nodes 2 or more");
   require(c.exit_after_step >= 0 && c.exit_after_step <= c.steps,
           "config: exit_after_step must be in 0..steps (0 = off)");
   require(c.metrics_port >= 0 && c.metrics_port <= 65535,

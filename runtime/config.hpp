@@ -85,6 +85,7 @@ struct train_config {
   int checkpoint_chunk_kib = 1024;          ///< chunk size of the content-addressed store
   int keep_last = 3;                        ///< committed checkpoints kept; 0 = all
   int keep_every = 0;                       ///< also keep steps that are multiples; 0 = off
+  bool replicate_checkpoints = false;       ///< also hold each rank's chunks in a peer's memory
   int metrics_port = 9400;                  ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   int blas_threads = 1;

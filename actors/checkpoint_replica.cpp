@@ -1,0 +1,108 @@
+// A worker's in-memory checkpoint replica.
+
+#include "actors/checkpoint_replica.hpp"
+
+#include <cstring>
+#include <sstream>
+
+namespace troupe::actors {
+
+namespace {
+
+constexpr const char* token_key = "replica/token";
+
+std::string rank_key(uint64_t generation, int rank) {
+  return "replica/g" + std::to_string(generation) + "/r" + std::to_string(rank);
+}
+
+// The first worker to get here makes the job's token; every other one reads it.
+ckpt::replica_token job_token(comm::kv_store& store, std::chrono::milliseconds timeout) {
+  if (store.add("replica/token-maker", 1) == 1) {
+    const ckpt::replica_token t = ckpt::random_replica_token();
+    store.set(token_key, std::vector<char>(t.begin(), t.end()));
+    return t;
+  }
+  const std::vector<char> v = store.get(token_key, timeout);
+  ckpt::replica_token t{};
+  if (v.size() != t.size()) throw std::runtime_error("replica: the job's token is malformed");
+  std::memcpy(t.data(), v.data(), t.size());
+  return t;
+}
+
+}  // namespace
+
+checkpoint_replica::checkpoint_replica(comm::kv_store& store, const std::string& host,
+                                       size_t max_chunk_bytes, std::chrono::milliseconds timeout)
+    : token_(job_token(store, timeout)),
+      server_(std::make_unique<ckpt::replica_server>(host, token_, max_chunk_bytes)),
+      timeout_(std::min(timeout, std::chrono::milliseconds(2000))) {}
+
+checkpoint_replica::~checkpoint_replica() = default;
+
+void checkpoint_replica::enter_generation(comm::kv_store& store, uint64_t generation, int rank,
+                                          int world, int node) {
+  const std::string mine = std::to_string(node) + " " + server_->endpoint();
+  store.set(rank_key(generation, rank), std::vector<char>(mine.begin(), mine.end()));
+  std::vector<std::string> peers(static_cast<size_t>(world));
+  std::vector<int> nodes(static_cast<size_t>(world), -1);
+  for (int r = 0; r < world; ++r) {
+    const std::vector<char> v = store.get(rank_key(generation, r), timeout_);
+    std::istringstream in(std::string(v.begin(), v.end()));
+    in >> nodes[static_cast<size_t>(r)] >> peers[static_cast<size_t>(r)];
+  }
+  std::string buddy;
+  for (int step = 1; step < world && buddy.empty(); ++step) {
+    const int r = (rank + step) % world;
+    if (nodes[static_cast<size_t>(r)] != node) buddy = peers[static_cast<size_t>(r)];
+  }
+  if (buddy.empty() && world > 1) buddy = peers[static_cast<size_t>((rank + 1) % world)];
+  std::lock_guard lock(mutex_);
+  buddy_ = buddy;
+  peers_ = std::move(peers);
+}
+
+ckpt::chunk_observer checkpoint_replica::observer() {
+  return [this](int rank, int64_t step, const ckpt::chunk_key& key, std::span<const float> data) {
+    std::string buddy;
+    {
+      std::lock_guard lock(mutex_);
+      buddy = buddy_;
+    }
+    if (buddy.empty()) return;
+    if (!writer_client_) writer_client_ = std::make_unique<ckpt::replica_client>(token_, timeout_);
+    const std::span<const unsigned char> bytes(reinterpret_cast<const unsigned char*>(data.data()),
+                                               data.size_bytes());
+    if (writer_client_->put(buddy, rank, step, key, bytes)) {
+      sent_ += bytes.size();
+      return;
+    }
+    // A buddy that does not answer (lost, say) gets nothing more until the next generation,
+    // so a write is never held up by it for more than one timeout.
+    std::lock_guard lock(mutex_);
+    if (buddy_ == buddy) buddy_.clear();
+  };
+}
+
+uint64_t checkpoint_replica::take_sent_bytes() { return sent_.exchange(0); }
+
+ckpt::memory_source checkpoint_replica::memory() {
+  std::vector<std::string> peers;
+  {
+    std::lock_guard lock(mutex_);
+    peers = peers_;
+  }
+  return [this, peers](const ckpt::chunk_key& key, std::vector<float>& out) {
+    if (!restore_client_)
+      restore_client_ = std::make_unique<ckpt::replica_client>(token_, timeout_);
+    for (const std::string& p : peers) {
+      const auto bytes = restore_client_->get(p, key);
+      if (!bytes || bytes->size() % sizeof(float) != 0) continue;
+      out.resize(bytes->size() / sizeof(float));
+      std::memcpy(out.data(), bytes->data(), bytes->size());
+      return true;
+    }
+    return false;
+  };
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,248 @@
+// The replica server and client over ZeroMQ.
+
+#include "checkpoint/replica_store.hpp"
+
+#include <sys/random.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+namespace troupe::ckpt {
+
+namespace {
+
+void key_bytes(const chunk_key& k, unsigned char* out) {
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<unsigned char>(k.high >> (8 * i));
+    out[8 + i] = static_cast<unsigned char>(k.low >> (8 * i));
+  }
+}
+
+chunk_key key_from(const unsigned char* in) {
+  chunk_key k;
+  for (int i = 7; i >= 0; --i) {
+    k.high = (k.high << 8) | in[i];
+    k.low = (k.low << 8) | in[8 + i];
+  }
+  return k;
+}
+
+}  // namespace
+
+replica_token random_replica_token() {
+  replica_token t{};
+  size_t got = 0;
+  while (got < t.size()) {
+    const ssize_t n = ::getrandom(t.data() + got, t.size() - got, 0);
+    if (n < 0) throw std::runtime_error("replica token: getrandom failed");
+    got += static_cast<size_t>(n);
+  }
+  return t;
+}
+
+struct replica_server::impl {
+  zmq::context_t context{1};
+  zmq::socket_t socket{context, zmq::socket_type::router};
+  zmq::socket_t stop_pull{context, zmq::socket_type::pair};
+  zmq::socket_t stop_push{context, zmq::socket_type::pair};
+  replica_token token;
+  size_t max_chunk_bytes;
+  std::map<chunk_key, std::vector<unsigned char>> chunks;
+  // per source: the steps held (newest two) and the keys each step uses
+  std::map<uint32_t, std::map<int64_t, std::set<chunk_key>>> by_source;
+};
+
+replica_server::replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes)
+    : impl_(std::make_unique<impl>()) {
+  impl_->token = token;
+  impl_->max_chunk_bytes = max_chunk_bytes;
+  // Nothing larger than a chunk plus its frames' headers is even received.
+  impl_->socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_chunk_bytes + 64));
+  impl_->socket.set(zmq::sockopt::linger, 0);
+  try {
+    impl_->socket.bind("tcp://" + host + ":0");
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("replica server: cannot listen on " + host + ": " + e.what());
+  }
+  endpoint_ = impl_->socket.get(zmq::sockopt::last_endpoint);
+  const std::string stop =
+      "inproc://replica-stop-" + std::to_string(reinterpret_cast<uintptr_t>(this));
+  impl_->stop_pull.bind(stop);
+  impl_->stop_push.connect(stop);
+  thread_ = std::thread([this] {
+    impl& s = *impl_;
+    zmq::pollitem_t items[] = {{s.socket.handle(), 0, ZMQ_POLLIN, 0},
+                               {s.stop_pull.handle(), 0, ZMQ_POLLIN, 0}};
+    for (;;) {
+      zmq::poll(items, 2, std::chrono::milliseconds(-1));
+      if (items[1].revents & ZMQ_POLLIN) return;
+      std::vector<zmq::message_t> frames;
+      if (!zmq::recv_multipart(s.socket, std::back_inserter(frames), zmq::recv_flags::dontwait))
+        continue;
+      if (frames.empty()) continue;
+      // ROUTER: [identity][empty][token][op][...] from a REQ peer.
+      auto reply = [&](std::vector<zmq::message_t> body) {
+        std::vector<zmq::message_t> out;
+        out.emplace_back(frames[0].data(), frames[0].size());
+        out.emplace_back();
+        for (auto& b : body) out.push_back(std::move(b));
+        (void)zmq::send_multipart(s.socket, out, zmq::send_flags::dontwait);
+      };
+      auto no = [&] {
+        std::vector<zmq::message_t> b;
+        b.emplace_back("no", 2);
+        reply(std::move(b));
+      };
+      if (frames.size() < 4 || frames[1].size() != 0 || frames[2].size() != s.token.size() ||
+          std::memcmp(frames[2].data(), s.token.data(), s.token.size()) != 0 ||
+          frames[3].size() != 1) {
+        no();
+        continue;
+      }
+      const char op = *static_cast<const char*>(frames[3].data());
+      if (op == 'P' && frames.size() == 7 && frames[4].size() == 12 && frames[5].size() == 16 &&
+          frames[6].size() <= s.max_chunk_bytes && frames[6].size() % sizeof(float) == 0) {
+        const auto* meta = static_cast<const unsigned char*>(frames[4].data());
+        uint32_t source = 0;
+        uint64_t step = 0;
+        for (int i = 3; i >= 0; --i) source = (source << 8) | meta[i];
+        for (int i = 11; i >= 4; --i) step = (step << 8) | meta[i];
+        const chunk_key key = key_from(static_cast<const unsigned char*>(frames[5].data()));
+        const auto* data = static_cast<const unsigned char*>(frames[6].data());
+        if (key_of(data, frames[6].size()) != key) {  // damaged on the way: not kept
+          no();
+          continue;
+        }
+        auto [it, fresh] = s.chunks.try_emplace(key, data, data + frames[6].size());
+        if (fresh) held_ += frames[6].size();
+        auto& steps = s.by_source[source];
+        steps[static_cast<int64_t>(step)].insert(key);
+        while (steps.size() > 2) {  // the source's two newest checkpoints only
+          const std::set<chunk_key> old = std::move(steps.begin()->second);
+          steps.erase(steps.begin());
+          for (const chunk_key& k : old) {
+            bool used = false;
+            for (const auto& [src, st] : s.by_source)
+              for (const auto& [n, keys] : st) used = used || keys.contains(k);
+            if (used) continue;
+            if (auto c = s.chunks.find(k); c != s.chunks.end()) {
+              held_ -= c->second.size();
+              s.chunks.erase(c);
+            }
+          }
+        }
+        std::vector<zmq::message_t> b;
+        b.emplace_back("ok", 2);
+        reply(std::move(b));
+      } else if (op == 'G' && frames.size() == 5 && frames[4].size() == 16) {
+        const auto c = s.chunks.find(key_from(static_cast<const unsigned char*>(frames[4].data())));
+        if (c == s.chunks.end()) {
+          no();
+          continue;
+        }
+        std::vector<zmq::message_t> b;
+        b.emplace_back("ok", 2);
+        b.emplace_back(c->second.data(), c->second.size());
+        reply(std::move(b));
+      } else {
+        no();
+      }
+    }
+  });
+}
+
+replica_server::~replica_server() {
+  try {
+    impl_->stop_push.send(zmq::str_buffer("stop"), zmq::send_flags::none);
+  } catch (const zmq::error_t&) {
+  }
+  thread_.join();
+}
+
+struct replica_client::impl {
+  zmq::context_t context{1};
+  replica_token token;
+  std::chrono::milliseconds timeout;
+  std::map<std::string, std::unique_ptr<zmq::socket_t>> sockets;
+
+  zmq::socket_t& socket_for(const std::string& endpoint) {
+    auto& s = sockets[endpoint];
+    if (!s) {
+      s = std::make_unique<zmq::socket_t>(context, zmq::socket_type::req);
+      s->set(zmq::sockopt::linger, 0);
+      s->set(zmq::sockopt::rcvtimeo, static_cast<int>(timeout.count()));
+      s->set(zmq::sockopt::sndtimeo, static_cast<int>(timeout.count()));
+      s->connect(endpoint);
+    }
+    return *s;
+  }
+
+  /// One request and its reply; a socket that timed out is dropped (REQ cannot recover).
+  std::optional<std::vector<zmq::message_t>> ask(const std::string& endpoint,
+                                                 std::vector<zmq::message_t> request) {
+    try {
+      zmq::socket_t& s = socket_for(endpoint);
+      if (!zmq::send_multipart(s, request)) {
+        sockets.erase(endpoint);
+        return std::nullopt;
+      }
+      std::vector<zmq::message_t> reply;
+      if (!zmq::recv_multipart(s, std::back_inserter(reply))) {
+        sockets.erase(endpoint);
+        return std::nullopt;
+      }
+      return reply;
+    } catch (const zmq::error_t&) {
+      sockets.erase(endpoint);
+      return std::nullopt;
+    }
+  }
+};
+
+replica_client::replica_client(replica_token token, std::chrono::milliseconds timeout)
+    : impl_(std::make_unique<impl>()) {
+  impl_->token = token;
+  impl_->timeout = timeout;
+}
+
+replica_client::~replica_client() = default;
+
+bool replica_client::put(const std::string& endpoint, int source, int64_t step,
+                         const chunk_key& key, std::span<const unsigned char> bytes) {
+  unsigned char meta[12];
+  for (int i = 0; i < 4; ++i)
+    meta[i] = static_cast<unsigned char>(static_cast<uint32_t>(source) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    meta[4 + i] = static_cast<unsigned char>(static_cast<uint64_t>(step) >> (8 * i));
+  unsigned char k[16];
+  key_bytes(key, k);
+  std::vector<zmq::message_t> request;
+  request.emplace_back(impl_->token.data(), impl_->token.size());
+  request.emplace_back("P", 1);
+  request.emplace_back(meta, sizeof meta);
+  request.emplace_back(k, sizeof k);
+  request.emplace_back(bytes.data(), bytes.size());
+  const auto reply = impl_->ask(endpoint, std::move(request));
+  return reply && reply->size() == 1 && reply->front().to_string() == "ok";
+}
+
+std::optional<std::vector<unsigned char>> replica_client::get(const std::string& endpoint,
+                                                              const chunk_key& key) {
+  unsigned char k[16];
+  key_bytes(key, k);
+  std::vector<zmq::message_t> request;
+  request.emplace_back(impl_->token.data(), impl_->token.size());
+  request.emplace_back("G", 1);
+  request.emplace_back(k, sizeof k);
+  const auto reply = impl_->ask(endpoint, std::move(request));
+  if (!reply || reply->size() != 2 || (*reply)[0].to_string() != "ok") return std::nullopt;
+  const auto* data = static_cast<const unsigned char*>((*reply)[1].data());
+  return std::vector<unsigned char>(data, data + (*reply)[1].size());
+}
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,77 @@
+#pragma once
+// In-memory replicas of checkpoint chunks (--replicate-checkpoints): every rank runs a
+// replica_server that holds, in memory, the chunks a rank on another node pushed to it with
+// its latest checkpoints; a rank restoring after a loss asks the servers of the live ranks
+// for each chunk before it reads the disk. Over ZeroMQ (cppzmq), loopback or LAN.
+//
+// Wire (multipart, request/reply): [token 16][op 1][...]
+//   'P' put:  [source u32 LE, step i64 LE][key 16][float bytes]  -> ["ok"] | ["no"]
+//   'G' get:  [key 16]                                          -> ["ok"][bytes] | ["no"]
+// A request with the wrong token, the wrong shape or more than max_chunk_bytes is answered
+// "no" and changes nothing; one source's chunks older than its two newest steps are dropped.
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/chunk_file.hpp"
+
+namespace troupe::ckpt {
+
+/// A shared secret of the job: requests without it are refused.
+using replica_token = std::array<unsigned char, 16>;
+
+class replica_server {
+ public:
+  /// Listens on tcp://`host`:(a free port). Throws std::runtime_error when it cannot bind.
+  replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes);
+  ~replica_server();
+  replica_server(const replica_server&) = delete;
+  replica_server& operator=(const replica_server&) = delete;
+
+  /// "tcp://host:port", for peers.
+  [[nodiscard]] const std::string& endpoint() const { return endpoint_; }
+  /// Bytes of chunks held now.
+  [[nodiscard]] size_t bytes_held() const { return held_.load(); }
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+  std::string endpoint_;
+  std::atomic<size_t> held_{0};
+  std::thread thread_;
+};
+
+/// Talks to replica servers; one per thread (ZeroMQ sockets are not thread-safe).
+class replica_client {
+ public:
+  replica_client(replica_token token, std::chrono::milliseconds timeout);
+  ~replica_client();
+  replica_client(const replica_client&) = delete;
+  replica_client& operator=(const replica_client&) = delete;
+
+  /// Stores a chunk of `source`'s checkpoint at `step` on `endpoint`; false when refused or
+  /// unanswered within the timeout.
+  bool put(const std::string& endpoint, int source, int64_t step, const chunk_key& key,
+           std::span<const unsigned char> bytes);
+  /// The chunk `key` from `endpoint`, nullopt when it does not hold it or does not answer.
+  /// The bytes are not verified here: the caller checks them against `key`.
+  std::optional<std::vector<unsigned char>> get(const std::string& endpoint, const chunk_key& key);
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// A random token (from the kernel's generator).
+replica_token random_replica_token();
+
+}  // namespace troupe::ckpt

@@ -1,0 +1,84 @@
+// The in-memory replica server: a put with the job's token is held and served; a request
+// without it, of the wrong shape, damaged, or larger than a chunk is refused and changes
+// nothing; garbage frames never take the server down; one source's two newest steps are kept.
+
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "checkpoint/replica_store.hpp"
+
+namespace troupe::ckpt {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<unsigned char> bytes_of(std::vector<float> v) {
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  return {p, p + v.size() * sizeof(float)};
+}
+
+chunk_key key_for(const std::vector<unsigned char>& b) { return key_of(b.data(), b.size()); }
+
+TEST(ReplicaStore, HoldsWhatTheJobPutsAndRefusesStrangers) {
+  const replica_token token = random_replica_token();
+  replica_server server("127.0.0.1", token, 1024);
+  replica_client client(token, 2s);
+  const auto a = bytes_of({1, 2, 3});
+  EXPECT_TRUE(client.put(server.endpoint(), 0, 5, key_for(a), a));
+  EXPECT_EQ(client.get(server.endpoint(), key_for(a)), a);
+  EXPECT_EQ(server.bytes_held(), a.size());
+
+  replica_token other = token;
+  other[0] ^= 1;
+  replica_client stranger(other, 2s);
+  const auto b = bytes_of({4, 5});
+  EXPECT_FALSE(stranger.put(server.endpoint(), 0, 5, key_for(b), b)) << "wrong token";
+  EXPECT_FALSE(stranger.get(server.endpoint(), key_for(a))) << "wrong token reads nothing";
+  EXPECT_FALSE(client.put(server.endpoint(), 0, 5, key_for(a), b)) << "bytes not matching the key";
+  const auto big = bytes_of(std::vector<float>(1000, 1.0f));
+  EXPECT_FALSE(client.put(server.endpoint(), 0, 5, key_for(big), big)) << "larger than a chunk";
+  EXPECT_EQ(server.bytes_held(), a.size());
+
+  // Garbage of every shape from a raw socket: answered or dropped, never a crash.
+  zmq::context_t ctx;
+  for (int shape = 0; shape < 6; ++shape) {
+    zmq::socket_t raw(ctx, zmq::socket_type::req);
+    raw.set(zmq::sockopt::linger, 0);
+    raw.set(zmq::sockopt::rcvtimeo, 500);
+    raw.connect(server.endpoint());
+    std::vector<zmq::message_t> frames;
+    for (int f = 0; f <= shape; ++f)
+      frames.emplace_back(std::string(static_cast<size_t>(f * 7), 'x'));
+    ASSERT_TRUE(zmq::send_multipart(raw, frames));
+    std::vector<zmq::message_t> reply;
+    (void)zmq::recv_multipart(raw, std::back_inserter(reply));
+  }
+  EXPECT_EQ(client.get(server.endpoint(), key_for(a)), a) << "still serving";
+}
+
+TEST(ReplicaStore, KeepsEachSourcesTwoNewestSteps) {
+  const replica_token token = random_replica_token();
+  replica_server server("127.0.0.1", token, 1024);
+  replica_client client(token, 2s);
+  std::vector<std::vector<unsigned char>> chunks;
+  for (int step = 1; step <= 3; ++step) {
+    chunks.push_back(bytes_of({static_cast<float>(step)}));
+    ASSERT_TRUE(client.put(server.endpoint(), 7, step, key_for(chunks.back()), chunks.back()));
+  }
+  EXPECT_FALSE(client.get(server.endpoint(), key_for(chunks[0]))) << "step 1 was dropped";
+  EXPECT_TRUE(client.get(server.endpoint(), key_for(chunks[1])));
+  EXPECT_TRUE(client.get(server.endpoint(), key_for(chunks[2])));
+  EXPECT_EQ(server.bytes_held(), 2 * sizeof(float));
+}
+
+TEST(ReplicaStore, AnUnreachableServerIsAnAnswerNotAHang) {
+  replica_client client(random_replica_token(), 300ms);
+  const auto a = bytes_of({1});
+  EXPECT_FALSE(client.put("tcp://127.0.0.1:1", 0, 1, key_for(a), a));
+  EXPECT_FALSE(client.get("tcp://127.0.0.1:1", key_for(a)));
+}
+
+}  // namespace
+}  // namespace troupe::ckpt
