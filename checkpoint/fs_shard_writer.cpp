@@ -81,10 +81,10 @@ class fs_shard_writer final : public shard_writer {
     std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final, not yet durable
     staged_keys_.clear();
     try {
-      // Large boxes get chunks of their own, so unchanged ones are shared across checkpoints;
-      // small ones (biases, norms: most of the boxes, little of the bytes) are packed
-      // together, so a rank writes a few files rather than hundreds.
-      const size_t pack_below = std::min<size_t>(chunk_floats_ / 4, 4096);
+      // Boxes of at least a quarter chunk get chunks of their own, so unchanged ones are
+      // shared across checkpoints; smaller ones are packed together, so a rank writes a few
+      // files rather than hundreds (each file costs CPU that training would have used).
+      const size_t pack_below = chunk_floats_ / 4;
       std::vector<std::pair<size_t, size_t>> packed;  // (index in r.pieces, start in pack_)
       pack_.clear();
       for (const snapshot_piece& p : s.pieces) {

@@ -166,7 +166,8 @@ const char* job_flags =
   --keep-every N         also keep every checkpoint whose step is a multiple of N
   --checkpoint-overlap wait|skip   a checkpoint due while the previous one is still being
                          written waits for it, or is skipped (default wait)
-  --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024);
+  --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024;
+                         boxes under K/4 KiB share chunks, larger ones are deduplicated alone);
                          --set checkpoint_async=false writes inside the step instead
   --replicate-checkpoints   also hold each rank's latest checkpoint chunks in the memory
                          of a rank on another node (needs --nodes 2+); a restore after a

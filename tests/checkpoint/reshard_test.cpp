@@ -49,6 +49,8 @@ byte_dataset tiny_data() {
 struct layout_case {
   const char* name;
   int dp, tp, pp, zero;
+  int ep = 1;       ///< expert-parallel shards (divides dp)
+  int experts = 0;  ///< an MoE model when > 0
 };
 
 train_config config_for(const layout_case& c) {
@@ -56,6 +58,8 @@ train_config config_for(const layout_case& c) {
   cfg.parallel.tp = c.tp;
   cfg.parallel.pp = c.pp;
   cfg.parallel.zero = c.zero;
+  cfg.parallel.ep = c.ep;
+  cfg.model.experts = c.experts;
   cfg.world = c.dp * c.tp * c.pp;
   return cfg;
 }
@@ -65,6 +69,7 @@ strategies::layout shape_of(const layout_case& c) {
   s.dp = c.dp;
   s.tp = c.tp;
   s.pp = c.pp;
+  s.ep = c.ep;
   return s;
 }
 
@@ -205,6 +210,27 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ReshardMatrix, ::testing::ValuesIn(save_layout
                              if (ch == '-') ch = '_';
                            return n;
                          });
+
+// An MoE model: experts sharded over ep in one layout are restored whole, or sharded
+// differently, in another, bit for bit.
+TEST(Reshard, ExpertsMoveBetweenExpertParallelLayouts) {
+  set_blas_threads(1);
+  ckpt::testing::temp_dir dir;
+  ckpt::manifest m;
+  const layout_case save{"dp2xep2-moe", 4, 1, 1, 0, 2, 4};
+  const testing::full_model_state saved = train_and_save(save, dir.str(), 2, m);
+  for (const layout_case& target : {layout_case{"dp1-moe", 1, 1, 1, 0, 1, 4},
+                                    layout_case{"ep2-moe", 2, 1, 1, 0, 2, 4},
+                                    layout_case{"dp2-moe", 2, 1, 1, 0, 1, 4}}) {
+    uint64_t bytes = 0;
+    int64_t adam_t = 0;
+    const testing::full_model_state got = restore_as(target, dir.str(), m, bytes, adam_t);
+    EXPECT_EQ(adam_t, 2) << target.name;
+    EXPECT_TRUE(got.params == saved.params) << target.name;
+    EXPECT_TRUE(got.exp_avg == saved.exp_avg) << target.name;
+    EXPECT_TRUE(got.exp_avg_sq == saved.exp_avg_sq) << target.name;
+  }
+}
 
 // A rank reads only the chunks that overlap its own boxes. Chunks hold whole rows of a saved
 // box, so a column slice (row-parallel weights under tp) still reads every chunk of its
