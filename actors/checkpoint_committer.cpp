@@ -69,10 +69,10 @@ void checkpoint_committer::do_commit(const ckpt::manifest& m) {
 void checkpoint_committer::do_collect(const gc_job& g) {
   // A writer that started after the ticket holds (or will wait for) the chunk store lock;
   // one that already finished changed the request count. Either way: not now.
-  const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
-  if (!lock || requests_.load() != g.ticket) return;
   nlohmann::json event;
   try {
+    const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
+    if (!lock || requests_.load() != g.ticket) return;
     const auto started = std::chrono::steady_clock::now();
     const ckpt::gc_result gc = ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10));
     if (gc.removed_steps.empty() && gc.chunks_removed == 0) return;

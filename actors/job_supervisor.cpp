@@ -207,7 +207,7 @@ void send_result(self_ptr self, const finish_job& f) {
   if (st.result_sent) return;
   st.result_sent = true;
   // Every commit was confirmed before the job could end; the last retention runs here.
-  if (st.committer && !st.logic->checkpoints_in_flight())
+  if (st.committer && !st.logic->checkpoints_in_flight() && st.logic->last_checkpoint_step() >= 0)
     st.committer->collect_garbage(st.committer->requests());
   st.committer.reset();
   for (auto& a : st.agents)
