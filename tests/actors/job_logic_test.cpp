@@ -356,9 +356,10 @@ TEST(JobLogicTest, CheckpointsInFlightAreCollectedSeparately) {
     w.skipped = skipped;
     w.adam_t = step;
     w.bytes_written = 100;
-    w.pieces_json = ok ? "[[" + std::to_string(rank) +
-                             ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"],0]]"
-                       : "";
+    w.pieces_json =
+        ok ? "[[" + std::to_string(rank) +
+                 ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"],0]]"
+           : "";
     return h.logic().on_shard_written(w, h.now());
   };
   EXPECT_TRUE(all_of<commit_checkpoint>(report(2, 0, true, false)).empty());

@@ -219,9 +219,9 @@ TEST(Reshard, ExpertsMoveBetweenExpertParallelLayouts) {
   ckpt::manifest m;
   const layout_case save{"dp2xep2-moe", 4, 1, 1, 0, 2, 4};
   const testing::full_model_state saved = train_and_save(save, dir.str(), 2, m);
-  for (const layout_case& target : {layout_case{"dp1-moe", 1, 1, 1, 0, 1, 4},
-                                    layout_case{"ep2-moe", 2, 1, 1, 0, 2, 4},
-                                    layout_case{"dp2-moe", 2, 1, 1, 0, 1, 4}}) {
+  for (const layout_case& target :
+       {layout_case{"dp1-moe", 1, 1, 1, 0, 1, 4}, layout_case{"ep2-moe", 2, 1, 1, 0, 2, 4},
+        layout_case{"dp2-moe", 2, 1, 1, 0, 1, 4}}) {
     uint64_t bytes = 0;
     int64_t adam_t = 0;
     const testing::full_model_state got = restore_as(target, dir.str(), m, bytes, adam_t);
