@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
+#include "checkpoint/little_endian.hpp"
 
 namespace troupe::ckpt {
 
@@ -22,16 +23,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::array<char, 8> chunk_magic = {'T', 'R', 'P', 'C', 'H', 'N', 'K', '\0'};
-
-void put_le(unsigned char* out, uint64_t v, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i, v >>= 8) out[i] = static_cast<unsigned char>(v & 0xFF);
-}
-
-uint64_t get_le(const unsigned char* in, size_t bytes) {
-  uint64_t v = 0;
-  for (size_t i = bytes; i > 0; --i) v = (v << 8) | in[i - 1];
-  return v;
-}
 
 }  // namespace
 
@@ -81,12 +72,12 @@ fs::path path_of(const std::string& run_dir, const chunk_key& key) {
 std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes) {
   std::vector<unsigned char> h(header_bytes, 0);
   std::memcpy(h.data(), chunk_magic.data(), chunk_magic.size());
-  put_le(h.data() + 8, format, 4);
-  put_le(h.data() + 12, raw_encoding, 4);
-  put_le(h.data() + 16, raw_bytes, 8);
-  put_le(h.data() + 24, raw_bytes, 8);
-  put_le(h.data() + 32, key.high, 8);
-  put_le(h.data() + 40, key.low, 8);
+  le::put(h.data() + 8, format, 4);
+  le::put(h.data() + 12, raw_encoding, 4);
+  le::put(h.data() + 16, raw_bytes, 8);
+  le::put(h.data() + 24, raw_bytes, 8);
+  le::put(h.data() + 32, key.high, 8);
+  le::put(h.data() + 40, key.low, 8);
   return h;
 }
 
@@ -117,16 +108,16 @@ uint64_t check_header(const unsigned char* data, size_t size, const chunk_key& k
   if (std::memcmp(data, chunk_magic.data(), chunk_magic.size()) != 0) {
     io::fail(error_kind::bad_magic, path, "does not start with the TRPCHNK magic" + hint);
   }
-  const uint64_t version = get_le(data + 8, 4);
+  const uint64_t version = le::get(data + 8, 4);
   if (version != format) {
     io::fail(version > format ? error_kind::unsupported_version : error_kind::corrupt, path,
              "has chunk format " + std::to_string(version) + "; this build reads format " +
                  std::to_string(format) + hint);
   }
-  const uint64_t encoding = get_le(data + 12, 4);
-  const uint64_t raw_bytes = get_le(data + 16, 8);
-  const uint64_t stored_bytes = get_le(data + 24, 8);
-  const chunk_key named{get_le(data + 32, 8), get_le(data + 40, 8)};
+  const uint64_t encoding = le::get(data + 12, 4);
+  const uint64_t raw_bytes = le::get(data + 16, 8);
+  const uint64_t stored_bytes = le::get(data + 24, 8);
+  const chunk_key named{le::get(data + 32, 8), le::get(data + 40, 8)};
   if (encoding != raw_encoding) {
     io::fail(error_kind::corrupt, path,
              "names an unknown encoding " + std::to_string(encoding) + hint);

@@ -5,21 +5,13 @@
 #include <charconv>
 #include <cstdio>
 
+#include "checkpoint/little_endian.hpp"
+
 namespace troupe::ckpt::format {
 
 namespace {
 
 constexpr std::string_view step_prefix = "step-";
-
-void put_le(unsigned char* out, uint64_t v, size_t bytes) {
-  for (size_t i = 0; i < bytes; ++i, v >>= 8) out[i] = static_cast<unsigned char>(v & 0xFF);
-}
-
-uint64_t get_le(const unsigned char* in, size_t bytes) {
-  uint64_t v = 0;
-  for (size_t i = bytes; i > 0; --i) v = (v << 8) | in[i - 1];
-  return v;
-}
 
 }  // namespace
 
@@ -50,34 +42,34 @@ std::string shard_file_name(int rank) {
 std::array<unsigned char, header_bytes> encode_header(const shard_header& h) {
   std::array<unsigned char, header_bytes> out{};
   std::memcpy(out.data(), h.magic_bytes.data(), 8);
-  put_le(out.data() + 8, h.format_version, 4);
+  le::put(out.data() + 8, h.format_version, 4);
   // The one field stored in native order: it records the order of the cereal body.
   const uint32_t native_tag = byte_order_tag;
   std::memcpy(out.data() + 12, &native_tag, 4);
-  put_le(out.data() + 16, h.header_size, 4);
-  put_le(out.data() + 20, h.flags, 4);
-  put_le(out.data() + 24, static_cast<uint32_t>(h.rank), 4);
-  put_le(out.data() + 28, static_cast<uint32_t>(h.world), 4);
-  put_le(out.data() + 32, static_cast<uint64_t>(h.step), 8);
-  put_le(out.data() + 40, h.body_bytes, 8);
-  put_le(out.data() + 48, h.body_hash, 8);
-  put_le(out.data() + 56, hash64(out.data(), 56, header_hash_seed), 8);
+  le::put(out.data() + 16, h.header_size, 4);
+  le::put(out.data() + 20, h.flags, 4);
+  le::put(out.data() + 24, static_cast<uint32_t>(h.rank), 4);
+  le::put(out.data() + 28, static_cast<uint32_t>(h.world), 4);
+  le::put(out.data() + 32, static_cast<uint64_t>(h.step), 8);
+  le::put(out.data() + 40, h.body_bytes, 8);
+  le::put(out.data() + 48, h.body_hash, 8);
+  le::put(out.data() + 56, hash64(out.data(), 56, header_hash_seed), 8);
   return out;
 }
 
 shard_header decode_header(const unsigned char* bytes) {
   shard_header h;
   std::memcpy(h.magic_bytes.data(), bytes, 8);
-  h.format_version = static_cast<uint32_t>(get_le(bytes + 8, 4));
-  h.byte_order = static_cast<uint32_t>(get_le(bytes + 12, 4));
-  h.header_size = static_cast<uint32_t>(get_le(bytes + 16, 4));
-  h.flags = static_cast<uint32_t>(get_le(bytes + 20, 4));
-  h.rank = static_cast<int32_t>(static_cast<uint32_t>(get_le(bytes + 24, 4)));
-  h.world = static_cast<int32_t>(static_cast<uint32_t>(get_le(bytes + 28, 4)));
-  h.step = static_cast<int64_t>(get_le(bytes + 32, 8));
-  h.body_bytes = get_le(bytes + 40, 8);
-  h.body_hash = get_le(bytes + 48, 8);
-  h.header_hash = get_le(bytes + 56, 8);
+  h.format_version = static_cast<uint32_t>(le::get(bytes + 8, 4));
+  h.byte_order = static_cast<uint32_t>(le::get(bytes + 12, 4));
+  h.header_size = static_cast<uint32_t>(le::get(bytes + 16, 4));
+  h.flags = static_cast<uint32_t>(le::get(bytes + 20, 4));
+  h.rank = static_cast<int32_t>(static_cast<uint32_t>(le::get(bytes + 24, 4)));
+  h.world = static_cast<int32_t>(static_cast<uint32_t>(le::get(bytes + 28, 4)));
+  h.step = static_cast<int64_t>(le::get(bytes + 32, 8));
+  h.body_bytes = le::get(bytes + 40, 8);
+  h.body_hash = le::get(bytes + 48, 8);
+  h.header_hash = le::get(bytes + 56, 8);
   h.computed_hash = hash64(bytes, 56, header_hash_seed);
   return h;
 }

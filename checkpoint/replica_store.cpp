@@ -12,25 +12,18 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "checkpoint/little_endian.hpp"
+
 namespace troupe::ckpt {
 
 namespace {
 
 void key_bytes(const chunk_key& k, unsigned char* out) {
-  for (int i = 0; i < 8; ++i) {
-    out[i] = static_cast<unsigned char>(k.high >> (8 * i));
-    out[8 + i] = static_cast<unsigned char>(k.low >> (8 * i));
-  }
+  le::put(out, k.high, 8);
+  le::put(out + 8, k.low, 8);
 }
 
-chunk_key key_from(const unsigned char* in) {
-  chunk_key k;
-  for (int i = 7; i >= 0; --i) {
-    k.high = (k.high << 8) | in[i];
-    k.low = (k.low << 8) | in[8 + i];
-  }
-  return k;
-}
+chunk_key key_from(const unsigned char* in) { return {le::get(in, 8), le::get(in + 8, 8)}; }
 
 }  // namespace
 
@@ -108,10 +101,8 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
       if (op == 'P' && frames.size() == 7 && frames[4].size() == 12 && frames[5].size() == 16 &&
           frames[6].size() <= s.max_chunk_bytes && frames[6].size() % sizeof(float) == 0) {
         const auto* meta = static_cast<const unsigned char*>(frames[4].data());
-        uint32_t source = 0;
-        uint64_t step = 0;
-        for (int i = 3; i >= 0; --i) source = (source << 8) | meta[i];
-        for (int i = 11; i >= 4; --i) step = (step << 8) | meta[i];
+        const auto source = static_cast<uint32_t>(le::get(meta, 4));
+        const uint64_t step = le::get(meta + 4, 8);
         const chunk_key key = key_from(static_cast<const unsigned char*>(frames[5].data()));
         const auto* data = static_cast<const unsigned char*>(frames[6].data());
         if (key_of(data, frames[6].size()) != key) {  // damaged on the way: not kept
@@ -215,10 +206,8 @@ replica_client::~replica_client() = default;
 bool replica_client::put(const std::string& endpoint, int source, int64_t step,
                          const chunk_key& key, std::span<const unsigned char> bytes) {
   unsigned char meta[12];
-  for (int i = 0; i < 4; ++i)
-    meta[i] = static_cast<unsigned char>(static_cast<uint32_t>(source) >> (8 * i));
-  for (int i = 0; i < 8; ++i)
-    meta[4 + i] = static_cast<unsigned char>(static_cast<uint64_t>(step) >> (8 * i));
+  le::put(meta, static_cast<uint32_t>(source), 4);
+  le::put(meta + 4, static_cast<uint64_t>(step), 8);
   unsigned char k[16];
   key_bytes(key, k);
   std::vector<zmq::message_t> request;
