@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "runtime/auth/credentials.hpp"
+
 namespace troupe::actors {
 
 namespace {
@@ -15,8 +17,16 @@ std::string rank_key(uint64_t generation, int rank) {
   return "replica/g" + std::to_string(generation) + "/r" + std::to_string(rank);
 }
 
-// The first worker to get here makes the job's token; every other one reads it.
+// Derived from the job's secret when this process holds it (every member computes the same
+// token, and nothing secret crosses the store). Without credentials (tests in one process) the
+// first worker to get here makes a token and the others read it from the store.
 ckpt::replica_token job_token(comm::kv_store& store, std::chrono::milliseconds timeout) {
+  if (const auto& creds = auth::process_credentials(); creds.valid()) {
+    const auto key = auth::derive_key(creds, "checkpoint replica");
+    ckpt::replica_token t{};
+    std::memcpy(t.data(), key.data(), t.size());
+    return t;
+  }
   if (store.add("replica/token-maker", 1) == 1) {
     const ckpt::replica_token t = ckpt::random_replica_token();
     store.set(token_key, std::vector<char>(t.begin(), t.end()));

@@ -10,7 +10,30 @@
 #include <cstring>
 #include <thread>
 
+#include "actors/tls_transport.hpp"
+#include "runtime/auth/credentials.hpp"
+
 namespace troupe::actors {
+
+caf::expected<uint16_t> publish_for_job(caf::actor_system& sys, const caf::actor& whom,
+                                        uint16_t port, const std::string& host, bool reuse,
+                                        const std::string& listener) {
+  if (auth::process_credentials().valid())
+    return tls_publish(sys, whom, port, host, reuse, listener);
+  return sys.middleman().publish(whom, port, host.c_str(), reuse);
+}
+
+void unpublish_for_job(caf::actor_system& sys, const caf::actor& whom, uint16_t port) {
+  // Every middleman actor hands unpublishing to the same BASP broker, so the plain call
+  // closes a TLS doorman too.
+  sys.middleman().unpublish(whom, port);
+}
+
+caf::expected<caf::actor> remote_job_actor(caf::actor_system& sys, const std::string& host,
+                                           uint16_t port) {
+  if (auth::process_credentials().valid()) return tls_remote_actor(sys, host, port);
+  return sys.middleman().remote_actor(host, port);
+}
 
 caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                   std::chrono::milliseconds timeout, std::string& error) {
@@ -18,9 +41,14 @@ caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& hos
   auto backoff = std::chrono::milliseconds(20);
   std::string last;
   for (;;) {
-    auto h = sys.middleman().remote_actor(host, port);
+    auto h = remote_job_actor(sys, host, port);
     if (h && *h) return *h;
     last = h ? "nothing is published there" : sys.render(h.error());
+    // A refusal that names the reason (another job's coordinator) will not change by waiting.
+    if (!h && last.find("belongs to job") != std::string::npos) {
+      error = "cannot join the coordinator at " + host + ":" + std::to_string(port) + ": " + last;
+      return {};
+    }
     if (std::chrono::steady_clock::now() + backoff >= deadline) break;
     std::this_thread::sleep_for(backoff);  // retry pacing, not a wait for a condition
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));

@@ -16,6 +16,21 @@ namespace troupe::actors {
 caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
                                   std::chrono::milliseconds timeout, std::string& error);
 
+/// Publishes `whom` on host:port (0 picks a free port) for the other processes of the job:
+/// over mutual TLS with the job's certificate when this process holds the job's credentials
+/// (actors/tls_transport.hpp), plain TCP otherwise (tests inside one process). `listener`
+/// names the port in refusals and in troupe_rejected_connections_total.
+caf::expected<uint16_t> publish_for_job(caf::actor_system& sys, const caf::actor& whom,
+                                        uint16_t port, const std::string& host, bool reuse,
+                                        const std::string& listener);
+
+/// Undoes publish_for_job.
+void unpublish_for_job(caf::actor_system& sys, const caf::actor& whom, uint16_t port);
+
+/// Reaches an actor that another process of the job published, the same way it was published.
+caf::expected<caf::actor> remote_job_actor(caf::actor_system& sys, const std::string& host,
+                                           uint16_t port);
+
 /// The address of this machine's interface that traffic to host:port leaves by (what peers
 /// of a job should be told to connect to: a node's address, loopback when the coordinator is
 /// on loopback). Sends nothing (a UDP socket is connected, not written to). Falls back to

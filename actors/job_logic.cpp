@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <tuple>
 
 #include "runtime/comm/communicator.hpp"
@@ -57,6 +58,15 @@ double seconds_between(logic_time a, logic_time b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A loss or norm as a message shows it: "nan", "-inf", "-0.5312".
+std::string number_words(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x < 0 ? "-inf" : "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
 // The plan as events.jsonl shows it: the planner's figures, a readable name and ZeRO.
 json plan_doc(const strategies::layout_plan& p, int zero) {
   json doc = json::parse(strategies::to_json(p));
@@ -72,9 +82,12 @@ job_logic::job_logic(job_params params, logic_time now)
       plan_(params_.plan),
       committed_(params_.start_step),
       checkpoint_step_(params_.checkpoint_step),
-      stragglers_(straggler_options{}) {
+      stragglers_(straggler_options{}),
+      skipped_(params_.skipped_steps) {
+  std::sort(skipped_.begin(), skipped_.end());
   deadline_ = now + params_.form_timeout;
   last_commit_ = now;
+  latest_ = now;
 }
 
 member_info* job_logic::find(int32_t member) {
@@ -176,6 +189,17 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
 
 void job_logic::begin_generation(const std::string& reason, logic_time now, actions& out) {
   if (ended_) return;
+  if (halting_) {
+    // A member was lost or a vote failed while the job was stopping: stop now, or roll back
+    // now, without waiting any longer for checkpoints in flight.
+    const halt h = *halting_;
+    halting_.reset();
+    if (!h.rollback) {
+      finish(h.exit_code, halt_message(h), out);
+      return;
+    }
+    rollback_ = true;
+  }
   if (state_ != job_state::recovering) {
     recovery_started_ = now;
     recovery_reason_ = reason;
@@ -204,11 +228,11 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   failure_reports_.clear();
   for (const auto& [step, c] : collecting_) {
     (void)c;
-    out.push_back(emit_event{{{"event", "checkpoint_failed"},
-                              {"step", step},
-                              {"error",
-                               "abandoned: the generation ended before every rank "
-                               "reported its share; the previous checkpoint stays"}}});
+    const std::string error =
+        "abandoned: the generation ended before every rank reported its share; the previous "
+        "checkpoint stays";
+    out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
+    checkpoint_failed(step, error);
   }
   collecting_.clear();
   eval_step_ = -1;
@@ -247,8 +271,12 @@ void job_logic::plan_generation(logic_time now, actions& out) {
     }
   }
   rebalanced_.reset();
+  // After a divergence the state the members hold is suspect: every rank goes back to the last
+  // committed checkpoint (a member holding exactly that step may keep it).
+  const int64_t restore_step = rollback_ ? std::max<int64_t>(checkpoint_step_, 0) : committed_;
+  rollback_ = false;
   restore_ =
-      plan_restore(live, plans_, next, params_.cfg.parallel.zero, committed_, checkpoint_step_);
+      plan_restore(live, plans_, next, params_.cfg.parallel.zero, restore_step, checkpoint_step_);
   plan_ = next;
   plans_[generation_] = next;
   committed_ = restore_.start_step;
@@ -269,6 +297,7 @@ void job_logic::plan_generation(logic_time now, actions& out) {
     msg.plan_json = plan_json;
     msg.start_step = restore_.start_step;
     msg.reason = recovery_reason_;
+    msg.skipped_steps = skipped_;
     if (m.rank >= 0) {
       msg.source = restore_.source[static_cast<size_t>(m.rank)];
       msg.source_rank = restore_.source_rank[static_cast<size_t>(m.rank)];
@@ -305,6 +334,7 @@ actions job_logic::on_state_report(const state_report& r, logic_time now) {
 
 actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
   actions out;
+  latest_ = std::max(latest_, now);
   member_info* m = find(r.member);
   if (!m || !m->live || r.generation != generation_ || state_ == job_state::training || ended_) {
     stale("reconfigured", r.member, r.generation, out);
@@ -377,6 +407,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
 actions job_logic::on_vote(const step_done& v, logic_time now) {
   actions out;
   if (ended_) return out;
+  latest_ = std::max(latest_, now);
   const int32_t member = member_of_rank(v.rank);
   // Votes of the generation being formed count too: a rank that finished reconfiguring starts
   // its step while the coordinator may still wait for another rank's acknowledgement.
@@ -412,13 +443,26 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
   p.rank_compute_s[static_cast<size_t>(v.rank)] =
       v.compute_cpu_s > 0 ? v.compute_cpu_s : v.compute_s;
   ++p.count;
-  p.loss_sum += v.loss_sum;
+  const double loss_sum = wire_decode(v.loss_sum, v.loss_class);
+  const double grad_norm = wire_decode(v.grad_norm, v.grad_norm_class);
+  p.loss_sum += loss_sum;
   p.tokens += v.tokens;
   p.lr = v.lr;
   p.compute_s += v.compute_s;
   p.comm_s += v.comm_s;
   p.control_s += v.control_s;
   p.peer_wait_s += v.peer_wait_s;
+  // Divergence: a cross-entropy cannot be negative, and neither it nor a norm can be infinite.
+  if (p.diverged.empty()) {
+    const std::string where = " on rank " + std::to_string(v.rank);
+    const double rank_loss = v.tokens > 0 ? loss_sum / static_cast<double>(v.tokens) : loss_sum;
+    if (!std::isfinite(loss_sum))
+      p.diverged = "loss " + number_words(rank_loss) + where + " (not finite)";
+    else if (loss_sum < 0)
+      p.diverged = "loss " + number_words(rank_loss) + where + " (a cross-entropy below zero)";
+    else if (!std::isfinite(grad_norm))
+      p.diverged = "gradient norm " + number_words(grad_norm) + where + " (not finite)";
+  }
   if (v.optim_state_bytes > 0)
     out.push_back(emit_event{{{"event", "memory"},
                               {"rank", v.rank},
@@ -437,6 +481,18 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   const int w = world();
   const int64_t step = v.step;
   const double loss = v.tokens > 0 ? v.loss_sum / static_cast<double>(v.tokens) : 0.0;
+  if (halting_) {  // stopping: no step is committed any more
+    pending_ = votes{};
+    return;
+  }
+  std::string why = v.diverged;
+  if (why.empty() && !std::isfinite(loss)) why = "loss " + number_words(loss) + " (not finite)";
+  if (why.empty() && loss < 0) why = "loss " + number_words(loss) + " (a cross-entropy below zero)";
+  if (!why.empty()) {
+    pending_ = votes{};
+    diverged(step, why, now, out);
+    return;
+  }
   const double step_s = seconds_between(last_commit_, now);
   last_commit_ = now;
   committed_ = step;
@@ -568,8 +624,8 @@ void job_logic::start_collecting(int64_t step) {
 }
 
 actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
-  (void)now;
   actions out;
+  latest_ = std::max(latest_, now);
   const auto it = collecting_.find(w.step);
   if (w.generation != generation_ || it == collecting_.end() || w.rank < 0 || w.rank >= world() ||
       it->second.reported[static_cast<size_t>(w.rank)]) {
@@ -613,11 +669,13 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
     ++committing_;
     out.push_back(std::move(done.commit));
   } else {
-    if (!done.ok)
+    if (!done.ok) {
       out.push_back(emit_event{{{"event", "checkpoint_failed"},
                                 {"step", w.step},
                                 {"ranks_failed", done.failed},
                                 {"error", done.error}}});
+      checkpoint_failed(w.step, done.error);
+    }
     if (done.skipped && done.ok)
       out.push_back(emit_event{{{"event", "checkpoint_skipped"},
                                 {"step", w.step},
@@ -637,6 +695,10 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
   if (error.empty()) {
     checkpoint_step_ = std::max(checkpoint_step_, step);
     checkpoint_path_ = path;
+    if (step >= failed_checkpoint_step_) {  // a later checkpoint made up for the failed one
+      failed_checkpoint_step_ = -1;
+      failed_checkpoint_error_.clear();
+    }
     out.push_back(emit_event{{{"event", "checkpoint"},
                               {"step", step},
                               {"path", path},
@@ -649,19 +711,20 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
                               {"replicated_bytes", c.replicated_bytes}}});
   } else {
     out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
+    checkpoint_failed(step, error);
   }
   maybe_finish(out);
   return out;
 }
 
 actions job_logic::on_eval_done(const eval_done& e, logic_time now) {
-  (void)now;
   actions out;
+  latest_ = std::max(latest_, now);
   if (e.generation != generation_ || e.step != eval_step_ || eval_step_ < 0) {
     stale("eval_done", member_of_rank(e.rank), e.generation, out);
     return out;
   }
-  eval_sum_ += e.loss_sum;
+  eval_sum_ += wire_decode(e.loss_sum, e.loss_class);
   eval_batches_ += e.batches;
   if (++evals_in_ < world()) return out;
   last_val_ = eval_sum_ / static_cast<double>(std::max<int64_t>(eval_batches_, 1));
@@ -679,6 +742,7 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
   actions out;
   member_info* m = find(member);
   if (!m || !m->live || ended_) return out;
+  latest_ = std::max(latest_, now);
   m->live = false;
   const int32_t rank = m->rank;
   m->rank = -1;
@@ -723,6 +787,7 @@ actions job_logic::on_heartbeat(const heartbeat& h, logic_time now) {
 actions job_logic::on_tick(logic_time now) {
   actions out;
   if (ended_) return out;
+  latest_ = std::max(latest_, now);
   if (state_ == job_state::forming) {
     if (now >= deadline_)
       finish(1,
@@ -773,6 +838,10 @@ actions job_logic::on_tick(logic_time now) {
     return out;
   }
   if (now < deadline_) return out;
+  if (halting_) {  // checkpoints in flight took too long: stop (or roll back) without them
+    maybe_halt(now, true, out);
+    return out;
+  }
   if (state_ == job_state::recovering) {
     for (auto& m : members_) {
       if (!m.live) continue;
@@ -795,26 +864,125 @@ actions job_logic::on_tick(logic_time now) {
   return out;
 }
 
-actions job_logic::on_shutdown() {
+actions job_logic::on_shutdown(logic_time now) {
   actions out;
   if (ended_) return out;
-  out.push_back(emit_event{{{"event", "interrupted"}, {"step", committed_}}});
-  finish(130,
-         "interrupted at step " + std::to_string(committed_) +
-             (checkpoint_path_.empty() ? "" : "; last checkpoint " + checkpoint_path_),
-         out);
+  latest_ = std::max(latest_, now);
+  out.push_back(
+      emit_event{{{"event", "interrupted"}, {"step", committed_}, {"generation", generation_}}});
+  const halt stop{exit_code::interrupted, false, committed_, ""};
+  if (state_ != job_state::training) {
+    finish(stop.exit_code, halt_message(stop), out);
+    return out;
+  }
+  // The step in flight is not committed; a checkpoint being written is, before the end. A
+  // divergence that is already stopping the job keeps its exit code.
+  if (!halting_ || halting_->rollback) halting_ = stop;
+  deadline_ = now + std::chrono::milliseconds(params_.cfg.step_timeout_ms);
+  maybe_halt(now, false, out);
   return out;
 }
 
+void job_logic::diverged(int64_t step, const std::string& what, logic_time now, actions& out) {
+  const auto& cfg = params_.cfg;
+  const bool roll = cfg.on_divergence == "rollback" && rollbacks_ < cfg.max_rollbacks;
+  if (roll) {
+    ++rollbacks_;
+    skipped_.insert(std::upper_bound(skipped_.begin(), skipped_.end(), step), step);
+    out.push_back(record_skipped{skipped_});
+  }
+  out.push_back(emit_event{{{"event", "diverged"},
+                            {"step", step},
+                            {"generation", generation_},
+                            {"what", what},
+                            {"policy", cfg.on_divergence},
+                            {"action", roll ? "rollback" : "stop"},
+                            {"rollbacks", rollbacks_},
+                            {"max_rollbacks", cfg.max_rollbacks},
+                            {"committed_step", committed_},
+                            {"skipped_steps", skipped_}}});
+  halting_ = halt{roll ? exit_code::done : exit_code::diverged, roll, step, what};
+  // The ranks wait for this step's commit for twice the step timeout; decide before that.
+  deadline_ = now + std::chrono::milliseconds(cfg.step_timeout_ms);
+  maybe_halt(now, false, out);
+}
+
+void job_logic::maybe_halt(logic_time now, bool force, actions& out) {
+  if (!halting_ || ended_) return;
+  if (!force && (!collecting_.empty() || committing_ > 0)) return;
+  const halt h = *halting_;
+  halting_.reset();
+  if (!h.rollback) {
+    finish(h.exit_code, halt_message(h), out);
+    return;
+  }
+  rollback_ = true;
+  recovery_cause_ = "divergence";
+  begin_generation(halt_message(h), now, out);
+}
+
+std::string job_logic::checkpoint_words() const {
+  if (checkpoint_step_ < 0) return "no checkpoint was committed";
+  return "the last committed checkpoint is step " + std::to_string(checkpoint_step_) +
+         (checkpoint_path_.empty() ? "" : " (" + checkpoint_path_ + ")");
+}
+
+std::string job_logic::halt_message(const halt& h) const {
+  const auto& cfg = params_.cfg;
+  if (h.exit_code == exit_code::interrupted)
+    return "interrupted after step " + std::to_string(committed_) + "; " + checkpoint_words();
+  const std::string step = std::to_string(h.step);
+  if (h.rollback)
+    return "step " + step + " diverged (" + h.what + "); rolling back to " +
+           (checkpoint_step_ >= 0 ? "checkpoint step " + std::to_string(checkpoint_step_)
+                                  : std::string("the start (no checkpoint yet)")) +
+           " and skipping the batch of step " + step + " (rollback " + std::to_string(rollbacks_) +
+           " of " + std::to_string(cfg.max_rollbacks) + ")";
+  return "step " + step + " diverged: " + h.what + "; it was not committed; " + checkpoint_words() +
+         (cfg.on_divergence == "rollback"
+              ? "; " + std::to_string(rollbacks_) + " rollbacks spent (--max-rollbacks " +
+                    std::to_string(cfg.max_rollbacks) + ")"
+              : "; lower --lr, or pass --on-divergence rollback");
+}
+
+void job_logic::checkpoint_failed(int64_t step, const std::string& error) {
+  if (step < failed_checkpoint_step_) return;
+  failed_checkpoint_step_ = step;
+  failed_checkpoint_error_ = error;
+}
+
 void job_logic::maybe_finish(actions& out) {
+  if (halting_) {  // a stop (divergence, interrupt) ends the job once checkpoints are in
+    maybe_halt(latest_, false, out);
+    return;
+  }
   if (!finishing_ || !collecting_.empty() || committing_ > 0 || eval_step_ >= 0 || ended_ ||
       state_ != job_state::training)
     return;
   const auto& cfg = params_.cfg;
-  finish(0,
-         committed_ < cfg.steps ? "stopped after step " + std::to_string(committed_) +
-                                      " as asked (exit_after_step); --resume continues"
-                                : "trained " + std::to_string(committed_) + " steps",
+  const bool early = committed_ < cfg.steps;
+  if (failed_checkpoint_step_ >= 0) {
+    // Never silent: the job trained, but what it says is saved must be what LATEST holds.
+    finish(
+        exit_code::checkpoint_failed,
+        (early ? "stopped after step " + std::to_string(committed_) + " as asked (exit_after_step)"
+               : "trained " + std::to_string(committed_) + " steps") +
+            ", but the checkpoint of step " + std::to_string(failed_checkpoint_step_) +
+            " failed (" + failed_checkpoint_error_ + "); " + checkpoint_words() +
+            (early ? (checkpoint_step_ >= 0 ? "; --resume continues from there"
+                                            : "; --resume has nothing to continue from")
+                   : ""),
+        out);
+    return;
+  }
+  // Only what LATEST holds: the last step's checkpoint may have been skipped (overlap skip).
+  finish(exit_code::done,
+         early ? "stopped after step " + std::to_string(committed_) +
+                     " as asked (exit_after_step); " +
+                     (checkpoint_step_ >= 0 ? "--resume continues from checkpoint step " +
+                                                  std::to_string(checkpoint_step_)
+                                            : "no checkpoint is committed to resume from")
+               : "trained " + std::to_string(committed_) + " steps",
          out);
 }
 

@@ -49,7 +49,19 @@ struct job_params {
   std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
+  /// Batches skipped after divergences in earlier sessions of this run (resume), one entry
+  /// per skip: see reconfigure::skipped_steps.
+  std::vector<int64_t> skipped_steps;
 };
+
+/// Exit codes of a job, as `troupe run` and `troupe coordinator` return them.
+namespace exit_code {
+inline constexpr int done = 0;
+inline constexpr int failed = 1;
+inline constexpr int diverged = 3;           ///< a step diverged (policy stop, or rollbacks spent)
+inline constexpr int checkpoint_failed = 4;  ///< trained, but a checkpoint failed, none later
+inline constexpr int interrupted = 130;
+}  // namespace exit_code
 
 // Actions. Members are worker processes by identity; `rank` is their place in a generation.
 struct send_commit {
@@ -88,8 +100,13 @@ struct finish_job {
   int exit_code;
   std::string message;
 };
+/// Store the run's list of skipped batches (all of it, ascending) where a resumed session
+/// finds it: a rollback after a divergence added one.
+struct record_skipped {
+  std::vector<int64_t> steps;
+};
 using action = std::variant<send_commit, send_abort, send_reconfigure, send_stop, emit_event,
-                            commit_checkpoint, finish_job>;
+                            commit_checkpoint, finish_job, record_skipped>;
 using actions = std::vector<action>;
 
 /// The job supervisor's state and its transitions. Every method takes the time of the event
@@ -110,7 +127,9 @@ class job_logic {
   actions on_heartbeat(const heartbeat& h, logic_time now);
   /// Deadlines: forming, heartbeats, the settle window, recovery, the step watchdog.
   actions on_tick(logic_time now);
-  actions on_shutdown();
+  /// Ctrl-C / SIGTERM: no step is committed after this; checkpoints already asked for are
+  /// committed first (bounded by the step timeout), then the job ends with exit 130.
+  actions on_shutdown(logic_time now);
 
   job_state state() const { return state_; }
   uint64_t generation() const { return generation_; }
@@ -130,6 +149,11 @@ class job_logic {
   /// no chunk may be garbage-collected).
   bool checkpoints_in_flight() const { return !collecting_.empty() || committing_ > 0; }
   const std::string& last_checkpoint_path() const { return checkpoint_path_; }
+  /// Batches skipped after divergences (this session's and earlier ones'), ascending.
+  const std::vector<int64_t>& skipped_steps() const { return skipped_; }
+  int rollbacks() const { return rollbacks_; }
+  /// Whether the job is stopping (a divergence, an interrupt) and commits no further step.
+  bool halting() const { return halting_.has_value(); }
   double last_loss() const { return last_loss_; }
   double last_val_loss() const { return last_val_; }
   int64_t tokens_trained() const { return tokens_trained_; }
@@ -144,6 +168,15 @@ class job_logic {
     double compute_s = 0, comm_s = 0, control_s = 0, peer_wait_s = 0;
     std::vector<double> rank_compute_s;
     std::vector<logic_time> arrived;
+    std::string diverged;  // why this step diverged, from the first vote that shows it
+  };
+  // The job stops committing steps and, once no checkpoint is in flight, ends (or, for a
+  // rollback, opens a generation that restores the last committed checkpoint).
+  struct halt {
+    int exit_code = 0;
+    bool rollback = false;
+    int64_t step = 0;  // the step that diverged (or the last committed, interrupted)
+    std::string what;  // what diverged, with its value
   };
 
   member_info* find(int32_t member);
@@ -155,6 +188,11 @@ class job_logic {
   void all_votes_in(logic_time now, actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
+  void diverged(int64_t step, const std::string& what, logic_time now, actions& out);
+  void maybe_halt(logic_time now, bool force, actions& out);
+  std::string halt_message(const halt& h) const;
+  std::string checkpoint_words() const;
+  void checkpoint_failed(int64_t step, const std::string& error);
   void handle_stragglers(const std::vector<double>& compute_s, logic_time now, actions& out);
   bool grow_wanted() const;
 
@@ -209,6 +247,14 @@ class job_logic {
   logic_time last_commit_{};
   uint64_t stale_ = 0;
   bool ended_ = false;
+  // divergence, interrupts, failed checkpoints
+  std::vector<int64_t> skipped_;
+  int rollbacks_ = 0;
+  bool rollback_ = false;  // the next plan restores the last committed checkpoint
+  std::optional<halt> halting_;
+  logic_time latest_{};                  // the newest time an event carried
+  int64_t failed_checkpoint_step_ = -1;  // a failed checkpoint no later commit made good
+  std::string failed_checkpoint_error_;
 };
 
 }  // namespace troupe::actors

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "actors/checkpoint_committer.hpp"
 #include "actors/expert_group.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/state_layout.hpp"
@@ -54,6 +56,8 @@ struct job_metrics {
   monitoring::counter* ckpt_failures;
   monitoring::gauge* ckpt_last_step;
   monitoring::gauge* ckpt_snapshot_bytes;
+  monitoring::counter* divergences;
+  monitoring::counter* rollbacks;
 
   explicit job_metrics(monitoring::metrics_registry& r)
       : steps(&r.add_counter("troupe_steps_total", "Training steps committed")),
@@ -108,7 +112,13 @@ struct job_metrics {
         ckpt_last_step(&r.add_gauge("troupe_checkpoint_last_committed_step",
                                     "Step of the newest committed checkpoint")),
         ckpt_snapshot_bytes(&r.add_gauge("troupe_checkpoint_snapshot_buffer_bytes",
-                                         "Memory held by the ranks' snapshot buffers, summed")) {}
+                                         "Memory held by the ranks' snapshot buffers, summed")),
+        divergences(&r.add_counter("troupe_divergences_total",
+                                   "Steps that diverged (non-finite loss or gradient norm, or a "
+                                   "negative loss) and were not committed")),
+        rollbacks(&r.add_counter("troupe_divergence_rollbacks_total",
+                                 "Rollbacks to the last committed checkpoint after a divergence")) {
+  }
 
   void observe(const json& e) {
     const std::string what = e.value("event", "");
@@ -148,6 +158,9 @@ struct job_metrics {
       ckpt_snapshot_bytes->set(e.value("snapshot_buffer_bytes", 0.0));
     } else if (what == "checkpoint_failed") {
       ckpt_failures->inc();
+    } else if (what == "diverged") {
+      divergences->inc();
+      if (e.value("action", std::string()) == "rollback") rollbacks->inc();
     } else if (what == "validation") {
       val_loss->set(e.value("val_loss", 0.0));
     }
@@ -189,6 +202,26 @@ monitoring::log_context ctx(self_ptr self) {
 void emit(self_ptr self, const json& event) {
   auto& st = self->state;
   st.metrics->observe(event);
+  // Never silent: what the job could not save, and a step it refused, also go to the console
+  // (events.jsonl may be on the very disk that is full).
+  const std::string what = event.value("event", "");
+  if (what == "checkpoint_failed") {
+    const int64_t kept = st.logic->last_checkpoint_step();
+    monitoring::log(
+        monitoring::level::error, ctx(self),
+        "checkpoint of step " + std::to_string(event.value("step", int64_t{-1})) +
+            " failed: " + event.value("error", std::string()) + "; training goes on, " +
+            (kept >= 0 ? "the last committed checkpoint stays (step " + std::to_string(kept) + ")"
+                       : std::string("no checkpoint is committed yet")));
+  } else if (what == "diverged") {
+    monitoring::log(
+        monitoring::level::error, ctx(self),
+        "step " + std::to_string(event.value("step", int64_t{-1})) +
+            " diverged: " + event.value("what", std::string()) + "; " +
+            (event.value("action", std::string()) == "rollback"
+                 ? "rolling back to the last committed checkpoint"
+                 : "stopping (--on-divergence " + event.value("policy", std::string()) + ")"));
+  }
   if (st.setup.events) {
     try {
       st.setup.events->write(event);
@@ -295,6 +328,15 @@ void run(self_ptr self, actions todo) {
             commit_manifest(self, x);
           } else if constexpr (std::is_same_v<T, finish_job>) {
             send_result(self, x);
+          } else if constexpr (std::is_same_v<T, record_skipped>) {
+            try {
+              save_skipped_batches(st.setup.cfg.run_dir, x.steps);
+            } catch (const std::exception& e) {
+              // The diverged event holds the list too; a resume without it meets the bad
+              // batch again and rolls back again.
+              monitoring::log(monitoring::level::error, ctx(self),
+                              std::string("could not record the skipped batches: ") + e.what());
+            }
           }
         },
         a);
@@ -322,6 +364,10 @@ void inject_faults(self_ptr self) {
          st.setup.faults[st.next_fault].step <= l.committed() + 1) {
     const auto& f = st.setup.faults[st.next_fault++];
     if (f.kind == chaos::fault_action::slow) continue;  // the rank slows itself down
+    if (f.kind == chaos::fault_action::diverge) {       // the rank poisons its own loss
+      emit(self, fault_event(f, {}));
+      continue;
+    }
     if (f.target == chaos::fault_target::coordinator) {
       // The coordinator dies here, as if its machine did: every member must notice.
       emit(self, fault_event(f, {getpid()}));
@@ -380,6 +426,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
   p.heartbeat_timeout = std::chrono::milliseconds(st.setup.heartbeat_timeout_ms);
   p.straggler_policy = st.setup.straggler_policy;
+  p.skipped_steps = st.setup.skipped_steps;
   st.logic.emplace(p, logic_clock::now());
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
@@ -528,7 +575,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
                                          std::to_string(w.exit_code);
         run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, logic_clock::now()));
       },
-      [=](shutdown_atom) { run(self, self->state.logic->on_shutdown()); },
+      [=](shutdown_atom) { run(self, self->state.logic->on_shutdown(logic_clock::now())); },
       [=](resume_atom, int32_t pid) {
         ::kill(pid, SIGCONT);
         emit(self, {{"event", "fault"}, {"what", "continue"}, {"pids", {pid}}});
@@ -555,6 +602,30 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
 }
 
 }  // namespace
+
+std::vector<int64_t> load_skipped_batches(const std::string& run_dir) {
+  const std::filesystem::path path = std::filesystem::path(run_dir) / "skipped_batches.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  const auto bytes = ckpt::io::read_file(path);
+  try {
+    const json doc = json::parse(bytes.begin(), bytes.end());
+    std::vector<int64_t> steps = doc.at("skipped_steps").get<std::vector<int64_t>>();
+    for (int64_t s : steps)
+      if (s < 1) throw std::invalid_argument("step " + std::to_string(s) + " is not a step");
+    std::sort(steps.begin(), steps.end());
+    return steps;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(path.string() + " is damaged (" + e.what() +
+                             "); it lists the batches skipped after divergences; fix or remove it");
+  }
+}
+
+void save_skipped_batches(const std::string& run_dir, const std::vector<int64_t>& steps) {
+  const json doc = {{"skipped_steps", steps}};
+  ckpt::io::write_file_atomically(std::filesystem::path(run_dir) / "skipped_batches.json",
+                                  doc.dump() + "\n");
+}
 
 caf::actor spawn_job_supervisor(caf::actor_system& sys, job_setup setup) {
   return sys.spawn(job_supervisor, std::move(setup));

@@ -39,7 +39,14 @@ struct job_setup {
   std::string straggler_policy = "warn";
   std::chrono::milliseconds tick{100};  ///< how often deadlines are checked
   std::vector<chaos::fault> faults;     ///< injected when their step begins (same machine)
+  std::vector<int64_t> skipped_steps;   ///< batches skipped by earlier sessions (resume)
 };
+
+/// RUN_DIR/skipped_batches.json: the steps whose batch diverged and was skipped (one entry per
+/// skip), which a resumed session must skip too. Written atomically after each rollback;
+/// independent of checkpoints, so a resume from any of them replays the same batches.
+std::vector<int64_t> load_skipped_batches(const std::string& run_dir);
+void save_skipped_batches(const std::string& run_dir, const std::vector<int64_t>& steps);
 
 /// Spawns the job supervisor. It stops itself after delivering the job_result.
 caf::actor spawn_job_supervisor(caf::actor_system& sys, job_setup setup);

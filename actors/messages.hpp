@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "runtime/auth/credentials.hpp"
+
 namespace troupe::actors {
 
 /// Bumped whenever a message below changes shape; checked in the hello handshake so a
 /// worker built from other sources is refused with a clear error instead of silently
-/// receiving empty messages.
-constexpr int32_t protocol_version = 8;
+/// receiving empty messages. It lives with the join token (runtime/auth), which names it too,
+/// so a token of another build is refused before any connection is made.
+constexpr int32_t protocol_version = auth::protocol_version;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;  // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
@@ -27,6 +30,16 @@ using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor m
 using introduce_atom =
     caf::atom_constant<caf::atom("introduce")>;               // a stage hands the next its actor
 using resume_atom = caf::atom_constant<caf::atom("resume")>;  // SIGCONT a stopped process (chaos)
+
+/// CAF 0.17 packs doubles with its own IEEE 754 code (caf/detail/ieee_754.hpp): a NaN arrives
+/// as an arbitrary number (often a negative one) and an infinity never leaves, the packing
+/// loops forever. A figure that may not be finite (a loss, a norm) therefore travels as 0 with
+/// its class in a field beside it: wire_encode before sending, wire_decode on receipt.
+enum class value_class : int8_t { finite = 0, nan = 1, plus_inf = 2, minus_inf = 3 };
+/// Leaves a finite `x` alone; otherwise sets it to 0. Returns the class of the original value.
+int8_t wire_encode(double& x);
+/// The value wire_encode took apart (`x` itself for the finite class).
+double wire_decode(double x, int8_t value_class);
 
 /// A worker process introduces itself to the coordinator. `member` is the process's identity
 /// in the job (its agent's slot); its rank changes from generation to generation.
@@ -73,6 +86,9 @@ struct reconfigure {
   int32_t source_rank = -1;      ///< for peer: who sends (a rank of this generation)
   std::vector<int32_t> send_to;  ///< ranks this rank sends its state to, in this order
   std::string reason;
+  /// Steps whose batch diverged and is skipped, one entry per skip, ascending: step s trains
+  /// on data position s - 1 + (entries <= s), so a replay never meets a bad batch again.
+  std::vector<int64_t> skipped_steps;
 };
 
 /// After an abort: what a member holds, so the coordinator can plan the restore.
@@ -133,6 +149,11 @@ struct step_done {
   std::string error_group;  ///< the communicator group, when the data plane failed
   double loss_sum = 0;      ///< sum of per-token losses over this rank's share
   int64_t tokens = 0;
+  double grad_norm = 0;   ///< L2 norm of the gradients this rank holds after the reduce (no
+                          ///< collective: a partial figure in sharded layouts); the coordinator
+                          ///< checks that it is finite before it commits (divergence)
+  int8_t loss_class = 0;  ///< value_class of loss_sum (see wire_encode)
+  int8_t grad_norm_class = 0;     ///< value_class of grad_norm
   double lr = 0;                  ///< learning rate this step applies with
   double compute_s = 0;           ///< forward + backward
   double compute_cpu_s = 0;       ///< the same, in the step thread's CPU time: what straggler
@@ -191,6 +212,7 @@ struct eval_done {
   int32_t rank = 0;
   double loss_sum = 0;
   int64_t batches = 0;
+  int8_t loss_class = 0;  ///< value_class of loss_sum (see wire_encode)
 };
 
 /// Pipeline stage to neighbouring stage (actors/stage.hpp): the output of a pass is ready and
@@ -229,7 +251,7 @@ struct worker_exited {
 
 /// The job's end, as the launcher (troupe run / troupe coordinator) reports it.
 struct job_result {
-  int32_t exit_code = 0;  ///< 0 done, 1 failed, 130 interrupted
+  int32_t exit_code = 0;  ///< 0 done, 1 failed, 3 diverged, 4 a checkpoint failed, 130 interrupted
   std::string message;
   int64_t steps_done = 0;
   double final_loss = 0;
@@ -252,7 +274,8 @@ typename Inspector::result_type inspect(Inspector& f, welcome& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigure& x) {
   return f(caf::meta::type_name("troupe::reconfigure"), x.generation, x.member, x.rank, x.world,
-           x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason);
+           x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason,
+           x.skipped_steps);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, state_report& x) {
@@ -282,7 +305,7 @@ typename Inspector::result_type inspect(Inspector& f, step_done& x) {
   return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error,
            x.error_kind, x.error_op, x.error_group, x.loss_sum, x.tokens, x.lr, x.compute_s,
            x.compute_cpu_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes,
-           x.peak_rss_bytes);
+           x.peak_rss_bytes, x.grad_norm, x.loss_class, x.grad_norm_class);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
@@ -302,7 +325,7 @@ typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {
   return f(caf::meta::type_name("troupe::eval_done"), x.generation, x.step, x.rank, x.loss_sum,
-           x.batches);
+           x.batches, x.loss_class);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, pipe_notice& x) {
@@ -330,6 +353,10 @@ typename Inspector::result_type inspect(Inspector& f, job_result& x) {
 class system_config : public caf::actor_system_config {
  public:
   system_config();
+
+  /// Loads the middleman. Connections made through actors/connect.hpp are then mutual TLS
+  /// when this process holds the job's credentials (actors/tls_transport.hpp).
+  system_config& use_network();
 };
 
 }  // namespace troupe::actors

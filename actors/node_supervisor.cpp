@@ -15,6 +15,7 @@
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/auth/credentials.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -105,7 +106,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
               try {
                 s.workers[m] =
                     spawn_child({exe, "worker", "--coordinator", endpoint, "--member",
-                                 std::to_string(m), "--node", std::to_string(plan.node)});
+                                 std::to_string(m), "--node", std::to_string(plan.node),
+                                 "--join-token", auth::process_credentials().token_path});
               } catch (const std::exception& e) {
                 monitoring::log(monitoring::level::error, agent_ctx,
                                 "cannot start member " + std::to_string(m) + ": " + e.what());
@@ -137,9 +139,9 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
                               "member " + std::to_string(member) + " died; restarting it (" +
                                   std::to_string(s.restarts_left) + " restarts left)");
               try {
-                it->second =
-                    spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
-                                 std::to_string(member), "--node", std::to_string(s.node)});
+                it->second = spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
+                                          std::to_string(member), "--node", std::to_string(s.node),
+                                          "--join-token", auth::process_credentials().token_path});
                 ++it;
                 continue;
               } catch (const std::exception& e) {
@@ -192,7 +194,7 @@ int run_agent(const agent_args& args) {
   sigaddset(&blocked, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
   system_config cfg;
-  cfg.load<caf::io::middleman>();
+  cfg.use_network();
   caf::actor_system sys{cfg};
   std::string error;
   auto coordinator =

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
@@ -88,7 +89,8 @@ struct worker {
   std::vector<chaos::fault> faults;     // injected slowdowns apply here
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;
-  uint64_t newest_generation = 0;  // the newest generation any message named
+  std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)
+  uint64_t newest_generation = 0;      // the newest generation any message named
   int node = 0;
   // --replicate-checkpoints: this process's replica server and route (outlives the writer).
   std::unique_ptr<checkpoint_replica> replica;
@@ -319,9 +321,10 @@ loop_result train(worker& w, int64_t start_step) {
     auto t0 = clock_type::now();
     const double cpu0 = thread_cpu_seconds();
     grad_result gr;
+    const int64_t position = data_position(step, w.skipped_steps);
     try {
       if (g.stage) g.stage->begin_step(step);
-      gr = engine.compute(*w.data, step - 1);
+      gr = engine.compute(*w.data, position);
       // An injected straggler: this rank's compute takes `factor` times as long, burning CPU
       // as slow hardware would.
       if (const double slow = chaos::slowdown(w.faults, g.rank, step); slow > 1.0) {
@@ -362,6 +365,16 @@ loop_result train(worker& w, int64_t start_step) {
       vote.loss_sum = gr.loss_sum;
       vote.tokens = gr.tokens;
     }
+    vote.grad_norm = engine.local_grad_norm();
+    if (chaos::diverges(w.faults, g.rank, step, position)) {
+      // An injected bad batch: the coordinator must refuse to commit this step.
+      monitoring::log(monitoring::level::warn, w.log_ctx(),
+                      "fault: the batch of step " + std::to_string(step) + " diverges (NaN loss)");
+      vote.loss_sum = std::nan("");
+      vote.grad_norm = std::nan("");
+    }
+    vote.loss_class = wire_encode(vote.loss_sum);
+    vote.grad_norm_class = wire_encode(vote.grad_norm);
     vote.lr = engine.learning_rate(step - 1);
     vote.compute_s = seconds_between(t0, t1) - model_comm_s;
     vote.compute_cpu_s = cpu1 - cpu0;
@@ -399,8 +412,9 @@ loop_result train(worker& w, int64_t start_step) {
     if (c.evaluate) {
       try {
         auto share = engine.evaluate(*w.data);
-        w.self->send(w.coordinator,
-                     eval_done{g.generation, step, g.rank, share.loss_sum, share.batches});
+        eval_done done{g.generation, step, g.rank, share.loss_sum, share.batches};
+        done.loss_class = wire_encode(done.loss_sum);
+        w.self->send(w.coordinator, done);
       } catch (const std::exception& e) {
         return fail_step(step + 1, "evaluate", e);
       }
@@ -594,6 +608,7 @@ int serve(worker& w) {
     const reconfigure r = *pending;
     pending.reset();
     w.newest_generation = std::max(w.newest_generation, r.generation);
+    w.skipped_steps = r.skipped_steps;
     auto done = enter_generation(w, r);
     if (!done.ok)
       monitoring::log(
@@ -683,7 +698,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
 
 int run_worker(const worker_args& args) {
   system_config cfg;
-  cfg.load<caf::io::middleman>();
+  cfg.use_network();
   caf::actor_system sys{cfg};
   monitoring::log_context lc{"rank", -1, 0, -1};
   std::string error;

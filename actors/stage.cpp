@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "actors/connect.hpp"
 #include "runtime/comm/communicator.hpp"
 
 namespace troupe::actors {
@@ -116,7 +117,7 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
   };
   if (stage > 0) {
     // On the node's own address (loopback when the job is), never on every interface.
-    auto port = sys.middleman().publish(self_, 0, advertise.c_str());
+    auto port = publish_for_job(sys, self_, 0, advertise, false, "stage");
     if (!port) fail("cannot publish the stage actor: " + sys.render(port.error()));
     port_ = *port;
     store.set_string(key_of(generation, group, stage), advertise + ":" + std::to_string(port_));
@@ -124,8 +125,8 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
   if (stage + 1 < stages) {
     const std::string where = store.get_string(key_of(generation, group, stage + 1), timeout);
     const auto colon = where.rfind(':');
-    auto peer = sys.middleman().remote_actor(
-        where.substr(0, colon), static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
+    auto peer = remote_job_actor(sys, where.substr(0, colon),
+                                 static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
     if (!peer)
       fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + ": " +
            sys.render(peer.error()));
@@ -143,7 +144,7 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
 
 stage_link::~stage_link() {
   board_->close("the stage is shutting down");
-  if (port_ != 0) sys_.middleman().unpublish(self_, port_);
+  if (port_ != 0) unpublish_for_job(sys_, self_, port_);
   caf::anon_send_exit(self_, caf::exit_reason::user_shutdown);
 }
 

@@ -16,7 +16,6 @@ Usage: bench/checkpoint_bench.py [--runs 5] [--build build] [--dir /var/tmp/trou
 Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -26,8 +25,7 @@ import time
 
 
 def events(run_dir):
-    with open(os.path.join(run_dir, "events.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_events(os.path.join(run_dir, "events.jsonl"))
 
 
 def of(evs, name):
@@ -127,6 +125,8 @@ def dd(base, nbytes):
 
 TORCH_SAVE = r"""
 import os, sys, time, torch
+
+from troupe_events import read_events
 d, n = sys.argv[1], int(sys.argv[2])
 t = {"state": torch.ones(n // 4)}
 p = os.path.join(d, "torch.pt")

@@ -12,12 +12,13 @@ Prints one line per measurement; bench/torchrun_recovery.sh measures the peer th
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from troupe_events import read_events
 
 DEFAULT_JOB = ["--eval-every", "0", "--metrics-port", "0", "--no-progress"]
 TINY = ["--layers", "1", "--heads", "1", "--d-model", "16", "--context", "16"]
@@ -28,11 +29,7 @@ def run(troupe, args, timeout=600):
         run_dir = os.path.join(tmp, "run")
         proc = subprocess.run([troupe, "run", "--run-dir", run_dir] + args, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        events = []
-        with open(os.path.join(run_dir, "events.jsonl")) as f:
-            for line in f:
-                if line.strip():
-                    events.append(json.loads(line))
+        events = read_events(os.path.join(run_dir, "events.jsonl"))
         if proc.returncode != 0:
             sys.exit(f"troupe {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
         return events

@@ -10,11 +10,13 @@ Prints per-run medians and the median over runs; the control-plane share is the 
 the design promises to keep under 1% of a step."""
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
+
+from troupe_events import read_events
 
 
 def one_run(troupe, world, steps, extra):
@@ -23,8 +25,8 @@ def one_run(troupe, world, steps, extra):
         cmd = [troupe, "run", "--world", str(world), "--steps", str(steps), "--run-dir", run_dir,
                "--metrics-port", "0", "--checkpoint-every", "0", "--eval-every", "0", "--no-progress"] + extra
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(run_dir, "events.jsonl")) as f:
-            steps_ev = [e for e in map(json.loads, f) if e.get("event") == "step"]
+        steps_ev = [e for e in read_events(os.path.join(run_dir, "events.jsonl"))
+                    if e.get("event") == "step"]
     # Skip warm-up steps (first touches of buffers, connection set-up).
     steady = steps_ev[5:]
     med = lambda key: statistics.median(e[key] for e in steady)

@@ -285,6 +285,8 @@ const char* kind_name(fault_kind k) {
       return "stop";
     case fault_kind::slow:
       return "slow";
+    case fault_kind::diverge:
+      return "diverge";
   }
   return "?";
 }
@@ -338,8 +340,17 @@ std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& boun
     f.id = rank_of(spec, required(spec, fields, "rank", "the rank to slow"), bounds);
     f.factor = factor_of(spec, required(spec, fields, "factor", "how many times slower"));
     f.step = step_of(spec, "from", required(spec, fields, "from", "the first slowed step"), bounds);
+  } else if (kind == "diverge") {
+    const auto fields = fields_of(spec, parts, {"rank", "step"});
+    f.kind = fault_kind::diverge;
+    const auto* r = fields.find("rank");
+    f.id = r ? rank_of(spec, *r, bounds) : 0;
+    if (!r && bounds.world < 1)
+      refuse(spec, "there is no rank to hit (world " + std::to_string(bounds.world) + ")");
+    f.step = step_of(spec, "step", required(spec, fields, "step", "the step whose batch diverges"),
+                     bounds);
   } else {
-    refuse(spec, "unknown kind " + in_quotes(kind) + " (kill, stop, slow or random)");
+    refuse(spec, "unknown kind " + in_quotes(kind) + " (kill, stop, slow, diverge or random)");
   }
   return {std::move(f)};
 }
@@ -368,6 +379,14 @@ double slowdown(const std::vector<fault>& faults, int rank, int64_t step) {
         step >= f.step)
       factor = std::max(factor, f.factor);
   return factor;
+}
+
+bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t data_position) {
+  for (const auto& f : faults)
+    if (f.kind == fault_kind::diverge && f.target == fault_target::rank && f.id == rank &&
+        f.step == step && data_position == step - 1)
+      return true;
+  return false;
 }
 
 std::string to_json(const fault& f) {

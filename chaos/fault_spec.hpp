@@ -8,8 +8,9 @@
 
 namespace troupe::chaos {
 
-/// What is done to the target: kill -9, SIGSTOP (and SIGCONT later), or slowed compute.
-enum class fault_kind { kill, stop, slow };
+/// What is done to the target: kill -9, SIGSTOP (and SIGCONT later), slowed compute, or a
+/// poisoned loss (the batch of one step makes training diverge).
+enum class fault_kind { kill, stop, slow, diverge };
 /// The earlier name of fault_kind; callers still use it.
 using fault_action = fault_kind;
 /// Whom it is done to: one worker rank, a node's agent with all its workers, or the coordinator.
@@ -38,6 +39,8 @@ struct fault_bounds {
 ///   kill:rank=R:step=S   kill:node=N:step=S   kill:coordinator:step=S
 ///   stop:rank=R:step=S[:for=D]       (D like 500ms, 3s or 1.5s; without it never continued)
 ///   slow:rank=R:factor=X:from=S      (X in (1, 100]; compute X times slower from step S on)
+///   diverge:step=S[:rank=R]          (rank R, default 0, reports a NaN loss for the batch
+///                                     step S trains on; a skipped batch is not met again)
 ///   random:kills=K:seed=Z[:from=S][:every=E][:nodes=M]
 /// The fields after the kind may come in any order. A random schedule draws, with splitmix64
 /// so that a seed means the same schedule everywhere, K kills at increasing steps from S
@@ -53,6 +56,12 @@ std::vector<fault> parse_faults(const std::string& joined, int world, int nodes,
 /// How many times slower rank `rank` computes at `step` under `faults` (1 = not slowed): the
 /// largest factor of the slow faults on that rank that have begun.
 double slowdown(const std::vector<fault>& faults, int rank, int64_t step);
+
+/// Whether rank `rank` must report a diverged (NaN) loss at `step` under `faults`: a diverge
+/// fault names that rank and step, and the step trains on its own batch (data position
+/// step - 1). After a rollback that skipped the batch, the replayed step trains on another
+/// position, so the fault fires once however often the step is replayed.
+bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t data_position);
 
 /// The fault as JSON for events.jsonl: {"what":"kill","target":"rank","id":1,"step":8,...}, with
 /// "for_ms" for a stop that is continued and "factor" for a slow.

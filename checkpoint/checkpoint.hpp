@@ -258,6 +258,13 @@ class run_lock {
   int fd_ = -1;
 };
 
+/// Removes the temporary files that interrupted writes left behind: names with ".tmp." (the
+/// writers' `<final>.tmp.<pid>.<n>`) or ending in ".tmp", directly in RUN_DIR and anywhere under
+/// RUN_DIR/checkpoints. Holding `held` (this run's lock) is the proof that no live job is
+/// writing any of them. Returns the files removed; one that cannot be removed is left for the
+/// next start.
+std::vector<std::string> remove_stale_temp_files(const std::string& run_dir, const run_lock& held);
+
 /// The chunk store's lock (flock of RUN_DIR/checkpoints/.chunks.lock): every shard writer
 /// holds it shared for the whole of a write, and a garbage collection holds it exclusively,
 /// so a collection never deletes a chunk that a writer is adding or deduplicating against.

@@ -158,6 +158,28 @@ run_lock::~run_lock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
+std::vector<std::string> remove_stale_temp_files(const std::string& run_dir, const run_lock& held) {
+  (void)held;  // only a job holding the run's lock may call this: no writer is alive
+  const auto is_temp = [](const fs::path& p) {
+    const std::string name = p.filename().string();
+    return name.find(".tmp.") != std::string::npos || name.ends_with(".tmp");
+  };
+  std::vector<std::string> removed;
+  const auto remove = [&](const fs::directory_entry& f) {
+    std::error_code ec;
+    if (f.is_regular_file(ec) && is_temp(f.path()) && ::unlink(f.path().c_str()) == 0)
+      removed.push_back(f.path().string());
+  };
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(run_dir, ec)) remove(f);
+  const fs::path root = format::checkpoints_dir(run_dir);
+  for (auto it = fs::recursive_directory_iterator(
+           root, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    remove(*it);
+  return removed;
+}
+
 std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step) {
   std::vector<problem> out;
   manifest m;

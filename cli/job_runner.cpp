@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <chrono>
@@ -15,8 +16,10 @@
 #include <thread>
 
 #include "actors/child_process.hpp"
+#include "actors/connect.hpp"
 #include "actors/job_supervisor.hpp"
 #include "actors/messages.hpp"
+#include "actors/tls_transport.hpp"
 #include "chaos/fault_spec.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "cli/progress.hpp"
@@ -24,6 +27,7 @@
 #include "monitoring/http_server.hpp"
 #include "monitoring/log.hpp"
 #include "monitoring/metrics.hpp"
+#include "runtime/auth/credentials.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/model/gpt.hpp"
 #include "strategies/mesh.hpp"
@@ -99,7 +103,9 @@ resume_choice resume_point(const train_config& cfg) {
       // How the job survives failures does not change what it computes.
       "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
       "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy",
-      "/elastic/faults"};
+      "/elastic/faults",
+      // What is done about a divergence; the batches it skipped are in skipped_batches.json.
+      "/on_divergence", "/max_rollbacks"};
   resume_choice out;
   std::vector<int64_t> candidates = ckpt::list_committed(cfg.run_dir);
   std::optional<int64_t> latest;
@@ -188,8 +194,36 @@ strategies::layout_plan plan_job(const train_config& cfg) {
   return plan;
 }
 
+// What the run has on disk to resume from: the checkpoint LATEST names, and nothing the
+// coordinator merely believes (a commit may have landed after its last word, or failed).
+std::string committed_checkpoint_words(const std::string& run_dir) {
+  try {
+    if (auto man = ckpt::latest_committed(run_dir))
+      return "step " + std::to_string(man->step) + " (LATEST in " +
+             (fs::path(run_dir) / "checkpoints").string() + ")";
+    return "(none)";
+  } catch (const std::exception& e) {
+    return std::string("(LATEST cannot be read: ") + e.what() + ")";
+  }
+}
+
+const char* verdict_of(int exit_code) {
+  switch (exit_code) {
+    case actors::exit_code::done:
+      return "done";
+    case actors::exit_code::diverged:
+      return "DIVERGED";
+    case actors::exit_code::checkpoint_failed:
+      return "done, but a CHECKPOINT FAILED";
+    case actors::exit_code::interrupted:
+      return "interrupted";
+    default:
+      return "FAILED";
+  }
+}
+
 void print_summary(const train_config& cfg, const actors::job_result& r) {
-  const char* verdict = r.exit_code == 0 ? "done" : r.exit_code == 130 ? "interrupted" : "FAILED";
+  const char* verdict = verdict_of(r.exit_code);
   std::printf("troupe: %s in %s — %s\n", verdict, format_duration(r.wall_s).c_str(),
               r.message.c_str());
   std::printf("  steps             %lld of %d (world %d)\n", static_cast<long long>(r.steps_done),
@@ -197,8 +231,7 @@ void print_summary(const train_config& cfg, const actors::job_result& r) {
   if (r.final_loss == r.final_loss) std::printf("  train loss        %.4f\n", r.final_loss);
   if (r.val_loss >= 0) std::printf("  validation loss   %.4f\n", r.val_loss);
   std::printf("  tokens/s          %s\n", format_rate(r.tokens_per_s).c_str());
-  std::printf("  checkpoint        %s\n",
-              r.last_checkpoint.empty() ? "(none)" : r.last_checkpoint.c_str());
+  std::printf("  checkpoint        %s\n", committed_checkpoint_words(cfg.run_dir).c_str());
   std::printf("  events            %s/events.jsonl\n", cfg.run_dir.c_str());
   std::fflush(stdout);
 }
@@ -228,6 +261,23 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   if (!lock)
     throw config_error("run_dir: another troupe job is using " + cfg.run_dir +
                        " (it holds checkpoints/.lock); stop it or pick another --run-dir");
+  // Nobody else holds the run: what an interrupted write left behind is garbage now.
+  for (const auto& path : ckpt::remove_stale_temp_files(cfg.run_dir, *lock))
+    std::fprintf(stderr, "troupe: removed %s, left by an interrupted write\n", path.c_str());
+  // Batches skipped after divergences belong to the run being resumed, never to a fresh one.
+  std::vector<int64_t> skipped_steps;
+  std::error_code ec_ignored;  // read-only run dir: opening events.jsonl below fails and says so
+  if (cfg.resume)
+    skipped_steps = actors::load_skipped_batches(cfg.run_dir);
+  else
+    fs::remove(fs::path(cfg.run_dir) / "skipped_batches.json", ec_ignored);
+  // This job's credentials: every agent and worker proves it holds them before any byte it
+  // sends reaches the control plane or the store (runtime/auth, docs/SECURITY.md).
+  try {
+    auth::set_process_credentials(auth::create_join_token(cfg.run_dir + "/join.token"));
+  } catch (const auth::credentials_error& e) {
+    throw config_error(std::string("run_dir: ") + e.what());
+  }
   const resume_choice resumed = cfg.resume ? resume_point(cfg) : resume_choice{};
   const int64_t start_step = resumed.step;
   {
@@ -278,6 +328,26 @@ int run_job(const job_options& opts, bool launch_local_agent) {
     });
 
   monitoring::metrics_registry registry;
+  // Every refused connection is counted by listener; the first few are logged with the peer's
+  // address, then one line in 500, so a flood cannot flood the console too.
+  auto& rejections = registry.add_counter_family(
+      "troupe_rejected_connections_total",
+      "Connections refused before any byte reached a listener's decoder: no job credentials, "
+      "garbage, silence past the handshake deadline, or over the connection cap");
+  rejections.with({{"listener", "coordinator"}});
+  actors::set_rejection_listener(
+      [&rejections](const std::string& listener, const std::string& peer, const std::string& why) {
+        static std::atomic<uint64_t> seen{0};
+        rejections.with({{"listener", listener}}).inc();
+        const uint64_t n = ++seen;
+        if (n <= 20 || n % 500 == 0)
+          monitoring::log(monitoring::level::warn, coordinator_ctx,
+                          "refused a connection to the " + listener + " listener from " + peer +
+                              ": " + why + " (" + std::to_string(n) + " refused so far)");
+      });
+  struct forget_listener {
+    ~forget_listener() { actors::set_rejection_listener(nullptr); }
+  } forget_rejections;
   std::optional<monitoring::metrics_server> metrics;
   if (cfg.metrics_port != 0) {
     try {
@@ -290,7 +360,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   comm::tcp_store_server store(opts.listen_host, 0);
 
   actors::system_config sys_cfg;
-  sys_cfg.load<caf::io::middleman>();
+  sys_cfg.use_network();
   caf::actor_system sys{sys_cfg};
   caf::scoped_actor self{sys};
 
@@ -310,11 +380,12 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   setup.heartbeat_timeout_ms = cfg.elastic.heartbeat_timeout_ms;
   setup.straggler_policy = cfg.elastic.straggler_policy;
   setup.faults = faults;
+  setup.skipped_steps = skipped_steps;
   auto supervisor = actors::spawn_job_supervisor(sys, setup);
   self->monitor(supervisor);
 
-  auto published =
-      sys.middleman().publish(supervisor, opts.listen_port, opts.listen_host.c_str(), true);
+  auto published = actors::publish_for_job(sys, supervisor, opts.listen_port, opts.listen_host,
+                                           true, "coordinator");
   if (!published) {
     caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
     throw config_error("cannot listen on " + opts.listen_host + ":" +
@@ -331,12 +402,15 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   if (launch_local_agent) {
     // One agent per simulated node, each leading its own process group with its workers.
     for (int n = 0; n < cfg.elastic.nodes; ++n)
-      agents.push_back(actors::spawn_child(
-          {actors::self_executable(), "agent", "--coordinator", endpoint}, true, SIGTERM));
+      agents.push_back(
+          actors::spawn_child({actors::self_executable(), "agent", "--coordinator", endpoint,
+                               "--join-token", auth::process_credentials().token_path},
+                              true, SIGTERM));
   } else {
     std::printf(
-        "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s\n",
-        endpoint.c_str(), endpoint.c_str());
+        "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s "
+        "--join-token %s\n",
+        endpoint.c_str(), endpoint.c_str(), auth::process_credentials().token_path.c_str());
     std::fflush(stdout);
   }
 
@@ -346,12 +420,16 @@ int run_job(const job_options& opts, bool launch_local_agent) {
       int sig = 0;
       if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
       if (++count == 1) {
-        std::fprintf(stderr, "\ntroupe: stopping the job (press Ctrl-C again to kill it)\n");
+        std::fprintf(stderr,
+                     "\ntroupe: stopping the job at the step boundary, after any checkpoint "
+                     "being written (press Ctrl-C again to kill it)\n");
         caf::anon_send(supervisor, actors::shutdown_atom::value);
       } else {
         for (pid_t agent : agents)
           kill(-agent, SIGKILL);  // an agent leads its workers' process group
-        _exit(130);
+        std::fprintf(stderr, "\ntroupe: killed; the committed checkpoint is %s\n",
+                     committed_checkpoint_words(cfg.run_dir).c_str());
+        _exit(actors::exit_code::interrupted);
       }
     }
   });

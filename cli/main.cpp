@@ -1,5 +1,6 @@
 // `troupe`: one binary for every role of a job (run, coordinator, agent, worker).
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -12,6 +13,7 @@
 #include "cli/ckpt_tool.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
+#include "runtime/auth/credentials.hpp"
 
 namespace {
 
@@ -29,11 +31,13 @@ int parse_count(const std::string& command, const std::string& flag, const std::
   }
 }
 
-// Parses `--coordinator HOST:PORT`, `--member M` and `--node N` (workers), `--ranks K` (agents).
+// Parses `--coordinator HOST:PORT` and `--join-token FILE` (both), `--member M` and `--node N`
+// (workers), `--ranks K` (agents). The join token is loaded at once: this process's credentials.
 void parse_member_args(const std::string& command, const std::vector<std::string>& args,
                        std::string& host, uint16_t& port, int* rank, int* node = nullptr,
                        int* ranks = nullptr) {
   bool have_endpoint = false;
+  std::string token_path;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -47,6 +51,8 @@ void parse_member_args(const std::string& command, const std::vector<std::string
         throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v +
                           "'");
       have_endpoint = true;
+    } else if (a == "--join-token") {
+      token_path = value();
     } else if ((a == "--member" || a == "--rank") && rank) {
       *rank = parse_count(command, a, value());
     } else if (a == "--node" && node) {
@@ -62,6 +68,15 @@ void parse_member_args(const std::string& command, const std::vector<std::string
   if (!have_endpoint)
     throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
   if (rank && *rank < 0) throw usage_error("troupe worker: --member M is required");
+  if (token_path.empty())
+    throw usage_error("troupe " + command +
+                      ": --join-token FILE is required (the coordinator writes it to "
+                      "RUN_DIR/join.token; copy it to this machine with mode 0600)");
+  try {
+    troupe::auth::set_process_credentials(troupe::auth::load_join_token(token_path));
+  } catch (const troupe::auth::credentials_error& e) {
+    throw usage_error("troupe " + command + ": " + e.what());
+  }
 }
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -137,6 +152,9 @@ int dispatch(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A peer that hangs up mid-write must cost one connection, not the process: OpenSSL writes
+  // its alerts with plain write(), which raises SIGPIPE on a closed socket.
+  std::signal(SIGPIPE, SIG_IGN);
   try {
     return dispatch(argc, argv);
   } catch (const troupe::cli::usage_error& e) {

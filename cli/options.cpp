@@ -48,6 +48,8 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
       {"--straggler-policy", "elastic.straggler_policy"},
       {"--fault", "elastic.faults"},
+      {"--on-divergence", "on_divergence"},
+      {"--max-rollbacks", "max_rollbacks"},
   };
   return table;
 }
@@ -184,6 +186,10 @@ const char* job_flags =
   --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K
   --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
+  --on-divergence stop|rollback   a step with a non-finite loss or gradient norm, or a
+                         negative loss, is never committed: stop (exit 3, default), or roll
+                         back to the last committed checkpoint and skip the batch that diverged
+  --max-rollbacks K      rollbacks before the job stops with exit 3 anyway (default 3)
 
 elastic recovery (a lost rank is replaced in place; the job goes on with the same model):
   --nodes N              agents (simulated nodes) this machine runs, sharing the ranks (default 1)
@@ -195,7 +201,8 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
   --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,
                          stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,
-                         kill:coordinator:step=15, random:kills=10:seed=3
+                         kill:coordinator:step=15, random:kills=10:seed=3,
+                         diverge:step=8[:rank=0] (that step's batch gives a NaN loss)
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
   --no-progress          no progress line
   -h, --help             this help
@@ -207,7 +214,9 @@ std::string run_help() {
 
 Trains a GPT on this machine: starts a coordinator (in this process), one agent and
 --world worker processes, shows progress, and ends with a summary. Ctrl-C stops the whole
-job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config, 130 interrupted.
+job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config, 3 a step diverged
+(see --on-divergence), 4 trained, but a checkpoint failed and none committed after it,
+130 interrupted.
 
 options:
 )") + job_flags;

@@ -1,5 +1,9 @@
 #include "monitoring/event_log.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -11,10 +15,6 @@ namespace troupe::monitoring {
 
 namespace {
 
-// Lines larger than the stdio buffer would leave fflush to split them into several write()
-// calls, and another process appending between those calls would cut the line in two.
-constexpr std::size_t stdio_buffer_bytes = 1 << 20;
-
 std::int64_t now_unix_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
@@ -24,13 +24,13 @@ std::int64_t now_unix_ms() {
 
 struct event_log::state {
   std::string path;
-  std::FILE* file = nullptr;
+  int fd = -1;  // O_APPEND: every write lands whole at the end, whoever else appends
   std::mutex mutex;
   std::function<void(const nlohmann::json&)> listener;
-  std::unique_ptr<char[]> buffer;
+  bool torn = false;  // a short write left part of a line that could not be taken back
 
   ~state() {
-    if (file != nullptr) std::fclose(file);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -60,14 +60,23 @@ event_log::~event_log() = default;
 event_log event_log::open(const std::string& path) {
   auto s = std::make_unique<state>();
   s->path = path;
-  // "a" is O_APPEND: every write lands at the current end even with other writers.
-  s->file = std::fopen(path.c_str(), "a");
-  if (s->file == nullptr) {
+  s->fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (s->fd < 0) {
     throw event_log_error("event log: cannot open '" + path +
                           "' for appending: " + std::strerror(errno));
   }
-  s->buffer = std::make_unique<char[]>(stdio_buffer_bytes);
-  std::setvbuf(s->file, s->buffer.get(), _IOFBF, stdio_buffer_bytes);
+  // A file that does not end in a newline holds the torn tail of an earlier writer: the first
+  // line written ends it, so that the new line is not glued to it.
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(s->fd, &st) == 0 && st.st_size > 0) {
+    const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (reader >= 0) {
+      if (::pread(reader, &last, 1, st.st_size - 1) != 1) last = '\n';
+      ::close(reader);
+    }
+  }
+  s->torn = last != '\n';
   return event_log(std::move(s));
 }
 
@@ -103,11 +112,32 @@ void event_log::write(nlohmann::json object) {
   std::function<void(const nlohmann::json&)> listener;
   {
     std::lock_guard lock(state_->mutex);
-    const std::size_t written = std::fwrite(line.data(), 1, line.size(), state_->file);
-    if (written != line.size() || std::fflush(state_->file) != 0) {
+    // After a torn line that stayed in the file, end it first: it becomes a line of its own
+    // that readers skip, and this one stays whole.
+    if (state_->torn) line.insert(line.begin(), '\n');
+    struct stat before {};
+    const bool sized = ::fstat(state_->fd, &before) == 0;
+    ssize_t n = 0;
+    do {
+      n = ::write(state_->fd, line.data(), line.size());  // one write: the line lands whole
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) {
       throw event_log_error("event log: writing to '" + state_->path +
                             "' failed: " + std::strerror(errno));
     }
+    if (static_cast<std::size_t>(n) != line.size()) {
+      // A full disk takes part of the line. Take it back when nobody appended since, so the
+      // file holds only whole lines.
+      struct stat after {};
+      state_->torn =
+          !(sized && ::fstat(state_->fd, &after) == 0 && after.st_size == before.st_size + n &&
+            ::ftruncate(state_->fd, before.st_size) == 0);
+      throw event_log_error(
+          "event log: writing to '" + state_->path + "' stopped after " + std::to_string(n) +
+          " of " + std::to_string(line.size()) + " bytes (is the disk full?); " +
+          (state_->torn ? "the partial line stays" : "the partial line was removed"));
+    }
+    state_->torn = false;
     listener = state_->listener;
   }
   if (listener) listener(object);

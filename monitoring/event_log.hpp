@@ -19,9 +19,11 @@ class event_log_error : public std::runtime_error {
 
 /// One JSON object per line ("JSON Lines"). Every line starts with "ts" (ISO-8601 UTC with
 /// milliseconds, e.g. "2024-05-01T12:00:00.123Z") and "unix_ms" (milliseconds since the
-/// epoch), followed by the caller's fields. Each line goes to the file in one write and is
-/// flushed before write() returns, so a crash of the process loses nothing already written,
-/// and several processes appending to one file do not split each other's lines. Thread-safe.
+/// epoch), followed by the caller's fields. Each line goes to the file in one write(2) on an
+/// O_APPEND descriptor before write() returns, so a crash of the process loses nothing already
+/// written, and several processes appending to one file do not split each other's lines. A
+/// write the disk cuts short is taken back (truncated) when no one appended since; otherwise
+/// the fragment is ended by the next line's write and readers skip it. Thread-safe.
 /// Movable; a moved-from log throws on write().
 class event_log {
  public:

@@ -192,6 +192,8 @@ const std::vector<field>& fields() {
       make_field("step_timeout_ms", &train_config::step_timeout_ms),
       make_field("bucket_bytes", &train_config::bucket_bytes),
       make_field("progress", &train_config::progress),
+      string_field("on_divergence", &train_config::on_divergence),
+      make_field("max_rollbacks", &train_config::max_rollbacks),
   };
   return table;
 }
@@ -309,6 +311,12 @@ void validate(const train_config& c) {
   require(c.blas_threads >= 1, "config: blas_threads must be >= 1");
   require(c.step_timeout_ms >= 100, "config: step_timeout_ms must be >= 100");
   require(c.bucket_bytes >= 1024, "config: bucket_bytes must be >= 1024");
+  require(c.on_divergence == "stop" || c.on_divergence == "rollback",
+          "config: on_divergence (--on-divergence) must be stop or rollback, got '" +
+              c.on_divergence + "'");
+  require(c.max_rollbacks >= 0 && c.max_rollbacks <= 1000,
+          "config: max_rollbacks (--max-rollbacks) must be in 0..1000, got " +
+              std::to_string(c.max_rollbacks));
   const auto& e = c.elastic;
   require(e.max_restarts >= 0 && e.max_restarts <= 1000000,
           "config: elastic.max_restarts (--max-restarts) must be in 0..1000000, got " +

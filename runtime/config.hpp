@@ -92,6 +92,11 @@ struct train_config {
   int step_timeout_ms = 60000;  ///< deadline for one step's collectives and votes
   int bucket_bytes = 4 << 20;   ///< gradient all-reduce bucket size
   bool progress = true;         ///< progress line on stderr
+  /// A step whose loss or gradient norm is not finite, or whose cross-entropy is below zero,
+  /// is never committed: `stop` ends the job (exit 3), `rollback` restores the last committed
+  /// checkpoint and trains on past the batch that diverged, at most max_rollbacks times.
+  std::string on_divergence = "stop";
+  int max_rollbacks = 3;
 };
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.

@@ -40,6 +40,16 @@ double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg);
 /// one process share it; ranks that are processes on one machine should each use 1.
 void set_blas_threads(int n);
 
+/// The data position (the 0-based "step" of byte_dataset::fill_train) that 1-based step
+/// `step` trains on: step - 1, moved on by one for every batch skipped at or before it
+/// (`skipped_steps` holds one entry per skip, the step whose batch diverged). A pure function,
+/// so every rank and every replay agrees on it.
+inline int64_t data_position(int64_t step, const std::vector<int64_t>& skipped_steps) {
+  int64_t position = step - 1;
+  for (int64_t s : skipped_steps) position += s <= step ? 1 : 0;
+  return position;
+}
+
 /// The global samples one data-parallel replica computes in a step: [first, first + count),
 /// in micro-batches of `micro_batch` sequences (the last may be shorter).
 struct sample_share {

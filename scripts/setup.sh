@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcaf-dev            # actors: the control plane (CAF 0.17)
+  libssl-dev            # the job's credentials and TLS on the control plane
   libgloo-dev           # data plane on CPUs
   libopenblas-dev       # sgemm
   libcereal-dev         # checkpoint shards

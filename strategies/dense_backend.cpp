@@ -27,6 +27,7 @@ class dense_backend final : public engine_backend {
   void restore(const ckpt::full_state& full) override;
   grad_result compute(const byte_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
+  double local_grad_norm() const override { return grad_norm_; }
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override;
   eval_share evaluate(const byte_dataset& data) override;
@@ -51,6 +52,7 @@ class dense_backend final : public engine_backend {
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
   std::optional<sample_share> share_;  // this replica's samples, when the plan says
+  double grad_norm_ = 0;               // of the local gradients after the last reduce
 };
 
 dense_backend::dense_backend(const train_config& cfg, const layout& shape, int rank,
@@ -146,10 +148,14 @@ grad_result dense_backend::compute(const byte_dataset& data, int64_t step0) {
 void dense_backend::reduce(const comm::op_options& opts) {
   if (zero_) {
     zero_->reduce_gradients(*dp_comm_, dense_->grads(), opts);
+    grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
   } else if (tp_) {
     allreducer_.all_reduce(*dp_comm_, tp_->grads(), tp_->num_params(), opts);
+    grad_norm_ = adamw::grad_norm(tp_->grads(), tp_->num_params());
   } else {
     allreducer_.all_reduce(*dp_comm_, dense_->grads(), dense_->num_params(), opts);
+    // The whole reduced gradient: its norm is the global one, which apply clips with.
+    grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
   }
 }
 
@@ -160,7 +166,8 @@ void dense_backend::apply(int64_t step0, const comm::op_options& opts) {
     tensor_parallel::clip_tp_gradients(*tp_, *replicated_);
     replicated_->step(tp_->params(), tp_->grads(), step0, cfg_.steps);
   } else {
-    replicated_->clip_gradients(dense_->grads(), dense_->num_params());
+    // clip_gradients would compute the same norm again (reduce did, for the vote).
+    replicated_->clip_to_norm(dense_->grads(), dense_->num_params(), grad_norm_);
     replicated_->step(dense_->params(), dense_->grads(), step0, cfg_.steps);
   }
 }

@@ -30,6 +30,8 @@ class training_engine {
   }
   /// Stage 3: sums gradients over the data-parallel group (or reduce-scatters them, ZeRO).
   void reduce(const comm::op_options& opts) { backend_->reduce(opts); }
+  /// After reduce: the norm of this rank's gradients, for the divergence check (no collective).
+  double local_grad_norm() const { return backend_->local_grad_norm(); }
   /// Stage 4, after the commit: clip by the global norm and apply AdamW.
   void apply(int64_t step0, const comm::op_options& opts) { backend_->apply(step0, opts); }
   double learning_rate(int64_t step0) const { return backend_->learning_rate(step0); }

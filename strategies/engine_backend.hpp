@@ -82,6 +82,11 @@ class engine_backend {
   virtual void restore(const ckpt::full_state& full) = 0;
   virtual grad_result compute(const byte_dataset& data, int64_t step0) = 0;
   virtual void reduce(const comm::op_options& opts) = 0;
+  /// The L2 norm, in double, of every gradient value this rank holds after reduce(), with no
+  /// communication: the global norm where a rank holds the whole reduced gradient, a partial
+  /// figure otherwise. Finite exactly when every value is, and a non-finite value anywhere in
+  /// the reduced gradient reaches some rank's buffer, so the divergence check needs no more.
+  virtual double local_grad_norm() const = 0;
   virtual void apply(int64_t step0, const comm::op_options& opts) = 0;
   virtual double learning_rate(int64_t step0) const = 0;
   virtual eval_share evaluate(const byte_dataset& data) = 0;

@@ -41,6 +41,9 @@ class expert_backend final : public engine_backend {
   void restore(const ckpt::full_state& full) override;
   grad_result compute(const byte_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
+  double local_grad_norm() const override {
+    return adamw::grad_norm(model_->grads(), model_->num_params());
+  }
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override {
     return optim_->learning_rate(step0, cfg_.steps);

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "runtime/comm/communicator.hpp"
+#include "runtime/trainer.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -643,6 +645,333 @@ TEST(JobLogicTest, NoFormingWithinTheDeadlineFails) {
   auto end = all_of<finish_job>(a);
   ASSERT_EQ(end.size(), 1u);
   EXPECT_NE(end[0].message.find("1 of 2"), std::string::npos) << end[0].message;
+}
+
+// ---- divergence, interrupts and failed checkpoints ---------------------------------------
+
+step_done vote_of(job_logic& l, int64_t step, int32_t rank, double loss_sum, double grad_norm = 1) {
+  step_done v;
+  v.generation = l.generation();
+  v.step = step;
+  v.rank = rank;
+  v.loss_sum = loss_sum;
+  v.tokens = 2;
+  v.grad_norm = grad_norm;
+  return v;
+}
+
+// Every rank votes for `step`; `rank0_loss_sum` is what rank 0 reports.
+actions vote_all(logic_harness& h, int64_t step, double rank0_loss_sum, double grad_norm = 1) {
+  actions out;
+  for (int r = 0; r < h.logic().world(); ++r) {
+    auto a = h.logic().on_vote(
+        vote_of(h.logic(), step, r, r == 0 ? rank0_loss_sum : 4.0, r == 0 ? grad_norm : 1.0),
+        h.now());
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  return out;
+}
+
+// Every rank reports its share of checkpoint `step` as durable; the manifest is committed
+// (or fails with `commit_error`).
+actions write_checkpoint(logic_harness& h, int64_t step, const std::string& commit_error = "") {
+  actions out;
+  for (int r = 0; r < h.logic().world(); ++r) {
+    shard_written w;
+    w.generation = h.logic().generation();
+    w.step = step;
+    w.rank = r;
+    w.adam_t = step;
+    w.pieces_json = "[]";
+    auto a = h.logic().on_shard_written(w, h.now());
+    out.insert(out.end(), a.begin(), a.end());
+    for (const auto& c : all_of<commit_checkpoint>(a)) {
+      auto done = h.logic().on_checkpoint_committed(
+          c, commit_error.empty() ? "ckpt" + std::to_string(step) : "", commit_error);
+      out.insert(out.end(), done.begin(), done.end());
+    }
+  }
+  return out;
+}
+
+// Every rank's share of the validation at `step` (due at the session's last step).
+actions evaluate_all(logic_harness& h, int64_t step) {
+  actions out;
+  for (int r = 0; r < h.logic().world(); ++r) {
+    auto a = h.logic().on_eval_done(eval_done{h.logic().generation(), step, r, 1.0, 1}, h.now());
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  return out;
+}
+
+// Moves the clock with every member's heartbeat in, so nobody is lost for silence.
+void advance_beating(logic_harness& h, std::chrono::milliseconds d) {
+  for (auto left = d; left.count() > 0; left -= 500ms) {
+    h.advance(std::min<std::chrono::milliseconds>(left, 500ms));
+    for (const auto& m : h.logic().members())
+      h.logic().on_heartbeat(heartbeat{m.id, h.logic().generation(), 0}, h.now());
+  }
+}
+
+const emit_event* find_event(const actions& a, const std::string& name) {
+  for (const auto& x : a)
+    if (auto* e = std::get_if<emit_event>(&x); e && e->event.value("event", "") == name) return e;
+  return nullptr;
+}
+
+TEST(JobLogicTest, NonFiniteValuesCrossTheWireAsAClass) {
+  for (double x : {0.0, -2.5, 1e300, std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    double sent = x;
+    const int8_t c = wire_encode(sent);
+    EXPECT_TRUE(std::isfinite(sent)) << "CAF 0.17 cannot pack " << x;
+    const double back = wire_decode(sent, c);
+    if (std::isnan(x))
+      EXPECT_TRUE(std::isnan(back));
+    else
+      EXPECT_EQ(back, x);
+  }
+}
+
+TEST(JobLogicTest, DivergedStepIsNeverCommittedAndStopsWithExit3) {
+  logic_harness h(small_config(2));
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+  // Rank 0's loss arrives as a NaN, encoded for the wire.
+  double nan = std::nan("");
+  step_done bad = vote_of(h.logic(), 4, 0, nan);
+  bad.loss_class = wire_encode(bad.loss_sum);
+  auto a = h.logic().on_vote(bad, h.now());
+  auto b = h.logic().on_vote(vote_of(h.logic(), 4, 1, 4.0), h.now());
+  a.insert(a.end(), b.begin(), b.end());
+  EXPECT_TRUE(all_of<send_commit>(a).empty()) << "a diverged step is never committed";
+  EXPECT_FALSE(has_event(a, "step"));
+  EXPECT_EQ(h.logic().committed(), 3);
+  const auto* e = find_event(a, "diverged");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->event["step"], 4);
+  EXPECT_EQ(e->event["action"], "stop");
+  EXPECT_NE(e->event["what"].get<std::string>().find("nan"), std::string::npos);
+  auto end = all_of<finish_job>(a);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::diverged);
+  EXPECT_NE(end[0].message.find("step 4 diverged"), std::string::npos) << end[0].message;
+  EXPECT_NE(end[0].message.find("nan"), std::string::npos) << end[0].message;
+  EXPECT_NE(end[0].message.find("no checkpoint was committed"), std::string::npos);
+  EXPECT_TRUE(all_of<record_skipped>(a).empty()) << "stop skips nothing";
+}
+
+TEST(JobLogicTest, NegativeLossAndNonFiniteGradientNormAreDivergence) {
+  {
+    logic_harness h(small_config(2));
+    h.form();
+    h.step(1);
+    auto a = vote_all(h, 2, -0.5);
+    auto end = all_of<finish_job>(a);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_NE(end[0].message.find("below zero"), std::string::npos) << end[0].message;
+    EXPECT_NE(end[0].message.find("-0.25"), std::string::npos) << "the per-token value";
+  }
+  {
+    logic_harness h(small_config(2));
+    h.form();
+    auto a = vote_all(h, 1, 4.0, HUGE_VAL);
+    auto end = all_of<finish_job>(a);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_NE(end[0].message.find("gradient norm inf"), std::string::npos) << end[0].message;
+  }
+}
+
+TEST(JobLogicTest, StopWaitsForTheCheckpointInFlightAndNamesIt) {
+  logic_harness h(small_config(2));  // checkpoints every 5 steps
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  ASSERT_TRUE(h.logic().checkpoints_in_flight());
+  auto a = vote_all(h, 6, std::nan(""));
+  EXPECT_TRUE(has_event(a, "diverged"));
+  EXPECT_TRUE(all_of<finish_job>(a).empty()) << "step 5's checkpoint is still being written";
+  EXPECT_TRUE(h.logic().halting());
+  auto done = write_checkpoint(h, 5);
+  EXPECT_TRUE(has_event(done, "checkpoint"));
+  auto end = all_of<finish_job>(done);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::diverged);
+  EXPECT_NE(end[0].message.find("checkpoint is step 5 (ckpt5)"), std::string::npos)
+      << end[0].message;
+}
+
+TEST(JobLogicTest, StopDoesNotWaitPastTheStepTimeoutForACheckpoint) {
+  logic_harness h(small_config(2));
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  vote_all(h, 6, std::nan(""));
+  advance_beating(h, 5s);
+  EXPECT_TRUE(all_of<finish_job>(h.logic().on_tick(h.now())).empty());
+  advance_beating(h, 6s);  // past the 10 s step timeout, before the ranks' own 20 s
+  auto end = all_of<finish_job>(h.logic().on_tick(h.now()));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::diverged);
+}
+
+TEST(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxRollbacks) {
+  auto cfg = small_config(2);
+  cfg.on_divergence = "rollback";
+  cfg.max_rollbacks = 2;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  write_checkpoint(h, 5);
+  h.step(6);
+  h.step(7);
+  auto a = vote_all(h, 8, std::nan(""));
+  EXPECT_TRUE(all_of<send_commit>(a).empty());
+  const auto* e = find_event(a, "diverged");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->event["action"], "rollback");
+  EXPECT_EQ(e->event["skipped_steps"], nlohmann::json::array({8}));
+  auto skips = all_of<record_skipped>(a);
+  ASSERT_EQ(skips.size(), 1u);
+  EXPECT_EQ(skips[0].steps, (std::vector<int64_t>{8}));
+  EXPECT_TRUE(all_of<finish_job>(a).empty());
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  EXPECT_EQ(all_of<send_abort>(a).size(), 2u);
+  // The members hold step 7, which passed its checks; still, the rollback goes to step 5.
+  auto rc = all_of<send_reconfigure>(h.report_all(7));
+  ASSERT_EQ(rc.size(), 2u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.source, state_source::checkpoint);
+    EXPECT_EQ(r.msg.start_step, 5);
+    EXPECT_EQ(r.msg.skipped_steps, (std::vector<int64_t>{8}));
+  }
+  auto trained = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  for (const auto& g : all_of<emit_event>(trained)) {
+    if (g.event["event"] == "generation") {
+      EXPECT_EQ(g.event["cause"], "divergence");
+    }
+  }
+  // The replay trains past step 8 on the next batch.
+  for (int s = 6; s <= 8; ++s) EXPECT_EQ(all_of<send_commit>(h.step(s)).size(), 2u);
+  // Step 9 diverges, then again on its next batch: the second rollback is the last allowed.
+  vote_all(h, 9, std::nan(""));
+  h.report_all(8);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().skipped_steps(), (std::vector<int64_t>{8, 9}));
+  for (int s = 6; s <= 8; ++s) h.step(s);
+  auto last = vote_all(h, 9, std::nan(""));
+  auto end = all_of<finish_job>(last);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::diverged);
+  EXPECT_NE(end[0].message.find("2 rollbacks spent"), std::string::npos) << end[0].message;
+  EXPECT_EQ(h.logic().rollbacks(), 2);
+}
+
+TEST(JobLogicTest, RollbackWithoutACheckpointStartsOverFromTheSeed) {
+  auto cfg = small_config(2);
+  cfg.on_divergence = "rollback";
+  logic_harness h(cfg);
+  h.form();
+  h.step(1);
+  h.step(2);
+  vote_all(h, 3, -1.0);
+  auto rc = all_of<send_reconfigure>(h.report_all(2));
+  ASSERT_EQ(rc.size(), 2u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.source, state_source::init);
+    EXPECT_EQ(r.msg.start_step, 0);
+  }
+}
+
+TEST(JobLogicTest, SkippedBatchesMoveTheDataPositionOfLaterSteps) {
+  EXPECT_EQ(data_position(1, {}), 0);
+  EXPECT_EQ(data_position(7, {8}), 6);
+  EXPECT_EQ(data_position(8, {8}), 8) << "step 8 no longer trains on the batch that diverged";
+  EXPECT_EQ(data_position(9, {8}), 9);
+  EXPECT_EQ(data_position(9, {8, 9}), 10);
+  EXPECT_EQ(data_position(8, {8, 8}), 9) << "the replacement batch diverged too";
+  // A resumed session starts with the run's skips.
+  auto cfg = small_config(2);
+  logic_harness h(cfg);
+  job_params p;
+  p.cfg = cfg;
+  p.plan = plan_for(cfg, 2);
+  p.members = 2;
+  p.skipped_steps = {12, 4};
+  job_logic l(p, h.now());
+  EXPECT_EQ(l.skipped_steps(), (std::vector<int64_t>{4, 12}));
+}
+
+TEST(JobLogicTest, InterruptCommitsNoFurtherStepButWaitsForTheCheckpointBeingWritten) {
+  {
+    logic_harness h(small_config(2));
+    h.form();
+    h.step(1);
+    auto a = h.logic().on_shutdown(h.now());
+    EXPECT_TRUE(has_event(a, "interrupted"));
+    auto end = all_of<finish_job>(a);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::interrupted);
+    EXPECT_NE(end[0].message.find("after step 1"), std::string::npos) << end[0].message;
+  }
+  logic_harness h(small_config(2));
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  auto a = h.logic().on_shutdown(h.now());
+  EXPECT_TRUE(all_of<finish_job>(a).empty()) << "step 5's checkpoint is being written";
+  EXPECT_TRUE(all_of<send_commit>(h.step(6)).empty()) << "no step after the interrupt";
+  EXPECT_EQ(h.logic().committed(), 5);
+  auto end = all_of<finish_job>(write_checkpoint(h, 5));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::interrupted);
+  EXPECT_NE(end[0].message.find("checkpoint is step 5"), std::string::npos) << end[0].message;
+}
+
+TEST(JobLogicTest, FailedCheckpointWithoutALaterOneEndsWithExit4) {
+  auto cfg = small_config(2);
+  cfg.steps = 10;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  auto failed = write_checkpoint(h, 5, "checkpoint: /run/LATEST: No space left on device");
+  EXPECT_TRUE(has_event(failed, "checkpoint_failed"));
+  for (int s = 6; s <= 10; ++s) h.step(s);
+  evaluate_all(h, 10);
+  auto end = all_of<finish_job>(write_checkpoint(h, 10, "No space left on device"));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::checkpoint_failed);
+  EXPECT_NE(end[0].message.find("checkpoint of step 10 failed"), std::string::npos)
+      << end[0].message;
+  EXPECT_NE(end[0].message.find("no checkpoint was committed"), std::string::npos)
+      << end[0].message;
+}
+
+TEST(JobLogicTest, ALaterCommittedCheckpointMakesUpForAFailedOne) {
+  auto cfg = small_config(2);
+  cfg.steps = 10;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  write_checkpoint(h, 5, "No space left on device");
+  for (int s = 6; s <= 10; ++s) h.step(s);
+  evaluate_all(h, 10);
+  auto end = all_of<finish_job>(write_checkpoint(h, 10));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::done);
+}
+
+TEST(JobLogicTest, ExitAfterStepNeverClaimsACheckpointThatFailed) {
+  auto cfg = small_config(2);
+  cfg.steps = 20;
+  cfg.checkpoint_every = 0;
+  cfg.exit_after_step = 4;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 4; ++s) h.step(s);
+  evaluate_all(h, 4);
+  auto end = all_of<finish_job>(write_checkpoint(h, 4, "Read-only file system"));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::checkpoint_failed);
+  EXPECT_EQ(end[0].message.find("--resume continues"), std::string::npos) << end[0].message;
+  EXPECT_NE(end[0].message.find("nothing to continue from"), std::string::npos) << end[0].message;
 }
 
 }  // namespace

@@ -243,7 +243,8 @@ TEST_F(JobSupervisorTest, FinishesAfterFinalCheckpointAndValidation) {
   EXPECT_TRUE(c->checkpoint);  // the last step is always checkpointed and evaluated
   EXPECT_TRUE(c->evaluate);
   r0->send(supervisor_, eval_done{1, 1, 0, 3.0, 2});
-  // A failed shard write is reported, not committed; the job still ends.
+  // A failed shard write is reported, not committed; the job still ends, and its exit status
+  // says that nothing was saved after the failure.
   shard_written failed;
   failed.generation = 1;
   failed.step = 1;
@@ -253,7 +254,9 @@ TEST_F(JobSupervisorTest, FinishesAfterFinalCheckpointAndValidation) {
   std::optional<job_result> res;
   listener_->receive([&](result_atom, job_result& r) { res = r; }, caf::after(5s) >> [] {});
   ASSERT_TRUE(res);
-  EXPECT_EQ(res->exit_code, 0) << res->message;
+  EXPECT_EQ(res->exit_code, exit_code::checkpoint_failed) << res->message;
+  EXPECT_NE(res->message.find("checkpoint of step 1 failed (rank 0: disk full)"), std::string::npos)
+      << res->message;
   EXPECT_DOUBLE_EQ(res->val_loss, 1.5);
   EXPECT_EQ(res->steps_done, 1);
   EXPECT_TRUE(next<stop_atom>(r0).has_value());

@@ -70,6 +70,22 @@ TEST(FaultSpecTest, StopsARankForADuration) {
   EXPECT_EQ(one("stop:rank=2:step=5:for=86400s").duration, milliseconds(86'400'000));
 }
 
+TEST(FaultSpecTest, PoisonsTheBatchOfOneStepOnce) {
+  const auto f = one("diverge:step=7");
+  EXPECT_EQ(f.kind, fault_kind::diverge);
+  EXPECT_EQ(f.target, fault_target::rank);
+  EXPECT_EQ(f.id, 0);
+  EXPECT_EQ(f.step, 7);
+  EXPECT_EQ(one("diverge:rank=3:step=2").id, 3);
+  const std::vector<fault> faults{f};
+  EXPECT_TRUE(diverges(faults, 0, 7, 6));
+  EXPECT_FALSE(diverges(faults, 0, 7, 7)) << "the batch was skipped: the replay is clean";
+  EXPECT_FALSE(diverges(faults, 1, 7, 6)) << "another rank";
+  EXPECT_FALSE(diverges(faults, 0, 6, 5));
+  EXPECT_NE(refusal("diverge:rank=9:step=2").find("outside the world"), std::string::npos);
+  EXPECT_NE(refusal("diverge:rank=1").find("step= is missing"), std::string::npos);
+}
+
 TEST(FaultSpecTest, SlowsARankFromAStep) {
   const auto f = one("slow:rank=0:factor=2:from=10");
   EXPECT_EQ(f.kind, fault_kind::slow);
@@ -115,7 +131,8 @@ TEST(FaultSpecTest, MessagesNameTheSpecTheFieldAndWhatIsAllowed) {
             "--fault 'kill:rank=1:step=2:color=red': unknown field 'color' (kill takes rank, "
             "node, coordinator, step)");
   EXPECT_EQ(refusal("explode:rank=1:step=2"),
-            "--fault 'explode:rank=1:step=2': unknown kind 'explode' (kill, stop, slow or random)");
+            "--fault 'explode:rank=1:step=2': unknown kind 'explode' (kill, stop, slow, diverge "
+            "or random)");
   EXPECT_EQ(refusal("slow:rank=0:factor=nan:from=3"),
             "--fault 'slow:rank=0:factor=nan:from=3': factor must be more than 1 and at most 100, "
             "got 'nan'");

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "checkpoint/checkpoint.hpp"
@@ -166,6 +168,31 @@ TEST(Retention, KeepsTheNewestAndLatestAndDropsAbandonedDirs) {
   // keep_last 0 still keeps what LATEST names.
   EXPECT_EQ(prune_checkpoints(dir.str(), 0), (std::vector<int64_t>{30}));
   EXPECT_EQ(list_committed(dir.str()), (std::vector<int64_t>{40}));
+  EXPECT_NO_THROW(load_full_state(dir.str(), *latest_committed(dir.str())));
+}
+
+TEST(Retention, StaleTemporaryFilesGoAtTheNextStartAndNothingElse) {
+  temp_dir dir;
+  write_checkpoint(dir.str(), make_full(20, 10), 2);
+  const fs::path root(dir.str());
+  const std::vector<fs::path> stale = {root / "checkpoints" / "LATEST.tmp.777.0",
+                                       root / "checkpoints" / "chunks" / "ab" / "ab01.tmp.777.1",
+                                       root / "skipped_batches.json.tmp.777.2",
+                                       root / "config.json.tmp"};
+  for (const auto& p : stale) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p) << "half";
+  }
+  auto lock = run_lock::try_acquire(dir.str());
+  ASSERT_TRUE(lock);
+  auto removed = remove_stale_temp_files(dir.str(), *lock);
+  std::sort(removed.begin(), removed.end());
+  std::vector<std::string> expected;
+  for (const auto& p : stale) expected.push_back(p.string());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(removed, expected);
+  for (const auto& p : stale) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_EQ(latest_committed(dir.str())->step, 10) << "committed files stay";
   EXPECT_NO_THROW(load_full_state(dir.str(), *latest_committed(dir.str())));
 }
 

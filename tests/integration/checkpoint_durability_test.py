@@ -10,8 +10,8 @@
 - asynchronous: steps are committed while a checkpoint's background write is in flight
   (event timestamps), and the checkpoint still restores exactly;
 - disk full (a 24 MiB tmpfs in a private mount namespace): the save fails with a clear
-  checkpoint_failed event and metric, training goes on to the end, and the previous
-  checkpoint stays committed, verifies and resumes."""
+  checkpoint_failed event and metric, training goes on to the end (exit 4: no later
+  checkpoint committed), and the previous checkpoint stays committed, verifies and resumes."""
 
 import json
 import os
@@ -19,7 +19,8 @@ import shutil
 import subprocess
 import urllib.request
 
-from harness import (SMALL_MODEL, TROUPE, fail, free_port, last_job, main, read_events, run_ok,
+from harness import (SMALL_MODEL, TROUPE, fail, free_port, last_job, main, read_events,
+                     read_events_file, run_ok,
                      run_to_end, step_losses, tempfile)
 
 BASE = SMALL_MODEL + ["--world", "2", "--metrics-port", "0"]
@@ -222,10 +223,11 @@ echo "resume=$?" >> {tmp}/resume.log
     if p.returncode == 90:
         fail("could not mount a tmpfs in a private mount namespace (run as root)")
     log = open(os.path.join(tmp, "disk.log")).read()
-    events = [json.loads(line) for line in open(os.path.join(tmp, "events.jsonl"))]
+    events = read_events_file(os.path.join(tmp, "events.jsonl"))
     failed = of(events, "checkpoint_failed")
-    if "exit=0" not in log:
-        fail(f"the job did not finish despite the full disk:\n{log[-3000:]}")
+    # It trains to the end; exit 4 says that a checkpoint failed and none committed after it.
+    if "exit=4" not in log:
+        fail(f"the job did not finish with exit 4 despite the full disk:\n{log[-3000:]}")
     if not failed or "space" not in failed[0]["error"].lower():
         fail(f"expected a checkpoint_failed event naming the full disk, got {failed}")
     if max(step_losses(events)) != 64:
@@ -239,7 +241,9 @@ echo "resume=$?" >> {tmp}/resume.log
     if "verify=0" not in verify:
         fail(f"after the full disk, the committed checkpoints do not verify:\n{verify}")
     resume = open(os.path.join(tmp, "resume.log")).read()
-    if "resume=0" not in resume or f"checkpoint step {committed[-1]}" not in resume:
+    # The disk is still full: the resumed job trains from the committed checkpoint, and its
+    # own final checkpoint fails too, which its exit status (4) says.
+    if "resume=4" not in resume or f"checkpoint step {committed[-1]}" not in resume:
         fail(f"resuming after the full disk failed or did not use step {committed[-1]}:\n{resume}")
     print(f"disk full: committed {committed}, then failed with '{failed[0]['error'][:80]}...'; "
           f"training went on, step {committed[-1]} verifies and resumes")

@@ -16,7 +16,8 @@ def test():
         addr = wait_until(lambda: re.search(r"listening on (\S+);", coord.output()), 60, "the coordinator's address")
         endpoint = addr.group(1)
         with tempfile.TemporaryFile() as agent_log:
-            agent = subprocess.Popen([TROUPE, "agent", "--coordinator", endpoint], stdout=agent_log,
+            agent = subprocess.Popen([TROUPE, "agent", "--coordinator", endpoint, "--join-token",
+                                      os.path.join(coord.run_dir, "join.token")], stdout=agent_log,
                                      stderr=subprocess.STDOUT)
             coord.extra_pids.append(agent.pid)
             try:

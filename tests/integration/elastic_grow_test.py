@@ -40,7 +40,8 @@ def grow(tmp):
         wait_until(lambda: any(e.get("event") == "step" for e in job.events()), 60, "the first step")
         with open(addr_file) as f:
             addr = f.read().strip()
-        agent = subprocess.Popen([TROUPE, "agent", "--coordinator", addr, "--ranks", "2"],
+        agent = subprocess.Popen([TROUPE, "agent", "--coordinator", addr, "--ranks", "2",
+                                  "--join-token", os.path.join(job.run_dir, "join.token")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         job.extra_pids.append(agent.pid)
         code = job.wait(120)

@@ -49,7 +49,15 @@ def scenario(tmp, name, layout, fault, expect_world, expect_source, extra=()):
     if len(generations) < 2 or last["world"] != expect_world:
         fail(f"{name}: expected a generation of {expect_world} ranks, got {[g['world'] for g in generations]}")
     sources = {e["from"] for e in of(recovered, "restored") if e["generation"] == last["number"]}
-    if sources != set(expect_source.split("+")):
+    expected = set(expect_source.split("+"))
+    if expected == {"checkpoint"} and sources == {"init"}:
+        # The writer is asynchronous: on a loaded machine no checkpoint may have committed
+        # before the kill, and then a fresh start plus an exact replay is the right answer.
+        first_loss = recovered.index(lost[0])
+        if any(e.get("event") == "checkpoint" for e in recovered[:first_loss]):
+            fail(f"{name}: a checkpoint had committed before the fault, yet state came from init")
+        expected = {"init"}
+    if sources != expected:
         fail(f"{name}: state came from {sources}, expected {expect_source}")
     # Survivors keep their processes: nobody joined after the start, and every member that was
     # not hit is alive until the job ends (it reported no exit).

@@ -56,17 +56,27 @@ def pid_alive(pid):
         return False
 
 
-def read_events(run_dir):
-    path = os.path.join(run_dir, "events.jsonl")
+def read_events_file(path):
+    """The events of one events.jsonl. A line that is not JSON (the torn tail of a write a full
+    disk cut short, or a line still being written) is skipped with a warning on stderr."""
     if not os.path.exists(path):
         return []
     out = []
-    with open(path) as f:
-        for line in f:
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
             line = line.strip()
-            if line:
+            if not line:
+                continue
+            try:
                 out.append(json.loads(line))
+            except json.JSONDecodeError:
+                print(f"warning: {path}:{number}: skipping a torn line ({line[:60]!r})",
+                      file=sys.stderr, flush=True)
     return out
+
+
+def read_events(run_dir):
+    return read_events_file(os.path.join(run_dir, "events.jsonl"))
 
 
 def last_job(events):

@@ -42,7 +42,8 @@ def test():
 
             with open(os.path.join(job.run_dir, "coordinator.addr")) as f:
                 addr = f.read().strip()
-            agent = subprocess.Popen([TROUPE, "agent", "--coordinator", addr, "--ranks", "1"],
+            agent = subprocess.Popen([TROUPE, "agent", "--coordinator", addr, "--ranks", "1",
+                                      "--join-token", os.path.join(job.run_dir, "join.token")],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             job.extra_pids.append(agent.pid)
             wait_until(lambda: query(prom, "troupe_world_size") == 4, 60, "Prometheus to see 4 ranks again")

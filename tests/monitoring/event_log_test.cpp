@@ -116,6 +116,22 @@ TEST(event_log, concurrent_writers_produce_whole_lines) {
   EXPECT_EQ(seen.size(), static_cast<std::size_t>(threads * per_thread));
 }
 
+TEST(event_log, a_torn_last_line_is_ended_before_the_next_line) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  event_log::open(path).write({{"n", 1}});
+  {  // a writer the disk cut short, mid-line
+    std::ofstream out(path, std::ios::app);
+    out << "{\"ts\":\"2024-05-01T12:00";
+  }
+  event_log::open(path).write({{"n", 2}});
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(json::parse(lines[0]).at("n"), 1);
+  EXPECT_FALSE(json::accept(lines[1])) << "the torn fragment stays a line of its own";
+  EXPECT_EQ(json::parse(lines[2]).at("n"), 2) << "the new line is whole";
+}
+
 TEST(event_log, errors_are_typed) {
   EXPECT_THROW(event_log::open("/nonexistent-dir/for/sure/events.jsonl"), event_log_error);
   try {
