@@ -14,6 +14,7 @@
 
 #include "actors/checkpoint_committer.hpp"
 #include "actors/expert_group.hpp"
+#include "actors/tls_transport.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
@@ -58,6 +59,7 @@ struct job_metrics {
   monitoring::gauge* ckpt_snapshot_bytes;
   monitoring::counter* divergences;
   monitoring::counter* rollbacks;
+  monitoring::counter* stage_rejections;
 
   explicit job_metrics(monitoring::metrics_registry& r)
       : steps(&r.add_counter("troupe_steps_total", "Training steps committed")),
@@ -117,8 +119,10 @@ struct job_metrics {
                                    "Steps that diverged (non-finite loss or gradient norm, or a "
                                    "negative loss) and were not committed")),
         rollbacks(&r.add_counter("troupe_divergence_rollbacks_total",
-                                 "Rollbacks to the last committed checkpoint after a divergence")) {
-  }
+                                 "Rollbacks to the last committed checkpoint after a divergence")),
+        stage_rejections(
+            &r.add_counter_family("troupe_rejected_connections_total", rejected_connections_help)
+                 .with({{"listener", "stage"}})) {}
 
   void observe(const json& e) {
     const std::string what = e.value("event", "");
@@ -189,6 +193,7 @@ struct supervisor_state {
   caf::actor experts;
   std::unique_ptr<checkpoint_committer> committer;  // manifests and retention, off this thread
   std::map<int64_t, commit_checkpoint> committing;  // by step, until the committer answers
+  std::map<int32_t, uint64_t> stage_rejections;     // by member, as its last heartbeat said
   static inline const char* name = "job_supervisor";
 };
 
@@ -541,6 +546,12 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         run(self, self->state.logic->on_reconfigured(r, logic_clock::now()));
       },
       [=](const heartbeat& h) {
+        auto& seen = self->state.stage_rejections[h.member];
+        if (h.rejected_connections > seen) {
+          self->state.metrics->stage_rejections->inc(
+              static_cast<double>(h.rejected_connections - seen));
+          seen = h.rejected_connections;
+        }
         auto todo = self->state.logic->on_heartbeat(h, logic_clock::now());
         for (auto& a : todo)
           if (auto* abort = std::get_if<send_abort>(&a))  // an evicted member: answer it directly

@@ -118,6 +118,9 @@ struct heartbeat {
   int32_t member = -1;
   uint64_t generation = 0;
   int64_t step = 0;
+  /// Connections this member's listeners (its stage actors) have refused so far; the
+  /// coordinator exports their sum as troupe_rejected_connections_total{listener="stage"}.
+  uint64_t rejected_connections = 0;
 };
 
 /// An agent offers its node; the coordinator answers with a launch plan: which members
@@ -289,7 +292,8 @@ typename Inspector::result_type inspect(Inspector& f, reconfigured& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
-  return f(caf::meta::type_name("troupe::heartbeat"), x.member, x.generation, x.step);
+  return f(caf::meta::type_name("troupe::heartbeat"), x.member, x.generation, x.step,
+           x.rejected_connections);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {

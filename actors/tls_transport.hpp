@@ -27,6 +27,11 @@ using rejection_listener = std::function<void(const std::string& listener, const
 /// Replaces the process's rejection listener (the default only logs).
 void set_rejection_listener(rejection_listener listener);
 
+/// The help text of troupe_rejected_connections_total{listener}, for whoever registers it first.
+inline constexpr const char* rejected_connections_help =
+    "Connections refused before any byte reached a listener's decoder: no job credentials, "
+    "garbage, silence past the handshake deadline, or over the connection cap";
+
 /// Connections refused so far by this process's TLS listeners.
 uint64_t tls_rejected_connections();
 

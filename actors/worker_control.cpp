@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <cstdlib>
 
+#include "actors/tls_transport.hpp"
 #include "monitoring/log.hpp"
 
 namespace troupe::actors {
@@ -57,8 +58,8 @@ heartbeat_thread::heartbeat_thread(caf::actor coordinator, int32_t member,
         std::unique_lock lock(m_);
         shared->coordinator_seen();
         while (!stop_) {
-          caf::anon_send(coordinator,
-                         heartbeat{member, shared->generation().load(), shared->step().load()});
+          caf::anon_send(coordinator, heartbeat{member, shared->generation().load(),
+                                                shared->step().load(), tls_rejected_connections()});
           const double silent = shared->coordinator_silence();
           if (silent * 1000 > static_cast<double>(coordinator_timeout.count())) {
             // A hung (or unreachable) coordinator: nobody can commit a step any more.

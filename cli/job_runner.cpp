@@ -30,6 +30,7 @@
 #include "runtime/auth/credentials.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/model/gpt.hpp"
+#include "runtime/preflight.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/planner.hpp"
 
@@ -42,6 +43,32 @@ namespace {
 
 namespace fs = std::filesystem;
 const monitoring::log_context coordinator_ctx{"coordinator", -1, 0, -1};
+
+// Every check of the job against this machine and its files, before a process starts or a
+// file is written (a refused job leaves the run directory as it found it): memory for the
+// local ranks, a readable corpus big enough for a batch and the validation estimate, a run
+// directory that can be one, and a checkpoint to resume from.
+void preflight(train_config& cfg, bool launch_local_agent) {
+  if (cfg.data.empty()) cfg.data = TROUPE_DEFAULT_CORPUS;
+  check_against_host(cfg, launch_local_agent ? cfg.world + cfg.elastic.spares : 0,
+                     read_host_facts(cfg));
+  std::error_code ec;
+  const fs::path run_dir = fs::absolute(cfg.run_dir).lexically_normal();
+  if (fs::exists(run_dir, ec) && !fs::is_directory(run_dir, ec))
+    throw config_error("run_dir (--run-dir): '" + run_dir.string() +
+                       "' exists and is not a directory; pick another --run-dir");
+  // The nearest existing ancestor must be a directory this user can create entries in.
+  fs::path ancestor = run_dir;
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.parent_path())
+    ancestor = ancestor.parent_path();
+  if (!fs::exists(run_dir, ec) &&
+      (!fs::is_directory(ancestor, ec) || ::access(ancestor.c_str(), W_OK | X_OK) != 0))
+    throw config_error("run_dir (--run-dir): cannot create '" + run_dir.string() + "': '" +
+                       ancestor.string() + "' is not a writable directory");
+  if (cfg.resume && !fs::exists(run_dir / "checkpoints", ec))
+    throw config_error("resume: no committed checkpoint in " + (run_dir / "checkpoints").string() +
+                       "; run without --resume to start fresh, or point --run-dir at the run");
+}
 
 // Resolves the corpus and the run directory; archives an old run instead of mixing a
 // fresh one into it (no committed data is ever deleted).
@@ -255,6 +282,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   auto layout_doc = nlohmann::json::parse(strategies::to_json(plan));
   layout_doc["describe"] = strategies::describe(plan.shape);
   layout_doc["zero"] = cfg.parallel.zero;
+  preflight(cfg, launch_local_agent);
   prepare_paths(cfg);
   // One job per run directory: the lock also keeps `troupe ckpt gc` off chunks being written.
   auto lock = ckpt::run_lock::try_acquire(cfg.run_dir);
@@ -330,12 +358,11 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   monitoring::metrics_registry registry;
   // Every refused connection is counted by listener; the first few are logged with the peer's
   // address, then one line in 500, so a flood cannot flood the console too.
-  auto& rejections = registry.add_counter_family(
-      "troupe_rejected_connections_total",
-      "Connections refused before any byte reached a listener's decoder: no job credentials, "
-      "garbage, silence past the handshake deadline, or over the connection cap");
+  auto& rejections = registry.add_counter_family("troupe_rejected_connections_total",
+                                                 actors::rejected_connections_help);
   rejections.with({{"listener", "coordinator"}});
-  actors::set_rejection_listener(
+  rejections.with({{"listener", "store"}});
+  const actors::rejection_listener on_rejection =
       [&rejections](const std::string& listener, const std::string& peer, const std::string& why) {
         static std::atomic<uint64_t> seen{0};
         rejections.with({{"listener", listener}}).inc();
@@ -344,7 +371,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
           monitoring::log(monitoring::level::warn, coordinator_ctx,
                           "refused a connection to the " + listener + " listener from " + peer +
                               ": " + why + " (" + std::to_string(n) + " refused so far)");
-      });
+      };
+  actors::set_rejection_listener(on_rejection);
   struct forget_listener {
     ~forget_listener() { actors::set_rejection_listener(nullptr); }
   } forget_rejections;
@@ -357,7 +385,12 @@ int run_job(const job_options& opts, bool launch_local_agent) {
     }
   }
   // The store listens where the coordinator does, so agents on other machines reach it.
-  comm::tcp_store_server store(opts.listen_host, 0);
+  // Only members that prove they hold the job's secret reach it (store_auth::from_process()).
+  comm::store_server_options store_options;
+  store_options.on_rejection = [on_rejection](const std::string& peer, const std::string& why) {
+    on_rejection("store", peer, why);
+  };
+  comm::tcp_store_server store(opts.listen_host, 0, std::move(store_options));
 
   actors::system_config sys_cfg;
   sys_cfg.use_network();

@@ -1,9 +1,15 @@
 #include "runtime/config.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 namespace troupe {
@@ -20,6 +26,17 @@ struct field {
   std::function<json(const train_config&)> get;
 };
 
+// A value as a message quotes it: JSON text, cut short so a huge value cannot flood the console.
+std::string shown(const json& v) {
+  if (v.is_string() && v.get_ref<const std::string&>().empty()) return "an empty value";
+  std::string s = v.dump();
+  if (s.size() > 64) s = s.substr(0, 60) + "...";
+  return s;
+}
+
+// Numbers are read strictly: the whole text and nothing else (no blanks, no trailing
+// characters, no "nan" or "inf"), and an integer that does not fit its field is out of range,
+// never wrapped. A JSON integer is range-checked the same way.
 template <class T>
 T parse_number(const std::string& name, const json& v) {
   if constexpr (std::is_same_v<T, bool>) {
@@ -29,35 +46,68 @@ T parse_number(const std::string& name, const json& v) {
       if (s == "true" || s == "1" || s == "yes") return true;
       if (s == "false" || s == "0" || s == "no") return false;
     }
-    throw config_error("config: '" + name + "' must be true or false, got " + v.dump());
+    throw config_error("config: '" + name + "' must be true or false, got " + shown(v));
   } else if constexpr (std::is_integral_v<T>) {
+    const std::string range = std::to_string(std::numeric_limits<T>::min()) + ".." +
+                              std::to_string(std::numeric_limits<T>::max());
+    const auto out_of_range = [&] {
+      return config_error("config: '" + name + "' is out of range: it must be an integer in " +
+                          range + ", got " + shown(v));
+    };
+    if (v.is_number_unsigned()) {
+      const auto x = v.get<uint64_t>();
+      if (x > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw out_of_range();
+      return static_cast<T>(x);
+    }
     if (v.is_number_integer()) {
-      auto x = v.get<int64_t>();
+      const auto x = v.get<int64_t>();
       if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
           (x > 0 &&
            static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
-        throw config_error("config: '" + name + "' is out of range: " + v.dump());
+        throw out_of_range();
       return static_cast<T>(x);
     }
     if (v.is_string()) {
-      auto s = v.get<std::string>();
+      const auto& s = v.get_ref<const std::string&>();
+      const char* first = s.data();
+      const char* last = s.data() + s.size();
       T x{};
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
-      if (ec == std::errc() && end == s.data() + s.size()) return x;
-    }
-    throw config_error("config: '" + name + "' must be an integer, got " + v.dump());
-  } else {
-    if (v.is_number()) return v.get<T>();
-    if (v.is_string()) {
-      auto s = v.get<std::string>();
-      try {
-        size_t used = 0;
-        double x = std::stod(s, &used);
-        if (used == s.size()) return static_cast<T>(x);
-      } catch (const std::exception&) {
+      auto [end, ec] = std::from_chars(first, last, x);
+      if (ec == std::errc() && end == last) return x;
+      if (ec == std::errc::result_out_of_range && end == last) throw out_of_range();
+      // "2e9" or "1e30": a number, but not an integer's text.
+      double d = 0;
+      auto [dend, dec] = std::from_chars(first, last, d);
+      if (!s.empty() && dend == last &&
+          (dec == std::errc::result_out_of_range || (dec == std::errc() && std::isfinite(d)))) {
+        if (dec == std::errc::result_out_of_range ||
+            (d == std::floor(d) && (d < static_cast<double>(std::numeric_limits<T>::min()) ||
+                                    d > static_cast<double>(std::numeric_limits<T>::max()))))
+          throw out_of_range();
+        throw config_error("config: '" + name + "' must be an integer in " + range +
+                           " written as digits, got " + shown(v));
       }
     }
-    throw config_error("config: '" + name + "' must be a number, got " + v.dump());
+    throw config_error("config: '" + name + "' must be an integer (" + range + "), got " +
+                       shown(v));
+  } else {
+    double x = 0;
+    bool parsed = false;
+    if (v.is_number()) {
+      x = v.get<double>();
+      parsed = true;
+    } else if (v.is_string()) {
+      const auto& s = v.get_ref<const std::string&>();
+      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+      if (end == s.data() + s.size() && !s.empty()) {
+        if (ec == std::errc::result_out_of_range)
+          throw config_error("config: '" + name + "' must be a finite number, got " + shown(v) +
+                             ", which is out of range for a double");
+        parsed = ec == std::errc();
+      }
+    }
+    if (parsed && std::isfinite(x)) return static_cast<T>(x);
+    throw config_error("config: '" + name + "' must be a finite number, got " + shown(v));
   }
 }
 
@@ -80,7 +130,7 @@ field section_string_field(std::string name, S train_config::*section, std::stri
   return {name,
           [name, section, member](train_config& c, const json& v) {
             if (!v.is_string())
-              throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+              throw config_error("config: '" + name + "' must be a string, got " + shown(v));
             (c.*section).*member = v.get<std::string>();
           },
           [section, member](const train_config& c) { return json((c.*section).*member); }};
@@ -92,7 +142,7 @@ field faults_field() {
           [name](train_config& c, const json& v) {
             auto add = [&](const json& item) {
               if (!item.is_string())
-                throw config_error("config: '" + name + "' must hold strings, got " + item.dump());
+                throw config_error("config: '" + name + "' must hold strings, got " + shown(item));
               const auto spec = item.get<std::string>();
               if (spec.find(';') != std::string::npos)
                 throw config_error("config: '" + name + "': a fault spec has no ';', got '" + spec +
@@ -123,7 +173,7 @@ field string_field(std::string name, std::string train_config::*member) {
   return {name,
           [name, member](train_config& c, const json& v) {
             if (!v.is_string())
-              throw config_error("config: '" + name + "' must be a string, got " + v.dump());
+              throw config_error("config: '" + name + "' must be a string, got " + shown(v));
             c.*member = v.get<std::string>();
           },
           [member](const train_config& c) { return json(c.*member); }};
@@ -210,16 +260,163 @@ std::string known_names() {
   return out;
 }
 
+// True when `name` is a section of the config ("model", "optim", ...), not a field.
+bool is_section(const std::string& name) {
+  for (const auto& f : fields())
+    if (f.name.size() > name.size() && f.name.compare(0, name.size(), name) == 0 &&
+        f.name[name.size()] == '.')
+      return true;
+  return false;
+}
+
+// The keys a config file may hold inside `prefix` ("" = the top level; sections end in '.').
+std::string keys_in(const std::string& prefix) {
+  std::vector<std::string> out;
+  const std::string lead = prefix.empty() ? "" : prefix + ".";
+  for (const auto& f : fields()) {
+    if (f.name.compare(0, lead.size(), lead) != 0) continue;
+    std::string rest = f.name.substr(lead.size());
+    if (auto dot = rest.find('.'); dot != std::string::npos) rest = rest.substr(0, dot) + ".";
+    if (std::find(out.begin(), out.end(), rest) == out.end()) out.push_back(rest);
+  }
+  std::string text;
+  for (const auto& k : out) text += (text.empty() ? "" : ", ") + k;
+  return text;
+}
+
+// A config file says what a value is: a number where a number goes (not its text), true or
+// false for a switch, a string for a name. The field's own value says which.
+void require_json_type(const field& f, const train_config& cfg, const json& v) {
+  const json now = f.get(cfg);
+  bool ok = false;
+  std::string want;
+  if (now.is_boolean()) {
+    ok = v.is_boolean();
+    want = "true or false";
+  } else if (now.is_number_integer()) {
+    ok = v.is_number_integer();
+    want = "an integer (a JSON number without a fraction or exponent)";
+  } else if (now.is_number()) {
+    ok = v.is_number();
+    want = "a number";
+  } else if (now.is_string()) {
+    ok = v.is_string();
+    want = "a string";
+  } else {
+    ok = v.is_string() || v.is_array();
+    want = "a string or an array of strings";
+  }
+  if (!ok)
+    throw config_error("config: '" + f.name + "' must be " + want + ", got " +
+                       std::string(v.type_name()) + " " + shown(v));
+}
+
 void apply_object(train_config& cfg, const json& obj, const std::string& prefix) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it.value().is_object() && !find_field(name)) {
+    const field* f = find_field(name);
+    if (!f && is_section(name)) {
+      if (!it.value().is_object())
+        throw config_error("config: '" + name + "' must be an object with the keys " +
+                           keys_in(name) + ", got " + std::string(it.value().type_name()) + " " +
+                           shown(it.value()));
       apply_object(cfg, it.value(), name);
       continue;
     }
-    const field* f = find_field(name);
-    if (!f) throw config_error("config: unknown key '" + name + "'; known keys: " + known_names());
+    if (!f)
+      throw config_error(
+          "config: unknown key '" + name + "'; the keys allowed " +
+          (prefix.empty() ? std::string("at the top level") : "in '" + prefix + "'") + " are " +
+          keys_in(prefix));
+    require_json_type(*f, cfg, it.value());
     f->set(cfg, it.value());
+  }
+}
+
+// Config files are parsed within limits: a size cap (read no more than it), a nesting depth
+// counted before parsing (so no deep document is ever built or recursed into), and no key
+// twice in one object (JSON would silently keep the last).
+constexpr size_t max_config_bytes = size_t{1} << 20;
+constexpr int max_config_depth = 64;
+
+void check_depth(const std::string& text, const std::string& what) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (ch == '\\')
+        escaped = true;
+      else if (ch == '"')
+        in_string = false;
+      continue;
+    }
+    const char next = i + 1 < text.size() ? text[i + 1] : '\0';
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '/' && next == '/') {  // comments are allowed; brackets in them are not JSON
+      i = text.find('\n', i);
+      if (i == std::string::npos) break;
+    } else if (ch == '/' && next == '*') {
+      i = text.find("*/", i + 2);
+      if (i == std::string::npos) break;
+      ++i;
+    } else if (ch == '{' || ch == '[') {
+      if (++depth > max_config_depth)
+        throw config_error("config: " + what + " nests objects and arrays deeper than " +
+                           std::to_string(max_config_depth) + " levels (at byte " +
+                           std::to_string(i) + "); the limit is " +
+                           std::to_string(max_config_depth) + " (a troupe config is 3 deep)");
+    } else if ((ch == '}' || ch == ']') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+json parse_limited(const std::string& text, const std::string& what) {
+  check_depth(text, what);
+  struct open_value {
+    bool object = false;
+    std::string last_key;
+    std::set<std::string> keys;
+  };
+  std::vector<open_value> open;
+  const json::parser_callback_t refuse_duplicates = [&](int, json::parse_event_t event,
+                                                        json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        open.push_back({event == json::parse_event_t::object_start, {}, {}});
+        break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        if (open.empty()) break;
+        const auto& key = parsed.get_ref<const std::string&>();
+        if (!open.back().keys.insert(key).second) {
+          std::string path;
+          for (size_t i = 0; i + 1 < open.size(); ++i)
+            if (open[i].object) path += open[i].last_key + ".";
+          throw config_error("config: " + what + " has the key '" + path + key +
+                             "' twice in one object; keep one of them");
+        }
+        open.back().last_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, refuse_duplicates, true, /*ignore_comments=*/true);
+  } catch (const json::parse_error& e) {
+    throw config_error("config: " + what + " is not valid JSON (" + e.what() + ")");
   }
 }
 
@@ -230,16 +427,39 @@ void require(bool ok, const std::string& message) {
 }  // namespace
 
 void load_config_file(const std::string& path, train_config& cfg) {
-  std::ifstream in(path);
-  if (!in)
-    throw config_error("config: cannot open config file '" + path + "'; check the --config path");
-  json doc;
-  try {
-    doc = json::parse(in, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    throw config_error("config: '" + path + "' is not valid JSON (" + e.what() + ")");
+  namespace fs = std::filesystem;
+  const std::string what = "config file '" + path + "'";
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (!fs::exists(status))
+    throw config_error("config: cannot open " + what + " (no such file); check the --config path");
+  if (fs::is_directory(status))
+    throw config_error("config: " + what + " is a directory; --config takes a JSON file");
+  if (fs::is_regular_file(status)) {
+    const auto size = fs::file_size(path, ec);
+    if (!ec && size > max_config_bytes)
+      throw config_error("config: " + what + " is " + std::to_string(size) +
+                         " bytes, the limit is 1 MiB (" + std::to_string(max_config_bytes) +
+                         " bytes)");
   }
-  if (!doc.is_object()) throw config_error("config: '" + path + "' must hold a JSON object");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw config_error("config: cannot open " + what + " (" + std::strerror(errno) +
+                       "); check the --config path and its permissions");
+  // Never read more than the limit, whatever the file is (a pipe, a file that grows).
+  std::string text(max_config_bytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad())
+    throw config_error("config: cannot read " + what + " (" + std::strerror(errno) + ")");
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > max_config_bytes)
+    throw config_error("config: " + what + " is more than 1 MiB (" +
+                       std::to_string(max_config_bytes) + " bytes), the limit");
+  const json doc = parse_limited(text, what);
+  if (!doc.is_object())
+    throw config_error("config: " + what +
+                       " must hold a JSON object ({\"steps\": 100, ...}), got " +
+                       std::string(doc.type_name()));
   apply_object(cfg, doc, "");
 }
 
@@ -249,33 +469,91 @@ void set_config_field(train_config& cfg, const std::string& name, const std::str
   f->set(cfg, json(value));
 }
 
+namespace {
+
+// Range checks that say it all: "config: KEY (--flag) must be ALLOWED, got VALUE". The key is
+// the config file's name, the flag the command line's (when there is one), so whichever the
+// user wrote is named.
+std::string named(const char* key, const char* flag) {
+  return flag[0] ? std::string(key) + " (" + flag + ")" : std::string(key);
+}
+
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", x);
+  return buf;
+}
+
+void int_in(int64_t v, const char* key, const char* flag, int64_t lo, int64_t hi,
+            const std::string& note = "") {
+  if (v < lo || v > hi)
+    throw config_error("config: " + named(key, flag) + " must be in " + std::to_string(lo) + ".." +
+                       std::to_string(hi) + note + ", got " + std::to_string(v));
+}
+
+// A finite number in [lo, hi], or (lo, hi] / [lo, hi) / (lo, hi) as the flags say.
+void real_in(double v, const char* key, const char* flag, double lo, bool lo_open, double hi,
+             bool hi_open, const std::string& note = "") {
+  const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  if (!ok)
+    throw config_error("config: " + named(key, flag) + " must be a finite number in " +
+                       (lo_open ? "(" : "[") + number_text(lo) + ", " + number_text(hi) +
+                       (hi_open ? ")" : "]") + note + ", got " + number_text(v));
+}
+
+void one_of(const std::string& v, const char* key, const char* flag,
+            const std::vector<std::string>& allowed) {
+  if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return;
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+  throw config_error("config: " + named(key, flag) + " must be " + list + ", got '" +
+                     (v.size() > 60 ? v.substr(0, 60) + "..." : v) + "'");
+}
+
+}  // namespace
+
 void validate(const train_config& c) {
+  // One shape's sizes, bounded so every product of them (parameters, activations, buffers)
+  // fits the types that hold it; the memory check (runtime/preflight.hpp) then asks whether
+  // this machine has room.
   const auto& m = c.model;
-  require(m.n_layer >= 1, "config: model.n_layer must be >= 1");
-  require(m.n_head >= 1, "config: model.n_head must be >= 1");
-  require(m.d_model >= 1, "config: model.d_model must be >= 1");
+  int_in(m.n_layer, "model.n_layer", "--layers", 1, 1024);
+  int_in(m.n_head, "model.n_head", "--heads", 1, 1024);
+  int_in(m.d_model, "model.d_model", "--d-model", 1, 65536);
   require(m.d_model % m.n_head == 0,
           "config: model.n_head (" + std::to_string(m.n_head) + ") must divide model.d_model (" +
               std::to_string(m.d_model) + "); pick a head count that divides it");
-  require(m.context >= 2, "config: model.context must be >= 2");
-  require(m.vocab == 256, "config: model.vocab must be 256 (the model reads bytes)");
-  require(m.experts >= 0, "config: model.experts must be >= 0 (0 = dense MLP)");
-  require(m.top_k == 1 || m.top_k == 2, "config: model.top_k must be 1 or 2");
+  int_in(m.context, "model.context", "--context", 2, 65536);
+  int_in(m.vocab, "model.vocab", "", 256, 256, " (the model reads bytes)");
+  int_in(m.experts, "model.experts", "--experts", 0, 1024, " (0 = dense MLP)");
+  int_in(m.top_k, "model.top_k", "--top-k", 1, 2);
   require(m.experts == 0 || m.top_k <= m.experts,
-          "config: model.top_k must not exceed model.experts");
-  require(m.capacity_factor > 0, "config: model.capacity_factor must be > 0");
-  require(m.aux_loss_coef >= 0, "config: model.aux_loss_coef must be >= 0");
+          "config: model.top_k (--top-k) must not exceed model.experts (--experts), got top_k " +
+              std::to_string(m.top_k) + " with " + std::to_string(m.experts) + " experts");
+  real_in(m.capacity_factor, "model.capacity_factor", "", 0, true, 64, false);
+  real_in(m.aux_loss_coef, "model.aux_loss_coef", "", 0, false, 100, false);
+  const auto& o = c.optim;
+  real_in(o.lr, "optim.lr", "--lr", 0, true, 1e6, false);
+  real_in(o.min_lr_ratio, "optim.min_lr_ratio", "", 0, false, 1, false);
+  int_in(o.warmup_steps, "optim.warmup_steps", "", 0, 1000000000);
+  real_in(o.weight_decay, "optim.weight_decay", "", 0, false, 100, false);
+  real_in(o.beta1, "optim.beta1", "", 0, false, 1, true);
+  real_in(o.beta2, "optim.beta2", "", 0, false, 1, true);
+  real_in(o.eps, "optim.eps", "", 0, true, 1, false);
+  real_in(o.grad_clip, "optim.grad_clip", "", 0, false, 1e6, false, " (0 = off)");
   const auto& p = c.parallel;
-  require(p.tp >= 1 && p.pp >= 1 && p.ep >= 1,
-          "config: parallel.tp, parallel.pp and parallel.ep must be >= 1");
-  require(p.schedule == "gpipe" || p.schedule == "1f1b",
-          "config: parallel.schedule must be gpipe or 1f1b");
-  require(p.zero == 0 || p.zero == 1, "config: parallel.zero must be 0 or 1");
-  require(p.micro_batches >= 0, "config: parallel.micro_batches must be >= 0");
-  require(c.world >= 1 && c.world <= 256, "config: world must be between 1 and 256");
-  require(c.steps >= 1, "config: steps must be >= 1");
-  require(c.batch >= 1, "config: batch must be >= 1");
-  require(c.micro_batch >= 1, "config: micro_batch must be >= 1");
+  int_in(p.tp, "parallel.tp", "--tp", 1, 256);
+  int_in(p.pp, "parallel.pp", "--pp", 1, 256);
+  int_in(p.ep, "parallel.ep", "--ep", 1, 256);
+  one_of(p.schedule, "parallel.schedule", "--schedule", {"gpipe", "1f1b"});
+  int_in(p.zero, "parallel.zero", "--zero", 0, 1);
+  int_in(p.micro_batches, "parallel.micro_batches", "--micro-batches", 0, 1 << 20,
+         " (0 = batch / micro_batch)");
+  int_in(c.world, "world", "--world", 1, 256);
+  int_in(c.steps, "steps", "--steps", 1, 1000000000);
+  int_in(c.batch, "batch", "--batch", 1, 1 << 20);
+  int_in(c.micro_batch, "micro_batch", "--micro-batch", 1, c.batch, " (at most batch)");
   require(c.batch % c.micro_batch == 0, "config: batch (" + std::to_string(c.batch) +
                                             ") must be a multiple of micro_batch (" +
                                             std::to_string(c.micro_batch) + ")");
@@ -288,59 +566,46 @@ void validate(const train_config& c) {
               std::to_string(c.batch) + " / micro_batch " + std::to_string(c.micro_batch) +
               "); use --world " + std::to_string(micro_batches) +
               " or fewer that divides it, or change batch/micro_batch");
-  require(c.val_fraction > 0 && c.val_fraction < 0.5, "config: val_fraction must be in (0, 0.5)");
-  require(c.eval_every >= 0, "config: eval_every must be >= 0");
-  require(c.eval_batches >= 1, "config: eval_batches must be >= 1");
-  require(!c.run_dir.empty(), "config: run_dir must not be empty");
-  require(c.checkpoint_every >= 0, "config: checkpoint_every must be >= 0 (0 = only at the end)");
-  require(c.checkpoint_overlap == "wait" || c.checkpoint_overlap == "skip",
-          "config: checkpoint_overlap (--checkpoint-overlap) must be wait or skip, got '" +
-              c.checkpoint_overlap + "'");
-  require(c.checkpoint_chunk_kib >= 4 && c.checkpoint_chunk_kib <= 262144,
-          "config: checkpoint_chunk_kib (--checkpoint-chunk-kib) must be in 4..262144, got " +
-              std::to_string(c.checkpoint_chunk_kib));
-  require(c.keep_last >= 0, "config: keep_last (--keep-last) must be >= 0 (0 = keep all)");
-  require(c.keep_every >= 0, "config: keep_every (--keep-every) must be >= 0 (0 = off)");
+  real_in(c.val_fraction, "val_fraction", "", 0, true, 0.5, true);
+  int_in(c.eval_every, "eval_every", "--eval-every", 0, 1000000000, " (0 = only at the end)");
+  int_in(c.eval_batches, "eval_batches", "", 1, 1 << 20);
+  require(!c.run_dir.empty(), "config: run_dir (--run-dir) must not be empty");
+  int_in(c.checkpoint_every, "checkpoint_every", "--checkpoint-every", 0, 1000000000,
+         " (0 = only at the end)");
+  one_of(c.checkpoint_overlap, "checkpoint_overlap", "--checkpoint-overlap", {"wait", "skip"});
+  int_in(c.checkpoint_chunk_kib, "checkpoint_chunk_kib", "--checkpoint-chunk-kib", 4, 262144);
+  int_in(c.keep_last, "keep_last", "--keep-last", 0, 1000000000, " (0 = keep all)");
+  int_in(c.keep_every, "keep_every", "--keep-every", 0, 1000000000, " (0 = off)");
   require(!c.replicate_checkpoints || c.elastic.nodes >= 2,
           "config: replicate_checkpoints (--replicate-checkpoints) holds each rank's checkpoint in "
           "the memory of a rank on another node, so it needs --nodes 2 or more");
-  require(c.exit_after_step >= 0 && c.exit_after_step <= c.steps,
-          "config: exit_after_step must be in 0..steps (0 = off)");
-  require(c.metrics_port >= 0 && c.metrics_port <= 65535,
-          "config: metrics_port must be in 0..65535 (0 = off)");
-  require(c.blas_threads >= 1, "config: blas_threads must be >= 1");
-  require(c.step_timeout_ms >= 100, "config: step_timeout_ms must be >= 100");
-  require(c.bucket_bytes >= 1024, "config: bucket_bytes must be >= 1024");
-  require(c.on_divergence == "stop" || c.on_divergence == "rollback",
-          "config: on_divergence (--on-divergence) must be stop or rollback, got '" +
-              c.on_divergence + "'");
-  require(c.max_rollbacks >= 0 && c.max_rollbacks <= 1000,
-          "config: max_rollbacks (--max-rollbacks) must be in 0..1000, got " +
-              std::to_string(c.max_rollbacks));
+  int_in(c.exit_after_step, "exit_after_step", "--exit-after-step", 0, c.steps,
+         " (0 = off; at most steps)");
+  int_in(c.metrics_port, "metrics_port", "--metrics-port", 0, 65535, " (0 = off)");
+  require(!c.metrics_host.empty() && c.metrics_host.size() <= 253 &&
+              c.metrics_host.find_first_of(" \t\r\n/") == std::string::npos,
+          "config: metrics_host (--metrics-host) must be a host name or address, got '" +
+              c.metrics_host.substr(0, 60) + "'");
+  int_in(c.blas_threads, "blas_threads", "--blas-threads", 1, 1024);
+  // Deadlines are added to clocks and doubled in places: a day is far past any step and far
+  // from overflowing a millisecond count.
+  int_in(c.step_timeout_ms, "step_timeout_ms", "--step-timeout-ms", 100, 86400000,
+         " (100 ms to 24 h)");
+  int_in(c.bucket_bytes, "bucket_bytes", "", 1024, 1 << 30);
+  one_of(c.on_divergence, "on_divergence", "--on-divergence", {"stop", "rollback"});
+  int_in(c.max_rollbacks, "max_rollbacks", "--max-rollbacks", 0, 1000);
   const auto& e = c.elastic;
-  require(e.max_restarts >= 0 && e.max_restarts <= 1000000,
-          "config: elastic.max_restarts (--max-restarts) must be in 0..1000000, got " +
-              std::to_string(e.max_restarts));
-  require(e.spares >= 0 && e.spares <= 256,
-          "config: elastic.spares (--spares) must be in 0..256, got " + std::to_string(e.spares));
-  require(e.nodes >= 1 && e.nodes <= c.world + e.spares,
-          "config: elastic.nodes (--nodes) must be in 1..world+spares (" +
-              std::to_string(c.world + e.spares) + "), got " + std::to_string(e.nodes));
-  require(e.min_ranks >= 1 && e.min_ranks <= c.world,
-          "config: elastic.min_ranks (--min-ranks) must be in 1..world (" +
-              std::to_string(c.world) + "), got " + std::to_string(e.min_ranks));
+  int_in(e.max_restarts, "elastic.max_restarts", "--max-restarts", 0, 1000000);
+  int_in(e.spares, "elastic.spares", "--spares", 0, 256);
+  int_in(e.nodes, "elastic.nodes", "--nodes", 1, c.world + e.spares, " (world + spares)");
+  int_in(e.min_ranks, "elastic.min_ranks", "--min-ranks", 1, c.world, " (at most world)");
   require(e.max_ranks == 0 || (e.max_ranks >= c.world && e.max_ranks <= 256),
           "config: elastic.max_ranks (--max-ranks) must be 0 (= world) or in world..256, got " +
               std::to_string(e.max_ranks));
-  require(e.heartbeat_timeout_ms >= 100 && e.heartbeat_timeout_ms <= 3600000,
-          "config: elastic.heartbeat_timeout_ms (--heartbeat-timeout-ms) must be in 100..3600000, "
-          "got " +
-              std::to_string(e.heartbeat_timeout_ms));
-  require(e.straggler_policy == "warn" || e.straggler_policy == "rebalance" ||
-              e.straggler_policy == "evict",
-          "config: elastic.straggler_policy (--straggler-policy) must be warn, rebalance or evict, "
-          "got '" +
-              e.straggler_policy + "'");
+  int_in(e.heartbeat_timeout_ms, "elastic.heartbeat_timeout_ms", "--heartbeat-timeout-ms", 100,
+         3600000);
+  one_of(e.straggler_policy, "elastic.straggler_policy", "--straggler-policy",
+         {"warn", "rebalance", "evict"});
 }
 
 std::string to_json(const train_config& cfg) {
@@ -357,12 +622,8 @@ std::string to_json(const train_config& cfg) {
 
 train_config config_from_json(const std::string& text) {
   train_config cfg;
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw config_error(std::string("config: malformed config JSON (") + e.what() + ")");
-  }
+  const json doc = parse_limited(text, "the config JSON");
+  if (!doc.is_object()) throw config_error("config: the config JSON must hold a JSON object");
   apply_object(cfg, doc, "");
   return cfg;
 }

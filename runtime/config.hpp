@@ -105,8 +105,9 @@ class config_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Reads a JSON config file into `cfg` (keys not present keep their value).
-/// Throws config_error naming the key on unknown keys, wrong types or bad JSON.
+/// Reads a JSON config file into `cfg` (keys not present keep their value), within limits:
+/// at most 1 MiB, nested at most 64 deep (counted before parsing), no key twice in an object,
+/// every value of its field's JSON type. Throws config_error naming the file or the key.
 void load_config_file(const std::string& path, train_config& cfg);
 
 /// Sets one field by its dotted name ("steps", "model.n_layer", "optim.lr", ...)

@@ -1,0 +1,161 @@
+#include "runtime/preflight.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace troupe {
+namespace {
+
+std::string gib(double bytes) {
+  char buf[48];
+  const double g = bytes / (1024.0 * 1024.0 * 1024.0);
+  std::snprintf(buf, sizeof buf, g < 1e6 ? "%.2f GiB" : "%.3g GiB", g);
+  return buf;
+}
+
+// A value of /proc/meminfo in bytes ("MemAvailable:   123456 kB"); 0 when absent.
+uint64_t meminfo_bytes(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.compare(0, key.size() + 1, key + ":") != 0) continue;
+    unsigned long long kib = 0;
+    if (std::sscanf(line.c_str() + key.size() + 1, "%llu", &kib) == 1) return kib * 1024ULL;
+  }
+  return 0;
+}
+
+}  // namespace
+
+double estimate_rank_bytes(const train_config& cfg) {
+  const auto& m = cfg.model;
+  const auto& p = cfg.parallel;
+  const double C = m.d_model, T = m.context, V = m.vocab, L = m.n_layer, NH = m.n_head;
+  const double E = m.experts;
+  const double tp = std::max(p.tp, 1), pp = std::max(p.pp, 1), ep = std::max(p.ep, 1);
+  // Parameters (runtime/model/gpt.hpp): embeddings, per block two LayerNorms, QKV and the
+  // attention projection, then a dense MLP or a router and E experts; the final LayerNorm.
+  const double mlp = 8 * C * C + 5 * C;
+  const double shared = V * C + T * C + L * (4 * C * C + 8 * C) + 2 * C + (E > 0 ? 0 : L * mlp);
+  const double experts = E > 0 ? L * (E * C + (E / ep) * mlp) : 0;
+  const double params = shared / (tp * pp) + experts / pp;
+  // ZeRO-1 shards AdamW's two moments over the data-parallel replicas.
+  const double dp = std::max(1.0, std::floor(cfg.world / (tp * pp)));
+  const double state = params * (4 + 4 + 8 / (p.zero == 1 ? dp : 1.0));
+  // Activations of one micro-batch, saved for the backward pass, and as much again for their
+  // gradients: per token and block about 16 C values plus the attention scores, per token
+  // the logits and their softmax, and with MoE top_k expert MLPs' hidden values.
+  const double tokens = static_cast<double>(cfg.micro_batch) * T;
+  const double per_block = (16 * C + 2 * NH * T) / tp + (E > 0 ? m.top_k * 8 * C : 0);
+  const double acts = tokens * ((L / pp) * per_block + 2 * V) * 4;
+  return state + 2 * acts;
+}
+
+void check_against_host(const train_config& cfg, int local_ranks, const host_facts& facts) {
+  if (facts.memory_bytes > 0 && local_ranks > 0) {
+    const double per_rank = estimate_rank_bytes(cfg);
+    const double needs = per_rank * local_ranks;
+    if (needs > static_cast<double>(facts.memory_bytes))
+      throw config_error(
+          "config: the job needs at least " + gib(needs) + " of memory (" +
+          std::to_string(local_ranks) + " ranks x " + gib(per_rank) +
+          ": parameters, gradients, AdamW state and activations of --layers " +
+          std::to_string(cfg.model.n_layer) + " --d-model " + std::to_string(cfg.model.d_model) +
+          " --context " + std::to_string(cfg.model.context) + " --experts " +
+          std::to_string(cfg.model.experts) + " --micro-batch " + std::to_string(cfg.micro_batch) +
+          "), this machine has " + gib(static_cast<double>(facts.memory_bytes)) + " (" +
+          facts.memory_source +
+          "); use a smaller model, --micro-batch, --world or more --tp/--pp/--ep/--zero");
+  }
+  if (facts.data_bytes < 0) return;
+  const std::string corpus = "data (--data): corpus '" + cfg.data + "'";
+  if (facts.data_bytes == 0)
+    throw config_error(corpus + " is empty (0 bytes); give a non-empty text file");
+  // The same split as byte_dataset: the last floor(size * val_fraction) bytes are held out.
+  const auto size = static_cast<uint64_t>(facts.data_bytes);
+  const auto val = static_cast<uint64_t>(std::floor(static_cast<double>(size) * cfg.val_fraction));
+  const uint64_t train = size - val;
+  const uint64_t window = static_cast<uint64_t>(cfg.model.context) + 1;
+  // Distinct windows of context + 1 bytes a split holds: a batch's sequences and the
+  // validation estimate's are drawn from them.
+  const auto windows = [&](uint64_t bytes) { return bytes >= window ? bytes - window + 1 : 0; };
+  const std::string sizes = " has " + std::to_string(size) + " bytes: its training split " +
+                            std::to_string(train) + " and its validation split (val_fraction " +
+                            std::to_string(cfg.val_fraction).substr(0, 6) + ") " +
+                            std::to_string(val) + " bytes";
+  if (windows(train) < static_cast<uint64_t>(cfg.batch))
+    throw config_error(corpus + sizes + "; the training split holds " +
+                       std::to_string(windows(train)) +
+                       " windows of context + 1 = " + std::to_string(window) +
+                       " bytes, fewer than the " + std::to_string(cfg.batch) +
+                       " sequences of one batch (--batch); use a larger file or a smaller "
+                       "--context or --batch");
+  const uint64_t eval_sequences =
+      static_cast<uint64_t>(cfg.eval_batches) * static_cast<uint64_t>(cfg.micro_batch);
+  if (windows(val) < 1 || windows(val) < eval_sequences)
+    throw config_error(
+        corpus + sizes + "; the validation split holds " + std::to_string(windows(val)) +
+        " windows of context + 1 = " + std::to_string(window) + " bytes, fewer than the " +
+        std::to_string(eval_sequences) + " the validation estimate reads (eval_batches " +
+        std::to_string(cfg.eval_batches) + " x micro_batch " + std::to_string(cfg.micro_batch) +
+        "); use a larger file or val_fraction, a smaller --context, or fewer "
+        "eval_batches (--set eval_batches=N)");
+}
+
+host_facts read_host_facts(const train_config& cfg) {
+  namespace fs = std::filesystem;
+  host_facts facts;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::stringstream text;
+    text << in.rdbuf();
+    if (uint64_t avail = meminfo_bytes(text.str(), "MemAvailable")) {
+      facts.memory_bytes = avail;
+      facts.memory_source = "MemAvailable in /proc/meminfo";
+    } else if (uint64_t total = meminfo_bytes(text.str(), "MemTotal")) {
+      facts.memory_bytes = total;
+      facts.memory_source = "MemTotal in /proc/meminfo";
+    }
+    std::ifstream cg("/sys/fs/cgroup/memory.max");
+    unsigned long long limit = 0;
+    if (cg >> limit && limit > 0 && (facts.memory_bytes == 0 || limit < facts.memory_bytes)) {
+      facts.memory_bytes = limit;
+      facts.memory_source = "the cgroup limit in /sys/fs/cgroup/memory.max";
+    }
+  }
+  const std::string corpus = "data (--data): corpus '" + cfg.data + "'";
+  if (cfg.data.empty())
+    throw config_error(
+        "data (--data): no corpus given and no default corpus was built; run scripts/setup.sh "
+        "or pass --data FILE");
+  std::error_code ec;
+  const auto status = fs::status(cfg.data, ec);
+  if (!fs::exists(status))
+    throw config_error(
+        corpus +
+        " not found; run scripts/setup.sh (it builds the default corpus) or pass --data FILE");
+  if (fs::is_directory(status))
+    throw config_error(corpus + " is a directory; --data must name a text file");
+  if (!fs::is_regular_file(status))
+    throw config_error(corpus + " is not a regular file; --data must name a text file");
+  const int fd = ::open(cfg.data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    throw config_error(corpus + " cannot be read (" + std::strerror(errno) +
+                       "); check its permissions");
+  ::close(fd);
+  const auto size = fs::file_size(cfg.data, ec);
+  if (ec) throw config_error(corpus + ": cannot read its size (" + ec.message() + ")");
+  facts.data_bytes = static_cast<int64_t>(size);
+  return facts;
+}
+
+}  // namespace troupe
