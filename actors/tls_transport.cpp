@@ -27,6 +27,7 @@
 
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/sys/descriptors.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -226,9 +227,14 @@ class tls_policy {
     if (!done_) {
       peer_ = peer_of(fd);
       local_port_ = local_port_of(fd);
-      admitted_ = handshake_watchdog::instance().admit(this, fd, local_port_, peer_);
+      // Descriptors near the limit are kept for checkpoints and the data plane.
+      const bool reserve_reached = sys::in_descriptor_reserve(fd);
+      admitted_ =
+          !reserve_reached && handshake_watchdog::instance().admit(this, fd, local_port_, peer_);
       if (!admitted_) {
-        reject(local_port_, peer_, "too many TLS handshakes in progress");
+        reject(local_port_, peer_,
+               reserve_reached ? "the process's descriptor reserve is reached"
+                               : "too many TLS handshakes in progress");
         ::shutdown(fd, SHUT_RDWR);  // the I/O thread sees the end of the stream and closes it
       }
     }

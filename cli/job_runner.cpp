@@ -118,11 +118,11 @@ resume_choice resume_point(const train_config& cfg) {
   // Everything that shapes the math must match; what only says how or how long to run
   // (world size, step budget, ports, paths, cadences) may change between sessions.
   static const std::vector<std::string> may_change = {
-      "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host", "/progress",
-      "/exit_after_step", "/checkpoint_every", "/eval_every", "/eval_batches", "/step_timeout_ms",
-      "/bucket_bytes", "/blas_threads", "/data", "/checkpoint_async", "/checkpoint_overlap",
-      "/checkpoint_chunk_kib", "/keep_last", "/keep_every", "/optim/freeze",
-      "/replicate_checkpoints",
+      "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host",
+      "/metrics_token_file", "/progress", "/exit_after_step", "/checkpoint_every", "/eval_every",
+      "/eval_batches", "/step_timeout_ms", "/bucket_bytes", "/blas_threads", "/data",
+      "/checkpoint_async", "/checkpoint_overlap", "/checkpoint_chunk_kib", "/keep_last",
+      "/keep_every", "/optim/freeze", "/replicate_checkpoints",
       // The layout may change too: a checkpoint holds boxes of the single-rank model, which
       // any layout reads back (reshard on restore).
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
@@ -283,6 +283,50 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   layout_doc["describe"] = strategies::describe(plan.shape);
   layout_doc["zero"] = cfg.parallel.zero;
   preflight(cfg, launch_local_agent);
+  monitoring::metrics_registry registry;
+  // Every refused connection is counted by listener; the first few are logged with the peer's
+  // address, then one line in 500, so a flood cannot flood the console too.
+  auto& rejections = registry.add_counter_family("troupe_rejected_connections_total",
+                                                 actors::rejected_connections_help);
+  rejections.with({{"listener", "coordinator"}});
+  rejections.with({{"listener", "store"}});
+  const actors::rejection_listener on_rejection =
+      [&rejections](const std::string& listener, const std::string& peer, const std::string& why) {
+        static std::atomic<uint64_t> seen{0};
+        rejections.with({{"listener", listener}}).inc();
+        const uint64_t n = ++seen;
+        if (n <= 20 || n % 500 == 0)
+          monitoring::log(monitoring::level::warn, coordinator_ctx,
+                          "refused a connection to the " + listener + " listener from " + peer +
+                              ": " + why + " (" + std::to_string(n) + " refused so far)");
+      };
+  actors::set_rejection_listener(on_rejection);
+  struct forget_listener {
+    ~forget_listener() { actors::set_rejection_listener(nullptr); }
+  } forget_rejections;
+  // The metrics endpoint is bound before the run directory is touched, so a port in use or
+  // an unreadable token is exit 2 with nothing written.
+  std::optional<monitoring::metrics_server> metrics;
+  if (cfg.metrics_port != 0) {
+    monitoring::metrics_server_limits limits;
+    if (!cfg.metrics_token_file.empty()) {
+      try {
+        limits.bearer_token = auth::read_bearer_token(cfg.metrics_token_file);
+      } catch (const auth::credentials_error& e) {
+        throw config_error(std::string("metrics_token_file (--metrics-token): ") + e.what());
+      }
+    }
+    limits.on_reject = [on_rejection](const std::string& peer, const std::string& why) {
+      on_rejection("metrics", peer, why);
+    };
+    rejections.with({{"listener", "metrics"}});
+    try {
+      metrics.emplace(registry, cfg.metrics_host, static_cast<uint16_t>(cfg.metrics_port),
+                      std::move(limits));
+    } catch (const std::exception& e) {
+      throw config_error(std::string("metrics_port: ") + e.what());
+    }
+  }
   prepare_paths(cfg);
   // One job per run directory: the lock also keeps `troupe ckpt gc` off chunks being written.
   auto lock = ckpt::run_lock::try_acquire(cfg.run_dir);
@@ -355,35 +399,6 @@ int run_job(const job_options& opts, bool launch_local_agent) {
       }
     });
 
-  monitoring::metrics_registry registry;
-  // Every refused connection is counted by listener; the first few are logged with the peer's
-  // address, then one line in 500, so a flood cannot flood the console too.
-  auto& rejections = registry.add_counter_family("troupe_rejected_connections_total",
-                                                 actors::rejected_connections_help);
-  rejections.with({{"listener", "coordinator"}});
-  rejections.with({{"listener", "store"}});
-  const actors::rejection_listener on_rejection =
-      [&rejections](const std::string& listener, const std::string& peer, const std::string& why) {
-        static std::atomic<uint64_t> seen{0};
-        rejections.with({{"listener", listener}}).inc();
-        const uint64_t n = ++seen;
-        if (n <= 20 || n % 500 == 0)
-          monitoring::log(monitoring::level::warn, coordinator_ctx,
-                          "refused a connection to the " + listener + " listener from " + peer +
-                              ": " + why + " (" + std::to_string(n) + " refused so far)");
-      };
-  actors::set_rejection_listener(on_rejection);
-  struct forget_listener {
-    ~forget_listener() { actors::set_rejection_listener(nullptr); }
-  } forget_rejections;
-  std::optional<monitoring::metrics_server> metrics;
-  if (cfg.metrics_port != 0) {
-    try {
-      metrics.emplace(registry, cfg.metrics_host, static_cast<uint16_t>(cfg.metrics_port));
-    } catch (const std::exception& e) {
-      throw config_error(std::string("metrics_port: ") + e.what());
-    }
-  }
   // The store listens where the coordinator does, so agents on other machines reach it.
   // Only members that prove they hold the job's secret reach it (store_auth::from_process()).
   comm::store_server_options store_options;

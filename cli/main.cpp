@@ -14,6 +14,7 @@
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/sys/descriptors.hpp"
 
 namespace {
 
@@ -155,6 +156,9 @@ int main(int argc, char** argv) {
   // A peer that hangs up mid-write must cost one connection, not the process: OpenSSL writes
   // its alerts with plain write(), which raises SIGPIPE on a closed socket.
   std::signal(SIGPIPE, SIG_IGN);
+  // Room for every listener's clients and, above them, a reserve that no client can take:
+  // checkpoints and the data plane must always be able to open what they need.
+  troupe::sys::raise_descriptor_limit();
   try {
     return dispatch(argc, argv);
   } catch (const troupe::cli::usage_error& e) {

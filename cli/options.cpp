@@ -14,6 +14,8 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--seed", "seed"},
       {"--run-dir", "run_dir"},
       {"--metrics-port", "metrics_port"},
+      {"--metrics-host", "metrics_host"},
+      {"--metrics-token", "metrics_token_file"},
       {"--checkpoint-every", "checkpoint_every"},
       {"--exit-after-step", "exit_after_step"},
       {"--checkpoint-overlap", "checkpoint_overlap"},
@@ -185,6 +187,9 @@ const char* job_flags =
   --schedule gpipe|1f1b  pipeline schedule (default 1f1b)
   --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K
   --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
+  --metrics-host HOST    address the metrics endpoint binds (default 127.0.0.1)
+  --metrics-token FILE   GET /metrics needs "Authorization: Bearer <the file's first line>"
+                         (the file must be mode 0600; Prometheus: authorization.credentials_file)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
   --on-divergence stop|rollback   a step with a non-finite loss or gradient norm, or a
                          negative loss, is never committed: stop (exit 3, default), or roll

@@ -2,9 +2,11 @@
 
 #include <pthread.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cctype>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -12,6 +14,7 @@
 #include <utility>
 
 #include "monitoring/log.hpp"
+#include "runtime/sys/descriptors.hpp"
 
 namespace troupe::monitoring {
 
@@ -22,7 +25,6 @@ using tcp = asio::ip::tcp;
 
 namespace {
 
-constexpr auto idle_timeout = std::chrono::seconds(30);
 constexpr auto accept_retry_delay = std::chrono::milliseconds(100);
 constexpr const char* exposition_content_type = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -30,34 +32,85 @@ std::string describe(const std::string& host, std::uint16_t port) {
   return host + ":" + std::to_string(port);
 }
 
+// What every session shares with the server: the limits, the count of open sessions and of
+// refusals. Touched on the server's one I/O thread, except `rejected` (read by anyone).
+struct server_shared {
+  const metrics_registry& registry;
+  metrics_server_limits limits;
+  std::size_t open_sessions = 0;
+  std::atomic<std::uint64_t> rejected{0};
+
+  void reject(const std::string& peer, const std::string& why) {
+    rejected.fetch_add(1, std::memory_order_relaxed);
+    if (limits.on_reject) limits.on_reject(peer, why);
+  }
+};
+
+std::string peer_of(const tcp::socket& socket) {
+  beast::error_code ec;
+  const auto ep = socket.remote_endpoint(ec);
+  return ec ? std::string("unknown peer")
+            : ep.address().to_string() + ":" + std::to_string(ep.port());
+}
+
+// Constant-time comparison, so the time a refusal takes says nothing about the token.
+bool same_secret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 // One client connection: read a request, answer it, repeat while the client keeps it alive.
 // The session keeps itself alive through the shared_ptr captured by its pending handler; when
 // the io_context is destroyed, that handler is destroyed and the socket closes with it.
 class session : public std::enable_shared_from_this<session> {
  public:
-  session(tcp::socket socket, const metrics_registry& registry)
-      : stream_(std::move(socket)), registry_(registry) {}
+  session(tcp::socket socket, server_shared& shared)
+      : peer_(peer_of(socket)), stream_(std::move(socket)), shared_(shared) {
+    ++shared_.open_sessions;
+  }
+  ~session() { --shared_.open_sessions; }
 
   void start() { read_next(); }
 
  private:
   void read_next() {
-    request_ = {};
-    stream_.expires_after(idle_timeout);
+    // A request has headers only (GET and HEAD), bounded in size; the first must arrive
+    // within the request deadline, later ones within the idle timeout.
+    parser_.emplace();
+    parser_->header_limit(static_cast<std::uint32_t>(shared_.limits.max_header_bytes));
+    parser_->body_limit(0);
+    stream_.expires_after(served_ == 0 ? shared_.limits.request_deadline
+                                       : shared_.limits.idle_timeout);
     http::async_read(
-        stream_, buffer_, request_,
+        stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
-    if (ec) {
-      // end_of_stream is the normal close of a keep-alive connection; a timeout or a reset
-      // simply ends the session.
-      beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    if (ec == http::error::header_limit || ec == http::error::body_limit) {
+      shared_.reject(peer_, ec == http::error::header_limit
+                                ? "request header over " +
+                                      std::to_string(shared_.limits.max_header_bytes) + " bytes"
+                                : "a request body (only GET and HEAD are served)");
+      refuse(ec == http::error::header_limit ? http::status::request_header_fields_too_large
+                                             : http::status::payload_too_large);
       return;
     }
+    if (ec) {
+      // end_of_stream is the normal close of a keep-alive connection; a reset simply ends the
+      // session; a first request that never completed is a refusal.
+      if (served_ == 0 && ec != http::error::end_of_stream)
+        shared_.reject(peer_, ec == beast::error::timeout ? "no complete request in time"
+                                                          : "malformed request: " + ec.message());
+      close();
+      return;
+    }
+    request_ = parser_->release();
+    ++served_;
     build_response();
+    stream_.expires_after(shared_.limits.request_deadline);  // a client that will not read
     http::async_write(stream_, response_,
                       [self = shared_from_this()](beast::error_code write_ec, std::size_t) {
                         self->on_write(write_ec);
@@ -66,12 +119,28 @@ class session : public std::enable_shared_from_this<session> {
 
   void on_write(beast::error_code ec) {
     if (ec) return;
-    if (!response_.keep_alive()) {
-      beast::error_code ignored;
-      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-      return;
-    }
+    if (!response_.keep_alive()) return close();
     read_next();
+  }
+
+  // Answers a request that broke a limit, then closes: nothing more is read from it.
+  void refuse(http::status status) {
+    response_ = {};
+    response_.version(11);
+    response_.keep_alive(false);
+    response_.result(status);
+    response_.set(http::field::connection, "close");
+    response_.prepare_payload();
+    stream_.expires_after(shared_.limits.request_deadline);
+    http::async_write(
+        stream_, response_,
+        [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
+  }
+
+  void close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.socket().close(ignored);
   }
 
   void build_response() {
@@ -88,14 +157,35 @@ class session : public std::enable_shared_from_this<session> {
       respond(http::status::method_not_allowed, "text/plain; charset=utf-8",
               "only GET and HEAD are served\n", is_head);
       response_.set(http::field::allow, "GET, HEAD");
+    } else if (target == "/metrics" && !authorized()) {
+      shared_.reject(peer_, "GET /metrics without the bearer token");
+      respond(http::status::unauthorized, "text/plain; charset=utf-8",
+              "this endpoint needs Authorization: Bearer <token> (--metrics-token)\n", is_head);
+      response_.set(http::field::www_authenticate, "Bearer");
     } else if (target == "/metrics") {
-      respond(http::status::ok, exposition_content_type, registry_.render_prometheus(), is_head);
+      respond(http::status::ok, exposition_content_type, shared_.registry.render_prometheus(),
+              is_head);
     } else if (target == "/healthz") {
       respond(http::status::ok, "text/plain; charset=utf-8", "ok", is_head);
     } else {
       respond(http::status::not_found, "text/plain; charset=utf-8",
               "not found; this server has /metrics and /healthz\n", is_head);
     }
+  }
+
+  bool authorized() const {
+    const std::string& token = shared_.limits.bearer_token;
+    if (token.empty()) return true;
+    const auto it = request_.find(http::field::authorization);
+    if (it == request_.end()) return false;
+    const std::string_view value(it->value().data(), it->value().size());
+    constexpr std::string_view scheme = "Bearer ";
+    if (value.size() < scheme.size()) return false;
+    for (std::size_t i = 0; i < scheme.size(); ++i)  // the scheme's name is case-insensitive
+      if (std::tolower(static_cast<unsigned char>(value[i])) !=
+          std::tolower(static_cast<unsigned char>(scheme[i])))
+        return false;
+    return same_secret(value.substr(scheme.size()), token);
   }
 
   void respond(http::status status, const char* content_type, std::string body, bool is_head) {
@@ -110,10 +200,13 @@ class session : public std::enable_shared_from_this<session> {
     }
   }
 
+  std::string peer_;
   beast::tcp_stream stream_;
-  const metrics_registry& registry_;
+  server_shared& shared_;
+  std::size_t served_ = 0;
   beast::flat_buffer buffer_;
-  http::request<http::string_body> request_;
+  std::optional<http::request_parser<http::empty_body>> parser_;
+  http::request<http::empty_body> request_;
   http::response<http::string_body> response_;
 };
 
@@ -140,8 +233,8 @@ metrics_port_in_use::metrics_port_in_use(const std::string& host, std::uint16_t 
       port_(port) {}
 
 struct metrics_server::impl {
-  impl(const metrics_registry& reg, std::string host_name)
-      : registry(reg), host(std::move(host_name)) {}
+  impl(const metrics_registry& reg, std::string host_name, metrics_server_limits limits)
+      : shared{reg, std::move(limits)}, host(std::move(host_name)) {}
 
   void accept_next() {
     acceptor->async_accept([this](beast::error_code ec, tcp::socket socket) {
@@ -155,8 +248,17 @@ struct metrics_server::impl {
         });
         return;
       }
-      std::make_shared<session>(std::move(socket), registry)->start();
-      accept_next();
+      sys::set_close_on_exec(socket.native_handle());
+      if (shared.open_sessions >= shared.limits.max_connections) {
+        shared.reject(
+            peer_of(socket),
+            "over the cap of " + std::to_string(shared.limits.max_connections) + " connections");
+      } else if (sys::in_descriptor_reserve(socket.native_handle())) {
+        shared.reject(peer_of(socket), "the process's descriptor reserve is reached");
+      } else {
+        std::make_shared<session>(std::move(socket), shared)->start();
+      }
+      accept_next();  // a refused socket closes as it goes out of scope here
     });
   }
 
@@ -173,7 +275,7 @@ struct metrics_server::impl {
     }
   }
 
-  const metrics_registry& registry;
+  server_shared shared;
   std::string host;
   std::uint16_t port = 0;
   // Optional so that stop() can destroy the acceptor and then the io_context (which closes
@@ -186,8 +288,8 @@ struct metrics_server::impl {
 };
 
 metrics_server::metrics_server(const metrics_registry& registry, std::string host,
-                               std::uint16_t port)
-    : impl_(std::make_unique<impl>(registry, std::move(host))) {
+                               std::uint16_t port, metrics_server_limits limits)
+    : impl_(std::make_unique<impl>(registry, std::move(host), std::move(limits))) {
   impl& s = *impl_;
   s.ioc.emplace(1);
   const tcp::endpoint endpoint = resolve_endpoint(*s.ioc, s.host, port);
@@ -196,6 +298,7 @@ metrics_server::metrics_server(const metrics_registry& registry, std::string hos
 
   beast::error_code ec;
   s.acceptor->open(endpoint.protocol(), ec);
+  if (!ec) sys::set_close_on_exec(s.acceptor->native_handle());
   // SO_REUSEADDR lets a restarted process bind while old connections sit in TIME_WAIT; on
   // Linux it does not let two sockets listen on the same port, so "in use" is still detected.
   if (!ec) s.acceptor->set_option(asio::socket_base::reuse_address(true), ec);
@@ -223,6 +326,10 @@ metrics_server::~metrics_server() { stop(); }
 std::uint16_t metrics_server::port() const { return impl_->port; }
 
 const std::string& metrics_server::host() const { return impl_->host; }
+
+std::uint64_t metrics_server::rejected() const {
+  return impl_->shared.rejected.load(std::memory_order_relaxed);
+}
 
 void metrics_server::stop() {
   impl& s = *impl_;

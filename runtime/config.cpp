@@ -238,6 +238,7 @@ const std::vector<field>& fields() {
       make_field("replicate_checkpoints", &train_config::replicate_checkpoints),
       make_field("metrics_port", &train_config::metrics_port),
       string_field("metrics_host", &train_config::metrics_host),
+      string_field("metrics_token_file", &train_config::metrics_token_file),
       make_field("blas_threads", &train_config::blas_threads),
       make_field("step_timeout_ms", &train_config::step_timeout_ms),
       make_field("bucket_bytes", &train_config::bucket_bytes),

@@ -88,6 +88,7 @@ struct train_config {
   bool replicate_checkpoints = false;       ///< also hold each rank's chunks in a peer's memory
   int metrics_port = 9400;                  ///< 0 = off
   std::string metrics_host = "127.0.0.1";
+  std::string metrics_token_file;  ///< when set, GET /metrics needs this file's bearer token
   int blas_threads = 1;
   int step_timeout_ms = 60000;  ///< deadline for one step's collectives and votes
   int bucket_bytes = 4 << 20;   ///< gradient all-reduce bucket size

@@ -179,26 +179,27 @@ job_credentials create_join_token(const std::string& path) {
   return c;
 }
 
-job_credentials load_join_token(const std::string& path) {
+std::string read_private_file(const std::string& path, const std::string& what, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    throw credentials_error("cannot read the join token " + path + ": " + std::strerror(errno));
+    throw credentials_error("cannot read the " + what + " " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw credentials_error("join token " + path + " is not a regular file");
+    throw credentials_error(what + " " + path + " is not a regular file");
   }
   if ((st.st_mode & 077) != 0) {
     ::close(fd);
-    throw credentials_error("join token " + path +
-                            " can be read or written by other users; it holds the job's secret. "
+    throw credentials_error(what + " " + path +
+                            " can be read or written by other users; it holds a secret. "
                             "Run: chmod 600 " +
                             path);
   }
-  if (static_cast<size_t>(st.st_size) > max_token_bytes) {
+  if (static_cast<size_t>(st.st_size) > max_bytes) {
     ::close(fd);
-    throw credentials_error("join token " + path + " is " + std::to_string(st.st_size) +
-                            " bytes; a token is a few KiB. Is this the right file?");
+    throw credentials_error(what + " " + path + " is " + std::to_string(st.st_size) +
+                            " bytes; the limit is " + std::to_string(max_bytes) +
+                            ". Is this the right file?");
   }
   std::string text(static_cast<size_t>(st.st_size), '\0');
   size_t got = 0;
@@ -210,7 +211,30 @@ job_credentials load_join_token(const std::string& path) {
   }
   ::close(fd);
   text.resize(got);
+  return text;
+}
 
+std::string read_bearer_token(const std::string& path) {
+  std::string text = read_private_file(path, "metrics token", 4096);
+  const auto end = text.find_first_of("\r\n");
+  if (end != std::string::npos) text.resize(end);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.pop_back();
+  size_t start = 0;
+  while (start < text.size() && (text[start] == ' ' || text[start] == '\t')) ++start;
+  text.erase(0, start);
+  if (text.empty())
+    throw credentials_error("metrics token " + path +
+                            " is empty; its first line is the token Prometheus must send");
+  for (unsigned char ch : text)
+    if (ch < 0x21 || ch > 0x7e)
+      throw credentials_error("metrics token " + path +
+                              " holds a character that cannot travel in an HTTP header; use "
+                              "printable ASCII without spaces");
+  return text;
+}
+
+job_credentials load_join_token(const std::string& path) {
+  const std::string text = read_private_file(path, "join token", max_token_bytes);
   job_credentials c;
   std::istringstream in(text);
   std::string line;

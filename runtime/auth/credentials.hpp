@@ -50,6 +50,14 @@ job_credentials create_join_token(const std::string& path);
 /// one made for another protocol version, each with a message that says which.
 job_credentials load_join_token(const std::string& path);
 
+/// Reads a file that holds a secret: refused (naming the fix) unless it is a regular file of
+/// at most `max_bytes` that no other user can read or write. `what` names it in messages.
+std::string read_private_file(const std::string& path, const std::string& what, size_t max_bytes);
+
+/// The bearer token the metrics endpoint asks for (--metrics-token FILE): the file's first
+/// line, trimmed; printable ASCII, at most 4 KiB; the file mode 0600 or stricter.
+std::string read_bearer_token(const std::string& path);
+
 /// A 32-byte key for one purpose ("replica", ...), derived from the job's secret
 /// (HMAC-SHA256 of the purpose): every member computes the same key without asking anyone for
 /// it, and knowing one purpose's key tells nothing about the secret or another purpose's.

@@ -2,7 +2,10 @@
 // tcp_store_server with a deadline on every call.
 #include "runtime/comm/store.hpp"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <cstring>
 // clang-format off
 #include <utility>  // Boost 1.74's asio uses std::exchange without including it
 #include <boost/asio.hpp>
@@ -31,6 +34,10 @@ const char* to_string(store_errc code) {
       return "protocol";
     case store_errc::invalid:
       return "invalid";
+    case store_errc::refused:
+      return "refused";
+    case store_errc::full:
+      return "full";
   }
   return "unknown";
 }
@@ -90,11 +97,15 @@ std::string describe(const std::vector<std::string>& keys) {
 /// answer may still arrive), so such a call closes the socket and the next one reconnects.
 class tcp_store_client final : public kv_store {
  public:
-  tcp_store_client(std::string host, uint16_t port, milliseconds io_timeout)
-      : host_(std::move(host)), port_(port), io_timeout_(io_timeout) {}
+  tcp_store_client(std::string host, uint16_t port, milliseconds io_timeout, store_auth auth)
+      : host_(std::move(host)), port_(port), io_timeout_(io_timeout), auth_(std::move(auth)) {}
 
+  /// Connects and, with an identity, runs the handshake. A server that closes or stays silent
+  /// before the handshake is done is retried (it may be over its caps for a moment); one that
+  /// refuses this process, or that this process refuses, fails at once with store_errc::refused.
   void connect(clock_type::time_point deadline, bool retry) {
     boost::system::error_code last;
+    bool in_handshake = false;
     auto backoff = milliseconds(5);
     for (;;) {
       boost::system::error_code ec;
@@ -118,7 +129,10 @@ class tcp_store_client final : public kv_store {
           last = result;
         } else {
           socket_.set_option(tcp::no_delay(true), ec);
-          return;
+          // Asio opens it without close-on-exec; a process this one spawns must not hold it.
+          ::fcntl(socket_.native_handle(), F_SETFD, FD_CLOEXEC);
+          if (!auth_.identity || handshake(deadline, last)) return;
+          in_handshake = true;
         }
       }
       boost::system::error_code ignored;
@@ -127,6 +141,13 @@ class tcp_store_client final : public kv_store {
       if (!retry || now >= deadline) break;
       std::this_thread::sleep_for(std::min<clock_type::duration>(backoff, deadline - now));
       backoff = std::min(backoff * 2, milliseconds(200));
+    }
+    if (in_handshake) {
+      throw store_error(store_errc::unreachable,
+                        "the key-value store at " + endpoint() +
+                            " closed the connection or stayed silent during the handshake (" +
+                            last.message() +
+                            "); is it over its connection cap, or not this job's store?");
     }
     throw store_error(store_errc::unreachable,
                       "no key-value store answered at " + endpoint() + " within " +
@@ -187,6 +208,68 @@ class tcp_store_client final : public kv_store {
     return clock_type::now() + timeout + std::min(io_timeout_, milliseconds(2000));
   }
 
+  /// Runs one read or write started by `start(handler)` until `deadline`. False (with `last`
+  /// set, the socket closed) if it failed or did not finish in time.
+  template <class Start>
+  bool transfer(Start start, clock_type::time_point deadline, boost::system::error_code& last) {
+    bool done = false;
+    boost::system::error_code result;
+    start([&](const boost::system::error_code& e, size_t) {
+      result = e;
+      done = true;
+    });
+    run_until(deadline);
+    if (!done) {
+      drain();
+      last = asio::error::timed_out;
+      return false;
+    }
+    if (result) {
+      last = result;
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+      return false;
+    }
+    return true;
+  }
+
+  /// The client's half of runtime/auth/handshake.hpp on a fresh connection. False when the
+  /// server went away or stalled; throws store_error{refused} when either side refused.
+  bool handshake(clock_type::time_point deadline, boost::system::error_code& last) {
+    const auth::handshake_identity& me = *auth_.identity;
+    const std::string where = "the key-value store at " + endpoint();
+    auth::server_hello hello{};
+    if (!transfer([&](auto h) { asio::async_read(socket_, asio::buffer(hello), h); }, deadline,
+                  last)) {
+      return false;
+    }
+    const auth::handshake_outcome seen = auth::check_server_hello(me, hello, where);
+    const auth::client_answer answer = auth::make_client_answer(me, hello, auth::random_nonce());
+    boost::system::error_code ignored;
+    if (!seen.ok()) {
+      // Answer anyway (without a MAC), so that the server can count and log why.
+      if (seen.status != auth::handshake_status::not_troupe) {
+        transfer([&](auto h) { asio::async_write(socket_, asio::buffer(answer), h); },
+                 std::min(deadline, clock_type::now() + milliseconds(500)), ignored);
+      }
+      socket_.close(ignored);
+      throw store_error(store_errc::refused, seen.message);
+    }
+    auth::server_verdict verdict{};
+    if (!transfer([&](auto h) { asio::async_write(socket_, asio::buffer(answer), h); }, deadline,
+                  last) ||
+        !transfer([&](auto h) { asio::async_read(socket_, asio::buffer(verdict), h); }, deadline,
+                  last)) {
+      return false;
+    }
+    const auth::handshake_outcome v = auth::check_server_verdict(me, hello, answer, verdict, where);
+    if (!v.ok()) {
+      socket_.close(ignored);
+      throw store_error(store_errc::refused, v.message);
+    }
+    return true;
+  }
+
   void run_until(clock_type::time_point deadline) {
     io_.restart();
     io_.run_until(deadline);
@@ -204,10 +287,17 @@ class tcp_store_client final : public kv_store {
   /// Sends one request and returns the response body (status byte first) if the status is ok.
   std::vector<char> call(const std::vector<char>& request, clock_type::time_point deadline,
                          const std::string& what) {
+    if (request.size() - 4 > wire::max_frame_bytes) {
+      throw store_error(store_errc::invalid, "store " + endpoint() + ": " + what + " is " +
+                                                 std::to_string(request.size() - 4) +
+                                                 " bytes, over the store's limit of " +
+                                                 std::to_string(wire::max_frame_bytes));
+    }
     std::lock_guard<std::mutex> lock(m_);
     if (!socket_.is_open()) connect(std::min(deadline, clock_type::now() + io_timeout_), false);
 
     bool done = false;
+    bool got_hello = false;
     boost::system::error_code result;
     unsigned char header[4];
     std::vector<char> body;
@@ -221,8 +311,14 @@ class tcp_store_client final : public kv_store {
           asio::async_read(
               socket_, asio::buffer(header), [&](const boost::system::error_code& e2, size_t) {
                 if (e2) return finish(e2);
+                if (std::memcmp(header, auth::handshake_magic.data(), sizeof header) == 0) {
+                  got_hello = true;
+                  return finish(asio::error::message_size);
+                }
                 const uint32_t n = wire::frame_length(header);
-                if (n == 0 || n > wire::max_frame_bytes) return finish(asio::error::message_size);
+                if (n == 0 || n > wire::max_frame_bytes + wire::max_answer_overhead) {
+                  return finish(asio::error::message_size);
+                }
                 body.resize(n);
                 asio::async_read(socket_, asio::buffer(body),
                                  [&](const boost::system::error_code& e3, size_t) { finish(e3); });
@@ -237,6 +333,12 @@ class tcp_store_client final : public kv_store {
     if (result) {
       boost::system::error_code ignored;
       socket_.close(ignored);
+      if (got_hello) {
+        throw store_error(store_errc::refused,
+                          "the key-value store at " + endpoint() +
+                              " admits only the job's members, and this process holds no job "
+                              "credentials (start it with --join-token)");
+      }
       throw store_error(
           store_errc::connection_lost,
           "store " + endpoint() + " lost the connection during " + what + ": " + result.message());
@@ -251,6 +353,9 @@ class tcp_store_client final : public kv_store {
       case wire::status::error:
         throw store_error(store_errc::protocol,
                           "store " + endpoint() + ": " + what + " failed: " + rd.str());
+      case wire::status::full:
+        throw store_error(store_errc::full,
+                          "store " + endpoint() + ": " + what + " refused: " + rd.str());
     }
     throw store_error(store_errc::protocol, "store " + endpoint() + ": bad status for " + what);
   }
@@ -258,6 +363,7 @@ class tcp_store_client final : public kv_store {
   std::string host_;
   uint16_t port_;
   milliseconds io_timeout_;
+  store_auth auth_;
   std::mutex m_;
   asio::io_context io_;
   tcp::socket socket_{io_};
@@ -266,8 +372,8 @@ class tcp_store_client final : public kv_store {
 }  // namespace
 
 std::unique_ptr<kv_store> connect_tcp_store(const std::string& host, uint16_t port,
-                                            milliseconds timeout) {
-  auto client = std::make_unique<tcp_store_client>(host, port, timeout);
+                                            milliseconds timeout, store_auth auth) {
+  auto client = std::make_unique<tcp_store_client>(host, port, timeout, std::move(auth));
   client->connect(clock_type::now() + timeout, true);
   return client;
 }

@@ -4,11 +4,15 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "runtime/auth/handshake.hpp"
 
 namespace troupe::comm {
 
@@ -18,7 +22,9 @@ enum class store_errc : uint8_t {
   unreachable,      ///< nothing accepted a connection at host:port before the deadline
   connection_lost,  ///< the server closed the connection (it died or was stopped)
   protocol,         ///< a malformed message (a version mismatch or a bug)
-  invalid,          ///< bad arguments (an empty key list, a negative timeout)
+  invalid,          ///< bad arguments (an empty key list, a negative timeout, a huge value)
+  refused,          ///< the handshake failed: another job, another protocol, a wrong secret
+  full,             ///< the server holds its limit of bytes already
 };
 
 const char* to_string(store_errc code);
@@ -80,14 +86,58 @@ class prefix_store final : public kv_store {
   std::string prefix_;  ///< includes the trailing '/'
 };
 
+/// Who may talk to a store: members proving they hold a key derived from the job's secret, or
+/// (no identity) anyone, for a store inside one process or a test.
+struct store_auth {
+  std::optional<auth::handshake_identity> identity;
+
+  /// This process's credentials for the store (derive_key(creds, "store")) when it holds
+  /// any (auth::process_credentials()), else none.
+  static store_auth from_process();
+};
+
+/// What one tcp_store_server accepts. A value is a bootstrap address or an id (bytes to KiB),
+/// so the frame limit leaves room for more than that without letting one client make the
+/// server allocate much.
+struct store_limits {
+  /// Largest request; a bigger length prefix closes the connection before anything is
+  /// allocated, and a body is allocated only as its bytes arrive.
+  uint32_t max_frame_bytes = 16u << 20;
+  /// Keys plus values (plus 64 bytes per key) the server holds; a set past it is refused with
+  /// store_errc::full.
+  size_t max_stored_bytes = size_t{256} << 20;
+  /// Open connections; one more is closed as soon as it is accepted.
+  size_t max_connections = 1024;
+  /// Connections still in the handshake; one more evicts the oldest of them, so a flood of
+  /// silent connections cannot lock members out.
+  size_t max_pending_handshakes = 64;
+  /// A connection that has not finished the handshake by then is closed (no effect without
+  /// an identity).
+  std::chrono::milliseconds handshake_timeout{3000};
+};
+
+/// Called on the server's I/O thread for every refused connection: the peer's address and
+/// why. Keep it cheap.
+using store_rejection_callback =
+    std::function<void(const std::string& peer, const std::string& why)>;
+
+struct store_server_options {
+  store_auth auth = store_auth::from_process();
+  store_limits limits;
+  store_rejection_callback on_rejection;
+};
+
 /// The store server the coordinator runs: TCP, many clients, its own I/O thread. A get or
 /// wait on a missing key is answered when the key is set or when the client's deadline passes.
 /// State lives in memory only; it dies with the server. A client that disconnects while
 /// blocked is noticed when its answer falls due (its deadline at the latest).
 class tcp_store_server {
  public:
-  /// Listens on bind_host:port (port 0 picks a free one) and starts serving at once.
-  explicit tcp_store_server(const std::string& bind_host = "127.0.0.1", uint16_t port = 0);
+  /// Listens on bind_host:port (port 0 picks a free one) and starts serving at once. With an
+  /// identity, a connection is served only after it proved it holds the key
+  /// (runtime/auth/handshake.hpp); nothing it sends before reaches the request decoder.
+  explicit tcp_store_server(const std::string& bind_host = "127.0.0.1", uint16_t port = 0,
+                            store_server_options options = {});
   ~tcp_store_server();
   tcp_store_server(const tcp_store_server&) = delete;
   tcp_store_server& operator=(const tcp_store_server&) = delete;
@@ -99,6 +149,9 @@ class tcp_store_server {
   void stop();
   /// Number of get/wait requests now blocked on missing keys (for tests and monitoring).
   size_t waiting() const;
+  /// Connections refused or closed for misbehaving so far: failed or late handshakes, over a
+  /// cap, oversized or malformed frames. Thread-safe.
+  uint64_t rejected_connections() const;
 
  private:
   struct impl;
@@ -110,7 +163,11 @@ class tcp_store_server {
 /// `timeout` also bounds each set/add/check; a get/wait waits for the server's answer until
 /// its own deadline plus min(timeout, 2 s), then declares the server hung (store_error{timeout}).
 /// A lost connection is reopened once on the next call.
+/// With an identity (by default this process's credentials, when it has any) every connection
+/// starts with the handshake; a server of another job, another protocol version or that
+/// refuses this process's proof fails at once with store_error{refused} naming which.
 std::unique_ptr<kv_store> connect_tcp_store(const std::string& host, uint16_t port,
-                                            std::chrono::milliseconds timeout);
+                                            std::chrono::milliseconds timeout,
+                                            store_auth auth = store_auth::from_process());
 
 }  // namespace troupe::comm

@@ -1,18 +1,27 @@
 // tcp_store_server: one I/O thread owns all state, so no handler needs a lock; a get or wait
 // on a missing key is parked under that key and answered by the set that completes it or by
-// its own deadline timer.
+// its own deadline timer. With an identity, a connection runs the handshake
+// (runtime/auth/handshake.hpp) before its first byte reaches the request decoder; every bound
+// (connections, pending handshakes, frame size, stored bytes) is in store_limits.
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
 // clang-format off
 #include <utility>  // Boost 1.74's asio uses std::exchange without including it
 #include <boost/asio.hpp>
 // clang-format on
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/auth/handshake.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/comm/store_wire.hpp"
+#include "runtime/sys/descriptors.hpp"
 
 namespace troupe::comm {
 
@@ -40,24 +49,47 @@ struct waiter {
 
 /// Longest wait the server honours, so a client's huge timeout cannot overflow the timer.
 constexpr uint64_t max_wait_ms = 7ull * 24 * 3600 * 1000;
+/// A body is read (and its buffer grown) this much at a time, so that memory follows the bytes
+/// that really arrived, not what a length prefix promised.
+constexpr size_t body_chunk_bytes = size_t{256} << 10;
+/// What one stored key costs beyond its bytes (map node, string headers), for the byte bound.
+constexpr size_t entry_overhead_bytes = 64;
+
+size_t entry_cost(const std::string& key, size_t value_bytes) {
+  return key.size() + value_bytes + entry_overhead_bytes;
+}
 
 /// Everything the server owns. Touched by the I/O thread only, except where atomic.
 struct server_state {
   asio::io_context io;  // first member: destroyed last, after every socket and timer
   tcp::acceptor acceptor{io};
+  tcp protocol = tcp::v4();
+  asio::steady_timer accept_pause{io};
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   std::thread thread;
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
   uint16_t port = 0;
   std::atomic<size_t> n_waiting{0};
+  std::atomic<uint64_t> n_rejected{0};
+
+  // Set before the I/O thread starts, read-only afterwards.
+  std::optional<auth::handshake_identity> identity;
+  store_limits limits;
+  store_rejection_callback on_rejection;
 
   // Touched only on the I/O thread (or after it has been joined).
   std::unordered_map<std::string, std::vector<char>> data;
+  size_t stored_bytes = 0;
   std::unordered_map<std::string, std::vector<std::shared_ptr<waiter>>> parked;
   std::unordered_set<std::shared_ptr<session>> sessions;
+  size_t n_pending = 0;     ///< sessions still in the handshake
+  uint64_t n_accepted = 0;  ///< orders sessions by age
 
   void accept();
+  void admit(tcp::socket sock);
+  void reject(const std::shared_ptr<session>& s, const std::string& why);
+  void rejected(const std::string& peer, const std::string& why);
   void handle(const std::shared_ptr<session>& s, const std::vector<char>& body);
   void park(const std::shared_ptr<session>& s, wire::opcode op, std::vector<std::string> keys,
             uint64_t timeout_ms);
@@ -68,25 +100,79 @@ struct server_state {
   void shutdown_state();
 };
 
-/// One client connection: reads a request, answers it (maybe later), reads the next.
+/// One client connection: proves itself (when the server has an identity), then reads a
+/// request, answers it (maybe later), reads the next.
 struct session : std::enable_shared_from_this<session> {
-  session(server_state& srv, tcp::socket sock) : server(srv), socket(std::move(sock)) {}
+  session(server_state& srv, tcp::socket sock, std::string from, uint64_t n)
+      : server(srv), socket(std::move(sock)), timer(srv.io), peer(std::move(from)), serial(n) {}
+
+  /// Sends the hello and waits, at most handshake_timeout, for the answer.
+  void start_handshake() {
+    pending = true;
+    ++server.n_pending;
+    hello = auth::make_server_hello(*server.identity, auth::random_nonce());
+    timer.expires_after(server.limits.handshake_timeout);
+    timer.async_wait([self = shared_from_this()](const error_code& ec) {
+      if (ec || self->closed) return;
+      if (self->pending) {
+        self->server.reject(
+            self, "no handshake within " +
+                      std::to_string(self->server.limits.handshake_timeout.count()) + " ms");
+      }
+    });
+    asio::async_write(socket, asio::buffer(hello),
+                      [self = shared_from_this()](const error_code& ec, size_t) {
+                        if (ec) return self->lost("the handshake");
+                      });
+    asio::async_read(socket, asio::buffer(answer),
+                     [self = shared_from_this()](const error_code& ec, size_t) {
+                       if (ec) return self->lost("the handshake");
+                       self->finish_handshake();
+                     });
+  }
+
+  void finish_handshake() {
+    const auth::handshake_outcome o =
+        auth::check_client_answer(*server.identity, hello, answer, verdict);
+    if (!o.ok()) {
+      // The verdict tells an honest client of another job why; then the connection ends (the
+      // timer still bounds a peer that does not read it).
+      server.reject(shared_from_this(), "handshake refused: " + o.message);
+      return;
+    }
+    end_pending();
+    timer.cancel();
+    asio::async_write(socket, asio::buffer(verdict),
+                      [self = shared_from_this()](const error_code& ec, size_t) {
+                        if (ec) return self->close();
+                        self->read_header();
+                      });
+  }
 
   void read_header() {
     asio::async_read(socket, asio::buffer(header),
                      [self = shared_from_this()](const error_code& ec, size_t) {
                        if (ec) return self->close();
                        const uint32_t n = wire::frame_length(self->header);
-                       if (n == 0 || n > wire::max_frame_bytes) return self->close();
-                       self->body.resize(n);
+                       if (n == 0 || n > self->server.limits.max_frame_bytes) {
+                         return self->server.reject(
+                             self, "a frame of " + std::to_string(n) + " bytes (the limit is " +
+                                       std::to_string(self->server.limits.max_frame_bytes) + ")");
+                       }
+                       self->expected = n;
+                       self->body.clear();
                        self->read_body();
                      });
   }
 
   void read_body() {
-    asio::async_read(socket, asio::buffer(body),
+    const size_t have = body.size();
+    const size_t more = std::min(expected - have, body_chunk_bytes);
+    body.resize(have + more);
+    asio::async_read(socket, asio::buffer(body.data() + have, more),
                      [self = shared_from_this()](const error_code& ec, size_t) {
                        if (ec) return self->close();
+                       if (self->body.size() < self->expected) return self->read_body();
                        self->server.handle(self, self->body);
                      });
   }
@@ -100,15 +186,46 @@ struct session : std::enable_shared_from_this<session> {
                       });
   }
 
-  void close() {
+  /// The peer went away or failed mid-handshake: a rejection unless we closed it ourselves.
+  void lost(const char* during) {
+    if (closed || server.stopping) return close();
+    if (pending) return server.reject(shared_from_this(), std::string("closed during ") + during);
+    close();
+  }
+
+  void end_pending() {
+    if (pending) {
+      pending = false;
+      --server.n_pending;
+    }
+  }
+
+  /// Closes the socket and cancels the timer; handlers still queued see `closed`. Idempotent.
+  void shut() {
+    closed = true;
+    end_pending();
     error_code ignored;
     socket.close(ignored);
+    timer.cancel();
+  }
+
+  void close() {
+    shut();
     server.sessions.erase(shared_from_this());
   }
 
   server_state& server;
   tcp::socket socket;
+  asio::steady_timer timer;  ///< the handshake deadline
+  std::string peer;          ///< host:port, for rejections
+  uint64_t serial;           ///< accept order
+  bool pending = false;      ///< in the handshake
+  bool closed = false;
+  auth::server_hello hello{};
+  auth::client_answer answer{};
+  auth::server_verdict verdict{};
   unsigned char header[4] = {};
+  size_t expected = 0;  ///< the body length the header announced
   std::vector<char> body;
   std::vector<char> out;
 };
@@ -119,97 +236,203 @@ std::vector<char> error_frame(wire::status st, const std::string& msg) {
   return wire::writer().u8(uint8_t(st)).str(msg).finish();
 }
 
-std::vector<std::string> read_keys(wire::reader& rd) {
-  const uint32_t n = rd.u32();
-  std::vector<std::string> keys;
-  for (uint32_t i = 0; i < n; ++i) keys.push_back(rd.str());
-  return keys;
+std::string describe(const tcp::endpoint& ep) {
+  const auto a = ep.address();
+  return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(ep.port());
 }
 
 }  // namespace
 
 struct tcp_store_server::impl : server_state {};
 
+store_auth store_auth::from_process() {
+  store_auth a;
+  if (const auto& creds = auth::process_credentials(); creds.valid()) {
+    a.identity = auth::make_identity(creds, "store");
+  }
+  return a;
+}
+
+// Asio (1.74) opens and accepts sockets without close-on-exec, so a process the coordinator
+// spawns would inherit them: connections are taken here with accept4(SOCK_CLOEXEC).
 void server_state::accept() {
-  acceptor.async_accept([this](const error_code& ec, tcp::socket sock) {
+  acceptor.async_wait(tcp::acceptor::wait_read, [this](const error_code& ec) {
     if (stopping || !acceptor.is_open()) return;
-    if (!ec) {
-      error_code ignored;
-      sock.set_option(tcp::no_delay(true), ignored);
-      auto s = std::make_shared<session>(*this, std::move(sock));
-      sessions.insert(s);
-      s->read_header();
+    if (ec) return accept();
+    for (int i = 0; i < 64; ++i) {  // what is ready, but not forever: timers must run too
+      const int fd =
+          ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
+          break;
+        }
+        // Out of descriptors or memory: the connection waits in the backlog; try again soon
+        // instead of spinning on a listening socket that stays readable.
+        accept_pause.expires_after(std::chrono::milliseconds(50));
+        accept_pause.async_wait([this](const error_code& e) {
+          if (!e && !stopping) accept();
+        });
+        return;
+      }
+      tcp::socket sock(io);
+      error_code assigned;
+      sock.assign(protocol, fd, assigned);
+      if (assigned) {
+        ::close(fd);
+        continue;
+      }
+      admit(std::move(sock));
     }
     accept();
   });
 }
 
+void server_state::admit(tcp::socket sock) {
+  error_code ec;
+  const auto remote = sock.remote_endpoint(ec);
+  std::string peer = ec ? std::string("an unknown peer") : describe(remote);
+  if (sessions.size() >= limits.max_connections) {
+    sock.close(ec);
+    return rejected(peer,
+                    "over the cap of " + std::to_string(limits.max_connections) + " connections");
+  }
+  if (sys::in_descriptor_reserve(sock.native_handle())) {  // kept for checkpoints and data
+    sock.close(ec);
+    return rejected(peer, "the process's descriptor reserve is reached");
+  }
+  sock.set_option(tcp::no_delay(true), ec);
+  auto s = std::make_shared<session>(*this, std::move(sock), std::move(peer), ++n_accepted);
+  sessions.insert(s);
+  if (!identity) return s->read_header();
+  if (n_pending >= limits.max_pending_handshakes) {
+    // The oldest pending handshake goes, not the newest: a member finishes its handshake in
+    // one round trip, so it outlives a flood of silent connections.
+    std::shared_ptr<session> oldest;
+    for (const auto& o : sessions) {
+      if (o->pending && (!oldest || o->serial < oldest->serial)) oldest = o;
+    }
+    if (oldest) {
+      reject(oldest, "evicted: more than " + std::to_string(limits.max_pending_handshakes) +
+                         " handshakes pending");
+    }
+  }
+  s->start_handshake();
+}
+
+void server_state::rejected(const std::string& peer, const std::string& why) {
+  n_rejected.fetch_add(1, std::memory_order_relaxed);
+  if (!on_rejection) return;
+  try {
+    on_rejection(peer, why);
+  } catch (const std::exception&) {
+    // A listener's logging failure must not take the store down.
+  }
+}
+
+void server_state::reject(const std::shared_ptr<session>& s, const std::string& why) {
+  if (s->closed) return;
+  rejected(s->peer, why);
+  if (s->pending && s->verdict[0] != 0) {
+    // Tell an honest client of another job why (33 bytes), then close. A peer that does not
+    // read its verdict is cut off at the handshake deadline.
+    s->end_pending();
+    asio::async_write(s->socket, asio::buffer(s->verdict),
+                      [s](const error_code&, size_t) { s->close(); });
+    s->timer.expires_after(limits.handshake_timeout);
+    s->timer.async_wait([s](const error_code& ec) {
+      if (!ec) s->close();
+    });
+    return;
+  }
+  s->close();
+}
+
 void server_state::handle(const std::shared_ptr<session>& s, const std::vector<char>& body) {
   if (stopping) return s->close();
+  wire::request r;
   try {
-    wire::reader rd(body.data(), body.size());
-    const auto op = static_cast<wire::opcode>(rd.u8());
-    switch (op) {
-      case wire::opcode::set: {
-        auto key = rd.str();
-        data[key] = rd.blob();
-        s->respond(ok_frame());
-        wake(key);
-        return;
-      }
-      case wire::opcode::get:
-      case wire::opcode::wait: {
-        std::vector<std::string> keys;
-        if (op == wire::opcode::get) {
-          keys.push_back(rd.str());
-        } else {
-          keys = read_keys(rd);
-        }
-        const uint64_t timeout_ms = rd.u64();
-        if (keys.empty()) {
-          return s->respond(error_frame(wire::status::error, "wait on an empty key list"));
-        }
-        if (first_missing(keys) == nullptr) {
-          if (op == wire::opcode::get) {
-            return s->respond(
-                wire::writer().u8(uint8_t(wire::status::ok)).blob(data[keys[0]]).finish());
-          }
-          return s->respond(ok_frame());
-        }
-        return park(s, op, std::move(keys), timeout_ms);
-      }
-      case wire::opcode::add: {
-        auto key = rd.str();
-        const auto delta = static_cast<int64_t>(rd.u64());
-        int64_t value = 0;
-        if (auto it = data.find(key); it != data.end()) {
-          try {
-            size_t used = 0;
-            const std::string text(it->second.begin(), it->second.end());
-            value = std::stoll(text, &used);
-            if (used != text.size()) throw std::invalid_argument(text);
-          } catch (const std::exception&) {
-            return s->respond(
-                error_frame(wire::status::error, "add: " + key + " is not a counter"));
-          }
-        }
-        value += delta;
-        const auto text = std::to_string(value);
-        data[key] = std::vector<char>(text.begin(), text.end());
-        s->respond(wire::writer().u8(uint8_t(wire::status::ok)).u64(uint64_t(value)).finish());
-        wake(key);
-        return;
-      }
-      case wire::opcode::check: {
-        const auto keys = read_keys(rd);
-        const bool all = first_missing(keys) == nullptr;
-        return s->respond(wire::writer().u8(uint8_t(wire::status::ok)).u8(all ? 1 : 0).finish());
-      }
+    r = wire::decode_request(body.data(), body.size());
+  } catch (const store_error& e) {
+    if (e.code() == store_errc::invalid) {
+      return s->respond(error_frame(wire::status::error, e.what()));
     }
-    s->respond(error_frame(wire::status::error, "unknown opcode"));
-  } catch (const store_error&) {
-    s->close();  // a truncated frame: the stream cannot be trusted any more
+    // A truncated frame: the stream cannot be trusted any more.
+    return reject(s, std::string("a malformed request: ") + e.what());
   }
+  switch (r.op) {
+    case wire::opcode::set: {
+      auto& key = r.keys[0];
+      const auto it = data.find(key);
+      const size_t old_cost = it == data.end() ? 0 : entry_cost(key, it->second.size());
+      const size_t new_cost = entry_cost(key, r.value.size());
+      if (stored_bytes - old_cost + new_cost > limits.max_stored_bytes) {
+        return s->respond(error_frame(
+            wire::status::full, "the store holds " + std::to_string(stored_bytes) + " of its " +
+                                    std::to_string(limits.max_stored_bytes) + " bytes; " +
+                                    std::to_string(r.value.size()) + " more do not fit"));
+      }
+      stored_bytes = stored_bytes - old_cost + new_cost;
+      if (it == data.end()) {
+        data.emplace(key, std::move(r.value));
+      } else {
+        it->second = std::move(r.value);
+      }
+      s->respond(ok_frame());
+      wake(key);
+      return;
+    }
+    case wire::opcode::get:
+    case wire::opcode::wait: {
+      if (r.keys.empty()) {
+        return s->respond(error_frame(wire::status::error, "wait on an empty key list"));
+      }
+      if (first_missing(r.keys) == nullptr) {
+        if (r.op == wire::opcode::get) {
+          return s->respond(
+              wire::writer().u8(uint8_t(wire::status::ok)).blob(data[r.keys[0]]).finish());
+        }
+        return s->respond(ok_frame());
+      }
+      return park(s, r.op, std::move(r.keys), r.number);
+    }
+    case wire::opcode::add: {
+      const auto& key = r.keys[0];
+      const auto delta = static_cast<int64_t>(r.number);
+      int64_t value = 0;
+      size_t old_cost = 0;
+      if (auto it = data.find(key); it != data.end()) {
+        old_cost = entry_cost(key, it->second.size());
+        try {
+          size_t used = 0;
+          const std::string text(it->second.begin(), it->second.end());
+          value = std::stoll(text, &used);
+          if (used != text.size()) throw std::invalid_argument(text);
+        } catch (const std::exception&) {
+          return s->respond(error_frame(wire::status::error, "add: " + key + " is not a counter"));
+        }
+      }
+      // Wraps like the two's complement it travels as, instead of overflowing.
+      value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
+      const auto text = std::to_string(value);
+      const size_t new_cost = entry_cost(key, text.size());
+      if (stored_bytes - old_cost + new_cost > limits.max_stored_bytes) {
+        return s->respond(error_frame(
+            wire::status::full, "the store holds " + std::to_string(stored_bytes) + " of its " +
+                                    std::to_string(limits.max_stored_bytes) +
+                                    " bytes; a new counter does not fit"));
+      }
+      stored_bytes = stored_bytes - old_cost + new_cost;
+      data[key] = std::vector<char>(text.begin(), text.end());
+      s->respond(wire::writer().u8(uint8_t(wire::status::ok)).u64(uint64_t(value)).finish());
+      wake(key);
+      return;
+    }
+    case wire::opcode::check: {
+      const bool all = first_missing(r.keys) == nullptr;
+      return s->respond(wire::writer().u8(uint8_t(wire::status::ok)).u8(all ? 1 : 0).finish());
+    }
+  }
+  s->respond(error_frame(wire::status::error, "unknown opcode"));
 }
 
 const std::string* server_state::first_missing(const std::vector<std::string>& keys) const {
@@ -279,6 +502,7 @@ void server_state::expire(const std::shared_ptr<waiter>& w) {
 void server_state::shutdown_state() {
   error_code ignored;
   acceptor.close(ignored);
+  accept_pause.cancel();
   for (auto& [key, list] : parked) {
     for (auto& w : list) {
       w->timer.cancel();
@@ -289,12 +513,16 @@ void server_state::shutdown_state() {
   n_waiting = 0;
   auto all = std::move(sessions);
   sessions.clear();
-  for (const auto& s : all) s->socket.close(ignored);
+  for (const auto& s : all) s->shut();
 }
 
-tcp_store_server::tcp_store_server(const std::string& bind_host, uint16_t port)
+tcp_store_server::tcp_store_server(const std::string& bind_host, uint16_t port,
+                                   store_server_options options)
     : impl_(std::make_unique<impl>()) {
   auto& d = *impl_;
+  d.identity = std::move(options.auth.identity);
+  d.limits = options.limits;
+  d.on_rejection = std::move(options.on_rejection);
   error_code ec;
   tcp::resolver resolver(d.io);
   const auto endpoints = resolver.resolve(bind_host, std::to_string(port), ec);
@@ -302,7 +530,17 @@ tcp_store_server::tcp_store_server(const std::string& bind_host, uint16_t port)
     throw std::system_error(ec, "store server: cannot resolve " + bind_host);
   }
   const tcp::endpoint ep = endpoints.begin()->endpoint();
-  d.acceptor.open(ep.protocol());
+  d.protocol = ep.protocol();
+  const int listen_fd =
+      ::socket(ep.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_TCP);
+  if (listen_fd < 0) {
+    throw std::system_error(errno, std::generic_category(), "store server: cannot make a socket");
+  }
+  d.acceptor.assign(ep.protocol(), listen_fd, ec);
+  if (ec) {
+    ::close(listen_fd);
+    throw std::system_error(ec, "store server: cannot make a socket");
+  }
   d.acceptor.set_option(tcp::acceptor::reuse_address(true));
   d.acceptor.bind(ep, ec);
   if (ec) {
@@ -335,6 +573,10 @@ tcp_store_server::~tcp_store_server() {
 uint16_t tcp_store_server::port() const { return impl_->port; }
 
 size_t tcp_store_server::waiting() const { return impl_->n_waiting.load(); }
+
+uint64_t tcp_store_server::rejected_connections() const {
+  return impl_->n_rejected.load(std::memory_order_relaxed);
+}
 
 void tcp_store_server::stop() {
   auto& d = *impl_;

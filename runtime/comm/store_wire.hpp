@@ -12,11 +12,16 @@
 namespace troupe::comm::wire {
 
 /// A frame is a u32 body length followed by the body; the body starts with an opcode (requests)
-/// or a status (responses). Frames larger than this are rejected as protocol errors.
-inline constexpr uint32_t max_frame_bytes = 1u << 30;
+/// or a status (responses). The client sends no request larger than this (the server's
+/// default store_limits::max_frame_bytes) and accepts answers up to this plus
+/// max_answer_overhead.
+inline constexpr uint32_t max_frame_bytes = store_limits{}.max_frame_bytes;
+inline constexpr uint32_t max_answer_overhead = 4096;
+/// Most keys one wait or check names; more is a malformed request.
+inline constexpr uint32_t max_keys_per_request = 65536;
 
 enum class opcode : uint8_t { set = 1, get, wait, add, check };
-enum class status : uint8_t { ok = 0, timeout = 1, error = 2 };
+enum class status : uint8_t { ok = 0, timeout = 1, error = 2, full = 3 };
 
 /// Builds one frame; finish() patches the length in front.
 class writer {
@@ -75,6 +80,7 @@ class reader {
     return v;
   }
   bool done() const { return p_ == end_; }
+  size_t remaining() const { return static_cast<size_t>(end_ - p_); }
 
  private:
   void need(size_t n) const {
@@ -92,6 +98,64 @@ class reader {
   const char* p_;
   const char* end_;
 };
+
+/// Reads a wait's or check's key list: a u32 count, then the keys. A count that the frame cannot
+/// hold (each key takes at least its 4-byte length) or over max_keys_per_request throws
+/// store_error{protocol} before anything is reserved.
+inline std::vector<std::string> read_keys(reader& rd) {
+  const uint32_t n = rd.u32();
+  if (n > max_keys_per_request || n > rd.remaining() / 4) {
+    throw store_error(store_errc::protocol, "store: a key list longer than its frame");
+  }
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) keys.push_back(rd.str());
+  return keys;
+}
+
+/// One decoded request. `keys` holds one key for set, get and add.
+struct request {
+  opcode op = opcode::set;
+  std::vector<std::string> keys;
+  std::vector<char> value;  ///< set
+  uint64_t number = 0;      ///< get/wait: timeout in ms; add: the delta (two's complement)
+};
+
+/// Decodes a request body (the frame without its length). Throws store_error{protocol} for a
+/// truncated or malformed body (the stream cannot be trusted any more) and
+/// store_error{invalid} for an unknown opcode (answered, the stream goes on). Bytes after a
+/// complete request are ignored.
+inline request decode_request(const char* p, size_t n) {
+  reader rd(p, n);
+  request r;
+  const uint8_t op = rd.u8();
+  if (op < uint8_t(opcode::set) || op > uint8_t(opcode::check)) {
+    throw store_error(store_errc::invalid, "unknown opcode " + std::to_string(op));
+  }
+  r.op = static_cast<opcode>(op);
+  switch (r.op) {
+    case opcode::set:
+      r.keys.push_back(rd.str());
+      r.value = rd.blob();
+      break;
+    case opcode::get:
+      r.keys.push_back(rd.str());
+      r.number = rd.u64();
+      break;
+    case opcode::wait:
+      r.keys = read_keys(rd);
+      r.number = rd.u64();
+      break;
+    case opcode::add:
+      r.keys.push_back(rd.str());
+      r.number = rd.u64();
+      break;
+    case opcode::check:
+      r.keys = read_keys(rd);
+      break;
+  }
+  return r;
+}
 
 /// Decodes the u32 length at the front of a frame.
 inline uint32_t frame_length(const unsigned char* header) {

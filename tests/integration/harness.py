@@ -98,7 +98,7 @@ class Job:
     """One `troupe` process (run or coordinator), its output, and cleanup of everything
     it and its children reported."""
 
-    def __init__(self, args, run_dir=None, command="run", env=None):
+    def __init__(self, args, run_dir=None, command="run", env=None, preexec_fn=None):
         if not TROUPE:
             fail("TROUPE_BIN is not set")
         self.tmp = tempfile.TemporaryDirectory(prefix="troupe-test-")
@@ -107,7 +107,7 @@ class Job:
         self.log = open(self.log_path, "w")
         full = [TROUPE, command, "--run-dir", self.run_dir] + list(args)
         self.proc = subprocess.Popen(full, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=env or os.environ.copy())
+                                     env=env or os.environ.copy(), preexec_fn=preexec_fn)
         self.extra_pids = []
 
     def events(self):
@@ -196,3 +196,31 @@ def main(test):
         raise
     print("1 passed, 0 failed", flush=True)
     sys.exit(0)
+
+
+def listening_ports(pids):
+    """TCP ports in LISTEN state whose socket any of `pids` holds."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            pass
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)

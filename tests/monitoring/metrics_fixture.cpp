@@ -28,14 +28,17 @@ int main(int argc, char** argv) {
 
   int port = 0;
   int max_seconds = 300;
+  metrics_server_limits limits;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--port") {
       port = std::atoi(argv[i + 1]);
     } else if (flag == "--max-seconds") {
       max_seconds = std::atoi(argv[i + 1]);
+    } else if (flag == "--bearer-token") {
+      limits.bearer_token = argv[i + 1];
     } else {
-      std::fprintf(stderr, "usage: %s [--port N] [--max-seconds S]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--port N] [--max-seconds S] [--bearer-token T]\n", argv[0]);
       return 2;
     }
   }
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
       .set(1);
 
   try {
-    metrics_server server(registry, "127.0.0.1", static_cast<std::uint16_t>(port));
+    metrics_server server(registry, "127.0.0.1", static_cast<std::uint16_t>(port), limits);
     std::printf("port=%u\n", static_cast<unsigned>(server.port()));
     std::fflush(stdout);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(max_seconds);

@@ -2,6 +2,7 @@
 // reusable harness tests/tools/prometheus_harness.py.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -46,11 +47,13 @@ class prometheus_scrape : public ::testing::Test {
   testing::temp_dir dir_;
 };
 
-// Starts the fixture and reads the port it chose.
-std::uint16_t start_fixture(std::unique_ptr<testing::child_process>& fixture) {
-  fixture = std::make_unique<testing::child_process>(
-      std::vector<std::string>{fixture_path, "--port", "0", "--max-seconds", "170"},
-      testing::spawn_options{.stdout_pipe = true});
+// Starts the fixture (asking for `bearer_token` when not empty) and reads the port it chose.
+std::uint16_t start_fixture(std::unique_ptr<testing::child_process>& fixture,
+                            const std::string& bearer_token = "") {
+  std::vector<std::string> argv{fixture_path, "--port", "0", "--max-seconds", "170"};
+  if (!bearer_token.empty()) argv.insert(argv.end(), {"--bearer-token", bearer_token});
+  fixture =
+      std::make_unique<testing::child_process>(argv, testing::spawn_options{.stdout_pipe = true});
   const auto line = fixture->read_line();
   if (!line || line->rfind("port=", 0) != 0) return 0;
   return static_cast<std::uint16_t>(std::stoi(line->substr(5)));
@@ -108,6 +111,30 @@ TEST_F(prometheus_scrape, harness_reports_missing_series_and_down_targets) {
   EXPECT_EQ(output.find("no samples for: troupe_fixture_steps_total"), std::string::npos) << output;
   EXPECT_NE(output.find("127.0.0.1:" + *dead_port + " health: down"), std::string::npos) << output;
   // fixture is killed and reaped by pid when it goes out of scope.
+}
+
+// --metrics-token as Prometheus uses it: the real server reads the token from a file and sends
+// it as a bearer token; without the token the same target is down (401).
+TEST_F(prometheus_scrape, a_bearer_token_is_sent_by_prometheus_and_required_by_the_endpoint) {
+  std::unique_ptr<testing::child_process> fixture;
+  const std::uint16_t port = start_fixture(fixture, "job-7f3a-token");
+  ASSERT_NE(port, 0) << "the fixture did not report its port";
+  const std::string token_file = dir_.file("metrics.token");
+  {
+    std::ofstream out(token_file);
+    out << "job-7f3a-token\n";
+  }
+  std::string output;
+  int rc = run_harness({"--target", "127.0.0.1:" + std::to_string(port), "--bearer-token-file",
+                        token_file, "--expect", "troupe_fixture_steps_total", "--timeout", "60"},
+                       output);
+  EXPECT_EQ(rc, 0) << output;
+  rc = run_harness({"--target", "127.0.0.1:" + std::to_string(port), "--expect",
+                    "troupe_fixture_steps_total", "--timeout", "12"},
+                   output);
+  EXPECT_EQ(rc, 1) << output;
+  EXPECT_NE(output.find("127.0.0.1:" + std::to_string(port) + " health: down"), std::string::npos)
+      << output;
 }
 
 }  // namespace

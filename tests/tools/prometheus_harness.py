@@ -71,7 +71,8 @@ def free_loopback_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(path: str, targets: list[str], metrics_path: str, interval: float) -> None:
+def write_config(path: str, targets: list[str], metrics_path: str, interval: float,
+                 bearer_token_file: str | None = None) -> None:
     # JSON strings are valid YAML scalars, so no YAML library is needed.
     interval_text = f"{interval:g}s"
     lines = [
@@ -86,6 +87,9 @@ def write_config(path: str, targets: list[str], metrics_path: str, interval: flo
         "    static_configs:",
         f"      - targets: {json.dumps(targets)}",
     ]
+    if bearer_token_file:
+        lines += ["    authorization:", "      type: Bearer",
+                  f"      credentials_file: {json.dumps(os.path.abspath(bearer_token_file))}"]
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -274,6 +278,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds, default 1")
     parser.add_argument("--prometheus", help="path of the prometheus binary (default: $PROMETHEUS,"
                                              " then PATH, then /usr/bin/prometheus)")
+    parser.add_argument("--bearer-token-file", metavar="FILE",
+                        help="Prometheus sends this file's token as Authorization: Bearer")
     parser.add_argument("--keep-tmp", action="store_true",
                         help="keep the temporary directory (config, TSDB, log) for debugging")
     args = parser.parse_args(argv)
@@ -292,7 +298,8 @@ def main(argv: list[str]) -> int:
     try:
         binary = find_prometheus(args.prometheus)
         config_path = os.path.join(workdir, "prometheus.yml")
-        write_config(config_path, args.target, args.metrics_path, args.scrape_interval)
+        write_config(config_path, args.target, args.metrics_path, args.scrape_interval,
+                     args.bearer_token_file)
         prom = start_prometheus(binary, workdir, config_path, deadline, started)
         say(f"prometheus ready on 127.0.0.1:{prom.port}, scraping {', '.join(args.target)}")
         report = check(prom, args.target, args.expect, deadline)
