@@ -25,6 +25,14 @@ void key_bytes(const chunk_key& k, unsigned char* out) {
 
 chunk_key key_from(const unsigned char* in) { return {le::get(in, 8), le::get(in + 8, 8)}; }
 
+// Constant time: how long a refusal takes says nothing about how much of the token matched.
+bool same_token(const void* bytes, const replica_token& token) {
+  const auto* p = static_cast<const unsigned char*>(bytes);
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) diff |= static_cast<unsigned char>(p[i] ^ token[i]);
+  return diff == 0;
+}
+
 }  // namespace
 
 replica_token random_replica_token() {
@@ -92,8 +100,7 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
         reply(std::move(b));
       };
       if (frames.size() < 4 || frames[1].size() != 0 || frames[2].size() != s.token.size() ||
-          std::memcmp(frames[2].data(), s.token.data(), s.token.size()) != 0 ||
-          frames[3].size() != 1) {
+          !same_token(frames[2].data(), s.token) || frames[3].size() != 1) {
         no();
         continue;
       }

@@ -28,9 +28,16 @@ def test():
     with tempfile.TemporaryDirectory(prefix="troupe-replica-") as tmp:
         ref_dir = os.path.join(tmp, "reference")
         reference = step_losses(run_ok("uninterrupted", ARGS, ref_dir))
-        rep_dir = os.path.join(tmp, "replicated")
-        events = run_ok("replicated", ARGS + FAULT + ["--replicate-checkpoints"], rep_dir)
-        pushed = [c.get("replicated_bytes", 0) for c in of(events, "checkpoint") if c["generation"] == 1]
+        # Checkpoints commit in the background: on a loaded machine none may have committed
+        # before the kill at step 12, and then there is nothing in memory to restore from. That
+        # run proves nothing either way, so it is tried again (at most three times).
+        for attempt in range(3):
+            rep_dir = os.path.join(tmp, f"replicated-{attempt}")
+            events = run_ok("replicated", ARGS + FAULT + ["--replicate-checkpoints"], rep_dir)
+            pushed = [c.get("replicated_bytes", 0) for c in of(events, "checkpoint") if c["generation"] == 1]
+            if pushed:
+                break
+            print(f"attempt {attempt + 1}: no checkpoint committed before the kill; again", flush=True)
         if not pushed or min(pushed) <= 0:
             fail(f"checkpoints of the first generation pushed no bytes to a peer: {pushed}")
         restored = restored_from_checkpoint(events)
