@@ -192,7 +192,10 @@ struct supervisor_state {
   int64_t training_start_step = 0;
   caf::actor experts;
   std::unique_ptr<checkpoint_committer> committer;  // manifests and retention, off this thread
-  std::map<int64_t, commit_checkpoint> committing;  // by step, until the committer answers
+  // By step, until the committer answers. A step can be in flight twice: a commit handed over
+  // just before a generation ended, and the same step again after the replay. The committer
+  // answers in order, so the oldest entry of a step is the one answered.
+  std::multimap<int64_t, commit_checkpoint> committing;
   std::map<int32_t, uint64_t> stage_rejections;     // by member, as its last heartbeat said
   static inline const char* name = "job_supervisor";
 };
@@ -289,14 +292,14 @@ void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
   m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
   m.pieces = c.pieces;
-  st.committing[c.step] = c;
+  st.committing.emplace(c.step, c);
   st.committer->commit(std::move(m));
 }
 
 void on_committed(self_ptr self, int64_t step, const std::string& path, const std::string& error) {
   auto& st = self->state;
-  const auto it = st.committing.find(step);
-  if (it == st.committing.end()) return;
+  const auto it = st.committing.lower_bound(step);  // the oldest commit of this step
+  if (it == st.committing.end() || it->first != step) return;
   const commit_checkpoint c = std::move(it->second);
   st.committing.erase(it);
   if (!error.empty())

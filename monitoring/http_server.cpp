@@ -1,13 +1,17 @@
 #include "monitoring/http_server.hpp"
 
 #include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -236,30 +240,62 @@ struct metrics_server::impl {
   impl(const metrics_registry& reg, std::string host_name, metrics_server_limits limits)
       : shared{reg, std::move(limits)}, host(std::move(host_name)) {}
 
+  // Asio (1.74) opens and accepts sockets without close-on-exec, and a process the
+  // coordinator spawns between accept() and fcntl() would inherit the connection: connections
+  // are taken here with accept4(SOCK_CLOEXEC), when the listening socket is readable.
   void accept_next() {
-    acceptor->async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted) return;
-      if (ec) {
-        // Out of descriptors or a transient network error: wait a little instead of spinning.
-        log(level::warn, {}, "metrics server: accept failed: " + ec.message());
-        retry_timer->expires_after(accept_retry_delay);
-        retry_timer->async_wait([this](beast::error_code timer_ec) {
-          if (!timer_ec) accept_next();
-        });
-        return;
-      }
-      sys::set_close_on_exec(socket.native_handle());
-      if (shared.open_sessions >= shared.limits.max_connections) {
-        shared.reject(
-            peer_of(socket),
-            "over the cap of " + std::to_string(shared.limits.max_connections) + " connections");
-      } else if (sys::in_descriptor_reserve(socket.native_handle())) {
-        shared.reject(peer_of(socket), "the process's descriptor reserve is reached");
-      } else {
-        std::make_shared<session>(std::move(socket), shared)->start();
-      }
-      accept_next();  // a refused socket closes as it goes out of scope here
+    acceptor->async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
+      if (ec) return pause_accepting(ec.message());
+      if (accept_ready()) accept_next();
     });
+  }
+
+  // Out of descriptors or memory: the connection waits in the backlog; try again a little
+  // later instead of spinning on a listening socket that stays readable.
+  void pause_accepting(const std::string& why) {
+    log(level::warn, {}, "metrics server: accept failed: " + why);
+    retry_timer->expires_after(accept_retry_delay);
+    retry_timer->async_wait([this](beast::error_code timer_ec) {
+      if (!timer_ec) accept_next();
+    });
+  }
+
+  // Takes what the backlog holds, but not forever: sessions' timers must run too. False when
+  // accepting paused (pause_accepting() resumes it).
+  bool accept_ready() {
+    for (int i = 0; i < 64; ++i) {
+      const int fd =
+          ::accept4(acceptor->native_handle(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED)
+          return true;
+        pause_accepting(std::strerror(errno));
+        return false;
+      }
+      tcp::socket socket(*ioc);
+      beast::error_code assigned;
+      socket.assign(protocol, fd, assigned);
+      if (assigned) {
+        ::close(fd);
+        continue;
+      }
+      admit(std::move(socket));
+    }
+    return true;
+  }
+
+  void admit(tcp::socket socket) {
+    if (shared.open_sessions >= shared.limits.max_connections) {
+      shared.reject(
+          peer_of(socket),
+          "over the cap of " + std::to_string(shared.limits.max_connections) + " connections");
+    } else if (sys::in_descriptor_reserve(socket.native_handle())) {
+      shared.reject(peer_of(socket), "the process's descriptor reserve is reached");
+    } else {
+      std::make_shared<session>(std::move(socket), shared)->start();
+    }
+    // A refused socket closes as it goes out of scope here.
   }
 
   void run() {
@@ -278,6 +314,7 @@ struct metrics_server::impl {
   server_shared shared;
   std::string host;
   std::uint16_t port = 0;
+  tcp::endpoint::protocol_type protocol = tcp::v4();
   // Optional so that stop() can destroy the acceptor and then the io_context (which closes
   // every open connection) in that order, without waiting for the destructor.
   std::optional<asio::io_context> ioc;
@@ -297,8 +334,16 @@ metrics_server::metrics_server(const metrics_registry& registry, std::string hos
   s.retry_timer.emplace(*s.ioc);
 
   beast::error_code ec;
-  s.acceptor->open(endpoint.protocol(), ec);
-  if (!ec) sys::set_close_on_exec(s.acceptor->native_handle());
+  s.protocol = endpoint.protocol();
+  // Close-on-exec from the start (not set later), so no child can inherit the listener.
+  const int listen_fd =
+      ::socket(endpoint.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (listen_fd < 0) {
+    ec.assign(errno, boost::system::system_category());
+  } else {
+    s.acceptor->assign(endpoint.protocol(), listen_fd, ec);
+    if (ec) ::close(listen_fd);
+  }
   // SO_REUSEADDR lets a restarted process bind while old connections sit in TIME_WAIT; on
   // Linux it does not let two sockets listen on the same port, so "in use" is still detected.
   if (!ec) s.acceptor->set_option(asio::socket_base::reuse_address(true), ec);

@@ -375,6 +375,13 @@ def test():
     start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(run_case, cases))
+    # A case whose only fault is the time it took ran while the machine was busy (CI runs
+    # other tests beside this one): it gets one more try alone, and must make it then.
+    for i, (case, r) in enumerate(zip(cases, results)):
+        first = r[0].split("\n")[0][len(case.name) + 2:] if r else ""
+        if first.startswith("took ") and "; " not in first:
+            print(f"{case.name}: {first}; trying it again alone", flush=True)
+            results[i] = run_case(case)
     problems = [p for r in results for p in r]
     print(f"{len(cases)} cases in {time.monotonic() - start:.1f} s, {len(problems)} failed",
           flush=True)
