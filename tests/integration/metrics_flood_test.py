@@ -7,8 +7,8 @@ says so.
   descriptors free, so every checkpoint still commits, the job ends with exit 0, a normal
   scrape is answered during the flood, and the refusals are counted in
   troupe_rejected_connections_total{listener="metrics"}.
-- exhaustion: while the port is flooded the same way, one worker's descriptor limit is cut to
-  what it already holds, so its next checkpoint cannot open a file. The failure is on the
+- exhaustion: while the port is flooded the same way, one worker's descriptor limit is cut
+  below what it already holds, so its next checkpoint cannot open a file. The failure is on the
   console, a checkpoint_failed event and troupe_checkpoint_failures_total; training goes on;
   the job exits 4 (a checkpoint failed and none committed after it) and the summary names the
   checkpoint LATEST holds.
@@ -110,16 +110,24 @@ def reserve():
 
 def exhaustion():
     port = free_port()
-    with Job(ARGS + ["--steps", "100000", "--metrics-port", str(port), "--exit-after-step", "1200"]) as job:
+    with Job(ARGS + ["--steps", "100000", "--metrics-port", str(port), "--exit-after-step", "3000"]) as job:
         wait_until(lambda: len(of(job.events(), "checkpoint")) >= 2, 120, "two committed checkpoints")
         flood = Flood(port, 500)
         try:
             worker = next(e["pid"] for e in of(job.events(), "rank_joined") if e["rank"] == 1)
             held = len(os.listdir(f"/proc/{worker}/fd"))
-            resource.prlimit(worker, resource.RLIMIT_NOFILE, (held, held))
-            text = wait_until(lambda: (lambda t: t if (series(t, "troupe_checkpoint_failures_total")
-                                                        or 0) >= 1 else None)(scrape(port)),
-                              120, "the failed checkpoint in the metrics")
+            # Below what it holds: what is open stays open, but nothing new can be opened (a
+            # limit equal to the count would let a file the writer closes be reopened).
+            resource.prlimit(worker, resource.RLIMIT_NOFILE, (3, 3))
+
+            def failure_counted():
+                if job.proc.poll() is not None:
+                    fail(f"exhaustion: the job ended ({job.proc.returncode}) before a failed "
+                         f"checkpoint was counted:\n{job.output()[-3000:]}")
+                text = scrape(port)
+                return text if (series(text, "troupe_checkpoint_failures_total") or 0) >= 1 else None
+
+            text = wait_until(failure_counted, 120, "the failed checkpoint in the metrics")
         finally:
             flood.stop()
         code = job.wait(300)
@@ -140,7 +148,7 @@ def exhaustion():
             fail(f"exhaustion: LATEST ({latest.strip()}) is not the last committed step {committed[-1]}")
         if f"  checkpoint        step {committed[-1]} (LATEST" not in out:
             fail(f"exhaustion: the summary does not name LATEST's step {committed[-1]}:\n{out[-2000:]}")
-        print(f"exhaustion: worker limited to {held} descriptors; {len(failed)} failed checkpoints "
+        print(f"exhaustion: worker holding {held} descriptors limited to 3; {len(failed)} failed checkpoints "
               f"on the console, in events and metrics ({series(text, 'troupe_checkpoint_failures_total'):.0f}); "
               f"exit 4; the summary names step {committed[-1]}")
 
