@@ -27,7 +27,7 @@ import urllib.request
 
 from harness import SMALL_MODEL, Job, fail, free_port, main, wait_until
 
-ARGS = SMALL_MODEL + ["--world", "2", "--checkpoint-every", "50"]
+ARGS = SMALL_MODEL + ["--world", "2"]
 
 
 def of(events, name):
@@ -75,13 +75,19 @@ class Flood:
             s.close()
 
 
+RESERVE_STEPS = 20000
+
+
 def low_hard_limit():
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 
 
 def reserve():
     port = free_port()
-    with Job(ARGS + ["--steps", "3000", "--metrics-port", str(port)], preexec_fn=low_hard_limit) as job:
+    # Long enough (tens of seconds) to outlast the flood's silent connections, whose request
+    # deadline (5 s) is what frees the endpoint's places for the scrape below.
+    with Job(ARGS + ["--steps", str(RESERVE_STEPS), "--checkpoint-every", "250", "--metrics-port", str(port)],
+             preexec_fn=low_hard_limit) as job:
         wait_until(lambda: scrape(port), 60, "the metrics endpoint")
         flood = Flood(port, 500)
         try:
@@ -102,15 +108,16 @@ def reserve():
         if of(events, "checkpoint_failed"):
             fail(f"reserve: a checkpoint failed under the flood: {of(events, 'checkpoint_failed')}")
         committed = [c["step"] for c in of(events, "checkpoint")]
-        if not committed or committed[-1] != 3000:
-            fail(f"reserve: the last checkpoint should be step 3000, got {committed[-3:]}")
+        if not committed or committed[-1] != RESERVE_STEPS:
+            fail(f"reserve: the last checkpoint should be step {RESERVE_STEPS}, got {committed[-3:]}")
         print(f"reserve: hard limit 256, 500 silent connections and a 1 MiB header: {refused:.0f} "
               f"refused, {len(committed)} checkpoints committed, exit 0")
 
 
 def exhaustion():
     port = free_port()
-    with Job(ARGS + ["--steps", "100000", "--metrics-port", str(port), "--exit-after-step", "3000"]) as job:
+    with Job(ARGS + ["--steps", "100000", "--checkpoint-every", "50", "--metrics-port", str(port),
+                     "--exit-after-step", "8000"]) as job:
         wait_until(lambda: len(of(job.events(), "checkpoint")) >= 2, 120, "two committed checkpoints")
         flood = Flood(port, 500)
         try:
@@ -120,16 +127,25 @@ def exhaustion():
             # limit equal to the count would let a file the writer closes be reopened).
             resource.prlimit(worker, resource.RLIMIT_NOFILE, (3, 3))
 
-            def failure_counted():
+            # The flood holds every connection the endpoint serves until the silent ones reach
+            # their deadline, so the failure is first seen where it is written down: the
+            # events. Then the flood lets go and the metric must count it.
+            def ended():
                 if job.proc.poll() is not None:
                     fail(f"exhaustion: the job ended ({job.proc.returncode}) before a failed "
                          f"checkpoint was counted:\n{job.output()[-3000:]}")
-                text = scrape(port)
-                return text if (series(text, "troupe_checkpoint_failures_total") or 0) >= 1 else None
 
-            text = wait_until(failure_counted, 120, "the failed checkpoint in the metrics")
+            wait_until(lambda: ended() or of(job.events(), "checkpoint_failed"), 120,
+                       "a failed checkpoint in events.jsonl")
         finally:
             flood.stop()
+
+        def failure_counted():
+            ended()
+            text = scrape(port)
+            return text if (series(text, "troupe_checkpoint_failures_total") or 0) >= 1 else None
+
+        text = wait_until(failure_counted, 60, "the failed checkpoint in the metrics")
         code = job.wait(300)
         out = job.output()
         events = job.events()
@@ -193,7 +209,7 @@ def parent_of(pid):
 
 def inheritance():
     port = free_port()
-    with Job(ARGS + ["--steps", "100000", "--metrics-port", str(port)]) as job:
+    with Job(ARGS + ["--steps", "100000", "--checkpoint-every", "50", "--metrics-port", str(port)]) as job:
         wait_until(lambda: len(of(job.events(), "checkpoint")) >= 1, 120, "a committed checkpoint")
         root = job.proc.pid
         tree = {root: None}  # pid -> parent, for the job's processes
