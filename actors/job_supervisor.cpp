@@ -196,7 +196,7 @@ struct supervisor_state {
   // just before a generation ended, and the same step again after the replay. The committer
   // answers in order, so the oldest entry of a step is the one answered.
   std::multimap<int64_t, commit_checkpoint> committing;
-  std::map<int32_t, uint64_t> stage_rejections;     // by member, as its last heartbeat said
+  std::map<int32_t, uint64_t> stage_rejections;  // by member, as its last heartbeat said
   static inline const char* name = "job_supervisor";
 };
 
