@@ -194,13 +194,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   if (halting_) {
     // A member was lost or a vote failed while the job was stopping: stop now, or roll back
     // now, without waiting any longer for checkpoints in flight.
-    const halt h = *halting_;
-    halting_.reset();
-    if (!h.rollback) {
-      finish(h.exit_code, halt_message(h), out);
-      return;
-    }
-    rollback_ = true;
+    if (take_halt(out)) return;
   }
   if (state_ != job_state::recovering) {
     recovery_started_ = now;

@@ -191,6 +191,8 @@ class job_logic {
   void diverged(int64_t step, const std::string& what, logic_time now, actions& out);
   void maybe_halt(logic_time now, bool force, actions& out);
   std::string halt_message(const halt& h) const;
+  // Ends the pending halt: finishes the job (true) or arms a rollback (false).
+  bool take_halt(actions& out);
   std::string checkpoint_words() const;
   void checkpoint_failed(int64_t step, const std::string& error);
   void handle_stragglers(const std::vector<double>& compute_s, logic_time now, actions& out);

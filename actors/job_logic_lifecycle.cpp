@@ -315,15 +315,21 @@ void job_logic::diverged(int64_t step, const std::string& what, logic_time now, 
 void job_logic::maybe_halt(logic_time now, bool force, actions& out) {
   if (!halting_ || ended_) return;
   if (!force && (!collecting_.empty() || committing_ > 0)) return;
+  const std::string why = halt_message(*halting_);
+  if (take_halt(out)) return;
+  recovery_cause_ = "divergence";
+  begin_generation(why, now, out);
+}
+
+bool job_logic::take_halt(actions& out) {
   const halt h = *halting_;
   halting_.reset();
   if (!h.rollback) {
     finish(h.exit_code, halt_message(h), out);
-    return;
+    return true;
   }
   rollback_ = true;
-  recovery_cause_ = "divergence";
-  begin_generation(halt_message(h), now, out);
+  return false;
 }
 
 std::string job_logic::checkpoint_words() const {
