@@ -27,6 +27,7 @@
 #include "checkpoint/async_checkpointer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/auth/credentials.hpp"
 #include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
@@ -468,6 +469,10 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
       comm::gloo_options gopts;
       gopts.connect_timeout = op_timeout;
+      if (w.cfg.data_plane_auth == "tcp-md5") {
+        const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
+        gopts.pair_key.assign(key.begin(), key.end());
+      }
       // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
       // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
       const int rank = r.rank;

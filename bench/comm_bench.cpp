@@ -112,7 +112,7 @@ std::optional<bench_options> parse(const std::vector<std::string>& args) {
       } else if (a == "--transport") {
         o.transports = split(v);
         for (const auto& t : o.transports) {
-          if (t != "tcp" && t != "shm") throw std::invalid_argument(t);
+          if (t != "tcp" && t != "tcp-signed" && t != "shm") throw std::invalid_argument(t);
         }
       } else if (a == "--batches") {
         o.batches = std::stoi(v);
@@ -168,7 +168,8 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
   // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SINGLE_COPY_KIB (or off), _SPIN_US and _YIELD_US
   // override shm's defaults.
   comm::shm_options shm;
-  if (const char* v = std::getenv("TROUPE_BENCH_SHM_CHUNK_KIB")) shm.chunk_bytes = std::stoul(v) << 10;
+  if (const char* v = std::getenv("TROUPE_BENCH_SHM_CHUNK_KIB"))
+    shm.chunk_bytes = std::stoul(v) << 10;
   if (const char* v = std::getenv("TROUPE_BENCH_SHM_SINGLE_COPY_KIB")) {
     shm.single_copy_bytes = std::string(v) == "off" ? SIZE_MAX : std::stoul(v) << 10;
   }
@@ -178,9 +179,16 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
   if (const char* v = std::getenv("TROUPE_BENCH_SHM_YIELD_US")) {
     shm.yield_time = std::chrono::microseconds(std::stol(v));
   }
+  // tcp-signed: the pairs connect with TCP signatures, as troupe's jobs do between nodes
+  // (--data-plane-auth tcp-md5); the keys are gone before the first collective, but the
+  // kernel keeps segmentation offload off for a socket that ever had one.
+  comm::gloo_options gloo;
+  if (transport == "tcp-signed") gloo.pair_key = std::string(32, 'b');
   auto c = transport == "shm" ? comm::make_shm_communicator(store, id, shm)
-                              : comm::make_gloo_communicator(store, id);
-  const char* label = transport == "shm" ? "shm, shared memory" : "gloo, loopback TCP";
+                              : comm::make_gloo_communicator(store, id, gloo);
+  const char* label = transport == "shm"   ? "shm, shared memory"
+                      : transport == "tcp" ? "gloo, loopback TCP"
+                                           : "gloo, loopback TCP, pairs signed while connecting";
   const comm::op_options op{120s};
   const auto n = static_cast<size_t>(size);
   const size_t top = (o.max_bytes + 3) / 4 * 4 + 4 * n;  // room for rounding up to n parts
@@ -322,7 +330,8 @@ int run_comm_bench(const std::vector<std::string>& args) {
   if (!o) return 2;
   const double memcpy_bw = memcpy_bandwidth();
   std::printf("# troupe comm bench: ranks forked on this host; transports:");
-  for (const auto& t : o->transports) std::printf(" %s", t == "shm" ? "shm" : "tcp (gloo)");
+  for (const auto& t : o->transports)
+    std::printf(" %s", t == "shm" ? "shm" : (t + " (gloo)").c_str());
   std::printf("\n");
   std::printf("# memcpy bandwidth (1 thread, 64 MiB): %.2f GB/s\n", memcpy_bw / 1e9);
   std::printf(

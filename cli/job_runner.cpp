@@ -29,6 +29,7 @@
 #include "monitoring/metrics.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/comm/store.hpp"
+#include "runtime/comm/tcp_signature.hpp"
 #include "runtime/model/gpt.hpp"
 #include "runtime/preflight.hpp"
 #include "strategies/mesh.hpp"
@@ -52,6 +53,17 @@ void preflight(train_config& cfg, bool launch_local_agent) {
   if (cfg.data.empty()) cfg.data = TROUPE_DEFAULT_CORPUS;
   check_against_host(cfg, launch_local_agent ? cfg.world + cfg.elastic.spares : 0,
                      read_host_facts(cfg));
+  // Ranks on different nodes talk over gloo's TCP pairs, signed unless told otherwise.
+  std::string why;
+  if (cfg.elastic.nodes > 1 && cfg.data_plane_auth == "tcp-md5" &&
+      !comm::tcp_signatures_supported(&why)) {
+    throw config_error(
+        "data_plane_auth (--data-plane-auth): got 'tcp-md5', but this kernel "
+        "cannot sign TCP segments (" +
+        why +
+        "); pass --data-plane-auth none "
+        "to connect the nodes' pairs unsigned, on a network you trust");
+  }
   std::error_code ec;
   const fs::path run_dir = fs::absolute(cfg.run_dir).lexically_normal();
   if (fs::exists(run_dir, ec) && !fs::is_directory(run_dir, ec))
@@ -132,7 +144,9 @@ resume_choice resume_point(const train_config& cfg) {
       "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy",
       "/elastic/faults",
       // What is done about a divergence; the batches it skipped are in skipped_batches.json.
-      "/on_divergence", "/max_rollbacks"};
+      "/on_divergence", "/max_rollbacks",
+      // How the data plane's connections are guarded.
+      "/data_plane_auth"};
   resume_choice out;
   std::vector<int64_t> candidates = ckpt::list_committed(cfg.run_dir);
   std::optional<int64_t> latest;

@@ -52,6 +52,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--fault", "elastic.faults"},
       {"--on-divergence", "on_divergence"},
       {"--max-rollbacks", "max_rollbacks"},
+      {"--data-plane-auth", "data_plane_auth"},
   };
   return table;
 }
@@ -195,6 +196,9 @@ const char* job_flags =
                          negative loss, is never committed: stop (exit 3, default), or roll
                          back to the last committed checkpoint and skip the batch that diverged
   --max-rollbacks K      rollbacks before the job stops with exit 3 anyway (default 3)
+  --data-plane-auth tcp-md5|none   the data plane's TCP pairs between nodes: signed with a key
+                         from the job's secret while they connect, so the kernel drops a
+                         stranger's connection (default tcp-md5), or open to whoever is first
 
 elastic recovery (a lost rank is replaced in place; the job goes on with the same model):
   --nodes N              agents (simulated nodes) this machine runs, sharing the ranks (default 1)
@@ -266,7 +270,8 @@ options:
   --max-bytes 256M       largest message; sizes step by 4x
   --batches 5            timed batches per size (the median is reported)
   --batch-seconds 0.2    target length of one batch
-  --transport tcp,shm    data planes to compare: tcp (gloo), shm (shared memory), or both
+  --transport tcp,shm    data planes to compare: tcp (gloo), tcp-signed (gloo, pairs connected
+                         with TCP signatures as between nodes), shm (shared memory)
 )";
 }
 

@@ -245,6 +245,7 @@ const std::vector<field>& fields() {
       make_field("progress", &train_config::progress),
       string_field("on_divergence", &train_config::on_divergence),
       make_field("max_rollbacks", &train_config::max_rollbacks),
+      string_field("data_plane_auth", &train_config::data_plane_auth),
   };
   return table;
 }
@@ -595,6 +596,7 @@ void validate(const train_config& c) {
   int_in(c.bucket_bytes, "bucket_bytes", "", 1024, 1 << 30);
   one_of(c.on_divergence, "on_divergence", "--on-divergence", {"stop", "rollback"});
   int_in(c.max_rollbacks, "max_rollbacks", "--max-rollbacks", 0, 1000);
+  one_of(c.data_plane_auth, "data_plane_auth", "--data-plane-auth", {"tcp-md5", "none"});
   const auto& e = c.elastic;
   int_in(e.max_restarts, "elastic.max_restarts", "--max-restarts", 0, 1000000);
   int_in(e.spares, "elastic.spares", "--spares", 0, 256);

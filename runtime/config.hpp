@@ -98,6 +98,10 @@ struct train_config {
   /// checkpoint and trains on past the batch that diverged, at most max_rollbacks times.
   std::string on_divergence = "stop";
   int max_rollbacks = 3;
+  /// How gloo's TCP pairs (the data plane between nodes) keep strangers out while they
+  /// connect: `tcp-md5` signs their segments with a key from the job's secret, so the kernel
+  /// drops a stranger's (runtime/comm/tcp_signature.hpp); `none` accepts whoever connects first.
+  std::string data_plane_auth = "tcp-md5";
 };
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.

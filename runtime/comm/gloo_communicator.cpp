@@ -6,9 +6,14 @@
 
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <optional>
 
 #include "runtime/comm/gloo_communicator_impl.hpp"
 #include "runtime/comm/gloo_store.hpp"
+#include "runtime/comm/tcp_signature.hpp"
 
 namespace troupe::comm {
 namespace gloo_detail {
@@ -263,6 +268,26 @@ void ignore_sigpipe() {
   });
 }
 
+/// gloo publishes under "<rank>" the listening addresses of that rank's pairs, one
+/// tcp::Address after another (a sockaddr_storage and a sequence number each); connects to
+/// them are the ones to sign.
+void allow_pair_addresses(tcp_signature_scope& signing, const comm_identity& id,
+                          const std::string& key, const std::vector<char>& value) {
+  if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos) return;
+  constexpr size_t entry = sizeof(sockaddr_storage) + sizeof(ssize_t);
+  if (value.size() != entry * static_cast<size_t>(id.size - 1)) {
+    throw comm_error(comm_errc::internal,
+                     "gloo published " + std::to_string(value.size()) + " address bytes for rank " +
+                         key + ", expected " + std::to_string(entry * (id.size - 1)) +
+                         " (a gloo whose address format troupe does not know)");
+  }
+  for (size_t at = 0; at < value.size(); at += entry) {
+    sockaddr_storage address;
+    std::memcpy(&address, value.data() + at, sizeof(address));
+    signing.allow_peer(address);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm_identity& id,
@@ -278,17 +303,44 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
   }
   ignore_sigpipe();
   const auto deadline = clock_type::now() + opts.connect_timeout;
+  std::optional<tcp_signature_scope> signing;
   try {
     prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group);
-    gloo_store_adapter rendezvous(scoped, deadline);
     gloo::transport::tcp::attr attr;
     attr.hostname = opts.bind_host;
     auto device = gloo::transport::tcp::CreateDevice(attr);
+    // Signing starts after the device is made: resolving the host binds probe sockets.
+    if (!opts.pair_key.empty()) {
+      if (opts.pair_key.size() > 80) {
+        throw comm_error(comm_errc::invalid, where + ": the pair key has over 80 bytes");
+      }
+      signing.emplace(opts.pair_key);
+    }
+    gloo_store_adapter rendezvous(scoped, deadline, [&](const std::string& key, const auto& v) {
+      if (signing) allow_pair_addresses(*signing, id, key, v);
+    });
     auto context = std::make_shared<gloo::rendezvous::Context>(id.rank, id.size);
-    context->setTimeout(opts.connect_timeout);
+    // gloo waits five times its timeout for a pair to connect; the store waits are bounded
+    // by the adapter's deadline instead.
+    context->setTimeout(std::max(std::chrono::milliseconds(1), opts.connect_timeout / 5));
     context->connectFullMesh(rendezvous, device);
+    if (signing) {
+      // Every pair is connected; drop the keys (signing each data segment would cost most of
+      // the bandwidth), then wait until every rank has, so no signed segment meets an
+      // unsigned socket or the other way round.
+      signing->unsign_connections();
+      signing.reset();
+      scoped.set_string("unsigned/" + std::to_string(id.rank), "1");
+      std::vector<std::string> keys;
+      for (int j = 0; j < id.size; ++j) keys.push_back("unsigned/" + std::to_string(j));
+      scoped.wait(keys, std::max(std::chrono::milliseconds(1),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     deadline - clock_type::now())));
+    }
     return std::make_unique<gloo_detail::gloo_communicator>(id, opts, std::move(device),
                                                             std::move(context));
+  } catch (const comm_error&) {
+    throw;
   } catch (const store_error& e) {
     throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
                      where + ": store: " + e.what());
@@ -297,7 +349,15 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
     const bool late = clock_type::now() >= deadline ||
                       what.find("imeout") != std::string_view::npos ||
                       what.find("Timed out") != std::string_view::npos;
-    throw comm_error(late ? comm_errc::timeout : comm_errc::peer_lost, where + ": " + e.what());
+    std::string why = where + ": " + e.what();
+    if (signing && !signing->error().empty()) {
+      throw comm_error(comm_errc::invalid, why + " (" + signing->error() + ")");
+    }
+    if (late && signing)
+      why +=
+          " (pairs are signed: a process signing with another job's key, "
+          "or none, is never answered)";
+    throw comm_error(late ? comm_errc::timeout : comm_errc::peer_lost, why);
   } catch (const std::exception& e) {
     throw comm_error(comm_errc::internal, where + ": " + e.what());
   }

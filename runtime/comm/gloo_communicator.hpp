@@ -29,14 +29,20 @@ struct gloo_options {
   size_t small_all_reduce_bytes = size_t{64} << 10;
   /// Broadcasts of at most this many bytes go from the root to each rank directly.
   size_t small_broadcast_bytes = size_t{256} << 10;
+  /// When not empty (1 to 80 bytes), the pairs' TCP connections are signed with it while they
+  /// are made (TCP MD5, runtime/comm/tcp_signature.hpp): the kernel drops every segment from
+  /// a process without the key, so a stranger can never take a pair's place. Every rank of the
+  /// group must use the same key. Empty: pairs accept whoever connects first.
+  std::string pair_key;
 };
 
 /// Connects rank `id.rank` of group `id.group`, generation `id.generation`, through `store`
 /// and returns its communicator. Every rank of the group must call this with the same group,
 /// generation and size. Keys live under "g<generation>/<group>/", so a new generation never
 /// sees an older one's keys; one (generation, group) must be created only once per store.
-/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout,
-/// peer_lost if a peer's connection fails, invalid for a bad identity.
+/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout (or, with
+/// a pair_key, a peer signs with another key), peer_lost if a peer's connection fails, invalid
+/// for a bad identity, or a pair_key this kernel cannot sign with.
 /// All ranks must call the same collectives in the same order with the same sizes and roots;
 /// ranks that disagree wait for each other until the deadline (comm_errc::timeout).
 /// Side effect: SIGPIPE is ignored in this process if it was at its default (gloo writes to

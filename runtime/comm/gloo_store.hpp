@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,11 @@ namespace troupe::comm {
 /// Does not own `store`.
 class gloo_store_adapter final : public gloo::rendezvous::Store {
  public:
-  gloo_store_adapter(kv_store& store, std::chrono::steady_clock::time_point deadline);
+  /// Called with every key and value gloo reads (the pair addresses of its peers among them).
+  using value_observer = std::function<void(const std::string& key, const std::vector<char>&)>;
+
+  gloo_store_adapter(kv_store& store, std::chrono::steady_clock::time_point deadline,
+                     value_observer observe = {});
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -30,6 +35,7 @@ class gloo_store_adapter final : public gloo::rendezvous::Store {
 
   kv_store& store_;
   std::chrono::steady_clock::time_point deadline_;
+  value_observer observe_;
 };
 
 }  // namespace troupe::comm

@@ -83,6 +83,7 @@ STRINGS = [
     ("--straggler-policy", "elastic.straggler_policy", ["", "shoot", "Warn"]),
     ("--checkpoint-overlap", "checkpoint_overlap", ["", "maybe"]),
     ("--on-divergence", "on_divergence", ["", "ignore", "STOP", "rollback "]),
+    ("--data-plane-auth", "data_plane_auth", ["", "md5", "NONE", "tcp-md5 "]),
 ]
 
 

@@ -1,0 +1,68 @@
+#pragma once
+// Kernel-checked membership for gloo's TCP pairs. Gloo (Debian's 2022 snapshot) opens a
+// listening socket per pair and accepts whoever connects first; garbage read on such a pair
+// reaches Gloo's decoder, whose failed checks end the process. Gloo has no hook to
+// authenticate a connection, so troupe asks the kernel to: with TCP MD5 signatures
+// (RFC 2385, TCP_MD5SIG) every segment of a pair's connection, its SYN included, carries a
+// keyed digest, and the kernel drops, before any accept(), a segment from a process that does
+// not hold the job's key. Once every pair of a group is connected the keys are removed again
+// (signing every data segment costs most of the loopback bandwidth); after that the pairs are
+// ordinary connections between members.
+//
+// Gloo creates and connects its sockets inside connectFullMesh() with no way to reach them,
+// so this file interposes the C library's bind() and connect() for the whole process: they
+// call through unchanged unless the calling thread holds a tcp_signature_scope.
+
+#include <sys/socket.h>
+
+#include <string>
+#include <vector>
+
+namespace troupe::comm {
+
+/// Whether this kernel can sign TCP segments (CONFIG_TCP_MD5SIG); the reason if not.
+bool tcp_signatures_supported(std::string* why = nullptr);
+
+/// While alive, makes the calling thread's TCP sockets signed: a socket it binds requires
+/// `key` from every peer (before it listens), and a connect it makes to an address given to
+/// allow_peer() signs with `key`. Sockets of other threads, and connects to other addresses
+/// (the store's), are untouched. One scope per thread at a time; not copyable.
+class tcp_signature_scope {
+ public:
+  /// `key`: 1 to 80 bytes (the kernel's limit).
+  explicit tcp_signature_scope(std::string key);
+  ~tcp_signature_scope();
+  tcp_signature_scope(const tcp_signature_scope&) = delete;
+  tcp_signature_scope& operator=(const tcp_signature_scope&) = delete;
+
+  /// A member's listening address: this thread's connects to it are signed.
+  void allow_peer(const sockaddr_storage& address);
+
+  /// Removes the key from every connection made under the scope: those this thread opened,
+  /// and those accepted (by any thread) on a socket this thread bound. Call once no segment of
+  /// these connections is in flight and before the peers send again: a segment that reaches a
+  /// side whose key is already gone while the other still signs is dropped (and resent).
+  void unsign_connections();
+
+  /// The first failure to sign a socket ("" when none), so that a connect error can be
+  /// explained: bind() fails with this errno when the kernel refuses the key.
+  const std::string& error() const { return error_; }
+
+  // Called by the interposed functions.
+  void on_bind(int fd, const sockaddr* address, socklen_t length);
+  void after_bind(int fd);
+  void on_connect(int fd, const sockaddr* address, socklen_t length);
+
+ private:
+  std::string key_;
+  std::vector<sockaddr_storage> peers_;  // members' listening addresses
+  std::vector<sockaddr_storage> bound_;  // local addresses this thread bound, signed
+  std::vector<int> connected_;           // sockets this thread connected, signed
+  int signed_unbound_fd_ = -1;           // signed by on_bind, waiting for after_bind
+  std::string error_;
+};
+
+/// The scope the calling thread holds, or nullptr.
+tcp_signature_scope* current_tcp_signature_scope();
+
+}  // namespace troupe::comm
