@@ -419,6 +419,12 @@ json parse_limited(const std::string& text, const std::string& what) {
     return json::parse(text, refuse_duplicates, true, /*ignore_comments=*/true);
   } catch (const json::parse_error& e) {
     throw config_error("config: " + what + " is not valid JSON (" + e.what() + ")");
+  } catch (const json::out_of_range& e) {
+    // A number no double holds (1e999): the parser gives up on the whole text.
+    throw config_error("config: " + what + " holds a number out of range (" + e.what() +
+                       "); every number must be finite");
+  } catch (const json::exception& e) {
+    throw config_error("config: " + what + " cannot be read (" + e.what() + ")");
   }
 }
 

@@ -7,7 +7,7 @@
 #   scripts/fuzz.sh [SECONDS]
 #   FUZZ_BUILD_DIR=DIR   build and work there instead of ./build-fuzz (the ctest keeps one in
 #                        the main build directory, so that reruns build incrementally)
-#   FUZZ_TARGETS="manifest chunk pieces store_frame"   the targets to run
+#   FUZZ_TARGETS="manifest chunk pieces store_frame config"   the targets to run
 #
 # The corpus grows in $FUZZ_BUILD_DIR/corpus/<target> (fuzz/corpus is never written);
 # crashing inputs land in $FUZZ_BUILD_DIR/artifacts/<target>-crash-*. Reproduce one with
@@ -20,7 +20,7 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || ((seconds < 1)); then
   exit 2
 fi
 build="${FUZZ_BUILD_DIR:-$root/build-fuzz}"
-targets=(${FUZZ_TARGETS:-manifest chunk pieces store_frame})
+targets=(${FUZZ_TARGETS:-manifest chunk pieces store_frame config})
 cxx="${FUZZ_CXX:-clang++}"
 
 skip() {

@@ -11,6 +11,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import troupe_events  # noqa: E402  (one reader of events.jsonl for the tests and the benchmarks)
+
 TROUPE = os.environ.get("TROUPE_BIN", "")
 SMALL_MODEL = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32",
                "--batch", "8", "--micro-batch", "2", "--eval-every", "0", "--no-progress"]
@@ -57,22 +60,11 @@ def pid_alive(pid):
 
 
 def read_events_file(path):
-    """The events of one events.jsonl. A line that is not JSON (the torn tail of a write a full
-    disk cut short, or a line still being written) is skipped with a warning on stderr."""
+    """The events of one events.jsonl ([] while it does not exist). A line that is not a JSON
+    object is skipped with a warning on stderr (bench/troupe_events.py)."""
     if not os.path.exists(path):
         return []
-    out = []
-    with open(path, errors="replace") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                print(f"warning: {path}:{number}: skipping a torn line ({line[:60]!r})",
-                      file=sys.stderr, flush=True)
-    return out
+    return troupe_events.read_events(path)
 
 
 def read_events(run_dir):

@@ -196,6 +196,9 @@ def config_cases():
         config("duplicate section", '{"optim": {"lr": 0.1}, "optim": {"eps": 1e-8}}',
                ["'optim'", "twice"]),
         config("not JSON", "{ steps: ", ["c.json", "JSON"]),
+        # Found by fuzz/config_fuzz.cpp: the parser's overflow used to escape as exit 1.
+        config("a number no double holds", '{"optim": {"lr": 1e999}}', ["c.json", "out of range"]),
+        config("a huge integer", '{"steps": 1' + "0" * 400 + "}", ["c.json", "out of range"]),
         config("empty file", "", ["c.json", "JSON"]),
         config("an array", "[1, 2]", ["c.json", "object"]),
         config("a number", "42", ["c.json", "object"]),
