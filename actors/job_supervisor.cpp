@@ -187,7 +187,7 @@ struct supervisor_state {
   size_t next_fault = 0;
   int next_member = 0;
   bool result_sent = false;
-  logic_time started = logic_clock::now();
+  logic_time started{};
   logic_time training_started{};
   int64_t training_start_step = 0;
   caf::actor experts;
@@ -201,6 +201,10 @@ struct supervisor_state {
 };
 
 using self_ptr = caf::stateful_actor<supervisor_state>*;
+
+// The actor system's clock: steady_clock in a job, virtual under CAF's test coordinator, so a
+// test drives every deadline of the logic without sleeping.
+logic_time now(self_ptr self) { return self->clock().now(); }
 
 monitoring::log_context ctx(self_ptr self) {
   const auto& l = *self->state.logic;
@@ -260,12 +264,11 @@ void send_result(self_ptr self, const finish_job& f) {
   res.steps_done = l.committed();
   res.final_loss = l.last_loss();
   res.val_loss = l.last_val_loss();
-  const double train_s =
-      std::chrono::duration<double>(logic_clock::now() - st.training_started).count();
+  const double train_s = std::chrono::duration<double>(now(self) - st.training_started).count();
   res.tokens_per_s = l.committed() > st.training_start_step && train_s > 0
                          ? static_cast<double>(l.tokens_trained()) / train_s
                          : 0;
-  res.wall_s = std::chrono::duration<double>(logic_clock::now() - st.started).count();
+  res.wall_s = std::chrono::duration<double>(now(self) - st.started).count();
   res.last_checkpoint = l.last_checkpoint_path();
   monitoring::log(f.exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
                   f.exit_code == 0 ? "job done: " + f.message : "job failed: " + f.message);
@@ -351,7 +354,7 @@ void run(self_ptr self, actions todo) {
   }
   inject_faults(self);
   if (st.logic->state() == job_state::training && st.training_started == logic_time{}) {
-    st.training_started = logic_clock::now();
+    st.training_started = now(self);
     st.training_start_step = st.logic->committed();
   }
 }
@@ -404,7 +407,7 @@ void inject_faults(self_ptr self) {
 
 void update_gauges(self_ptr self) {
   auto& st = self->state;
-  const auto ages = st.logic->heartbeat_ages(logic_clock::now());
+  const auto ages = st.logic->heartbeat_ages(now(self));
   for (size_t r = 0; r < ages.size(); ++r)
     st.metrics->heartbeat_age->with({{"rank", std::to_string(r)}}).set(ages[r]);
   const auto& scores = st.logic->straggler_scores();
@@ -423,6 +426,7 @@ int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
 caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
+  st.started = now(self);
   st.metrics.emplace(*st.setup.metrics);
   job_params p;
   p.cfg = st.setup.cfg;
@@ -435,7 +439,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   p.heartbeat_timeout = std::chrono::milliseconds(st.setup.heartbeat_timeout_ms);
   p.straggler_policy = st.setup.straggler_policy;
   p.skipped_steps = st.setup.skipped_steps;
-  st.logic.emplace(p, logic_clock::now());
+  st.logic.emplace(p, now(self));
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
   st.metrics->state->set(0);
@@ -467,10 +471,9 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       }
     const int32_t member = member_of(self, dm.source);
     if (member < 0) return;
-    run(self,
-        s.logic->on_member_lost(member, loss_cause::connection,
-                                "its connection closed (" + self->system().render(dm.reason) + ")",
-                                logic_clock::now()));
+    run(self, s.logic->on_member_lost(
+                  member, loss_cause::connection,
+                  "its connection closed (" + self->system().render(dm.reason) + ")", now(self)));
   });
 
   return {
@@ -523,7 +526,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         std::optional<member_handles> old;
         if (previous != s.members.end()) old = previous->second;
         s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
-        auto todo = s.logic->on_member_joined(h, logic_clock::now(), w);
+        auto todo = s.logic->on_member_joined(h, now(self), w);
         if (!w.error.empty()) {
           if (old)
             s.members[h.member] = *old;
@@ -541,13 +544,9 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         run(self, std::move(todo));
         return w;
       },
-      [=](const step_done& d) { run(self, self->state.logic->on_vote(d, logic_clock::now())); },
-      [=](const state_report& r) {
-        run(self, self->state.logic->on_state_report(r, logic_clock::now()));
-      },
-      [=](const reconfigured& r) {
-        run(self, self->state.logic->on_reconfigured(r, logic_clock::now()));
-      },
+      [=](const step_done& d) { run(self, self->state.logic->on_vote(d, now(self))); },
+      [=](const state_report& r) { run(self, self->state.logic->on_state_report(r, now(self))); },
+      [=](const reconfigured& r) { run(self, self->state.logic->on_reconfigured(r, now(self))); },
       [=](const heartbeat& h) {
         auto& seen = self->state.stage_rejections[h.member];
         if (h.rejected_connections > seen) {
@@ -555,7 +554,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
               static_cast<double>(h.rejected_connections - seen));
           seen = h.rejected_connections;
         }
-        auto todo = self->state.logic->on_heartbeat(h, logic_clock::now());
+        auto todo = self->state.logic->on_heartbeat(h, now(self));
         for (auto& a : todo)
           if (auto* abort = std::get_if<send_abort>(&a))  // an evicted member: answer it directly
             self->send(caf::actor_cast<caf::actor>(self->current_sender()), abort->msg);
@@ -566,12 +565,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         auto& s = self->state;
         if (s.experts && r.generation == s.logic->generation()) self->send(s.experts, r);
       },
-      [=](const shard_written& w) {
-        run(self, self->state.logic->on_shard_written(w, logic_clock::now()));
-      },
-      [=](const eval_done& e) {
-        run(self, self->state.logic->on_eval_done(e, logic_clock::now()));
-      },
+      [=](const shard_written& w) { run(self, self->state.logic->on_shard_written(w, now(self))); },
+      [=](const eval_done& e) { run(self, self->state.logic->on_eval_done(e, now(self))); },
       [=](const worker_exited& w) {
         auto& s = self->state;
         emit(self, {{"event", "worker_exited"},
@@ -587,9 +582,9 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
                                          std::to_string(w.signal)
                                    : "process " + std::to_string(w.pid) + " exited with code " +
                                          std::to_string(w.exit_code);
-        run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, logic_clock::now()));
+        run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, now(self)));
       },
-      [=](shutdown_atom) { run(self, self->state.logic->on_shutdown(logic_clock::now())); },
+      [=](shutdown_atom) { run(self, self->state.logic->on_shutdown(now(self))); },
       [=](resume_atom, int32_t pid) {
         ::kill(pid, SIGCONT);
         emit(self, {{"event", "fault"}, {"what", "continue"}, {"pids", {pid}}});
@@ -600,7 +595,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](ckpt_gc_atom, const std::string& event) { emit(self, json::parse(event)); },
       [=](tick_atom) {
         auto& s = self->state;
-        run(self, s.logic->on_tick(logic_clock::now()));
+        run(self, s.logic->on_tick(now(self)));
         update_gauges(self);
         // The members and agents watch for the coordinator's heartbeat as it watches theirs.
         const heartbeat beat{-1, s.logic->generation(), s.logic->committed()};

@@ -1,9 +1,5 @@
 #include "strategies/engine.hpp"
 
-#include <algorithm>
-#include <functional>
-#include <stdexcept>
-
 namespace troupe::strategies {
 
 training_engine::training_engine(const train_config& cfg, const layout& shape, int rank,
@@ -11,13 +7,7 @@ training_engine::training_engine(const train_config& cfg, const layout& shape, i
                                  const micro_batching& batching) {
   require_layout(shape);
   if (cfg.model.experts > 0 || shape.ep > 1) {
-    if (!batching.empty() &&
-        std::adjacent_find(batching.replica_micro_batches.begin(),
-                           batching.replica_micro_batches.end(),
-                           std::not_equal_to<>()) != batching.replica_micro_batches.end())
-      throw std::invalid_argument(
-          "the expert backend runs every replica on the same number of micro-batches");
-    backend_ = make_expert_backend(cfg, shape, rank, generation, connect);
+    backend_ = make_expert_backend(cfg, shape, rank, generation, connect, batching);
   } else if (shape.pp > 1 || (shape.tp > 1 && cfg.parallel.zero == 1)) {
     backend_ = make_pipeline_backend(cfg, shape, rank, generation, connect, batching);
   } else {

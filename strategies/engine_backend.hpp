@@ -120,9 +120,11 @@ std::unique_ptr<engine_backend> make_pipeline_backend(const train_config& cfg, c
                                                       int rank, uint64_t generation,
                                                       const connect_fn& connect,
                                                       const micro_batching& batching = {});
-/// MoE model over dp x ep (tp = pp = 1), ZeRO-1 not supported.
+/// MoE model over dp x ep (tp = pp = 1), ZeRO-1 not supported. Each ep group runs the
+/// micro-batches the plan gives its replicas (check_ep_batching says which plans it can run).
 std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape,
                                                     int rank, uint64_t generation,
-                                                    const connect_fn& connect);
+                                                    const connect_fn& connect,
+                                                    const micro_batching& batching = {});
 
 }  // namespace troupe::strategies

@@ -45,6 +45,13 @@ int step_micro_batches(const plan_constraints& c) {
   return c.batch % c.micro_batch == 0 ? c.batch / c.micro_batch : 0;
 }
 
+// The micro-batch size a step runs in, named for a reason when parallel.micro_batches sets it.
+std::string moe_micro_batch(const plan_constraints& c) {
+  const int M = step_micro_batches(c);
+  return "the micro-batch size batch / parallel.micro_batches (" + str(c.batch) + " / " + str(M) +
+         " = " + str(c.batch / M) + ")";
+}
+
 // Rules that involve only the model, the batch and the fixed sizes, not the world: checked
 // first so a request that no world can satisfy gets the one reason that matters.
 std::string check_inputs(const model_config& m, const plan_constraints& c) {
@@ -101,6 +108,10 @@ std::string check_inputs(const model_config& m, const plan_constraints& c) {
     return "parallel.ep (" + str(c.ep) + ") must divide micro_batch (" + str(c.micro_batch) +
            "): the ep ranks split each micro-batch equally, because MoE capacity and aux loss "
            "are figures of a whole micro-batch; use a micro_batch that is a multiple of ep";
+  if (m.experts > 0 && c.ep > 1 && (c.batch / step_micro_batches(c)) % c.ep != 0)
+    return "parallel.ep (" + str(c.ep) + ") must divide " + moe_micro_batch(c) +
+           ": the ep ranks split each micro-batch equally, because MoE capacity and aux loss "
+           "are figures of a whole micro-batch; use fewer --micro-batches";
   if (c.pp > 1 && step_micro_batches(c) < c.pp)
     return "parallel.pp (" + str(c.pp) + ") needs at least " + str(c.pp) +
            " micro-batches per step to fill the pipeline, but the step has " +
@@ -377,6 +388,11 @@ std::string check_plan(const layout& l, const model_config& m, const plan_constr
            ") so the ep ranks split each micro-batch equally (MoE capacity and aux loss are "
            "per micro-batch); use a micro_batch that is a multiple of ep";
   const int M = step_micro_batches(c);
+  // The expert backend runs the plan's micro-batches (batch / M sequences), not micro_batch's.
+  if (m.experts > 0 && (c.batch / M) % l.ep != 0)
+    return "ep (" + str(l.ep) + ") must divide " + moe_micro_batch(c) +
+           " so the ep ranks split each micro-batch equally (MoE capacity and aux loss are per "
+           "micro-batch); use fewer --micro-batches or a smaller ep";
   if (M % l.dp != 0)
     return "dp (" + str(l.dp) + ") must divide the " + str(M) +
            " micro-batches of a step (batch / micro_batch) so each replica runs whole "

@@ -7,7 +7,9 @@
 //    embedding and output head are split over tp by vocabulary rows).
 //  - 1 <= pp <= model.n_layer; stage_layers splits the layers, the first n_layer % pp
 //    stages taking one layer more.
-//  - ep > 1 only for an MoE model, and ep divides model.experts and dp (see mesh.hpp).
+//  - ep > 1 only for an MoE model, and ep divides model.experts and dp (see mesh.hpp). For
+//    an MoE model ep also divides the micro-batch size batch / M, which the expert backend
+//    runs, and micro_batch, the size of a validation batch.
 //  - A step is M micro-batches: parallel.micro_batches when set, else batch / micro_batch;
 //    M divides batch. M never depends on the world (so a shrunken world computes the same
 //    step with more accumulation), and dp divides M so every replica runs m = M / dp whole

@@ -1,7 +1,9 @@
 // The expert backend: an MoE model over dp x ep (tp = pp = 1). Each ep group computes whole
 // micro-batches of the one-rank run together (ep_sample_plan), its ranks holding E / ep experts
 // each and a replica of every other tensor; the dp / ep copies of a group split the step's
-// micro-batches. The result equals the one-rank step up to floating-point reassociation.
+// micro-batches as the coordinator's plan gives them to their replicas (micro_batching), in
+// the plan's micro-batch size. The result equals the one-rank step with that micro-batch size
+// up to floating-point reassociation.
 //
 // Gradients. Rank (e, x) runs its slice of micro-batch k with grad_scale B_k / (G ep): the
 // one-rank scale B_k / G, divided by ep because the ep ranks of a micro-batch each hold the
@@ -17,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -35,7 +38,7 @@ namespace {
 class expert_backend final : public engine_backend {
  public:
   expert_backend(const train_config& cfg, const layout& shape, int rank, uint64_t generation,
-                 const connect_fn& connect);
+                 const connect_fn& connect, const micro_batching& batching);
 
   void init(uint64_t seed) override { model_->init_params(seed); }
   void restore(const ckpt::full_state& full) override;
@@ -68,6 +71,7 @@ class expert_backend final : public engine_backend {
     bool expert = false;
   };
 
+  ep_sample_plan plan_of_batching(const micro_batching& batching, const std::string& where) const;
   void pack(bool experts, std::vector<float>& out) const;
   void unpack(bool experts, const std::vector<float>& in);
 
@@ -90,7 +94,8 @@ class expert_backend final : public engine_backend {
 };
 
 expert_backend::expert_backend(const train_config& cfg, const layout& shape, int rank,
-                               uint64_t generation, const connect_fn& connect)
+                               uint64_t generation, const connect_fn& connect,
+                               const micro_batching& batching)
     : cfg_(cfg),
       shape_(shape),
       view_(view_of(shape, rank)),
@@ -116,9 +121,14 @@ expert_backend::expert_backend(const train_config& cfg, const layout& shape, int
     throw std::invalid_argument(where + "ep (" + std::to_string(ep_) +
                                 ") must divide model.experts (" +
                                 std::to_string(cfg.model.experts) + ")");
-  if (auto why = check_ep_batch(cfg.batch, cfg.micro_batch, ep_, edp_); !why.empty())
-    throw std::invalid_argument(where + why);
-  plan_ = plan_ep_samples(cfg.batch, cfg.micro_batch, ep_, edp_, view_.at.ep, view_.at.edp);
+  if (batching.empty()) {
+    // Built without a plan (tests): the even division the config implies.
+    if (auto why = check_ep_batch(cfg.batch, cfg.micro_batch, ep_, edp_); !why.empty())
+      throw std::invalid_argument(where + why);
+    plan_ = plan_ep_samples(cfg.batch, cfg.micro_batch, ep_, edp_, view_.at.ep, view_.at.edp);
+  } else {
+    plan_ = plan_of_batching(batching, where);
+  }
 
   const auto join = [&](const group& g) {
     return connect({generation, g.name, g.index, static_cast<int>(g.ranks.size())});
@@ -145,6 +155,30 @@ expert_backend::expert_backend(const train_config& cfg, const layout& shape, int
   load_.tokens.assign(static_cast<size_t>(cfg.model.n_layer),
                       std::vector<int64_t>(static_cast<size_t>(cfg.model.experts), 0));
   load_.dropped.assign(static_cast<size_t>(cfg.model.n_layer), 0);
+}
+
+ep_sample_plan expert_backend::plan_of_batching(const micro_batching& batching,
+                                                const std::string& where) const {
+  const auto& counts = batching.replica_micro_batches;
+  const auto str = [](auto v) { return std::to_string(v); };
+  if (static_cast<int>(counts.size()) != shape_.dp)
+    throw std::invalid_argument(where + "the plan divides the batch among " + str(counts.size()) +
+                                " replicas, the layout has " + str(shape_.dp));
+  if (auto why = check_ep_batching(counts, batching.micro_batch_size, ep_); !why.empty())
+    throw std::invalid_argument(where + why);
+  // compute() scales each micro-batch by its share of cfg.batch: the plan must make it up.
+  const int64_t sequences =
+      std::accumulate(counts.begin(), counts.end(), int64_t{0}) * batching.micro_batch_size;
+  if (sequences != cfg_.batch)
+    throw std::invalid_argument(where + "the plan's micro-batches hold " + str(sequences) +
+                                " sequences, but a step is batch (" + str(cfg_.batch) + ")");
+  // Validation batches keep the config's size whatever the plan, as on one rank, and are
+  // sliced over the ep group like a training micro-batch.
+  if (cfg_.micro_batch % ep_ != 0)
+    throw std::invalid_argument(where + "ep (" + str(ep_) + ") must divide micro_batch (" +
+                                str(cfg_.micro_batch) +
+                                "): the ep ranks share each validation batch equally");
+  return plan_ep_samples(counts, batching.micro_batch_size, ep_, view_.at.ep, view_.at.edp);
 }
 
 void expert_backend::restore(const ckpt::full_state& full) {
@@ -294,8 +328,9 @@ void expert_backend::abort() {
 
 std::unique_ptr<engine_backend> make_expert_backend(const train_config& cfg, const layout& shape,
                                                     int rank, uint64_t generation,
-                                                    const connect_fn& connect) {
-  return std::make_unique<expert_backend>(cfg, shape, rank, generation, connect);
+                                                    const connect_fn& connect,
+                                                    const micro_batching& batching) {
+  return std::make_unique<expert_backend>(cfg, shape, rank, generation, connect, batching);
 }
 
 }  // namespace troupe::strategies

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace troupe::strategies {
 
@@ -51,6 +52,27 @@ void reduce_expert_parallel_grads(gpt& model, comm::communicator& comm,
   }
 }
 
+namespace {
+
+// Rank e of copy x when copy y runs per_copy[y] micro-batches of micro_batch sequences, the
+// copies one after another in the step.
+ep_sample_plan copy_plan(const std::vector<int>& per_copy, int micro_batch, int ep, int e, int x) {
+  if (e < 0 || e >= ep || x < 0 || static_cast<size_t>(x) >= per_copy.size())
+    throw std::invalid_argument("plan_ep_samples: need 0 <= e < ep and 0 <= x < dp / ep");
+  ep_sample_plan p;
+  p.micro_batch = micro_batch;
+  for (size_t y = 0; y < per_copy.size(); ++y) {
+    if (static_cast<int>(y) < x) p.first_micro_batch += per_copy[y];
+    p.micro_batches += per_copy[y];
+  }
+  p.count = per_copy[static_cast<size_t>(x)];
+  p.slice = micro_batch / ep;
+  p.slice_offset = e * p.slice;
+  return p;
+}
+
+}  // namespace
+
 std::string check_ep_batch(int batch, int micro_batch, int ep, int edp) {
   const auto str = [](int v) { return std::to_string(v); };
   if (batch < 1 || micro_batch < 1 || ep < 1 || edp < 1)
@@ -73,16 +95,41 @@ std::string check_ep_batch(int batch, int micro_batch, int ep, int edp) {
 ep_sample_plan plan_ep_samples(int batch, int micro_batch, int ep, int edp, int e, int x) {
   if (auto why = check_ep_batch(batch, micro_batch, ep, edp); !why.empty())
     throw std::invalid_argument(why);
-  if (e < 0 || e >= ep || x < 0 || x >= edp)
-    throw std::invalid_argument("plan_ep_samples: need 0 <= e < ep and 0 <= x < dp / ep");
-  ep_sample_plan p;
-  p.micro_batch = micro_batch;
-  p.micro_batches = batch / micro_batch;
-  p.count = p.micro_batches / edp;
-  p.first_micro_batch = x * p.count;
-  p.slice = micro_batch / ep;
-  p.slice_offset = e * p.slice;
-  return p;
+  return copy_plan(std::vector<int>(static_cast<size_t>(edp), batch / micro_batch / edp),
+                   micro_batch, ep, e, x);
+}
+
+std::string check_ep_batching(const std::vector<int>& replica_micro_batches, int micro_batch,
+                              int ep) {
+  const auto str = [](auto v) { return std::to_string(v); };
+  const auto& counts = replica_micro_batches;
+  if (micro_batch < 1 || ep < 1) return "the micro-batch size and ep must be >= 1";
+  if (counts.empty() || counts.size() % static_cast<size_t>(ep) != 0)
+    return "the plan divides the step among " + str(counts.size()) +
+           " data-parallel replicas, which is not a multiple of ep (" + str(ep) + ")";
+  if (micro_batch % ep != 0)
+    return "ep (" + str(ep) + ") must divide the plan's micro-batch size (" + str(micro_batch) +
+           "): the ep ranks share each micro-batch equally, since MoE capacity and aux loss are "
+           "figures of a whole micro-batch";
+  for (size_t first = 0; first < counts.size(); first += static_cast<size_t>(ep))
+    for (size_t d = first; d < first + static_cast<size_t>(ep); ++d) {
+      if (counts[d] < 1) return "the plan gives replica " + str(d) + " no micro-batch";
+      if (counts[d] != counts[first])
+        return "the plan gives replica " + str(first) + " " + str(counts[first]) +
+               " micro-batches but replica " + str(d) + " of the same ep group " + str(counts[d]) +
+               "; the ranks of an ep group share every micro-batch, so they run equally many";
+    }
+  return {};
+}
+
+ep_sample_plan plan_ep_samples(const std::vector<int>& replica_micro_batches, int micro_batch,
+                               int ep, int e, int x) {
+  if (auto why = check_ep_batching(replica_micro_batches, micro_batch, ep); !why.empty())
+    throw std::invalid_argument(why);
+  std::vector<int> per_copy;
+  for (size_t d = 0; d < replica_micro_batches.size(); d += static_cast<size_t>(ep))
+    per_copy.push_back(replica_micro_batches[d] * ep);
+  return copy_plan(per_copy, micro_batch, ep, e, x);
 }
 
 }  // namespace troupe::strategies

@@ -63,7 +63,8 @@ void reduce_expert_parallel_grads(gpt& model, comm::communicator& comm,
 /// So an ep group computes whole reference micro-batches together: ep rank e takes the
 /// slice [e mb/ep, (e+1) mb/ep) of each (the slices in ep-rank order are the micro-batch,
 /// which is the token order moe_layer assumes), and the dp/ep copies x of the group split the
-/// K micro-batches into equal contiguous runs, copy x taking [x K/X, (x+1) K/X).
+/// K micro-batches into contiguous runs in copy order: equal ones, [x K/X, (x+1) K/X), from
+/// the config; from the coordinator's plan, the micro-batches of the copy's replicas.
 struct ep_sample_plan {
   int micro_batch = 0;        ///< mb: sequences of one reference micro-batch
   int micro_batches = 0;      ///< K = G / mb in the whole step
@@ -84,5 +85,22 @@ std::string check_ep_batch(int batch, int micro_batch, int ep, int edp);
 /// The plan of ep rank `e` in copy `x`; throws std::invalid_argument with check_ep_batch's
 /// reason, or for e, x out of range.
 ep_sample_plan plan_ep_samples(int batch, int micro_batch, int ep, int edp, int e, int x);
+
+/// Why the coordinator's division of a step cannot run over `ep` expert shards, or an empty
+/// string. The division (strategies::micro_batching): replica d of the dp group runs
+/// replica_micro_batches[d] micro-batches of `micro_batch` sequences, after those of the
+/// replicas before it. The ep group of copy x is replicas [x ep, (x+1) ep) (mesh.hpp), so the
+/// group runs their micro-batches together, each of its ranks an equal slice of every one.
+/// That needs a multiple of ep replicas, ep dividing micro_batch, and equal counts within each
+/// ep group: a rank cannot run fewer micro-batches than the peers it shares them with.
+/// Different groups may run different counts.
+std::string check_ep_batching(const std::vector<int>& replica_micro_batches, int micro_batch,
+                              int ep);
+
+/// The plan of ep rank `e` in copy `x` under that division: the same as the overload above
+/// for an even division whose micro_batch is the config's. Throws std::invalid_argument with
+/// check_ep_batching's reason, or for e, x out of range.
+ep_sample_plan plan_ep_samples(const std::vector<int>& replica_micro_batches, int micro_batch,
+                               int ep, int e, int x);
 
 }  // namespace troupe::strategies

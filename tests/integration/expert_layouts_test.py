@@ -4,8 +4,9 @@ top-1, a capacity factor low enough that tokens are dropped) trains 20 steps on 
 rank (within 1e-4 relative), the same final validation loss, and the same final parameters,
 read back from the checkpoints in the single-rank layout (checkpoint_diff, within 1e-4). Every step writes an
 `expert_load` event whose per-block totals are tokens * top_k, with some drops; a checkpoint
-of ep2 resumes on dp2xep2; and /metrics exports troupe_expert_tokens_total{block,expert},
-which promtool accepts."""
+of ep2 resumes on dp2xep2; --micro-batches sets the micro-batches the ep ranks share (or is
+refused with exit 2 when they cannot share them); and /metrics exports
+troupe_expert_tokens_total{block,expert}, which promtool accepts."""
 
 import os
 import signal
@@ -115,8 +116,10 @@ def scrape_metrics():
 
 
 def rejected_layouts():
-    """A micro-batch the ep group cannot share, and tp with experts, exit 2 naming the rule."""
+    """Micro-batches the ep group cannot share, and tp with experts, exit 2 naming the rule."""
     cases = [(["--world", "2", "--ep", "2", "--micro-batch", "1"], "must divide micro_batch (1)"),
+             # --micro-batches sets the micro-batch the ep ranks share: 8 / 8 = 1 sequence.
+             (["--world", "2", "--ep", "2", "--micro-batches", "8"], "(8 / 8 = 1)"),
              (["--world", "2", "--tp", "2"], "dp x ep only")]
     for args, reason in cases:
         code, _, output = run_to_end(SMALL_MODEL + MOE + ["--metrics-port", "0"] + args, timeout=60)
@@ -125,11 +128,34 @@ def rejected_layouts():
     print(f"{len(cases)} impossible MoE layouts exit 2 with the reason")
 
 
+def micro_batches_honoured(tmp, reference):
+    """--micro-batches decides the micro-batches an ep group shares (the plan's, not
+    --micro-batch's): ep2 with --micro-batches 2 (4 sequences each) trains what one rank trains
+    with --micro-batch 4, and not what the default micro-batches of 2 train."""
+    extra = ["--top-k", "2"]
+    one_dir = os.path.join(tmp, "one_mb4")
+    one = step_losses(run("one rank, micro-batch 4", ["--world", "1", "--micro-batch", "4"] + extra, one_dir))
+    ep_dir = os.path.join(tmp, "ep2_m2")
+    ep = step_losses(run("ep2, 2 micro-batches", LAYOUTS["ep2"] + ["--micro-batches", "2"] + extra, ep_dir))
+    if sorted(ep) != sorted(one):
+        fail(f"ep2 --micro-batches 2 trained steps {sorted(ep)}")
+    worst = max(relative_difference(one[s], ep[s]) for s in one)
+    params = checkpoint_param_diff(one_dir, ep_dir)
+    apart = max(relative_difference(reference[s], ep[s]) for s in reference)
+    print(f"ep2 --micro-batches 2 against one rank --micro-batch 4: loss {worst:.2e}, final parameters "
+          f"{params:.2e}; against the default micro-batches {apart:.2e}")
+    if worst > 1e-4 or params > 1e-4:
+        fail("ep2 --micro-batches 2 is not exact against one rank with micro-batches of 4")
+    if apart < 1e-4:
+        fail("ep2 --micro-batches 2 trained the default micro-batches: the option was not honoured")
+
+
 def test():
     rejected_layouts()
     with tempfile.TemporaryDirectory(prefix="troupe-expert-layouts-") as tmp:
         ref_dir, reference = exactness(tmp, 2, ["ep2", "dp2xep2"])
         exactness(tmp, 1, ["ep2"])
+        micro_batches_honoured(tmp, reference)
 
         # ep2 writes step 10, dp2xep2 resumes it: the checkpoint is layout-independent.
         run_dir = os.path.join(tmp, "switch")

@@ -95,6 +95,8 @@ bool independently_valid(const ts::layout& l, const model_config& m,
   if (m.experts > 0 && (l.tp > 1 || l.pp > 1 || c.zero == 1 || c.micro_batch % l.ep)) return false;
   const int M = c.micro_batches > 0 ? c.micro_batches : c.batch / c.micro_batch;
   if (c.batch % M) return false;
+  // ... and the micro-batches the expert backend runs are batch / M sequences.
+  if (m.experts > 0 && (c.batch / M) % l.ep) return false;
   if (M % l.dp) return false;
   // An explicit M with tp and pp free: a dense model stays pure dp, so a world that pure dp
   // cannot feed has no layout (no memory budget in the sweeps; that case is tested apart).
@@ -535,6 +537,32 @@ TEST(PlannerMicroBatches, AnExplicitCountIsNotMetBySilentModelParallelism) {
   ASSERT_TRUE(ts::has_plan(s)) << ts::reason_of(s);
   EXPECT_EQ(ts::plan_of(s).shape, (ts::layout{2, 1, 1, 1}));
   EXPECT_EQ(ts::plan_of(s).spares, 2);
+}
+
+TEST(PlannerMicroBatches, AnMoEModelSharesTheMicroBatchesTheCountMakes) {
+  // batch 16 in micro-batches of 4 by micro_batch, but --micro-batches 8 makes them 2: ep 4
+  // would have to split 2 sequences, which the expert backend (running the plan) cannot.
+  const auto c = batch_of(16, 4, 8);
+  const auto why = ts::check_plan({4, 1, 1, 4}, moe_8(), c);
+  EXPECT_TRUE(contains(why,
+                       "ep (4) must divide the micro-batch size batch / "
+                       "parallel.micro_batches (16 / 8 = 2)"))
+      << why;
+  EXPECT_EQ(ts::check_plan({4, 1, 1, 2}, moe_8(), c), "");
+  const auto p = ts::make_plan({4, 1, 1, 2}, moe_8(), c);
+  EXPECT_EQ(p.micro_batch_size, 2);
+  EXPECT_EQ(p.replica_micro_batches, (std::vector<int>{2, 2, 2, 2}));
+  // A fixed ep is refused up front, naming the option; a free one is planned around.
+  auto fixed = c;
+  fixed.ep = 4;
+  const auto r = ts::plan_layout(4, moe_8(), fixed);
+  ASSERT_FALSE(ts::has_plan(r));
+  EXPECT_TRUE(contains(ts::reason_of(r), "parallel.ep (4) must divide the micro-batch size"))
+      << ts::reason_of(r);
+  EXPECT_TRUE(contains(ts::reason_of(r), "fewer --micro-batches")) << ts::reason_of(r);
+  const auto chosen = ts::plan_layout(4, moe_8(), c);
+  ASSERT_TRUE(ts::has_plan(chosen)) << ts::reason_of(chosen);
+  EXPECT_LE(ts::plan_of(chosen).shape.ep, 2);
 }
 
 TEST(PlannerMicroBatches, FixingTpOrPpHandsTheLayoutBack) {

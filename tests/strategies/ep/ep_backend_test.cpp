@@ -2,7 +2,8 @@
 // threads with gloo communicators. Layouts ep2, dp2xep2 and dp2 (ep 1) of an MoE model that
 // drops tokens must give the reference's loss every step, its parameters after training
 // (assembled from each rank's state map), its validation loss, and whole-step expert loads; a
-// restore from the reference's state must continue it. Also the sample mapping itself.
+// restore from the reference's state must continue it. Also the sample mapping itself, and
+// that a plan's micro-batching (not the config's micro_batch) decides the split.
 
 #include <gtest/gtest.h>
 
@@ -56,6 +57,51 @@ TEST(ep_sample_plan, rejects_batches_that_do_not_split) {
             std::string::npos);
   EXPECT_EQ(ts::check_ep_batch(8, 4, 2, 2), "");
   EXPECT_THROW(ts::plan_ep_samples(16, 2, 4, 1, 0, 0), std::invalid_argument);
+}
+
+TEST(ep_sample_plan, a_plan_gives_each_ep_group_its_replicas_micro_batches) {
+  // An even plan in the config's micro-batch size splits exactly as the config does.
+  for (int x = 0; x < 2; ++x)
+    for (int e = 0; e < 2; ++e) {
+      const auto from_plan = ts::plan_ep_samples({2, 2, 2, 2}, 2, 2, e, x);
+      const auto from_config = ts::plan_ep_samples(16, 2, 2, 2, e, x);
+      EXPECT_EQ(from_plan.micro_batches, from_config.micro_batches);
+      EXPECT_EQ(from_plan.first_micro_batch, from_config.first_micro_batch);
+      EXPECT_EQ(from_plan.count, from_config.count);
+      EXPECT_EQ(from_plan.slice, from_config.slice);
+      EXPECT_EQ(from_plan.slice_offset, from_config.slice_offset);
+    }
+  // Copies may run different counts: replicas {0, 1} run 2 micro-batches of 4 each, replicas
+  // {2, 3} one each, so ep group 0 runs micro-batches [0, 4), group 1 [4, 6).
+  std::vector<int> seen(24, 0);
+  for (int x = 0; x < 2; ++x)
+    for (int e = 0; e < 2; ++e) {
+      const auto p = ts::plan_ep_samples({2, 2, 1, 1}, 4, 2, e, x);
+      EXPECT_EQ(p.micro_batches, 6);
+      EXPECT_EQ(p.first_micro_batch, x == 0 ? 0 : 4);
+      EXPECT_EQ(p.count, x == 0 ? 4 : 2);
+      EXPECT_EQ(p.slice, 2);
+      for (int i = 0; i < p.count; ++i)
+        for (int s = 0; s < p.slice; ++s) ++seen[static_cast<size_t>(p.first_sample(i) + s)];
+    }
+  for (int n : seen) EXPECT_EQ(n, 1);
+}
+
+TEST(ep_sample_plan, refuses_plans_an_ep_group_cannot_share) {
+  const auto why = [](std::vector<int> counts, int mb, int ep) {
+    return ts::check_ep_batching(counts, mb, ep);
+  };
+  EXPECT_EQ(why({2, 2, 1, 1}, 4, 2), "");
+  EXPECT_NE(why({2, 1, 1}, 4, 2).find("3 data-parallel replicas, which is not a multiple of ep"),
+            std::string::npos);
+  EXPECT_NE(why({2, 2}, 1, 2).find("ep (2) must divide the plan's micro-batch size (1)"),
+            std::string::npos);
+  // A straggler's lighter load cannot be given to one rank of an ep group.
+  EXPECT_NE(why({1, 2, 2, 2}, 4, 2).find("replica 0 1 micro-batches but replica 1"),
+            std::string::npos);
+  EXPECT_NE(why({0, 0}, 4, 2).find("no micro-batch"), std::string::npos);
+  EXPECT_THROW(ts::plan_ep_samples({1, 2}, 4, 2, 0, 0), std::invalid_argument);
+  EXPECT_THROW(ts::plan_ep_samples({2, 2}, 4, 2, 0, 1), std::invalid_argument);
 }
 
 train_config tiny_moe() {
@@ -125,9 +171,11 @@ struct layout_run {
 
 std::atomic<uint64_t> next_generation{1};
 
-// Trains `steps` steps of `shape` (optionally from `from`), ranks as threads.
+// Trains `steps` steps of `shape` (optionally from `from`, optionally as a plan divides the
+// steps), ranks as threads.
 layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::layout shape,
-                      int steps, const ckpt::full_state* from = nullptr) {
+                      int steps, const ckpt::full_state* from = nullptr,
+                      const ts::micro_batching& batching = {}) {
   const int world = shape.world();
   const uint64_t generation = next_generation++;
   const int first_step = from ? static_cast<int>(from->step) : 0;
@@ -151,7 +199,7 @@ layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::lay
       auto connect = [&](const comm::comm_identity& id) {
         return comm::make_gloo_communicator(*store, id);
       };
-      auto b = ts::make_expert_backend(cfg, shape, r, generation, connect);
+      auto b = ts::make_expert_backend(cfg, shape, r, generation, connect, batching);
       b->init(cfg.seed);
       if (from) b->restore(*from);
       const comm::op_options opts{30s};
@@ -252,6 +300,77 @@ INSTANTIATE_TEST_SUITE_P(layouts, expert_backend,
                                            layout_case{"dp2", ts::layout{2, 1, 1, 1}},
                                            layout_case{"ep4", ts::layout{4, 1, 1, 4}}),
                          [](const auto& c) { return std::string(c.param.name); });
+
+struct plan_case {
+  const char* name;
+  ts::layout shape;
+  int batch;
+  ts::micro_batching batching;
+};
+
+class expert_backend_plan : public ::testing::TestWithParam<plan_case> {};
+
+// The coordinator's plan decides the micro-batching, not cfg.micro_batch: a plan in
+// micro-batches of 2 trains what one rank trains with micro_batch 2, though the config says 4
+// (MoE capacity and aux loss are figures of a micro-batch, so the two really differ).
+TEST_P(expert_backend_plan, follows_the_plans_micro_batching) {
+  train_config cfg = tiny_moe();
+  cfg.batch = GetParam().batch;
+  cfg.micro_batch = 4;
+  train_config planned = cfg;
+  planned.micro_batch = GetParam().batching.micro_batch_size;
+  const auto data = corpus();
+  const reference_run ref = run_reference(planned, data, cfg.steps);
+  const reference_run config_said = run_reference(cfg, data, cfg.steps);
+  const layout_run run =
+      run_layout(cfg, data, GetParam().shape, cfg.steps, nullptr, GetParam().batching);
+  const layout_run one = run_layout(planned, data, ts::layout{1, 1, 1, 1}, cfg.steps);
+  double apart = 0;
+  for (int s = 0; s < cfg.steps; ++s) {
+    const auto at = static_cast<size_t>(s);
+    EXPECT_NEAR(run.losses[at], ref.losses[at], 1e-5 * ref.losses[at]) << "step " << s;
+    EXPECT_EQ(run.tokens[at], one.tokens[at]) << "step " << s;
+    EXPECT_EQ(run.dropped[at], one.dropped[at]) << "step " << s;
+    apart = std::max(apart, std::abs(config_said.losses[at] / ref.losses[at] - 1));
+  }
+  EXPECT_LT(max_rel_diff(run.params, ref.params.back()), 1e-4);
+  EXPECT_GT(apart, 1e-4) << "micro_batch 4 and the plan's micro-batches should train differently";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    plans, expert_backend_plan,
+    ::testing::Values(plan_case{"ep2_mb2", ts::layout{2, 1, 1, 2}, 8, {2, {2, 2}}},
+                      // Uneven copies: ep group 0 runs 4 micro-batches, group 1 runs 2.
+                      plan_case{"dp2xep2_uneven", ts::layout{4, 1, 1, 2}, 12, {2, {2, 2, 1, 1}}}),
+    [](const auto& c) { return std::string(c.param.name); });
+
+TEST(expert_backend_layout, refuses_plans_it_cannot_run_with_the_reason) {
+  const train_config cfg = tiny_moe();  // batch 8, micro_batch 4
+  const auto never = [](const comm::comm_identity&) -> std::unique_ptr<comm::communicator> {
+    throw std::logic_error("no communicator should be built for a refused plan");
+  };
+  const auto reason = [&](const train_config& c, ts::layout l, ts::micro_batching b) {
+    try {
+      ts::make_expert_backend(c, l, 0, 1, never, b);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(reason(cfg, {2, 1, 1, 2}, {4, {1, 1, 1}}).find("among 3 replicas, the layout has 2"),
+            std::string::npos);
+  EXPECT_NE(reason(cfg, {4, 1, 1, 4}, {2, {1, 1, 1, 1}})
+                .find("ep (4) must divide the plan's micro-batch size (2)"),
+            std::string::npos);
+  EXPECT_NE(reason(cfg, {2, 1, 1, 2}, {2, {3, 1}}).find("of the same ep group"), std::string::npos);
+  EXPECT_NE(
+      reason(cfg, {2, 1, 1, 2}, {2, {1, 1}}).find("hold 4 sequences, but a step is batch (8)"),
+      std::string::npos);
+  train_config single = cfg;  // validation batches of 1 sequence cannot be split over ep 2
+  single.micro_batch = 1;
+  EXPECT_NE(reason(single, {2, 1, 1, 2}, {4, {1, 1}}).find("each validation batch"),
+            std::string::npos);
+}
 
 TEST(expert_backend_layout, rejects_what_it_cannot_run_with_the_reason) {
   train_config cfg = tiny_moe();
