@@ -565,15 +565,23 @@ void validate(const train_config& c) {
   require(c.batch % c.micro_batch == 0, "config: batch (" + std::to_string(c.batch) +
                                             ") must be a multiple of micro_batch (" +
                                             std::to_string(c.micro_batch) + ")");
-  const int micro_batches = c.batch / c.micro_batch;
+  // A step's micro-batches: --micro-batches when given, else batch / micro_batch.
+  require(p.micro_batches == 0 || c.batch % p.micro_batches == 0,
+          "config: parallel.micro_batches (--micro-batches) must divide batch (" +
+              std::to_string(c.batch) + "), got " + std::to_string(p.micro_batches));
+  const int micro_batches = p.micro_batches > 0 ? p.micro_batches : c.batch / c.micro_batch;
+  const std::string origin =
+      p.micro_batches > 0
+          ? "--micro-batches " + std::to_string(p.micro_batches)
+          : "batch " + std::to_string(c.batch) + " / micro_batch " + std::to_string(c.micro_batch);
   // With model parallelism fixed by the user the layout planner checks the data-parallel
   // share; for plain data parallelism every rank is a replica, so say it here in its terms.
   require(p.tp > 1 || p.pp > 1 || micro_batches % c.world == 0,
           "config: world (" + std::to_string(c.world) + ") must divide the " +
-              std::to_string(micro_batches) + " micro-batches of a step (batch " +
-              std::to_string(c.batch) + " / micro_batch " + std::to_string(c.micro_batch) +
+              std::to_string(micro_batches) + " micro-batches of a step (" + origin +
               "); use --world " + std::to_string(micro_batches) +
-              " or fewer that divides it, or change batch/micro_batch");
+              " or fewer that divides it, or change " +
+              (p.micro_batches > 0 ? "--micro-batches" : "batch/micro_batch"));
   real_in(c.val_fraction, "val_fraction", "", 0, true, 0.5, true);
   int_in(c.eval_every, "eval_every", "--eval-every", 0, 1000000000, " (0 = only at the end)");
   int_in(c.eval_batches, "eval_batches", "", 1, 1 << 20);

@@ -54,7 +54,11 @@ double estimate_rank_bytes(const train_config& cfg) {
   // Activations of one micro-batch, saved for the backward pass, and as much again for their
   // gradients: per token and block about 16 C values plus the attention scores, per token
   // the logits and their softmax, and with MoE top_k expert MLPs' hidden values.
-  const double tokens = static_cast<double>(cfg.micro_batch) * T;
+  // --micro-batches M sets the training micro-batch to batch / M (a pipeline's pass, or a
+  // replica's share); otherwise it is micro_batch. The larger of the two is the safe bound.
+  const double train_micro =
+      p.micro_batches > 0 ? std::ceil(static_cast<double>(cfg.batch) / p.micro_batches) : 0.0;
+  const double tokens = std::max(static_cast<double>(cfg.micro_batch), train_micro) * T;
   const double per_block = (16 * C + 2 * NH * T) / tp + (E > 0 ? m.top_k * 8 * C : 0);
   const double acts = tokens * ((L / pp) * per_block + 2 * V) * 4;
   return state + 2 * acts;

@@ -61,6 +61,7 @@ def test():
         # An explicit --micro-batches is honoured or refused, never answered with another layout.
         fresh = ["--run-dir", os.path.join(tmp, "fresh")]
         expect_usage_error(["run", "--world", "4", "--micro-batches", "2"] + fresh, "--micro-batches", "4")
+        expect_usage_error(["run", "--micro-batches", "3"] + fresh, "--micro-batches", "must divide batch")
         # The elastic options are checked before anything starts.
         expect_usage_error(["run", "--min-ranks", "3"], "--min-ranks")
         expect_usage_error(["run", "--max-ranks", "1"], "--max-ranks")

@@ -30,7 +30,13 @@ def test():
     runs = {2: losses_for(2), 4: losses_for(4),
             "2 with --micro-batches 8": losses_for(2, ["--micro-batches", "8"],
                                                    {"micro_batches": 8, "micro_batch_size": 1,
-                                                    "replica_micro_batches": [4, 4]})}
+                                                    "replica_micro_batches": [4, 4]}),
+            # --micro-batches decides the split even where batch / micro_batch (8 / 8) would
+            # not divide over the world (the config check used to refuse this).
+            "2 with --micro-batch 8 --micro-batches 4":
+                losses_for(2, ["--micro-batch", "8", "--micro-batches", "4"],
+                           {"micro_batches": 4, "micro_batch_size": 2,
+                            "replica_micro_batches": [2, 2]})}
     for world, losses in runs.items():
         worst = max(relative_difference(reference[s], losses[s]) for s in reference)
         print(f"world {world}: worst relative loss difference vs world 1 over {STEPS} steps: {worst:.2e}")

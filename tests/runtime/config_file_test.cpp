@@ -158,6 +158,11 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   facts.data_bytes = 4 << 20;
   check_against_host(c, c.world, facts);  // the default job fits
   EXPECT_LT(estimate_rank_bytes(c), 256.0 * (1 << 20));
+  // --micro-batches M trains micro-batches of batch / M: fewer of them means bigger
+  // activations, which the estimate must count (it used to take micro_batch alone).
+  train_config one_pass = c;
+  one_pass.parallel.micro_batches = 1;
+  EXPECT_GT(estimate_rank_bytes(one_pass), estimate_rank_bytes(c));
 
   auto message = [&](const train_config& cfg, const host_facts& f) -> std::string {
     try {
