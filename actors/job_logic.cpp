@@ -587,8 +587,18 @@ void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_ti
       }
       for (auto& x : speed)
         if (x >= 1e300) x = 0;  // no reports: balance_micro_batches refuses, nothing changes
-      auto counts = strategies::balance_micro_batches(plan_.micro_batches, speed,
-                                                      std::max(1, plan_.shape.pp));
+      // The replicas of one ep group (dp = ep + ep_size * edp) share every micro-batch, so they
+      // run equally many: balance the groups, each at the pace of its slowest replica, and give
+      // every replica of a group the group's count. With ep = 1 a group is one replica.
+      const auto ep = static_cast<size_t>(std::max(1, plan_.shape.ep));
+      std::vector<double> group_speed(speed.size() / ep, 1e300);
+      for (size_t d = 0; d < speed.size(); ++d)
+        group_speed[d / ep] = std::min(group_speed[d / ep], speed[d]);
+      const auto group_counts = strategies::balance_micro_batches(
+          plan_.micro_batches / static_cast<int>(ep), group_speed, std::max(1, plan_.shape.pp));
+      std::vector<int> counts;
+      for (size_t d = 0; d < speed.size() && !group_counts.empty(); ++d)
+        counts.push_back(group_counts[d / ep]);
       if (!counts.empty() && counts != plan_.replica_micro_batches) {
         rebalanced_ = counts;
         recovery_cause_ = "rebalance";

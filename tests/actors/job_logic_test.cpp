@@ -62,10 +62,12 @@ strategies::layout_plan plan_for(const train_config& cfg, int world) {
 // A job driven through its events, with a clock the test moves.
 class logic_harness {
  public:
-  logic_harness(train_config cfg, int spares = 0, int max_ranks = 0, int min_ranks = 1)
+  logic_harness(train_config cfg, int spares = 0, int max_ranks = 0, int min_ranks = 1,
+                std::string straggler_policy = "warn")
       : cfg_(std::move(cfg)), now_(logic_time{} + 1000s) {
     job_params p;
     p.cfg = cfg_;
+    p.straggler_policy = std::move(straggler_policy);
     p.plan = plan_for(cfg_, cfg_.world);
     p.members = cfg_.world + spares;
     p.bounds.min_ranks = min_ranks;
@@ -283,6 +285,52 @@ TEST(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
   EXPECT_TRUE(saw);
   // Training goes on at step 4 with three voters.
   EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
+}
+
+TEST(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
+  // dp4 with ep2: replicas {0, 1} and {2, 3} each share every micro-batch of their group, so
+  // a rebalance away from a slow replica must move whole groups' counts.
+  auto cfg = small_config(4);
+  cfg.batch = 16;  // 8 micro-batches of 2, two per replica
+  cfg.model.experts = 4;
+  cfg.parallel.ep = 2;
+  logic_harness h(cfg, 0, 0, 1, "rebalance");
+  h.form();
+  const auto shape = plan_for(cfg, 4).shape;
+  ASSERT_EQ(shape.dp, 4);
+  ASSERT_EQ(shape.ep, 2);
+  int slow = -1;
+  for (int r = 0; r < 4; ++r)
+    if (strategies::coords_of(shape, r).dp == 3) slow = r;
+  ASSERT_GE(slow, 0);
+
+  actions rebalanced;
+  for (int64_t step = 1; step <= 40 && h.logic().state() == job_state::training; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      step_done v;
+      v.generation = h.logic().generation();
+      v.step = step;
+      v.rank = r;
+      v.loss_sum = 4.0;
+      v.tokens = 2;
+      v.compute_s = r == slow ? 0.2 : 0.1;
+      v.compute_cpu_s = v.compute_s;
+      auto a = h.logic().on_vote(v, h.now());
+      rebalanced.insert(rebalanced.end(), a.begin(), a.end());
+    }
+    h.advance(100ms);
+  }
+  ASSERT_EQ(h.logic().state(), job_state::recovering) << "the 2x replica was never rebalanced";
+  const int64_t held = h.logic().committed();
+  auto rc = all_of<send_reconfigure>(h.report_all(held));
+  ASSERT_EQ(rc.size(), 4u);
+  const auto plan = strategies::plan_from_json(rc[0].msg.plan_json);
+  const auto& counts = plan.replica_micro_batches;
+  ASSERT_EQ(counts.size(), 4u);
+  EXPECT_EQ(counts[0], counts[1]) << "replicas of one ep group must run equally many";
+  EXPECT_EQ(counts[2], counts[3]) << "replicas of one ep group must run equally many";
+  EXPECT_GT(counts[0], counts[2]) << "the slow group should get fewer micro-batches";
+  EXPECT_EQ(counts[0] + counts[1] + counts[2] + counts[3], 8);
 }
 
 TEST(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
