@@ -328,7 +328,9 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
       // Every pair is connected; drop the keys (signing each data segment would cost most of
       // the bandwidth), then wait until every rank has, so no signed segment meets an
       // unsigned socket or the other way round.
-      signing->unsign_connections();
+      if (!signing->unsign_connections()) {
+        throw comm_error(comm_errc::internal, where + ": " + signing->error());
+      }
       signing.reset();
       scoped.set_string("unsigned/" + std::to_string(id.rank), "1");
       std::vector<std::string> keys;

@@ -151,7 +151,7 @@ void tcp_signature_scope::on_connect(int fd, const sockaddr* address, socklen_t 
   errno = saved;
 }
 
-void tcp_signature_scope::unsign_connections() {
+bool tcp_signature_scope::unsign_connections() {
   auto unsign = [](int fd) {
     sockaddr_storage peer{};
     socklen_t length = sizeof(peer);
@@ -161,11 +161,15 @@ void tcp_signature_scope::unsign_connections() {
   };
   for (int fd : connected_) unsign(fd);
   connected_.clear();
-  if (bound_.empty()) return;
+  if (bound_.empty()) return true;
   // Connections accepted on a signed listener inherit its key; gloo accepted them on its own
   // thread and keeps their descriptors to itself, so find them by their local address.
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return;
+  if (dir == nullptr) {
+    error_ = std::string("cannot list /proc/self/fd to unsign accepted connections: ") +
+             std::strerror(errno);
+    return false;
+  }
   while (const dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
@@ -185,6 +189,7 @@ void tcp_signature_scope::unsign_connections() {
   }
   closedir(dir);
   bound_.clear();
+  return true;
 }
 
 }  // namespace troupe::comm

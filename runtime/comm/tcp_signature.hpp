@@ -42,7 +42,9 @@ class tcp_signature_scope {
   /// and those accepted (by any thread) on a socket this thread bound. Call once no segment of
   /// these connections is in flight and before the peers send again: a segment that reaches a
   /// side whose key is already gone while the other still signs is dropped (and resent).
-  void unsign_connections();
+  /// False (and error() says why) when the accepted connections could not be listed: their
+  /// keys stay, and the peers' unsigned segments would be dropped.
+  bool unsign_connections();
 
   /// The first failure to sign a socket ("" when none), so that a connect error can be
   /// explained: bind() fails with this errno when the kernel refuses the key.
