@@ -32,6 +32,7 @@
 #include "actors/job_supervisor.hpp"
 #include "actors/messages.hpp"
 #include "strategies/planner.hpp"
+#include "tests/actors/small_job_setup.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -80,20 +81,8 @@ class SupervisorDsl : public ::testing::Test,
     dir_ = mkdtemp(tmpl);
     events_.emplace(monitoring::event_log::open(dir_ + "/events.jsonl"));
     listener_ = sys.spawn(stand_in);
-    job_setup s;
-    s.cfg.world = 2;
-    s.cfg.batch = 8;
-    s.cfg.micro_batch = 2;
-    s.cfg.steps = 100;  // never reached: no test needs the final checkpoint's disk work
-    s.cfg.checkpoint_every = 0;
-    s.cfg.eval_every = 0;
-    s.cfg.progress = false;
-    s.cfg.run_dir = dir_;
-    s.events = &*events_;
-    s.metrics = &registry_;
-    s.listener = listener_;
-    s.plan = strategies::plan_of(strategies::plan_layout(2, s.cfg));
-    s.bounds.max_ranks = 2;
+    // 100 steps: never reached, so no test needs the final checkpoint's disk work.
+    job_setup s = test::small_job_setup(2, 100, dir_, *events_, registry_, listener_);
     s.form_timeout_ms = form_timeout_ms;
     s.heartbeat_timeout_ms = heartbeat_timeout_ms;
     supervisor_ = spawn_job_supervisor(sys, s);

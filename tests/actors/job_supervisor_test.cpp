@@ -19,6 +19,7 @@
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "strategies/planner.hpp"
+#include "tests/actors/small_job_setup.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -78,20 +79,8 @@ class JobSupervisorTest : public ::testing::Test {
   }
 
   void start(int world, int steps) {
-    job_setup s;
-    s.cfg.world = world;
-    s.cfg.batch = 8;
-    s.cfg.micro_batch = 2;
-    s.cfg.steps = steps;
-    s.cfg.checkpoint_every = 0;
-    s.cfg.eval_every = 0;
-    s.cfg.progress = false;
-    s.cfg.run_dir = dir_;
-    s.events = &*events_;
-    s.metrics = &registry_;
-    s.listener = caf::actor_cast<caf::actor>(listener_);
-    s.plan = strategies::plan_of(strategies::plan_layout(world, s.cfg));
-    s.bounds.max_ranks = world;
+    job_setup s = test::small_job_setup(world, steps, dir_, *events_, registry_,
+                                        caf::actor_cast<caf::actor>(listener_));
     s.heartbeat_timeout_ms =
         60000;  // the stand-in members send no heartbeats (job_logic_test covers them)
     supervisor_ = spawn_job_supervisor(sys_, s);
