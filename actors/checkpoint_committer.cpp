@@ -2,6 +2,9 @@
 
 #include "actors/checkpoint_committer.hpp"
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -39,6 +42,8 @@ void checkpoint_committer::collect_garbage(uint64_t ticket) {
 }
 
 void checkpoint_committer::run() {
+  // Like the ranks' writers, this thread yields to training (nice is per thread on Linux).
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
   for (;;) {
     std::unique_lock lock(mutex_);
     wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -57,6 +62,7 @@ void checkpoint_committer::do_commit(const ckpt::manifest& m) {
   std::string error;
   try {
     ckpt::commit_manifest(run_dir_, m);
+    gc_memory_.remember(m);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -74,7 +80,8 @@ void checkpoint_committer::do_collect(const gc_job& g) {
     const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
     if (!lock || requests_.load() != g.ticket) return;
     const auto started = std::chrono::steady_clock::now();
-    const ckpt::gc_result gc = ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10));
+    const ckpt::gc_result gc =
+        ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10), gc_memory_);
     if (gc.removed_steps.empty() && gc.chunks_removed == 0) return;
     event = {{"event", "checkpoint_gc"},
              {"removed_steps", gc.removed_steps},

@@ -55,6 +55,7 @@ class checkpoint_committer {
   ckpt::retention_policy policy_;
   caf::actor reply_to_;
   std::atomic<uint64_t> requests_{0};
+  ckpt::gc_memory gc_memory_;  // this thread's alone: what it committed, so GC parses nothing
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<job> queue_;

@@ -53,6 +53,10 @@ struct supervisor_state {
   // answers in order, so the oldest entry of a step is the one answered.
   std::multimap<int64_t, commit_checkpoint> committing;
   std::map<int32_t, uint64_t> stage_rejections;  // by member, as its last heartbeat said
+  // The model's tensors as every manifest lists them. Listing them builds the whole model
+  // (~10 ms of page faults here), so it is done once, before training.
+  std::vector<ckpt::tensor_entry> manifest_tensors;
+  size_t global_numel = 0;
   static inline const char* name = "job_supervisor";
 };
 
@@ -142,11 +146,8 @@ void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   m.world = c.world;
   m.seed = cfg.seed;
   m.config_json = to_json(cfg);
-  for (const auto& t : strategies::tensor_table(cfg.model)) {
-    m.tensors.push_back({t.name, t.shape, t.offset});
-    const auto [rows, cols] = ckpt::as_matrix(t.shape);
-    m.global_numel += static_cast<size_t>(rows * cols);
-  }
+  m.tensors = st.manifest_tensors;
+  m.global_numel = st.global_numel;
   m.adam_t = c.adam_t;
   m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
   m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
@@ -314,6 +315,11 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       ckpt::retention_policy{static_cast<size_t>(st.setup.cfg.keep_last),
                              static_cast<int64_t>(st.setup.cfg.keep_every)},
       caf::actor_cast<caf::actor>(self));
+  for (const auto& t : strategies::tensor_table(st.setup.cfg.model)) {
+    st.manifest_tensors.push_back({t.name, t.shape, t.offset});
+    const auto [rows, cols] = ckpt::as_matrix(t.shape);
+    st.global_numel += static_cast<size_t>(rows * cols);
+  }
   self->send(self, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) {

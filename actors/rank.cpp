@@ -225,9 +225,9 @@ shard_written report_of(const ckpt::write_outcome& o, bool synchronous,
 
 // Takes this rank's snapshot of committed step `step`: the copy holds training, the write
 // runs in the background (or here, with checkpoint_async off) and reports when durable.
-void take_checkpoint(worker& w, int64_t step) {
-  const bool synchronous = !w.cfg.checkpoint_async;
+ckpt::async_checkpointer& checkpointer_of(worker& w) {
   if (!w.checkpointer) {
+    const bool synchronous = !w.cfg.checkpoint_async;
     const caf::actor coordinator = w.coordinator;
     checkpoint_replica* replica = w.replica.get();
     w.checkpointer = std::make_unique<ckpt::async_checkpointer>(
@@ -239,13 +239,29 @@ void take_checkpoint(worker& w, int64_t step) {
           caf::anon_send(coordinator, report_of(o, synchronous, replica));
         });
   }
+  return *w.checkpointer;
+}
+
+// Sizes the snapshot buffers for this generation's state before its first step: fresh memory
+// costs ~0.3 GB/s to touch here, which the first checkpoint would otherwise take from
+// training (with the writer's first buffers, tens of milliseconds).
+void prepare_checkpoints(worker& w) {
+  if (w.cfg.checkpoint_every <= 0 || !w.current.engine) return;
+  strategies::local_state state = w.current.engine->state();
+  std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
+  checkpointer_of(w).prepare(w.current.engine->state_map(), buffers);
+}
+
+void take_checkpoint(worker& w, int64_t step) {
+  const bool synchronous = !w.cfg.checkpoint_async;
+  ckpt::async_checkpointer& checkpointer = checkpointer_of(w);
   strategies::local_state state = w.current.engine->state();
   std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
   const ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step,
                                  *state.adam_t};
   try {
     const ckpt::snapshot_outcome taken =
-        w.checkpointer->take(w.current.engine->state_map(), buffers, meta);
+        checkpointer.take(w.current.engine->state_map(), buffers, meta);
     if (!taken.taken) {
       shard_written skipped;
       skipped.generation = meta.generation;
@@ -257,7 +273,7 @@ void take_checkpoint(worker& w, int64_t step) {
       w.self->send(w.coordinator, skipped);
       return;
     }
-    if (synchronous) w.checkpointer->wait_idle();
+    if (synchronous) checkpointer.wait_idle();
   } catch (const std::exception& e) {
     shard_written failed;
     failed.generation = meta.generation;
@@ -621,6 +637,7 @@ int serve(worker& w) {
           "could not join generation " + std::to_string(r.generation) + ": " + done.error);
     w.self->send(w.coordinator, done);
     if (!done.ok || r.rank < 0) continue;  // the coordinator decides; a spare waits
+    prepare_checkpoints(w);  // while the coordinator gathers the other members' answers
     if (r.source != state_source::self)
       monitoring::log(monitoring::level::info, w.log_ctx(),
                       "rank " + std::to_string(r.rank) + " of " + std::to_string(r.world) +

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from troupe_events import read_events
+
 
 def events(run_dir):
     return read_events(os.path.join(run_dir, "events.jsonl"))
@@ -66,6 +68,8 @@ def stall(troupe, base, runs):
     print(f"stall: median step {step * 1e3:.2f} ms; async stall {statistics.median(stalls_a) * 1e3:.2f} ms "
           f"({statistics.median(stalls_a) / step:.1%} of a step), sync stall "
           f"{statistics.median(stalls_s) * 1e3:.1f} ms ({statistics.median(stalls_s) / step:.0%})")
+    print("train seconds per run: none", [round(x, 3) for x in plain], "async", [round(x, 3) for x in asyn],
+          "sync", [round(x, 3) for x in syn])
     p, a, s = statistics.median(plain), statistics.median(asyn), statistics.median(syn)
     print(f"overhead (checkpoint every 10 steps, 100 steps): async {a / p - 1:+.1%}, sync {s / p - 1:+.1%} "
           f"(train seconds, medians: none {p:.2f}, async {a:.2f}, sync {s:.2f})")

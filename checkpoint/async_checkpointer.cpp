@@ -66,6 +66,14 @@ snapshot_outcome async_checkpointer::take(const state_map& map,
   return out;
 }
 
+void async_checkpointer::prepare(const state_map& map,
+                                 std::span<const std::span<const float>> buffers) {
+  std::lock_guard lock(mutex_);
+  if (pending_) return;  // the writer reads buffer_; the next snapshot sizes it anyway
+  lay_out(map, buffers, buffer_);
+  writer_->prepare(buffer_);
+}
+
 void async_checkpointer::wait_idle() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return !pending_; });

@@ -60,6 +60,9 @@ class async_checkpointer {
   /// Copies this rank's share of `map` out of `buffers` and queues it for writing.
   snapshot_outcome take(const state_map& map, std::span<const std::span<const float>> buffers,
                         const snapshot_meta& meta);
+  /// Sizes and touches the snapshot buffer and the writer's own for snapshots of `map`, so the
+  /// first checkpoint does not pay for fresh memory. Does nothing while a write is in flight.
+  void prepare(const state_map& map, std::span<const std::span<const float>> buffers);
   /// Blocks until no write is in flight.
   void wait_idle();
   [[nodiscard]] bool busy() const;

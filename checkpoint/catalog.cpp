@@ -35,7 +35,8 @@ std::string list_for_message(const std::vector<int64_t>& steps) {
   return out;
 }
 
-/// The step LATEST names, nullopt when there is no LATEST. Throws on a malformed LATEST.
+}  // namespace
+
 std::optional<int64_t> read_latest_step(const std::string& run_dir) {
   const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
   std::error_code ec;
@@ -58,8 +59,6 @@ std::optional<int64_t> read_latest_step(const std::string& run_dir) {
   }
   return step;
 }
-
-}  // namespace
 
 manifest read_manifest(const std::string& run_dir, int64_t step) {
   const fs::path path = format::step_dir(run_dir, step) / format::manifest_name;

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -146,6 +147,10 @@ void commit_manifest(const std::string& run_dir, const manifest& m);
 /// checkpoint_error when LATEST or its manifest is corrupt, or points at nothing.
 std::optional<manifest> latest_committed(const std::string& run_dir);
 
+/// The step LATEST names, nullopt when there is no LATEST; reads no manifest. Throws
+/// checkpoint_error (corrupt) when LATEST does not hold a step directory's name.
+std::optional<int64_t> read_latest_step(const std::string& run_dir);
+
 /// Reads and validates step-NNNNNNNN/manifest.json whether or not LATEST names it.
 manifest read_manifest(const std::string& run_dir, int64_t step);
 
@@ -239,6 +244,24 @@ struct gc_result {
 /// run's lock). Throws checkpoint_error, deleting nothing, when a manifest cannot be read.
 gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
                           std::chrono::seconds temp_grace);
+
+/// What a process that collects the same run again and again remembers between collections:
+/// the chunks each committed manifest references, by step. With it, a manifest is parsed once
+/// (or never, when its committer records it), and a collection deletes the chunks of the
+/// checkpoints it removes instead of listing every chunk folder; every sweep_every-th
+/// collection (the first included) still lists them all, for what a dead writer left.
+/// Only for the process that alone commits to the run (the job's coordinator).
+struct gc_memory {
+  std::map<int64_t, std::vector<chunk_key>> references;
+  size_t collections = 0;
+  size_t sweep_every = 16;
+  /// Records the chunks `m` references, as committed.
+  void remember(const manifest& m);
+};
+
+/// collect_garbage with `memory`: the same result, without re-reading what it holds.
+gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
+                          std::chrono::seconds temp_grace, gc_memory& memory);
 
 /// An exclusive hold on a run directory's checkpoints (flock of RUN_DIR/checkpoints/.lock),
 /// kept by a running job for its whole life, so that an offline `troupe ckpt gc` never

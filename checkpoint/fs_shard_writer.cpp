@@ -19,7 +19,7 @@ namespace troupe::ckpt {
 
 namespace fs = std::filesystem;
 
-void capture(const state_map& map, std::span<const std::span<const float>> buffers,
+void lay_out(const state_map& map, std::span<const std::span<const float>> buffers,
              snapshot& into) {
   if (buffers.size() != map.arrays.size())
     throw std::logic_error("capture: the state has " + std::to_string(buffers.size()) +
@@ -42,6 +42,11 @@ void capture(const state_map& map, std::span<const std::span<const float>> buffe
   }
   if (into.data.size() < total) into.data.resize(total);  // first touch happens once
   into.used = total;
+}
+
+void capture(const state_map& map, std::span<const std::span<const float>> buffers,
+             snapshot& into) {
+  lay_out(map, buffers, into);
   // Second pass: the copies (the stall of an asynchronous checkpoint).
   size_t k = 0;
   for (size_t a = 0; a < map.arrays.size(); ++a) {
@@ -70,6 +75,15 @@ class fs_shard_writer final : public shard_writer {
 
   [[nodiscard]] size_t chunk_floats() const override { return chunk_floats_; }
 
+  void prepare(const snapshot& layout) override {
+    size_t packed = 0;
+    for (const snapshot_piece& p : layout.pieces)
+      if (p.where.numel() < chunk_floats_ / 4) packed += p.where.numel();
+    if (pack_.capacity() >= packed) return;
+    pack_.resize(packed);  // touched now, kept by clear() for every write
+    pack_.clear();
+  }
+
   shard_report write(const snapshot& s) override {
     const auto started = std::chrono::steady_clock::now();
     // No garbage collection while this write looks for and adds chunks.
@@ -84,7 +98,7 @@ class fs_shard_writer final : public shard_writer {
       // Boxes of at least a quarter chunk get chunks of their own, so unchanged ones are
       // shared across checkpoints; smaller ones are packed together, so a rank writes a few
       // files rather than hundreds (each file costs CPU that training would have used).
-      const size_t pack_below = chunk_floats_ / 4;
+      const size_t pack_below = chunk_floats_ / 4;    // prepare() sizes pack_ by the same rule
       std::vector<std::pair<size_t, size_t>> packed;  // (index in r.pieces, start in pack_)
       pack_.clear();
       for (const snapshot_piece& p : s.pieces) {

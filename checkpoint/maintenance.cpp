@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <set>
@@ -53,26 +54,25 @@ std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention
 
 }  // namespace
 
-gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
-                          std::chrono::seconds temp_grace) {
-  gc_result out;
-  // LATEST must name a readable checkpoint before anything is judged unreferenced.
-  const std::optional<manifest> latest = latest_committed(run_dir);
-  if (!latest) return out;
-  out.removed_steps = prune_by_policy(run_dir, policy, latest->step);
+namespace {
 
-  std::set<chunk_key> referenced;
-  for (int64_t step : list_committed(run_dir)) {
-    const manifest m = read_manifest(run_dir, step);  // throws: then nothing is deleted
-    for (const saved_piece& p : m.pieces) referenced.insert(p.chunks.begin(), p.chunks.end());
-  }
+std::vector<chunk_key> references_of(const manifest& m) {
+  std::vector<chunk_key> keys;
+  for (const saved_piece& p : m.pieces) keys.insert(keys.end(), p.chunks.begin(), p.chunks.end());
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+// Deletes every chunk file outside `referenced`, and temporary files older than temp_grace.
+void sweep_chunk_folders(const std::string& run_dir, const std::set<chunk_key>& referenced,
+                         std::chrono::seconds temp_grace, gc_result& out) {
   const fs::path root = chunk_file::root(run_dir);
   std::error_code ec;
-  if (!fs::is_directory(root, ec)) return out;
+  if (!fs::is_directory(root, ec)) return;
   const auto now = fs::file_time_type::clock::now();
   for (const fs::directory_entry& folder : fs::directory_iterator(root, ec)) {
     if (!folder.is_directory(ec)) continue;
-    bool changed = false;
     for (const fs::directory_entry& f : fs::directory_iterator(folder.path(), ec)) {
       const std::string name = f.path().filename().string();
       const auto key = chunk_key::from_hex(name);
@@ -87,22 +87,85 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
           io::fail_errno(f.path(), "removing an unreferenced chunk", errno);
         ++out.chunks_removed;
         out.bytes_freed += size_ec ? 0 : bytes;
-        changed = true;
       } else if (name.find(".tmp.") != std::string::npos) {
         std::error_code time_ec;
         const auto written = f.last_write_time(time_ec);
         if (time_ec || now - written < temp_grace) continue;
-        if (::unlink(f.path().c_str()) == 0) {
-          ++out.temp_files_removed;
-          changed = true;
-        }
+        if (::unlink(f.path().c_str()) == 0) ++out.temp_files_removed;
       }
     }
     // No fsync of the folder: a deletion lost in a crash only leaves garbage for the next
     // collection (the manifests that referenced it were removed durably first).
-    (void)changed;
   }
   if (ec) io::fail_errno(root, "listing", ec.value());
+}
+
+// The chunks of the removed checkpoints that no kept one references, by name.
+void remove_released_chunks(const std::string& run_dir, const std::set<chunk_key>& released,
+                            const std::set<chunk_key>& referenced, gc_result& out) {
+  out.chunks_kept = referenced.size();
+  for (const chunk_key& key : released) {
+    if (referenced.contains(key)) continue;
+    const fs::path path = chunk_file::path_of(run_dir, key);
+    struct stat st {};
+    const bool sized = ::stat(path.c_str(), &st) == 0;
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT) continue;
+      io::fail_errno(path, "removing an unreferenced chunk", errno);
+    }
+    ++out.chunks_removed;
+    out.bytes_freed += sized ? static_cast<uint64_t>(st.st_size) : 0;
+  }
+}
+
+}  // namespace
+
+void gc_memory::remember(const manifest& m) { references[m.step] = references_of(m); }
+
+gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
+                          std::chrono::seconds temp_grace) {
+  gc_memory fresh;
+  return collect_garbage(run_dir, policy, temp_grace, fresh);
+}
+
+gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
+                          std::chrono::seconds temp_grace, gc_memory& memory) {
+  gc_result out;
+  // LATEST must name a readable checkpoint before anything is judged unreferenced; one this
+  // process already read or committed was.
+  const std::optional<int64_t> latest_step = read_latest_step(run_dir);
+  if (!latest_step) return out;
+  if (!memory.references.contains(*latest_step)) {
+    const std::optional<manifest> latest = latest_committed(run_dir);
+    if (!latest) return out;
+    memory.remember(*latest);
+  }
+  // Every committed manifest's references, before retention removes any of them.
+  const std::vector<int64_t> before = list_committed(run_dir);
+  for (int64_t step : before) {
+    if (!memory.references.contains(step))
+      memory.remember(read_manifest(run_dir, step));  // throws: then nothing is deleted
+  }
+  out.removed_steps = prune_by_policy(run_dir, policy, *latest_step);
+
+  std::set<chunk_key> referenced;
+  std::set<chunk_key> released;
+  const std::vector<int64_t> after = list_committed(run_dir);
+  for (int64_t step : before) {
+    const std::vector<chunk_key>& keys = memory.references.at(step);
+    const bool kept = std::binary_search(after.begin(), after.end(), step);
+    (kept ? referenced : released).insert(keys.begin(), keys.end());
+  }
+  for (auto it = memory.references.begin(); it != memory.references.end();) {
+    it = std::binary_search(after.begin(), after.end(), it->first) ? std::next(it)
+                                                                   : memory.references.erase(it);
+  }
+  const bool sweep = memory.sweep_every == 0 || memory.collections % memory.sweep_every == 0;
+  ++memory.collections;
+  if (sweep)
+    sweep_chunk_folders(run_dir, referenced, temp_grace, out);
+  else
+    remove_released_chunks(run_dir, released, referenced, out);
   return out;
 }
 

@@ -43,6 +43,11 @@ struct snapshot {
 /// first time (or when the layout grew).
 void capture(const state_map& map, std::span<const std::span<const float>> buffers, snapshot& into);
 
+/// capture's first half: lists the pieces of `into` and sizes (so touches) its buffer,
+/// copying nothing. Done ahead of the first checkpoint, it keeps first-touch page faults out
+/// of training.
+void lay_out(const state_map& map, std::span<const std::span<const float>> buffers, snapshot& into);
+
 /// A box persisted as chunks: element i of the box (row-major) is element offset + i of its
 /// chunks laid end to end. A large box starts its own chunks (offset 0); small boxes are
 /// packed together, so one begins inside a chunk. Every chunk but a piece's last holds
@@ -88,6 +93,9 @@ class shard_writer {
  public:
   virtual ~shard_writer() = default;
   virtual shard_report write(const snapshot& s) = 0;
+  /// Gets ready to write snapshots shaped like `layout` (its data is not read): a backend
+  /// allocates and touches its buffers here rather than during the first write.
+  virtual void prepare(const snapshot& /*layout*/) {}
   /// Floats per chunk (the last chunk of a box may be shorter).
   [[nodiscard]] virtual size_t chunk_floats() const = 0;
 };

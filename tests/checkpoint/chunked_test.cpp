@@ -9,10 +9,12 @@
 #include <fstream>
 #include <mutex>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "checkpoint/async_checkpointer.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/chunk_file.hpp"
 #include "checkpoint/manifest.hpp"
 #include "tests/checkpoint/test_support.hpp"
 
@@ -154,6 +156,9 @@ TEST(AsyncCheckpointer, ASnapshotIsTheStateAtItsStepWhileTrainingChangesIt) {
                               done.push_back(std::move(o));
                             });
     const std::span<const float> bufs[] = {params, m, v};
+    EXPECT_EQ(ckpt.buffer_bytes(), 0u);
+    ckpt.prepare(map, bufs);  // sized (and touched) before the first snapshot
+    EXPECT_EQ(ckpt.buffer_bytes(), 3 * params.size() * sizeof(float));
     const snapshot_outcome taken = ckpt.take(map, bufs, {0, 1, 1, 7, 7});
     EXPECT_TRUE(taken.taken);
     // Training goes on at once: the buffers change while the write is in flight.
@@ -211,6 +216,87 @@ TEST(AsyncCheckpointer, SkipPolicyNeverTouchesTheSnapshotBeingWritten) {
   EXPECT_EQ(reports[0].step, 1);
   const auto back = chunk_file::read(dir.str(), reports[0].pieces[0].chunks[0], 100, "x");
   EXPECT_EQ(back[0], 1.0f) << "the in-flight snapshot was not overwritten by the skipped one";
+}
+
+// The chunk files on disk, by key.
+std::set<chunk_key> chunks_on_disk(const std::string& run_dir) {
+  std::set<chunk_key> out;
+  for (const auto& f : fs::recursive_directory_iterator(chunk_file::root(run_dir)))
+    if (auto key = chunk_key::from_hex(f.path().filename().string())) out.insert(*key);
+  return out;
+}
+
+// What every committed manifest references: all that a collection may keep.
+std::set<chunk_key> chunks_referenced(const std::string& run_dir) {
+  std::set<chunk_key> out;
+  for (int64_t step : list_committed(run_dir))
+    for (const saved_piece& p : read_manifest(run_dir, step).pieces)
+      out.insert(p.chunks.begin(), p.chunks.end());
+  return out;
+}
+
+TEST(GarbageCollection, RememberedManifestsLeaveExactlyWhatAFullCollectionLeaves) {
+  testing::temp_dir dir;
+  auto writer = make_fs_shard_writer(dir.str(), 4096);
+  // One frozen tensor (the same chunks at every step) and one that changes every step.
+  std::vector<float> frozen(3000, 0.5f), moving(3000);
+  state_map map;  // parameters and both moments alike
+  for (auto& a : map.arrays)
+    a = {{"frozen", {0, 0, 1, 3000}, 0, 1, 0, true}, {"moving", {0, 0, 1, 3000}, 3000, 1, 0, true}};
+  std::vector<float> flat(6000);
+  gc_memory memory;
+  memory.sweep_every = 3;
+  const retention_policy keep_two{2, 0};
+  for (int64_t step = 1; step <= 7; ++step) {
+    std::iota(moving.begin(), moving.end(), static_cast<float>(step) * 1e4f);
+    std::copy(frozen.begin(), frozen.end(), flat.begin());
+    std::copy(moving.begin(), moving.end(), flat.begin() + 3000);
+    const std::span<const float> bufs[] = {flat, flat, flat};
+    snapshot snap;
+    snap.step = step;
+    capture(map, bufs, snap);
+    const shard_report r = writer->write(snap);
+    manifest man;
+    man.step = step;
+    man.world = 1;
+    man.global_numel = 6000;
+    man.adam_t = step;
+    man.chunk_floats = 1024;
+    man.config_json = "{}";
+    man.tensors = {{"frozen", {3000}, 0}, {"moving", {3000}, 3000}};
+    man.pieces = r.pieces;
+    commit_manifest(dir.str(), man);
+    // Step 4's manifest is not remembered: the collection must read it from disk.
+    if (step != 4) memory.remember(man);
+    if (step == 5) {  // chunks a writer left behind when it died before its commit
+      std::vector<float> orphan(1024, -1.0f);
+      snapshot lost;
+      lost.step = 99;
+      const std::span<const float> orphan_bufs[] = {orphan, orphan, orphan};
+      state_map orphan_map;
+      for (auto& a : orphan_map.arrays) a = {{"orphan", {0, 0, 1, 1024}, 0, 1, 0, true}};
+      capture(orphan_map, orphan_bufs, lost);
+      (void)writer->write(lost);
+    }
+    const gc_result gc = collect_garbage(dir.str(), keep_two, std::chrono::seconds(0), memory);
+    const std::set<chunk_key> referenced = chunks_referenced(dir.str());
+    const std::set<chunk_key> on_disk = chunks_on_disk(dir.str());
+    EXPECT_EQ(list_committed(dir.str()).size(), std::min<size_t>(step, 2)) << "step " << step;
+    // Collections 1, 4 and 7 sweep (every third); the others remove the released chunks by
+    // name, so the orphan, never referenced, stays from step 5 until the sweep of step 7.
+    if (step == 5 || step == 6) {
+      EXPECT_EQ(on_disk.size(), referenced.size() + 1) << "step " << step;
+    } else {
+      EXPECT_EQ(on_disk, referenced) << "step " << step;
+    }
+    for (const chunk_key& k : referenced) EXPECT_TRUE(on_disk.contains(k)) << "step " << step;
+    if (step >= 3) {
+      EXPECT_FALSE(gc.removed_steps.empty()) << "step " << step;
+    }
+    // Memory holds exactly the committed steps, no more.
+    EXPECT_EQ(memory.references.size(), list_committed(dir.str()).size());
+  }
+  EXPECT_EQ(memory.collections, 7u);
 }
 
 }  // namespace
