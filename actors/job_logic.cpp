@@ -179,6 +179,10 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
                             {"host", h.host},
                             {"node", h.node},
                             {"generation", generation_}}});
+  if (state_ == job_state::recovering) {
+    if (auto it = awaited_.find(h.node); it != awaited_.end() && it->second > 0) --it->second;
+    if (plan_held_ && awaited() == 0) plan_generation(now, out);  // it takes its old place
+  }
   if (state_ == job_state::forming && live_count() == params_.members) {
     generation_ = 1;
     recovery_reason_ = "start";
@@ -218,6 +222,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
     return;
   }
   ++generation_;
+  plan_held_ = false;  // every live member reports again first
   set_state(job_state::recovering, out, reason);
   pending_ = votes{};
   pending_failure_.clear();
@@ -243,6 +248,9 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
 }
 
 void job_logic::plan_generation(logic_time now, actions& out) {
+  // Who has not rejoined by now joins later and is admitted by a grow.
+  plan_held_ = false;
+  awaited_.clear();
   std::vector<member_info> live;
   for (const auto& m : members_)
     if (m.live) live.push_back(m);
@@ -324,7 +332,7 @@ actions job_logic::on_state_report(const state_report& r, logic_time now) {
   m->held_step = r.held_step;
   for (const auto& x : members_)
     if (x.live && !x.reported) return out;
-  plan_generation(now, out);
+  plan_or_wait(now, out);
   return out;
 }
 

@@ -49,6 +49,11 @@ struct job_params {
   std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
+  /// How long a recovery waits for workers that agents are restarting (a crash with restarts
+  /// left), so they take their old places in one generation instead of a shrink and a grow.
+  /// 0 = never wait. Only with max_restarts > 0.
+  std::chrono::milliseconds replacement_wait{0};
+  int max_restarts = 0;  ///< each agent's restart budget, as the agents were told
   /// Batches skipped after divergences in earlier sessions of this run (resume), one entry
   /// per skip: see reconfigure::skipped_steps.
   std::vector<int64_t> skipped_steps;
@@ -125,6 +130,8 @@ class job_logic {
   actions on_state_report(const state_report& r, logic_time now);
   actions on_reconfigured(const reconfigured& r, logic_time now);
   actions on_heartbeat(const heartbeat& h, logic_time now);
+  /// An agent is gone: it restarts no worker any more.
+  actions on_agent_lost(int node, logic_time now);
   /// Deadlines: forming, heartbeats, the settle window, recovery, the step watchdog.
   actions on_tick(logic_time now);
   /// Ctrl-C / SIGTERM: no step is committed after this; checkpoints already asked for are
@@ -185,6 +192,9 @@ class job_logic {
   void stale(const std::string& what, int32_t member, uint64_t generation, actions& out);
   void begin_generation(const std::string& reason, logic_time now, actions& out);
   void plan_generation(logic_time now, actions& out);
+  // Plans now, or holds the plan while restarted workers are expected (replacement_wait).
+  void plan_or_wait(logic_time now, actions& out);
+  int awaited() const;
   void all_votes_in(logic_time now, actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
@@ -240,6 +250,12 @@ class job_logic {
   restore_plan restore_;
   std::map<int32_t, reconfigured> restored_;    // by rank
   std::optional<std::vector<int>> rebalanced_;  // replica micro-batches the next plan must use
+  // Workers the next plan waits for, by node: each died with restarts left on its agent.
+  std::map<int, int> awaited_;
+  std::map<int, int> restarts_used_;  // by node, as predicted from the crashes seen
+  std::vector<int> lost_nodes_;
+  logic_time replacement_deadline_{};
+  bool plan_held_ = false;
   straggler_detector stragglers_;
   std::vector<bool> flagged_;  // by rank: already reported this generation
   // results

@@ -170,7 +170,51 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
   if (state_ == job_state::training && rank < 0 && !finishing_)
     return out;  // an idle spare: nothing to redo
   if (recovery_cause_.empty()) recovery_cause_ = to_string(cause);
+  // A crashed worker whose agent has restarts left comes back in a moment; the plan of the
+  // next generation waits for it (bounded by replacement_wait).
+  const bool crashed = cause == loss_cause::exit || cause == loss_cause::connection;
+  const bool agent_alive =
+      std::find(lost_nodes_.begin(), lost_nodes_.end(), m->node) == lost_nodes_.end();
+  if (crashed && agent_alive && params_.replacement_wait.count() > 0 &&
+      restarts_used_[m->node] < params_.max_restarts) {
+    ++restarts_used_[m->node];
+    ++awaited_[m->node];
+    replacement_deadline_ = now + params_.replacement_wait;
+  }
   begin_generation(what, now, out);
+  return out;
+}
+
+int job_logic::awaited() const {
+  int n = 0;
+  for (const auto& [node, count] : awaited_) n += count;
+  return n;
+}
+
+void job_logic::plan_or_wait(logic_time now, actions& out) {
+  const int expected = awaited();
+  if (expected == 0 || now >= replacement_deadline_) {
+    plan_generation(now, out);
+    return;
+  }
+  if (!plan_held_)
+    out.push_back(emit_event{{{"event", "replacement_wait"},
+                              {"generation", generation_},
+                              {"workers", expected},
+                              {"wait_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              replacement_deadline_ - now)
+                                              .count()}}});
+  plan_held_ = true;
+  // Everyone has reported; the recovery deadline must not evict them while they wait.
+  deadline_ = std::max(deadline_, replacement_deadline_ + params_.heartbeat_timeout);
+}
+
+actions job_logic::on_agent_lost(int node, logic_time now) {
+  actions out;
+  if (std::find(lost_nodes_.begin(), lost_nodes_.end(), node) == lost_nodes_.end())
+    lost_nodes_.push_back(node);
+  awaited_.erase(node);
+  if (plan_held_ && awaited() == 0 && !ended_) plan_generation(now, out);
   return out;
 }
 
@@ -240,6 +284,10 @@ actions job_logic::on_tick(logic_time now) {
       if (ended_) return out;
     }
     if (state_ == job_state::training) begin_generation(why, now, out);
+    return out;
+  }
+  if (plan_held_ && now >= replacement_deadline_) {
+    plan_generation(now, out);  // the restarted workers are late: the job goes on without them
     return out;
   }
   if (now < deadline_) return out;

@@ -295,6 +295,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
   p.heartbeat_timeout = std::chrono::milliseconds(st.setup.heartbeat_timeout_ms);
   p.straggler_policy = st.setup.straggler_policy;
+  p.replacement_wait = std::chrono::milliseconds(st.setup.cfg.elastic.replacement_wait_ms);
+  p.max_restarts = st.setup.cfg.elastic.max_restarts;
   p.skipped_steps = st.setup.skipped_steps;
   st.logic.emplace(p, now(self));
   st.metrics->world->set(st.setup.plan.shape.world());
@@ -324,13 +326,16 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
 
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
-    for (auto& a : s.agents)
+    for (size_t node = 0; node < s.agents.size(); ++node) {
+      auto& a = s.agents[node];
       if (a && dm.source == a.address()) {
         a = nullptr;
         if (!s.result_sent)
           emit(self, {{"event", "agent_lost"}, {"reason", self->system().render(dm.reason)}});
+        run(self, s.logic->on_agent_lost(static_cast<int>(node), now(self)));
         return;
       }
+    }
     const int32_t member = member_of(self, dm.source);
     if (member < 0) return;
     run(self, s.logic->on_member_lost(

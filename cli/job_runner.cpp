@@ -141,8 +141,8 @@ resume_choice resume_point(const train_config& cfg) {
       "/parallel/schedule",
       // How the job survives failures does not change what it computes.
       "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
-      "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/straggler_policy",
-      "/elastic/faults",
+      "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/replacement_wait_ms",
+      "/elastic/straggler_policy", "/elastic/faults",
       // What is done about a divergence; the batches it skipped are in skipped_batches.json.
       "/on_divergence", "/max_rollbacks",
       // How the data plane's connections are guarded.

@@ -48,6 +48,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--spares", "elastic.spares"},
       {"--max-restarts", "elastic.max_restarts"},
       {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
+      {"--replacement-wait-ms", "elastic.replacement_wait_ms"},
       {"--straggler-policy", "elastic.straggler_policy"},
       {"--fault", "elastic.faults"},
       {"--on-divergence", "on_divergence"},
@@ -207,6 +208,8 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --spares K             K started, idle workers that take a lost rank's place (default 0)
   --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
+  --replacement-wait-ms MS    with --max-restarts: a recovery waits this long for a crashed
+                         worker's restart, which takes its old place (default 1000; 0 = shrink at once)
   --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
   --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,
                          stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,

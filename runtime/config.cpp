@@ -205,6 +205,8 @@ const std::vector<field>& fields() {
       make_field("elastic.max_restarts", &train_config::elastic, &elastic_config::max_restarts),
       make_field("elastic.heartbeat_timeout_ms", &train_config::elastic,
                  &elastic_config::heartbeat_timeout_ms),
+      make_field("elastic.replacement_wait_ms", &train_config::elastic,
+                 &elastic_config::replacement_wait_ms),
       section_string_field("elastic.straggler_policy", &train_config::elastic,
                            &elastic_config::straggler_policy),
       faults_field(),
@@ -621,6 +623,7 @@ void validate(const train_config& c) {
               std::to_string(e.max_ranks));
   int_in(e.heartbeat_timeout_ms, "elastic.heartbeat_timeout_ms", "--heartbeat-timeout-ms", 100,
          3600000);
+  int_in(e.replacement_wait_ms, "elastic.replacement_wait_ms", "--replacement-wait-ms", 0, 600000);
   one_of(e.straggler_policy, "elastic.straggler_policy", "--straggler-policy",
          {"warn", "rebalance", "evict"});
 }

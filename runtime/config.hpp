@@ -43,6 +43,9 @@ struct elastic_config {
   int spares = 0;                   ///< started idle workers that replace a lost rank
   int max_restarts = 0;             ///< times each agent restarts a worker that died (it rejoins)
   int heartbeat_timeout_ms = 2000;  ///< a worker silent this long is lost (hang)
+  /// With max_restarts: how long a recovery waits for a crashed worker's restart to rejoin
+  /// (one generation at the old world instead of a shrink and a grow); 0 = never waits.
+  int replacement_wait_ms = 1000;
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated
 };

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/trainer.hpp"
@@ -63,7 +64,8 @@ strategies::layout_plan plan_for(const train_config& cfg, int world) {
 class logic_harness {
  public:
   logic_harness(train_config cfg, int spares = 0, int max_ranks = 0, int min_ranks = 1,
-                std::string straggler_policy = "warn")
+                std::string straggler_policy = "warn",
+                const std::function<void(job_params&)>& tweak = {})
       : cfg_(std::move(cfg)), now_(logic_time{} + 1000s) {
     job_params p;
     p.cfg = cfg_;
@@ -73,6 +75,7 @@ class logic_harness {
     p.bounds.min_ranks = min_ranks;
     p.bounds.max_ranks = max_ranks > 0 ? max_ranks : cfg_.world;
     p.heartbeat_timeout = 2000ms;
+    if (tweak) tweak(p);
     logic_.emplace(p, now_);
   }
 
@@ -80,14 +83,22 @@ class logic_harness {
   logic_time now() const { return now_; }
   void advance(std::chrono::milliseconds d) { now_ += d; }
 
-  actions join(int32_t member, welcome* answer = nullptr) {
+  actions join(int32_t member, welcome* answer = nullptr, int32_t node = 0) {
     welcome w;
     hello h;
     h.member = member;
+    h.node = node;
     h.pid = 1000 + member;
     h.host = "test";
     auto a = logic_->on_member_joined(h, now_, w);
     if (answer) *answer = w;
+    remember(a);
+    return a;
+  }
+
+  // The logic's clock fires (deadlines), its reconfigures remembered like any others.
+  actions tick() {
+    auto a = logic_->on_tick(now_);
     remember(a);
     return a;
   }
@@ -1020,6 +1031,105 @@ TEST(JobLogicTest, ExitAfterStepNeverClaimsACheckpointThatFailed) {
   EXPECT_EQ(end[0].exit_code, exit_code::checkpoint_failed);
   EXPECT_EQ(end[0].message.find("--resume continues"), std::string::npos) << end[0].message;
   EXPECT_NE(end[0].message.find("nothing to continue from"), std::string::npos) << end[0].message;
+}
+
+// Agents restart crashed workers (max_restarts 2); a recovery waits up to 1 s for them.
+logic_harness with_restarts(int world) {
+  return logic_harness(small_config(world), 0, 0, 1, "warn", [](job_params& p) {
+    p.max_restarts = 2;
+    p.replacement_wait = 1000ms;
+  });
+}
+
+TEST(JobLogicTest, CrashedWorkerBeingRestartedTakesItsOldPlaceInOneGeneration) {
+  auto h = with_restarts(4);
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+  const int32_t victim = h.logic().member_of_rank(2);
+  h.logic().on_member_lost(victim, loss_cause::exit, "killed by signal 9", h.now());
+  h.advance(20ms);
+  auto held = h.report_all(3);
+  EXPECT_TRUE(all_of<send_reconfigure>(held).empty()) << "the plan waits for the restart";
+  ASSERT_TRUE(find_event(held, "replacement_wait"));
+  EXPECT_EQ(find_event(held, "replacement_wait")->event["workers"], 1);
+  h.advance(50ms);
+  EXPECT_TRUE(all_of<send_reconfigure>(h.logic().on_tick(h.now())).empty());
+  auto planned = h.join(victim);  // the agent's restart of the same member
+  auto rc = all_of<send_reconfigure>(planned);
+  ASSERT_EQ(rc.size(), 4u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.world, 4) << "no shrink: one generation, the old layout";
+    EXPECT_EQ(r.msg.start_step, 3);
+    if (r.member == victim) {
+      EXPECT_EQ(r.msg.source, state_source::peer) << "the newcomer's state comes from a peer";
+    }
+  }
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_EQ(h.logic().generation(), 2u);
+  EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 4u);
+}
+
+TEST(JobLogicTest, RestartThatDoesNotComeInTimeShrinksAndIsGrownLater) {
+  auto h = with_restarts(4);
+  h.form();
+  h.step(1);
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::connection, "closed", h.now());
+  EXPECT_TRUE(all_of<send_reconfigure>(h.report_all(1)).empty());
+  h.advance(999ms);
+  EXPECT_TRUE(all_of<send_reconfigure>(h.logic().on_tick(h.now())).empty());
+  h.advance(2ms);
+  auto rc = all_of<send_reconfigure>(h.tick());
+  ASSERT_EQ(rc.size(), 3u) << "after replacement_wait the job goes on without it";
+  EXPECT_EQ(rc[0].msg.world, 3);
+  h.settle_reconfigure();
+  h.join(1);  // the restart arrives late: admitted by a grow at the next step boundary
+  h.step(2);
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  auto reported = h.report_all(2);
+  auto grown = all_of<send_reconfigure>(reported);
+  ASSERT_EQ(grown.size(), 4u);
+  EXPECT_EQ(grown[0].msg.world, 4);
+}
+
+TEST(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
+  {  // hangs are not restarted by an agent: the plan does not wait
+    auto h = with_restarts(4);
+    h.form();
+    h.step(1);
+    h.logic().on_member_lost(h.logic().member_of_rank(3), loss_cause::hang, "silent", h.now());
+    EXPECT_EQ(all_of<send_reconfigure>(h.report_all(1)).size(), 3u);
+  }
+  {  // the agent died with its worker (node loss): nobody will restart it
+    auto h = with_restarts(4);
+    h.form();
+    h.step(1);
+    h.logic().on_member_lost(h.logic().member_of_rank(0), loss_cause::exit, "killed", h.now());
+    EXPECT_TRUE(all_of<send_reconfigure>(h.report_all(1)).empty());
+    auto rc = all_of<send_reconfigure>(h.logic().on_agent_lost(0, h.now()));
+    ASSERT_EQ(rc.size(), 3u);
+    EXPECT_EQ(rc[0].msg.world, 3);
+  }
+  {  // the budget is spent: the third crash on the node is not waited for
+    auto h = with_restarts(4);
+    h.form();
+    int64_t step = 1;
+    for (int crash = 0; crash < 3; ++crash) {
+      h.step(step);
+      const int32_t victim = h.logic().member_of_rank(1);
+      h.logic().on_member_lost(victim, loss_cause::exit, "killed", h.now());
+      auto rc = all_of<send_reconfigure>(h.report_all(step));
+      if (crash < 2) {
+        EXPECT_TRUE(rc.empty()) << "crash " << crash;
+        rc = all_of<send_reconfigure>(h.join(victim));
+        ASSERT_EQ(rc.size(), 4u) << "crash " << crash;
+      } else {
+        ASSERT_EQ(rc.size(), 3u) << "the agent has no restart left";
+      }
+      h.settle_reconfigure();
+      ++step;
+    }
+  }
 }
 
 }  // namespace

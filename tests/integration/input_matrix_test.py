@@ -51,6 +51,7 @@ FLAGS = [
     ("--spares", "elastic.spares", ("0",)),
     ("--max-restarts", "elastic.max_restarts", ("0",)),
     ("--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms", ()),
+    ("--replacement-wait-ms", "elastic.replacement_wait_ms", ("0",)),
     ("--metrics-port", "metrics_port", ("0",)),
     ("--checkpoint-every", "checkpoint_every", ("0",)),
     ("--exit-after-step", "exit_after_step", ("0",)),
