@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """troupe's recovery measured from its own events.jsonl: time to recover from a kill -9 (the
 fault's timestamp to the first committed step of the new generation), steps lost, detection
-latency for a crash, a hang (SIGSTOP) and a 2x straggler, goodput under a kill schedule, and
+latency for a crash, a hang (SIGSTOP) and a 2x straggler, the step time with a 2x straggler
+left alone and rebalanced (4 replicas), goodput under a kill schedule, and
 time to recover as the world grows (16, 32, 64 ranks of a tiny model on this machine,
 oversubscribed). Each figure is the median (and max) of several trials.
 
     bench/recovery_bench.py [--troupe build/cli/troupe] [--trials 10] [--worlds 4,16,32,64]
-                            [--only recover|detect|goodput]
+                            [--only recover|detect|goodput|straggler]
 
 Prints one line per measurement; bench/torchrun_recovery.sh measures the peer the same way.
 """
@@ -85,6 +86,29 @@ def detection(troupe, trials):
               f"max {max(straggle_steps)} ({len(straggle_steps)} of {trials} trials flagged)", flush=True)
 
 
+def straggler(troupe, trials):
+    """Rank 1 of 4 data-parallel replicas computes 2x slower from step 30 (64 micro-batches of one
+    sample per step, so the rebalance has room to divide them); the median step time of steps
+    70-100 against steps 10-29 of the same run, with the straggler left alone and rebalanced."""
+    job = DEFAULT_JOB + ["--layers", "2", "--d-model", "128", "--heads", "4", "--context", "64", "--batch", "64",
+                         "--micro-batch", "1", "--world", "4", "--steps", "100", "--checkpoint-every", "0",
+                         "--fault", "slow:rank=1:factor=2:from=30"]
+    ratios = {"warn": [], "rebalance": []}
+    final = []
+    for _ in range(trials):
+        for policy in ratios:
+            events = run(troupe, job + ["--straggler-policy", policy])
+            step_s = {e["step"]: e["step_s"] for e in of(events, "step")}
+            healthy = statistics.median(step_s[s] for s in range(10, 30))
+            ratios[policy].append(statistics.median(step_s[s] for s in range(70, 101)) / healthy)
+            if policy == "rebalance":
+                final.append(of(events, "generation")[-1]["plan"]["replica_micro_batches"])
+    for policy, values in ratios.items():
+        print(f"2x straggler, 4 replicas, policy {policy}: step time {statistics.median(values):.2f}x the healthy "
+              f"one (median of {trials}; max {max(values):.2f}x)", flush=True)
+    print(f"rebalanced micro-batches per replica: {final[0]}", flush=True)
+
+
 def goodput(troupe, every, steps, trials):
     values, kills = [], []
     for seed in range(trials):
@@ -111,7 +135,7 @@ def main():
     ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "cli", "troupe"))
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--worlds", default="4,16,32,64")
-    ap.add_argument("--only", choices=["recover", "detect", "goodput"])
+    ap.add_argument("--only", choices=["recover", "detect", "goodput", "straggler"])
     ap.add_argument("--torch-model", action="store_true",
                     help="the 4-rank job uses bench/torch_elastic.py's model (2 layers, d_model 32, context 32), "
                          "to sit beside bench/torchrun_recovery.sh")
@@ -127,6 +151,8 @@ def main():
             print(f"world {world}: {t / base:.2f}x the 4-rank time", flush=True)
     if a.only in (None, "detect"):
         detection(a.troupe, a.trials)
+    if a.only in (None, "straggler"):
+        straggler(a.troupe, max(3, a.trials // 3))
     if a.only in (None, "goodput"):
         goodput(a.troupe, 60, 600, max(3, a.trials // 3))
         goodput(a.troupe, 15, 600, max(3, a.trials // 3))
