@@ -225,6 +225,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   plan_held_ = false;  // every live member reports again first
   set_state(job_state::recovering, out, reason);
   pending_ = votes{};
+  votes_held_ = false;
   pending_failure_.clear();
   failure_reports_.clear();
   for (const auto& [step, c] : collecting_) {
@@ -394,7 +395,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
   deadline_ = now + std::chrono::milliseconds(2LL * params_.cfg.step_timeout_ms);
   if (committed_ < session_last_step(params_.cfg)) {
     // Ranks that finished reconfiguring first may already have voted for the next step.
-    if (pending_.count == world()) all_votes_in(now, out);
+    if (pending_.count == world()) votes_complete(now, out);
   } else {
     // Recovered after the last step: the final checkpoint and validation come from the
     // new generation (its ranks hold the last step's state).
@@ -475,8 +476,31 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
                               {"optimizer_state_bytes", v.optim_state_bytes},
                               {"peak_rss_bytes", v.peak_rss_bytes},
                               {"zero", params_.cfg.parallel.zero}}});
-  if (p.count == world() && state_ == job_state::training) all_votes_in(now, out);
+  if (p.count == world() && state_ == job_state::training) votes_complete(now, out);
   return out;
+}
+
+bool job_logic::previous_checkpoint_blocks(int64_t step) const {
+  const auto& cfg = params_.cfg;
+  return checkpoints_in_flight() && !halting_ &&
+         checkpoint_due(step, session_last_step(cfg), cfg.checkpoint_every) &&
+         step > checkpoint_step_;
+}
+
+void job_logic::votes_complete(logic_time now, actions& out) {
+  if (params_.cfg.checkpoint_overlap == "wait" && previous_checkpoint_blocks(pending_.step)) {
+    // Deciding this step would ask for a second checkpoint while the first is not committed:
+    // the ranks wait for the commit message instead, and a crash loses at most one interval.
+    votes_held_ = true;
+    return;
+  }
+  all_votes_in(now, out);
+}
+
+void job_logic::release_held_votes(actions& out) {
+  if (!votes_held_ || checkpoints_in_flight()) return;
+  votes_held_ = false;
+  if (state_ == job_state::training && pending_.count == world()) all_votes_in(latest_, out);
 }
 
 void job_logic::all_votes_in(logic_time now, actions& out) {
@@ -512,6 +536,14 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
            // A step replayed after a recovery may already have its checkpoint.
            checkpoint_due(step, last, cfg.checkpoint_every) && step > checkpoint_step_,
            evaluation_due(step, last, cfg.eval_every), 0.0, grow};
+  if (c.checkpoint && previous_checkpoint_blocks(step)) {  // checkpoint_overlap skip
+    c.checkpoint = false;
+    out.push_back(emit_event{{{"event", "checkpoint_skipped"},
+                              {"step", step},
+                              {"reason",
+                               "the previous checkpoint was not committed yet "
+                               "(checkpoint_overlap skip)"}}});
+  }
   for (const auto& m : members_) {
     if (!m.live || m.rank < 0) continue;
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);

@@ -195,6 +195,12 @@ class job_logic {
   // Plans now, or holds the plan while restarted workers are expected (replacement_wait).
   void plan_or_wait(logic_time now, actions& out);
   int awaited() const;
+  // Every vote of the pending step is in: decides the step, unless it is a checkpoint step
+  // and the previous checkpoint is still in flight (policy wait: the votes are held).
+  void votes_complete(logic_time now, actions& out);
+  bool previous_checkpoint_blocks(int64_t step) const;
+  // The held votes go on once no checkpoint is in flight.
+  void release_held_votes(actions& out);
   void all_votes_in(logic_time now, actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
@@ -229,6 +235,9 @@ class job_logic {
   };
   std::map<int64_t, collection> collecting_;
   int committing_ = 0;  // manifests handed to the committer, not yet confirmed
+  // At most one checkpoint is in flight job-wide, its commit included: the votes of the next
+  // checkpoint step wait here until the previous manifest is committed or given up.
+  bool votes_held_ = false;
   void start_collecting(int64_t step);
   int64_t checkpoint_step_ = -1;
   std::string checkpoint_path_;

@@ -87,6 +87,7 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
                                 {"reason",
                                  "a rank was still writing the previous checkpoint "
                                  "(checkpoint_overlap skip)"}}});
+    release_held_votes(out);
     maybe_finish(out);
   }
   return out;
@@ -118,6 +119,7 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
     out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
     checkpoint_failed(step, error);
   }
+  release_held_votes(out);
   maybe_finish(out);
   return out;
 }
@@ -308,7 +310,16 @@ actions job_logic::on_tick(logic_time now) {
     }
     return out;
   }
-  if (state_ == job_state::training)
+  if (state_ == job_state::training && votes_held_)
+    finish(1,
+           "no progress for " + std::to_string(2 * params_.cfg.step_timeout_ms / 1000) +
+               " s after step " + std::to_string(committed_) + ": step " +
+               std::to_string(pending_.step) +
+               " waits for the previous checkpoint, which the checkpoint storage has not "
+               "finished (slow or hung); " +
+               checkpoint_words() + "; check the disk under the run directory",
+           out);
+  else if (state_ == job_state::training)
     finish(1,
            "no progress for " + std::to_string(2 * params_.cfg.step_timeout_ms / 1000) +
                " s after step " + std::to_string(committed_) +

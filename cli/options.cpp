@@ -171,7 +171,7 @@ const char* job_flags =
                          are removed after each commit; 0 = keep all (default 3)
   --keep-every N         also keep every checkpoint whose step is a multiple of N
   --checkpoint-overlap wait|skip   a checkpoint due while the previous one is still being
-                         written waits for it, or is skipped (default wait)
+                         written or committed waits for it, or is skipped (default wait)
   --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024;
                          boxes under K/4 KiB share chunks, larger ones are deduplicated alone);
                          --set checkpoint_async=false writes inside the step instead

@@ -399,49 +399,113 @@ TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplay
   EXPECT_EQ(h.logic().committed(), 5);
 }
 
-// With asynchronous writes the next checkpoint can be asked for before the previous one has
-// every report; each is collected on its own, and a skipped or failed share drops only its own.
-TEST(JobLogicTest, CheckpointsInFlightAreCollectedSeparately) {
+namespace {
+
+shard_written share_of(int64_t step, int rank, bool ok, bool skipped) {
+  shard_written w;
+  w.generation = 1;
+  w.step = step;
+  w.rank = rank;
+  w.ok = ok;
+  w.skipped = skipped;
+  w.adam_t = step;
+  w.bytes_written = 100;
+  w.pieces_json = ok ? "[[" + std::to_string(rank) +
+                           ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"],0]]"
+                     : "";
+  return w;
+}
+
+// Two ranks checkpointing every 2 steps, trained to step 3: checkpoint 2 is in flight.
+void train_past_the_first_checkpoint(logic_harness& h) {
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+}
+
+}  // namespace
+
+// Asynchronous writes let steps go on while a checkpoint is written, but at most one
+// checkpoint is in flight job-wide, its commit included: the next checkpoint step is decided
+// only once the previous manifest is committed, so a crash loses at most one interval.
+TEST(JobLogicTest, NextCheckpointStepWaitsForThePreviousCommit) {
   auto cfg = small_config(2);
   cfg.checkpoint_every = 2;
   logic_harness h(cfg);
-  h.form();
-  for (int s = 1; s <= 6; ++s) h.step(s);  // checkpoints due at 2, 4 and 6
+  train_past_the_first_checkpoint(h);  // steps go on while checkpoint 2 is written
+  EXPECT_EQ(h.logic().committed(), 3);
   EXPECT_TRUE(h.logic().checkpoints_in_flight());
-  auto report = [&](int64_t step, int rank, bool ok, bool skipped) {
-    shard_written w;
-    w.generation = 1;
-    w.step = step;
-    w.rank = rank;
-    w.ok = ok;
-    w.skipped = skipped;
-    w.adam_t = step;
-    w.bytes_written = 100;
-    w.pieces_json =
-        ok ? "[[" + std::to_string(rank) +
-                 ",0,\"wte.weight\",[0,0,1,1],[\"0123456789abcdef0123456789abcdef\"],0]]"
-           : "";
-    return h.logic().on_shard_written(w, h.now());
-  };
-  EXPECT_TRUE(all_of<commit_checkpoint>(report(2, 0, true, false)).empty());
-  EXPECT_TRUE(all_of<commit_checkpoint>(report(4, 0, true, false)).empty());
-  auto done2 = all_of<commit_checkpoint>(report(2, 1, true, false));
+  EXPECT_TRUE(all_of<send_commit>(h.step(4)).empty()) << "step 4 waits for checkpoint 2";
+  EXPECT_EQ(h.logic().committed(), 3);
+  EXPECT_TRUE(
+      all_of<commit_checkpoint>(h.logic().on_shard_written(share_of(2, 0, true, false), h.now()))
+          .empty());
+  auto done2 =
+      all_of<commit_checkpoint>(h.logic().on_shard_written(share_of(2, 1, true, false), h.now()));
   ASSERT_EQ(done2.size(), 1u);
   EXPECT_EQ(done2[0].step, 2);
   EXPECT_EQ(done2[0].pieces.size(), 2u);
   EXPECT_EQ(done2[0].bytes_written, 200u);
-  EXPECT_TRUE(has_event(report(2, 1, true, false), "stale_message")) << "a second report";
-  auto skipped = report(4, 1, false, true);
+  EXPECT_EQ(h.logic().committed(), 3) << "written is not committed: step 4 still waits";
+  auto released = h.logic().on_checkpoint_committed(done2[0], "ckpt2", "");
+  EXPECT_TRUE(has_event(released, "checkpoint"));
+  const auto commits = all_of<send_commit>(released);
+  ASSERT_EQ(commits.size(), 2u) << "both ranks learn that step 4 is decided";
+  EXPECT_TRUE(commits[0].msg.checkpoint);
+  EXPECT_EQ(h.logic().committed(), 4);
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 2);
+
+  // A skipped share drops its checkpoint and releases the next step just the same.
+  EXPECT_TRUE(
+      has_event(h.logic().on_shard_written(share_of(2, 1, true, false), h.now()), "stale_message"))
+      << "a second report";
+  h.logic().on_shard_written(share_of(4, 0, true, false), h.now());
+  h.step(5);
+  EXPECT_TRUE(all_of<send_commit>(h.step(6)).empty());
+  auto skipped = h.logic().on_shard_written(share_of(4, 1, false, true), h.now());
   EXPECT_TRUE(all_of<commit_checkpoint>(skipped).empty());
   EXPECT_TRUE(has_event(skipped, "checkpoint_skipped"));
-  report(6, 0, true, false);
-  auto failed = report(6, 1, false, false);
+  EXPECT_EQ(all_of<send_commit>(skipped).size(), 2u);
+  EXPECT_EQ(h.logic().committed(), 6);
+
+  // A failed share: the failure is reported, and the job goes on.
+  h.logic().on_shard_written(share_of(6, 0, true, false), h.now());
+  h.step(7);
+  EXPECT_TRUE(all_of<send_commit>(h.step(8)).empty());
+  auto failed = h.logic().on_shard_written(share_of(6, 1, false, false), h.now());
   EXPECT_TRUE(has_event(failed, "checkpoint_failed"));
-  EXPECT_TRUE(h.logic().checkpoints_in_flight()) << "step 2's manifest is not confirmed yet";
-  auto committed = h.logic().on_checkpoint_committed(done2[0], "ckpt2", "");
-  EXPECT_TRUE(has_event(committed, "checkpoint"));
-  EXPECT_FALSE(h.logic().checkpoints_in_flight());
-  EXPECT_EQ(h.logic().last_checkpoint_step(), 2);
+  EXPECT_EQ(all_of<send_commit>(failed).size(), 2u);
+  EXPECT_EQ(h.logic().committed(), 8);
+}
+
+// checkpoint_overlap skip: the step is decided at once and the checkpoint it would have
+// asked for is skipped, with an event that says why.
+TEST(JobLogicTest, OverlapSkipDecidesTheStepWithoutItsCheckpoint) {
+  auto cfg = small_config(2);
+  cfg.checkpoint_every = 2;
+  cfg.checkpoint_overlap = "skip";
+  logic_harness h(cfg);
+  train_past_the_first_checkpoint(h);
+  auto four = h.step(4);
+  const auto commits = all_of<send_commit>(four);
+  ASSERT_EQ(commits.size(), 2u);
+  EXPECT_FALSE(commits[0].msg.checkpoint);
+  EXPECT_TRUE(has_event(four, "checkpoint_skipped"));
+  EXPECT_EQ(h.logic().committed(), 4);
+}
+
+// A generation that ends while votes are held drops them with the step: the new generation
+// replays it, and the released checkpoint does not decide a step of the old one.
+TEST(JobLogicTest, HeldVotesGoWithTheGeneration) {
+  auto cfg = small_config(2);
+  cfg.checkpoint_every = 2;
+  logic_harness h(cfg);
+  train_past_the_first_checkpoint(h);
+  EXPECT_TRUE(all_of<send_commit>(h.step(4)).empty());
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  EXPECT_EQ(h.logic().committed(), 3);
+  commit_checkpoint late;
+  late.step = 2;
+  EXPECT_TRUE(all_of<send_commit>(h.logic().on_checkpoint_committed(late, "ckpt2", "")).empty());
 }
 
 TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
