@@ -195,6 +195,9 @@ class job_logic {
   // Plans now, or holds the plan while restarted workers are expected (replacement_wait).
   void plan_or_wait(logic_time now, actions& out);
   int awaited() const;
+  // Whether the workers being restarted would let the next plan use more ranks than the
+  // live members alone (an idle spare may already take the lost place).
+  bool waiting_adds_ranks(int expected) const;
   // Every vote of the pending step is in: decides the step, unless it is a checkpoint step
   // and the previous checkpoint is still in flight (policy wait: the votes are held).
   void votes_complete(logic_time now, actions& out);

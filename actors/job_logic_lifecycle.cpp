@@ -193,9 +193,21 @@ int job_logic::awaited() const {
   return n;
 }
 
+bool job_logic::waiting_adds_ranks(int expected) const {
+  const int live = live_count();
+  auto world_for = [&](int members) {
+    const auto planned =
+        strategies::replan_layout(plan_, members, params_.cfg.model,
+                                  strategies::constraints_from(params_.cfg), params_.bounds);
+    return strategies::has_plan(planned) ? strategies::plan_of(planned).shape.world() : 0;
+  };
+  return world_for(live + expected) > world_for(live);
+}
+
 void job_logic::plan_or_wait(logic_time now, actions& out) {
   const int expected = awaited();
-  if (expected == 0 || now >= replacement_deadline_) {
+  // An idle spare already fills the place: the restarted worker becomes the next spare.
+  if (expected == 0 || now >= replacement_deadline_ || !waiting_adds_ranks(expected)) {
     plan_generation(now, out);
     return;
   }

@@ -1194,6 +1194,19 @@ TEST(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
       ++step;
     }
   }
+  {  // an idle spare takes the place at once; the restarted worker becomes the next spare
+    logic_harness h(small_config(4), /*spares=*/1, 0, 1, "warn", [](job_params& p) {
+      p.max_restarts = 2;
+      p.replacement_wait = 1000ms;
+    });
+    h.set_spares(1);
+    h.form();
+    h.step(1);
+    h.logic().on_member_lost(h.logic().member_of_rank(2), loss_cause::exit, "killed", h.now());
+    const auto rc = all_of<send_reconfigure>(h.report_all(1));
+    ASSERT_EQ(rc.size(), 4u) << "no replacement_wait while a spare is idle";
+    EXPECT_EQ(rc[0].msg.world, 4);
+  }
 }
 
 }  // namespace
