@@ -32,6 +32,8 @@
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/sys/warm_memory.hpp"
 #include "strategies/engine.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/replan.hpp"
@@ -661,6 +663,9 @@ int serve(worker& w) {
   }
 }
 
+// Warming more than this would delay a large model's first generation for little gain.
+constexpr size_t warm_limit_bytes = size_t{1} << 30;
+
 void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args,
                 std::shared_ptr<std::atomic<int>> code) {
   worker w;
@@ -695,6 +700,12 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   try {
     w.cfg = config_from_json(answer->config_json);
     set_blas_threads(w.cfg.blas_threads);
+    // Before the first reconfigure, so that engines find their buffers already backed. An old
+    // and a new engine live side by side while a generation forms; the gradient bucket comes on
+    // top.
+    sys::warm_heap(std::min(2 * working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
+                                static_cast<size_t>(w.cfg.bucket_bytes),
+                            warm_limit_bytes));
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
                   std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));
@@ -719,6 +730,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
 }  // namespace
 
 int run_worker(const worker_args& args) {
+  sys::retain_freed_memory();  // before CAF starts its threads
   system_config cfg;
   cfg.use_network();
   caf::actor_system sys{cfg};

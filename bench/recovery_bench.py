@@ -7,7 +7,7 @@ time to recover as the world grows (16, 32, 64 ranks of a tiny model on this mac
 oversubscribed). Each figure is the median (and max) of several trials.
 
     bench/recovery_bench.py [--troupe build/cli/troupe] [--trials 10] [--worlds 4,16,32,64]
-                            [--only recover|detect|goodput|straggler]
+                            [--only recover|detect|goodput|straggler] [--goodput-spares K]
 
 Prints one line per measurement; bench/torchrun_recovery.sh measures the peer the same way.
 """
@@ -109,13 +109,14 @@ def straggler(troupe, trials):
     print(f"rebalanced micro-batches per replica: {final[0]}", flush=True)
 
 
-def goodput(troupe, every, steps, trials):
+def goodput(troupe, every, steps, trials, spares=0):
     values, kills = [], []
     for seed in range(trials):
         count = max(1, (steps - 10) // every)
         events = run(troupe, DEFAULT_JOB + ["--world", "4", "--steps", str(steps), "--checkpoint-every", "20",
                                             "--max-restarts", str(count + 2), "--fault",
-                                            f"random:kills={count}:seed={seed + 1}:every={every}:from=10"])
+                                            f"random:kills={count}:seed={seed + 1}:every={every}:from=10",
+                                            "--spares", str(spares)])
         start = of(events, "training_started")[0]["unix_ms"]
         end = of(events, "job_done")[0]["unix_ms"]
         seen, useful = set(), 0.0
@@ -126,7 +127,7 @@ def goodput(troupe, every, steps, trials):
         values.append(useful / ((end - start) / 1000))
         kills.append(len(of(events, "fault")))
     print(f"goodput, one kill every {every} steps ({statistics.median(kills)} kills in {steps} steps, workers "
-          f"restarted and rejoining): median {statistics.median(values):.3f}, min {min(values):.3f} "
+          f"restarted and rejoining, {spares} spares): median {statistics.median(values):.3f}, min {min(values):.3f} "
           f"({trials} trials)", flush=True)
 
 
@@ -139,6 +140,8 @@ def main():
     ap.add_argument("--torch-model", action="store_true",
                     help="the 4-rank job uses bench/torch_elastic.py's model (2 layers, d_model 32, context 32), "
                          "to sit beside bench/torchrun_recovery.sh")
+    ap.add_argument("--goodput-spares", type=int, default=0,
+                    help="idle spare workers in the goodput runs (--spares): a spare takes a lost place at once")
     ap.add_argument("--goodput-seconds", type=float, action="append",
                     help="also a kill every this many seconds of wall time (repeatable)")
     a = ap.parse_args()
@@ -154,8 +157,8 @@ def main():
     if a.only in (None, "straggler"):
         straggler(a.troupe, max(3, a.trials // 3))
     if a.only in (None, "goodput"):
-        goodput(a.troupe, 60, 600, max(3, a.trials // 3))
-        goodput(a.troupe, 15, 600, max(3, a.trials // 3))
+        goodput(a.troupe, 60, 600, max(3, a.trials // 3), a.goodput_spares)
+        goodput(a.troupe, 15, 600, max(3, a.trials // 3), a.goodput_spares)
         if a.goodput_seconds:
             # A kill every N seconds of wall time at this machine's own step time.
             probe = run(a.troupe, DEFAULT_JOB + ["--world", "4", "--steps", "40", "--checkpoint-every", "0"])

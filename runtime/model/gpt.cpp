@@ -467,4 +467,14 @@ double basic_gpt<F>::forward_loss(const uint8_t* inputs, const uint8_t* targets,
 template class basic_gpt<float>;
 template class basic_gpt<double>;
 
+size_t working_set_bytes(const model_config& cfg, int micro_batch) {
+  std::vector<size_t> block_first, stream;
+  const auto table = build_table(cfg, 0, 1, block_first, stream);
+  const size_t params = table.back().offset + table.back().numel;
+  const int B = std::max(1, micro_batch);
+  const size_t floats = 4 * params + carve_acts<float>(nullptr, cfg, B).total +
+                        carve_grads<float>(nullptr, cfg, B).total;
+  return floats * sizeof(float);
+}
+
 }  // namespace troupe

@@ -114,6 +114,11 @@ class basic_gpt {
 extern template class basic_gpt<float>;
 extern template class basic_gpt<double>;
 
+/// Bytes a single-rank float model of `cfg` holds while training micro-batches of
+/// `micro_batch` sequences: parameters, gradients, both AdamW moments and the activation
+/// buffers. A sharded rank holds less; the figure sizes memory warmed ahead of time.
+size_t working_set_bytes(const model_config& cfg, int micro_batch);
+
 /// The float32 model every rank trains.
 class gpt : public basic_gpt<float> {
  public:
