@@ -85,6 +85,7 @@ struct worker {
   caf::blocking_actor* self = nullptr;
   caf::actor coordinator;
   int32_t member = -1;
+  size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
   std::shared_ptr<worker_shared> shared;
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
@@ -638,6 +639,10 @@ int serve(worker& w) {
           monitoring::level::warn, w.log_ctx(),
           "could not join generation " + std::to_string(r.generation) + ": " + done.error);
     w.self->send(w.coordinator, done);
+    if (done.ok && r.rank < 0 && w.unwritten_heap > 0) {  // an idle spare has the time
+      sys::warm_heap(w.unwritten_heap, w.unwritten_heap);
+      w.unwritten_heap = 0;
+    }
     if (!done.ok || r.rank < 0) continue;  // the coordinator decides; a spare waits
     prepare_checkpoints(w);  // while the coordinator gathers the other members' answers
     if (r.source != state_source::self)
@@ -700,12 +705,15 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   try {
     w.cfg = config_from_json(answer->config_json);
     set_blas_threads(w.cfg.blas_threads);
-    // Before the first reconfigure, so that engines find their buffers already backed. An old
-    // and a new engine live side by side while a generation forms; the gradient bucket comes on
-    // top.
-    sys::warm_heap(std::min(2 * working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
-                                static_cast<size_t>(w.cfg.bucket_bytes),
-                            warm_limit_bytes));
+    // Before the first reconfigure. A member of a forming job has the time to write what an
+    // old and a new engine will use; one that joins a running job is on a recovery's path, so
+    // it only faults the heap in (cheap) and writes its engine's share if it idles as a spare.
+    const size_t engine = std::min(working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
+                                       static_cast<size_t>(std::max(0, w.cfg.bucket_bytes)),
+                                   warm_limit_bytes / 2);
+    const bool forming = answer->generation == 0;
+    sys::warm_heap(2 * engine, forming ? 2 * engine : 0);
+    w.unwritten_heap = forming ? 0 : engine;
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
                   std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));

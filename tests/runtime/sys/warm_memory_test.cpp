@@ -39,8 +39,8 @@ TEST(WarmMemory, WarmedAndFreedMemoryIsReusedWithoutPageFaults) {
   EXPECT_GT(cold, pages / 2) << "fresh memory is faulted in page by page";
   EXPECT_LT(faults_to_fill(bytes), pages / 20) << "the freed buffers were kept for reuse";
 
-  EXPECT_EQ(warm_heap(0), 0u);
-  EXPECT_EQ(warm_heap(2 * bytes + 12345), 2 * bytes + 12345);
+  EXPECT_EQ(warm_heap(0, 0), 0u);
+  EXPECT_EQ(warm_heap(2 * bytes + 12345, bytes), 2 * bytes + 12345);
   EXPECT_LT(faults_to_fill(2 * bytes), pages / 10) << "warmed memory needs no fault";
 }
 
