@@ -19,6 +19,7 @@
 #include "actors/checkpoint_replica.hpp"
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
+#include "actors/rank_worker.hpp"
 #include "actors/stage.hpp"
 #include "actors/state_transfer.hpp"
 #include "actors/worker_control.hpp"
@@ -41,7 +42,7 @@
 namespace troupe::actors {
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using namespace worker_detail;
 
 // The process's peak resident set (VmHWM), in bytes; 0 if /proc cannot tell.
 int64_t peak_rss_bytes() {
@@ -57,54 +58,6 @@ double thread_cpu_seconds() {
   ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
-
-double seconds_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// One generation as this rank sees it: its place, its plan, its engine.
-struct generation_context {
-  uint64_t generation = 0;
-  int32_t rank = -1;
-  int32_t world = 0;
-  strategies::layout_plan plan;
-  std::unique_ptr<strategies::training_engine> engine;
-  std::unique_ptr<stage_link> stage;
-  int64_t state_step = -1;  // the committed step the engine's state is at; -1 = unusable
-};
-
-// How the step loop of one generation ended.
-enum class loop_end { finished, aborted, stopped, failed };
-struct loop_result {
-  loop_end how = loop_end::finished;
-  uint64_t next_generation = 0;  // aborted: the generation being formed
-  std::string why;
-};
-
-struct worker {
-  caf::blocking_actor* self = nullptr;
-  caf::actor coordinator;
-  int32_t member = -1;
-  size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
-  std::shared_ptr<worker_shared> shared;
-  train_config cfg;
-  std::unique_ptr<comm::kv_store> store;
-  std::optional<byte_dataset> data;
-  std::vector<chaos::fault> faults;     // injected slowdowns apply here
-  std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
-  generation_context current;
-  std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)
-  uint64_t newest_generation = 0;      // the newest generation any message named
-  int node = 0;
-  // --replicate-checkpoints: this process's replica server and route (outlives the writer).
-  std::unique_ptr<checkpoint_replica> replica;
-  // Persists snapshots in the background; made at the first checkpoint, kept (with its
-  // snapshot buffer) across generations. Declared last: it finishes its write first.
-  std::unique_ptr<ckpt::async_checkpointer> checkpointer;
-  monitoring::log_context log_ctx() const {
-    return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
-  }
-};
 
 // What a control message means for the step loop: nothing, or the loop's end.
 std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
@@ -199,92 +152,6 @@ loop_result await_decision(worker& w) {
                     [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
                     caf::after(left) >> [] {});
     if (end) return *end;
-  }
-}
-
-// The report of a finished background write, sent from the writer's thread.
-shard_written report_of(const ckpt::write_outcome& o, bool synchronous,
-                        checkpoint_replica* replica) {
-  shard_written out;
-  out.generation = o.meta.generation;
-  out.step = o.meta.step;
-  out.rank = o.meta.rank;
-  out.adam_t = o.meta.adam_t;
-  out.stall_s = o.stall_s;
-  if (!o.report) {
-    out.ok = false;
-    out.error = o.error;
-    return out;
-  }
-  out.pieces_json = ckpt::encode_pieces(o.report->pieces);
-  out.bytes_written = o.report->bytes_written;
-  out.bytes_deduplicated = o.report->bytes_deduplicated;
-  out.write_s = o.report->write_s;
-  if (synchronous) out.stall_s += o.report->write_s;  // the step waited for the write too
-  out.buffer_bytes = o.buffer_bytes;
-  if (replica) out.replicated_bytes = replica->take_sent_bytes();
-  return out;
-}
-
-// Takes this rank's snapshot of committed step `step`: the copy holds training, the write
-// runs in the background (or here, with checkpoint_async off) and reports when durable.
-ckpt::async_checkpointer& checkpointer_of(worker& w) {
-  if (!w.checkpointer) {
-    const bool synchronous = !w.cfg.checkpoint_async;
-    const caf::actor coordinator = w.coordinator;
-    checkpoint_replica* replica = w.replica.get();
-    w.checkpointer = std::make_unique<ckpt::async_checkpointer>(
-        ckpt::make_fs_shard_writer(w.cfg.run_dir,
-                                   static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
-                                   replica ? replica->observer() : ckpt::chunk_observer{}),
-        *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
-        [coordinator, synchronous, replica](ckpt::write_outcome o) {
-          caf::anon_send(coordinator, report_of(o, synchronous, replica));
-        });
-  }
-  return *w.checkpointer;
-}
-
-// Sizes the snapshot buffers for this generation's state before its first step: fresh memory
-// costs ~0.3 GB/s to touch here, which the first checkpoint would otherwise take from
-// training (with the writer's first buffers, tens of milliseconds).
-void prepare_checkpoints(worker& w) {
-  if (w.cfg.checkpoint_every <= 0 || !w.current.engine) return;
-  strategies::local_state state = w.current.engine->state();
-  std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
-  checkpointer_of(w).prepare(w.current.engine->state_map(), buffers);
-}
-
-void take_checkpoint(worker& w, int64_t step) {
-  const bool synchronous = !w.cfg.checkpoint_async;
-  ckpt::async_checkpointer& checkpointer = checkpointer_of(w);
-  strategies::local_state state = w.current.engine->state();
-  std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
-  const ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step,
-                                 *state.adam_t};
-  try {
-    const ckpt::snapshot_outcome taken =
-        checkpointer.take(w.current.engine->state_map(), buffers, meta);
-    if (!taken.taken) {
-      shard_written skipped;
-      skipped.generation = meta.generation;
-      skipped.step = step;
-      skipped.rank = meta.rank;
-      skipped.ok = false;
-      skipped.skipped = true;
-      skipped.error = "the previous checkpoint was still being written (checkpoint_overlap skip)";
-      w.self->send(w.coordinator, skipped);
-      return;
-    }
-    if (synchronous) checkpointer.wait_idle();
-  } catch (const std::exception& e) {
-    shard_written failed;
-    failed.generation = meta.generation;
-    failed.step = step;
-    failed.rank = meta.rank;
-    failed.ok = false;
-    failed.error = std::string("taking the snapshot failed: ") + e.what();
-    w.self->send(w.coordinator, failed);
   }
 }
 
@@ -469,131 +336,6 @@ loop_result await_stop(worker& w) {
         caf::after(left) >> [] {});
     if (end) return *end;
   }
-}
-
-// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
-reconfigured enter_generation(worker& w, const reconfigure& r) {
-  reconfigured out;
-  out.generation = r.generation;
-  out.member = w.member;
-  out.rank = r.rank;
-  const auto started = clock_type::now();
-  generation_context next;
-  next.generation = r.generation;
-  next.rank = r.rank;
-  next.world = r.world;
-  try {
-    next.plan = strategies::plan_from_json(r.plan_json);
-    if (r.rank >= 0) {
-      const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
-      comm::gloo_options gopts;
-      gopts.connect_timeout = op_timeout;
-      if (w.cfg.data_plane_auth == "tcp-md5") {
-        const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
-        gopts.pair_key.assign(key.begin(), key.end());
-      }
-      // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
-      // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
-      const int rank = r.rank;
-      auto connect = [&w, gopts, rank](const comm::comm_identity& id) {
-        return chaos::inject_from_environment(comm::make_host_communicator(*w.store, id, gopts),
-                                              rank);
-      };
-      strategies::micro_batching batching{next.plan.micro_batch_size,
-                                          next.plan.replica_micro_batches};
-      next.engine = std::make_unique<strategies::training_engine>(w.cfg, next.plan.shape, r.rank,
-                                                                  r.generation, connect, batching);
-      if (next.plan.shape.pp > 1) {
-        const auto view = strategies::view_of(next.plan.shape, r.rank);
-        const int s = view.at.pp, p = next.plan.shape.pp;
-        int next_slots = 0;
-        if (s + 1 < p) {
-          const auto schedule =
-              strategies::make_schedule(strategies::parse_schedule_kind(w.cfg.parallel.schedule), p,
-                                        next.plan.micro_batches_per_replica);
-          // The next stage's activation slots, plus the one activation this stage's send holds.
-          next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
-        }
-        next.stage =
-            std::make_unique<stage_link>(w.self->system(), *w.store, r.generation, view.pp.name, s,
-                                         p, next_slots, op_timeout, w.advertise);
-        next.engine->set_pipeline_observer(next.stage.get());
-      }
-      w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
-      const comm::op_options opts{op_timeout};
-      if (w.cfg.replicate_checkpoints) {
-        if (!w.replica)
-          w.replica = std::make_unique<checkpoint_replica>(
-              *w.store, w.advertise, static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
-              op_timeout);
-        w.replica->enter_generation(*w.store, r.generation, r.rank, r.world, w.node);
-      }
-      switch (r.source) {
-        case state_source::init:
-          next.engine->init(w.cfg.seed);
-          break;
-        case state_source::checkpoint: {
-          auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
-          if (man.format_version >= 2) {
-            // Only the chunks of the boxes this rank holds in its new place, verified.
-            strategies::local_state state = next.engine->state();
-            // With replicated checkpoints, the live ranks' memory first, then the disk.
-            const ckpt::restore_stats stats =
-                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers,
-                                   w.replica ? w.replica->memory() : ckpt::memory_source{});
-            out.bytes = stats.bytes_read;
-            out.memory_bytes = stats.bytes_from_memory;
-            *state.adam_t = man.adam_t;
-          } else {  // format 1: one flat shard per rank of the writing world
-            next.engine->init(w.cfg.seed);
-            next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
-            for (const auto& s : man.shards) out.bytes += s.bytes;
-          }
-          break;
-        }
-        case state_source::self:
-          if (!w.current.engine || w.current.state_step != r.start_step)
-            throw std::runtime_error("asked to keep a state this process does not hold (step " +
-                                     std::to_string(w.current.state_step) + ", wanted " +
-                                     std::to_string(r.start_step) + ")");
-          copy_state(w.current.engine->state(), next.engine->state());
-          break;
-        case state_source::peer:
-          out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
-                                    next.engine->state(), opts);
-          break;
-        case state_source::none:
-          break;
-      }
-      for (int32_t to : r.send_to)
-        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts);
-      next.state_step = r.start_step;
-    }
-  } catch (const std::exception& e) {
-    w.shared->detach();
-    out.ok = false;
-    out.error = e.what();
-    out.seconds = seconds_between(started, clock_type::now());
-    return out;
-  }
-  w.shared->detach();
-  w.current = std::move(next);  // the old generation's engine and communicators go here
-  w.shared->attach(w.current.engine.get(), w.current.stage.get(), w.current.generation);
-  w.shared->step().store(r.start_step);
-  out.seconds = seconds_between(started, clock_type::now());
-  return out;
-}
-
-state_report report_for(const worker& w, uint64_t generation) {
-  state_report rep;
-  rep.generation = generation;
-  rep.member = w.member;
-  if (w.current.engine && w.current.state_step >= 0) {
-    rep.held_generation = w.current.generation;
-    rep.held_rank = w.current.rank;
-    rep.held_step = w.current.state_step;
-  }
-  return rep;
 }
 
 // The member's life: wait for a generation, train in it, report after an abort, repeat.

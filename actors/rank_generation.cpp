@@ -1,0 +1,142 @@
+// A worker entering a generation: its communicators and engine for the plan, and its state
+// from itself, a peer, a checkpoint or the seed.
+
+#include <algorithm>
+
+#include "actors/rank_worker.hpp"
+#include "actors/state_transfer.hpp"
+#include "chaos/faulty_communicator.hpp"
+#include "checkpoint/checkpoint.hpp"
+#include "runtime/auth/credentials.hpp"
+#include "runtime/comm/host_communicator.hpp"
+#include "strategies/pipeline_schedule.hpp"
+#include "strategies/replan.hpp"
+
+namespace troupe::actors::worker_detail {
+
+// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
+reconfigured enter_generation(worker& w, const reconfigure& r) {
+  reconfigured out;
+  out.generation = r.generation;
+  out.member = w.member;
+  out.rank = r.rank;
+  const auto started = clock_type::now();
+  generation_context next;
+  next.generation = r.generation;
+  next.rank = r.rank;
+  next.world = r.world;
+  try {
+    next.plan = strategies::plan_from_json(r.plan_json);
+    if (r.rank >= 0) {
+      const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
+      comm::gloo_options gopts;
+      gopts.connect_timeout = op_timeout;
+      if (w.cfg.data_plane_auth == "tcp-md5") {
+        const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
+        gopts.pair_key.assign(key.begin(), key.end());
+      }
+      // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
+      // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
+      const int rank = r.rank;
+      auto connect = [&w, gopts, rank](const comm::comm_identity& id) {
+        return chaos::inject_from_environment(comm::make_host_communicator(*w.store, id, gopts),
+                                              rank);
+      };
+      strategies::micro_batching batching{next.plan.micro_batch_size,
+                                          next.plan.replica_micro_batches};
+      next.engine = std::make_unique<strategies::training_engine>(w.cfg, next.plan.shape, r.rank,
+                                                                  r.generation, connect, batching);
+      if (next.plan.shape.pp > 1) {
+        const auto view = strategies::view_of(next.plan.shape, r.rank);
+        const int s = view.at.pp, p = next.plan.shape.pp;
+        int next_slots = 0;
+        if (s + 1 < p) {
+          const auto schedule =
+              strategies::make_schedule(strategies::parse_schedule_kind(w.cfg.parallel.schedule), p,
+                                        next.plan.micro_batches_per_replica);
+          // The next stage's activation slots, plus the one activation this stage's send holds.
+          next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
+        }
+        next.stage =
+            std::make_unique<stage_link>(w.self->system(), *w.store, r.generation, view.pp.name, s,
+                                         p, next_slots, op_timeout, w.advertise);
+        next.engine->set_pipeline_observer(next.stage.get());
+      }
+      w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
+      const comm::op_options opts{op_timeout};
+      if (w.cfg.replicate_checkpoints) {
+        if (!w.replica)
+          w.replica = std::make_unique<checkpoint_replica>(
+              *w.store, w.advertise, static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
+              op_timeout);
+        w.replica->enter_generation(*w.store, r.generation, r.rank, r.world, w.node);
+      }
+      switch (r.source) {
+        case state_source::init:
+          next.engine->init(w.cfg.seed);
+          break;
+        case state_source::checkpoint: {
+          auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
+          if (man.format_version >= 2) {
+            // Only the chunks of the boxes this rank holds in its new place, verified.
+            strategies::local_state state = next.engine->state();
+            // With replicated checkpoints, the live ranks' memory first, then the disk.
+            const ckpt::restore_stats stats =
+                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers,
+                                   w.replica ? w.replica->memory() : ckpt::memory_source{});
+            out.bytes = stats.bytes_read;
+            out.memory_bytes = stats.bytes_from_memory;
+            *state.adam_t = man.adam_t;
+          } else {  // format 1: one flat shard per rank of the writing world
+            next.engine->init(w.cfg.seed);
+            next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
+            for (const auto& s : man.shards) out.bytes += s.bytes;
+          }
+          break;
+        }
+        case state_source::self:
+          if (!w.current.engine || w.current.state_step != r.start_step)
+            throw std::runtime_error("asked to keep a state this process does not hold (step " +
+                                     std::to_string(w.current.state_step) + ", wanted " +
+                                     std::to_string(r.start_step) + ")");
+          copy_state(w.current.engine->state(), next.engine->state());
+          break;
+        case state_source::peer:
+          out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
+                                    next.engine->state(), opts);
+          break;
+        case state_source::none:
+          break;
+      }
+      for (int32_t to : r.send_to)
+        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts);
+      next.state_step = r.start_step;
+    }
+  } catch (const std::exception& e) {
+    w.shared->detach();
+    out.ok = false;
+    out.error = e.what();
+    out.seconds = seconds_between(started, clock_type::now());
+    return out;
+  }
+  w.shared->detach();
+  w.current = std::move(next);  // the old generation's engine and communicators go here
+  w.shared->attach(w.current.engine.get(), w.current.stage.get(), w.current.generation);
+  w.shared->step().store(r.start_step);
+  out.seconds = seconds_between(started, clock_type::now());
+  return out;
+}
+
+state_report report_for(const worker& w, uint64_t generation) {
+  state_report rep;
+  rep.generation = generation;
+  rep.member = w.member;
+  if (w.current.engine && w.current.state_step >= 0) {
+    rep.held_generation = w.current.generation;
+    rep.held_rank = w.current.rank;
+    rep.held_step = w.current.state_step;
+  }
+  return rep;
+}
+
+}  // namespace troupe::actors::worker_detail

@@ -1,0 +1,90 @@
+#pragma once
+// Inside a worker process (actors/rank.cpp and the files beside it): what the member holds
+// across generations, and the steps of its life that live in their own files — entering a
+// generation (rank_generation.cpp) and taking checkpoints (rank_checkpoints.cpp). Not an
+// interface for anything outside the worker.
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/checkpoint_replica.hpp"
+#include "actors/messages.hpp"
+#include "actors/stage.hpp"
+#include "actors/worker_control.hpp"
+#include "chaos/fault_spec.hpp"
+#include "checkpoint/async_checkpointer.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/comm/store.hpp"
+#include "runtime/config.hpp"
+#include "runtime/data/dataset.hpp"
+#include "strategies/engine.hpp"
+#include "strategies/planner.hpp"
+
+namespace troupe::actors::worker_detail {
+
+using clock_type = std::chrono::steady_clock;
+
+inline double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One generation as this rank sees it: its place, its plan, its engine.
+struct generation_context {
+  uint64_t generation = 0;
+  int32_t rank = -1;
+  int32_t world = 0;
+  strategies::layout_plan plan;
+  std::unique_ptr<strategies::training_engine> engine;
+  std::unique_ptr<stage_link> stage;
+  int64_t state_step = -1;  // the committed step the engine's state is at; -1 = unusable
+};
+
+// How the step loop of one generation ended.
+enum class loop_end { finished, aborted, stopped, failed };
+struct loop_result {
+  loop_end how = loop_end::finished;
+  uint64_t next_generation = 0;  // aborted: the generation being formed
+  std::string why;
+};
+
+struct worker {
+  caf::blocking_actor* self = nullptr;
+  caf::actor coordinator;
+  int32_t member = -1;
+  size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
+  std::shared_ptr<worker_shared> shared;
+  train_config cfg;
+  std::unique_ptr<comm::kv_store> store;
+  std::optional<byte_dataset> data;
+  std::vector<chaos::fault> faults;     // injected slowdowns apply here
+  std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
+  generation_context current;
+  std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)
+  uint64_t newest_generation = 0;      // the newest generation any message named
+  int node = 0;
+  // --replicate-checkpoints: this process's replica server and route (outlives the writer).
+  std::unique_ptr<checkpoint_replica> replica;
+  // Persists snapshots in the background; made at the first checkpoint, kept (with its
+  // snapshot buffer) across generations. Declared last: it finishes its write first.
+  std::unique_ptr<ckpt::async_checkpointer> checkpointer;
+  monitoring::log_context log_ctx() const {
+    return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
+  }
+};
+
+/// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
+reconfigured enter_generation(worker& w, const reconfigure& r);
+/// What this member holds, for the coordinator planning `generation`.
+state_report report_for(const worker& w, uint64_t generation);
+
+/// Sizes the snapshot buffers for this generation's state before its first step.
+void prepare_checkpoints(worker& w);
+/// Takes this rank's snapshot of committed step `step`; the write reports when durable.
+void take_checkpoint(worker& w, int64_t step);
+
+}  // namespace troupe::actors::worker_detail
