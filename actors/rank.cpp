@@ -21,15 +21,10 @@
 #include "actors/messages.hpp"
 #include "actors/rank_worker.hpp"
 #include "actors/stage.hpp"
-#include "actors/state_transfer.hpp"
 #include "actors/worker_control.hpp"
 #include "chaos/fault_spec.hpp"
-#include "chaos/faulty_communicator.hpp"
 #include "checkpoint/async_checkpointer.hpp"
-#include "checkpoint/checkpoint.hpp"
 #include "monitoring/log.hpp"
-#include "runtime/auth/credentials.hpp"
-#include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
@@ -37,7 +32,6 @@
 #include "runtime/sys/warm_memory.hpp"
 #include "strategies/engine.hpp"
 #include "strategies/planner.hpp"
-#include "strategies/replan.hpp"
 
 namespace troupe::actors {
 namespace {
