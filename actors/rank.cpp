@@ -338,6 +338,14 @@ int serve(worker& w) {
   std::optional<reconfigure> pending;
   for (;;) {
     std::optional<loop_result> end;
+    if (!pending && w.unwritten_heap > 0 && !w.current.engine) {
+      // A joined member that idles (as a spare, or until a grow admits it) writes the heap
+      // its first engine will use, so that taking a lost rank's place costs no page faults;
+      // any message interrupts it within a MiB.
+      const auto got = sys::warm_heap(w.unwritten_heap, w.unwritten_heap,
+                                      [&w] { return w.self->mailbox().empty(); });
+      if (got.written >= w.unwritten_heap) w.unwritten_heap = 0;
+    }
     if (!pending) {
       w.self->receive(
           [&](const reconfigure& r) {
@@ -375,10 +383,6 @@ int serve(worker& w) {
           monitoring::level::warn, w.log_ctx(),
           "could not join generation " + std::to_string(r.generation) + ": " + done.error);
     w.self->send(w.coordinator, done);
-    if (done.ok && r.rank < 0 && w.unwritten_heap > 0) {  // an idle spare has the time
-      sys::warm_heap(w.unwritten_heap, w.unwritten_heap);
-      w.unwritten_heap = 0;
-    }
     if (!done.ok || r.rank < 0) continue;  // the coordinator decides; a spare waits
     prepare_checkpoints(w);  // while the coordinator gathers the other members' answers
     if (r.source != state_source::self)
@@ -442,14 +446,15 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.cfg = config_from_json(answer->config_json);
     set_blas_threads(w.cfg.blas_threads);
     // Before the first reconfigure. A member of a forming job has the time to write what an
-    // old and a new engine will use; one that joins a running job is on a recovery's path, so
-    // it only faults the heap in (cheap) and writes its engine's share if it idles as a spare.
+    // old and a new engine will use; one that joins a running job may be on a recovery's
+    // path, so it only faults the heap in (cheap) and writes its engine's share while it
+    // idles (serve).
     const size_t engine = std::min(working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
                                        static_cast<size_t>(std::max(0, w.cfg.bucket_bytes)),
                                    warm_limit_bytes / 2);
     const bool forming = answer->generation == 0;
     sys::warm_heap(2 * engine, forming ? 2 * engine : 0);
-    w.unwritten_heap = forming ? 0 : engine;
+    w.unwritten_heap = forming ? 0 : 2 * engine;
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
                   std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));

@@ -64,6 +64,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       }
       w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
       const comm::op_options opts{op_timeout};
+      const shared_group replicas{next.engine->replica_group(),
+                                  strategies::view_of(next.plan.shape, r.rank).dp.ranks};
       if (w.cfg.replicate_checkpoints) {
         if (!w.replica)
           w.replica = std::make_unique<checkpoint_replica>(
@@ -103,13 +105,13 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           break;
         case state_source::peer:
           out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
-                                    next.engine->state(), opts);
+                                    next.engine->state(), opts, replicas);
           break;
         case state_source::none:
           break;
       }
       for (int32_t to : r.send_to)
-        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts);
+        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts, replicas);
       next.state_step = r.start_step;
     }
   } catch (const std::exception& e) {

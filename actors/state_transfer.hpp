@@ -1,9 +1,11 @@
 #pragma once
 // Moving a rank's training state to the process that takes its place in a new generation:
 // within a process (copy_state), or between two ranks over the data plane (send_state /
-// receive_state, through a two-rank communicator of that generation).
+// receive_state, through the generation's data-parallel group when both ranks are in it, else a
+// two-rank communicator of that generation).
 
 #include <cstdint>
+#include <vector>
 
 #include "strategies/engine.hpp"
 
@@ -13,13 +15,24 @@ namespace troupe::actors {
 /// size (the two states do not have the same coordinates).
 void copy_state(const strategies::local_state& from, const strategies::local_state& to);
 
+/// A communicator of the new generation that the caller already holds, with the generation's
+/// ranks of its members in order (a rank's data-parallel group: the replicas of its state).
+/// A transfer between two of its members goes through it, which saves a connect (the
+/// rendezvous and a fresh shared-memory segment, ~15 ms here) on the recovery's path.
+struct shared_group {
+  comm::communicator* comm = nullptr;
+  std::vector<int> ranks;
+};
+
 /// Sends `state` from rank `from` to rank `to` of `generation` (both call, each with its own
-/// rank): a header of buffer sizes, then every buffer and the step count. Returns the bytes
-/// moved. Throws comm::comm_error on a data-plane failure, std::runtime_error when the
-/// receiver's buffers do not match the header.
+/// rank, and the same `via`): a header of buffer sizes, then every buffer and the step count.
+/// Returns the bytes moved. Throws comm::comm_error on a data-plane failure,
+/// std::runtime_error when the receiver's buffers do not match the header.
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                    const strategies::local_state& state, const comm::op_options& opts);
+                    const strategies::local_state& state, const comm::op_options& opts,
+                    const shared_group& via = {});
 uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                       const strategies::local_state& state, const comm::op_options& opts);
+                       const strategies::local_state& state, const comm::op_options& opts,
+                       const shared_group& via = {});
 
 }  // namespace troupe::actors

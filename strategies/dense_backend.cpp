@@ -38,6 +38,7 @@ class dense_backend final : public engine_backend {
   size_t optimizer_state_bytes() const override;
   double take_model_comm_seconds() override { return tp_comm_ ? tp_comm_->take_seconds() : 0.0; }
   void abort() override;
+  comm::communicator* replica_group() override { return dp_comm_.get(); }
 
  private:
   train_config cfg_;

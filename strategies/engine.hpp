@@ -58,6 +58,9 @@ class training_engine {
   local_state state() { return backend_->state(); }
   /// Aborts every communicator (thread-safe); collectives in flight fail promptly.
   void abort() { backend_->abort(); }
+  /// The data-parallel group's communicator, already connected (nullptr if none fits): a
+  /// replica sends its state to a newcomer through it.
+  comm::communicator* replica_group() { return backend_->replica_group(); }
 
  private:
   std::unique_ptr<engine_backend> backend_;

@@ -108,6 +108,9 @@ class engine_backend {
   /// Told around every pipeline pass from now on (not owned; null = nobody); ignored without pp.
   virtual void set_pipeline_observer(pipeline_observer* observer) { (void)observer; }
   virtual void abort() = 0;
+  /// The communicator of this rank's data-parallel group (view_of(...).dp), whose members hold
+  /// the same state; nullptr where the backend has none that fits.
+  virtual comm::communicator* replica_group() { return nullptr; }
 };
 
 /// Dense model: dp, ZeRO-1 and tp (without ZeRO) over `shape` with pp = ep = 1.

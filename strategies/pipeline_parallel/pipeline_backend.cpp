@@ -56,6 +56,7 @@ class pipeline_backend final : public engine_backend {
   std::string pipeline_trace() const override;
   void set_pipeline_observer(pipeline_observer* observer) override { observer_ = observer; }
   void abort() override;
+  comm::communicator* replica_group() override { return dp_comm_.get(); }
 
  private:
   bool last_stage() const { return view_.at.pp == shape_.pp - 1; }

@@ -39,9 +39,22 @@ TEST(WarmMemory, WarmedAndFreedMemoryIsReusedWithoutPageFaults) {
   EXPECT_GT(cold, pages / 2) << "fresh memory is faulted in page by page";
   EXPECT_LT(faults_to_fill(bytes), pages / 20) << "the freed buffers were kept for reuse";
 
-  EXPECT_EQ(warm_heap(0, 0), 0u);
-  EXPECT_EQ(warm_heap(2 * bytes + 12345, bytes), 2 * bytes + 12345);
+  EXPECT_EQ(warm_heap(0, 0).populated, 0u);
+  const warmed all = warm_heap(2 * bytes + 12345, bytes);
+  EXPECT_EQ(all.populated, 2 * bytes + 12345);
+  EXPECT_EQ(all.written, bytes);
   EXPECT_LT(faults_to_fill(2 * bytes), pages / 10) << "warmed memory needs no fault";
+}
+
+// Warming in idle time stops as soon as it is told to, and says how far it got.
+TEST(WarmMemory, WritingStopsWhenAskedTo) {
+  constexpr size_t bytes = size_t{48} << 20;
+  int asked = 0;
+  const warmed part = warm_heap(bytes, bytes, [&] { return ++asked <= 3; });
+  EXPECT_EQ(part.written, size_t{3} << 20) << "three 1 MiB slices, then stop";
+  EXPECT_LE(part.populated, size_t{16} << 20) << "no block after the one that was stopped";
+  const warmed whole = warm_heap(bytes, bytes, [] { return true; });
+  EXPECT_EQ(whole.written, bytes);
 }
 
 }  // namespace
