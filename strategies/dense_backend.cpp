@@ -2,6 +2,7 @@
 // parallelism, for layouts without pipeline stages or experts. The fastest path for those.
 
 #include <algorithm>
+#include <atomic>
 #include <optional>
 #include <stdexcept>
 
@@ -52,8 +53,9 @@ class dense_backend final : public engine_backend {
   std::optional<adamw> replicated_;
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
-  std::optional<sample_share> share_;  // this replica's samples, when the plan says
-  double grad_norm_ = 0;               // of the local gradients after the last reduce
+  std::optional<sample_share> share_;     // this replica's samples, when the plan says
+  double grad_norm_ = 0;                  // of the local gradients after the last reduce
+  std::atomic<bool> interrupted_{false};  // raised by abort(): the model's pass stops
 };
 
 dense_backend::dense_backend(const train_config& cfg, const layout& shape, int rank,
@@ -78,6 +80,7 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     replicated_.emplace(cfg.optim, tp_->param_table(), tp_->num_params());
   } else {
     dense_ = std::make_unique<gpt>(cfg.model);
+    dense_->set_interrupt(&interrupted_);
     full_numel_ = dense_->num_params();
     if (cfg.parallel.zero == 1) {
       zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index,
@@ -215,6 +218,7 @@ size_t dense_backend::optimizer_state_bytes() const {
 }
 
 void dense_backend::abort() {
+  interrupted_.store(true);
   if (dp_comm_) dp_comm_->abort();
   if (tp_comm_) tp_comm_->abort();
 }

@@ -107,6 +107,8 @@ class engine_backend {
   virtual std::string pipeline_trace() const { return {}; }
   /// Told around every pipeline pass from now on (not owned; null = nobody); ignored without pp.
   virtual void set_pipeline_observer(pipeline_observer* observer) { (void)observer; }
+  /// Aborts every communicator and, where the backend can, the model's pass in flight
+  /// (thread-safe); the engine is not used for training afterwards.
   virtual void abort() = 0;
   /// The communicator of this rank's data-parallel group (view_of(...).dp), whose members hold
   /// the same state; nullptr where the backend has none that fits.

@@ -162,7 +162,7 @@ void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t l
                                  uint32_t tag) {
   channel& ch = chan(id_.rank, peer);
   std::memcpy(p2p_slot(id_.rank, peer, h), src, len);
-  ch.slots[h % 2] = {tag, total, len};
+  ch.slots[h % 2] = {tag, total, len, 0};
   ch.head.store(h + 1);
   ring_bell();
 }
@@ -171,7 +171,7 @@ void shm_communicator::take_chunk(const op_ctx& op, int peer, uint64_t t, char* 
                                   size_t total, uint32_t tag, const char* what) {
   channel& ch = chan(peer, id_.rank);
   const channel::slot_meta meta = ch.slots[t % 2];
-  if (meta.total != total || meta.len != len) {
+  if (meta.total != total || meta.len != len || meta.direct != 0) {
     fail(op, comm_errc::invalid, peer,
          "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
              " bytes with tag " + std::to_string(tag) + "; this " + what + " expects " +
@@ -194,7 +194,16 @@ void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t t
     const size_t c = layout_.p2p_chunk_bytes;
     const auto* src = static_cast<const char*>(data);
     uint64_t h = ch.head.load(std::memory_order_relaxed);
-    for (size_t at = 0; at < bytes; at += c) {
+    if (direct_p2p(bytes)) {
+      // One slot names the buffer, the receiver copies it in one read: two hand-offs instead
+      // of one per chunk, each of which can cost a scheduler slice on a busy machine.
+      wait_for(ctx, peer, "send to",
+               [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
+      ch.slots[h % 2] = {tag, bytes, bytes, reinterpret_cast<uint64_t>(src)};
+      ch.head.store(++h);
+      ring_bell();
+    }
+    for (size_t at = direct_p2p(bytes) ? bytes : 0; at < bytes; at += c) {
       const size_t len = std::min(c, bytes - at);
       wait_for(ctx, peer, "send to",
                [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
@@ -216,6 +225,22 @@ void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
     const size_t c = layout_.p2p_chunk_bytes;
     auto* dst = static_cast<char*>(data);
     uint64_t t = ch.tail.load(std::memory_order_relaxed);
+    if (direct_p2p(bytes)) {
+      wait_for(ctx, peer, "receive from", [&] {
+        return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
+      });
+      const channel::slot_meta meta = ch.slots[t % 2];
+      if (meta.total != bytes || meta.direct == 0) {
+        fail(ctx, comm_errc::invalid, peer,
+             "rank " + std::to_string(peer) + " sends " + std::to_string(meta.total) +
+                 " bytes with tag " + std::to_string(tag) + "; this recv expects " +
+                 std::to_string(bytes));
+      }
+      pull(ctx, peer, meta.direct, dst, bytes);
+      ch.tail.store(++t);
+      ring_bell();
+      return;
+    }
     for (size_t at = 0; at < bytes; at += c) {
       const size_t len = std::min(c, bytes - at);
       wait_for(ctx, peer, "receive from", [&] {

@@ -73,6 +73,9 @@ struct alignas(cache_line) channel {
     uint32_t tag;
     uint64_t total;  ///< bytes of the whole message the chunk belongs to
     uint64_t len;    ///< bytes of this chunk
+    /// Non-zero: the whole message, not staged; the receiver reads it at this address of the
+    /// sender's process (single-copy groups, messages of single_copy_bytes or more).
+    uint64_t direct;
   };
   std::atomic<uint64_t> head;                      ///< chunks the sender has written
   slot_meta slots[2];                              ///< written by the sender before it bumps head
@@ -209,6 +212,9 @@ class shm_communicator final : public communicator {
   void publish_addr(uint64_t k, const void* p) {
     block(id_.rank).addr[k % 2].store(reinterpret_cast<uint64_t>(p), std::memory_order_relaxed);
   }
+  /// Whether send/recv of `bytes` hand over the sender's buffer instead of staging it (both
+  /// sides decide the same: same options, same group verdict, same size).
+  bool direct_p2p(size_t bytes) const { return single_copy_ && bytes >= opts_.single_copy_bytes; }
   /// Copies `bytes` at address `remote` in rank j's process to `local` (process_vm_readv).
   void pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes);
   void exchange(const op_ctx& op, const char* in, const size_t* send_bytes, const size_t* send_off,
@@ -219,8 +225,8 @@ class shm_communicator final : public communicator {
   void put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total, uint32_t tag);
   /// Takes chunk `t` (`len` bytes of an expected `total`) from the (peer, this rank) channel,
   /// whose head must carry it; a size the sender disagrees on fails the op as `invalid`.
-  void take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len, size_t total, uint32_t tag,
-                  const char* what);
+  void take_chunk(const op_ctx& op, int peer, uint64_t t, char* dst, size_t len, size_t total,
+                  uint32_t tag, const char* what);
 
   comm_identity id_;
   shm_options opts_;

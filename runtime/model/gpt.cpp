@@ -355,6 +355,7 @@ double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int 
   const bool moe = cfg_.experts > 0;
   double aux = 0;
   for (int l = 0; l < cfg_.n_layer; ++l) {
+    check_interrupt();
     const block_params<F> w = block_view(p, table_, block_first_[l], moe);
     const block_acts<F> s = a.block(l);
     layernorm_forward(s.ln1, s.ln1_mean, s.ln1_rstd, residual, w.ln1_w, w.ln1_b, N, C);
@@ -412,6 +413,7 @@ void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B
 
   const bool moe = cfg_.experts > 0;
   for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+    check_interrupt();
     const block_params<const F> w = block_view(p, table_, block_first_[l], moe);
     const block_params<F> dw = block_view(dp, table_, block_first_[l], moe);
     const block_acts<F> s = a.block(l);

@@ -2,8 +2,10 @@
 // The byte-level GPT of one rank: its parameters and gradients in flat buffers, and the
 // forward and backward pass over one micro-batch, composed from runtime/model/layers.hpp.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,11 @@ struct param_tensor {
 ///
 /// Not thread-safe: a forward/backward pass reuses the object's activation buffers. Give
 /// each rank (thread or process) its own model.
+/// Thrown by a forward or backward pass whose interrupt flag was raised (between blocks).
+struct compute_interrupted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 template <typename F>
 class basic_gpt {
  public:
@@ -81,6 +88,10 @@ class basic_gpt {
   /// summed over blocks (0 for a dense model); loss = lm + aux_loss_coef * aux.
   double last_lm_loss() const { return last_lm_; }
   double last_aux_loss() const { return last_aux_; }
+  /// A flag (not owned; null = none) that another thread raises to stop a pass in flight:
+  /// forward and backward look at it before each block and throw compute_interrupted. An
+  /// aborted generation's compute ends within a block instead of running to its end.
+  void set_interrupt(const std::atomic<bool>* flag) { interrupt_ = flag; }
   /// Block l's MoE layer (routing statistics of the last forward); needs cfg.experts > 0.
   const moe::moe_layer<F>& moe_layer(int l) const { return moe_.at(static_cast<size_t>(l)); }
   /// Tokens routed to each of the E experts of block l in the last forward, over the whole
@@ -94,6 +105,10 @@ class basic_gpt {
   void reserve(int B);
   double forward(const uint8_t* inputs, const uint8_t* targets, int B, int T);
   void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss, F aux_grad);
+  void check_interrupt() const {
+    if (interrupt_ != nullptr && interrupt_->load(std::memory_order_relaxed))
+      throw compute_interrupted("compute interrupted: the generation was aborted");
+  }
 
   model_config cfg_;
   std::vector<param_tensor> table_;
@@ -109,6 +124,7 @@ class basic_gpt {
   int capacity_b_ = 0;
   std::vector<F> acts_;
   std::vector<F> grad_acts_;
+  const std::atomic<bool>* interrupt_ = nullptr;
 };
 
 extern template class basic_gpt<float>;

@@ -83,12 +83,15 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
           c.all_reduce(v.data(), count, reduce_op::average, {10s});
           if (auto e = test::check_reduced(v, 3, reduce_op::average); !e.empty()) return e;
           if (auto e = test::check_collective_set(c, count); !e.empty()) return e;
-          std::vector<char> big(count * 4 + 1, static_cast<char>(r));
+          // Point to point, staged or (single-copy, from 4 KiB) read from the sender's buffer.
+          std::vector<char> big(count * 4 + 1);
+          for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 + r);
           if (r == 0) c.send(big.data(), big.size(), 1, 9, {10s});
           if (r == 1) {
             std::vector<char> got(big.size(), 5);
             c.recv(got.data(), got.size(), 0, 9, {10s});
-            if (count > 0 && got.front() != 0) return "recv got the wrong bytes";
+            for (size_t i = 0; i < got.size(); ++i)
+              if (got[i] != static_cast<char>(i * 7)) return "recv got the wrong bytes";
           }
           c.barrier({10s});
         }
