@@ -18,9 +18,10 @@ struct shm_options {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   /// Bytes each rank stages per round; collectives move larger buffers in rounds of this
   /// size. Each rank's region is two of these (rounds alternate between them, so one round's
-  /// data is never overwritten while a peer still reads it). Allocated and touched once at
-  /// creation: first touch of fresh memory is slow, reuse is not. (4 MiB: on 4 ranks, 1 MiB
-  /// chunks gave about half the staged bandwidth, the extra rounds costing scheduler time.)
+  /// data is never overwritten while a peer still reads it). Allocated once, faulted in by
+  /// the collectives that stage through it: first touch of fresh memory is slow, reuse is
+  /// not. (4 MiB: on 4 ranks, 1 MiB chunks gave about half the staged bandwidth, the extra
+  /// rounds costing scheduler time.)
   size_t chunk_bytes = size_t{4} << 20;
   /// Bytes a send stages per step in its (sender, receiver) channel; two steps in flight.
   size_t p2p_chunk_bytes = size_t{256} << 10;
