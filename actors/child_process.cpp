@@ -1,5 +1,6 @@
 #include "actors/child_process.hpp"
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,7 +29,8 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, int death_signal) {
+pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, int death_signal,
+                  int stdin_fd) {
   if (argv.empty()) throw std::runtime_error("spawn_child: empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -41,11 +43,15 @@ pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, 
     prctl(PR_SET_PDEATHSIG, death_signal);
     if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
     if (new_process_group) setpgid(0, 0);
+    if (stdin_fd >= 0 &&
+        (stdin_fd == STDIN_FILENO ? fcntl(stdin_fd, F_SETFD, 0) : dup2(stdin_fd, STDIN_FILENO)) < 0)
+      _exit(127);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
     execv(args[0], args.data());
     _exit(127);
   }

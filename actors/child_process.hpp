@@ -23,9 +23,10 @@ std::string self_executable();
 /// agent or launcher leaves no orphans, and starts with no signals blocked. With
 /// `new_process_group`, a Ctrl-C at the terminal reaches only the parent, which then
 /// stops the child in order.
+/// With `stdin_fd` >= 0, the child reads that descriptor as its stdin.
 /// Throws std::runtime_error when the process cannot be started.
 pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group = false,
-                  int death_signal = 9);
+                  int death_signal = 9, int stdin_fd = -1);
 
 /// Reaps `pid` if it has ended; never blocks.
 std::optional<exit_status> try_reap(pid_t pid);

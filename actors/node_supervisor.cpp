@@ -1,11 +1,13 @@
 #include "actors/node_supervisor.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <cerrno>
 #include <csignal>
 #include <map>
 #include <memory>
@@ -28,6 +30,11 @@ struct agent_state {
   agent_args args;
   caf::actor coordinator;
   std::map<int32_t, pid_t> workers;  // member -> pid, until reaped
+  // A started, connected worker without a member id yet, which replaces the next one that
+  // dies (its id goes down the pipe): a restart then skips the process's start-up.
+  pid_t standby = -1;
+  int standby_input = -1;
+  bool standby_failed = false;  // one exited on its own: do not start another
   int32_t node = 0;
   int restarts_left = 0;
   std::chrono::milliseconds coordinator_timeout{0};  // 0 = not known yet
@@ -46,8 +53,71 @@ void signal_all(self_ptr self, int sig) {
   for (auto& [rank, pid] : self->state.workers) kill(pid, sig);
 }
 
+// Starts the standby if restarts are left and none is there; failures only mean that the
+// next restart starts a process of its own.
+void start_standby(self_ptr self) {
+  auto& s = self->state;
+  if (s.stopping || s.standby > 0 || s.standby_failed || s.restarts_left <= 0 || s.exe.empty())
+    return;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  try {
+    s.standby = spawn_child(
+        {s.exe, "worker", "--coordinator", s.endpoint, "--standby", "--node",
+         std::to_string(s.node), "--join-token", auth::process_credentials().token_path},
+        false, 9, fds[0]);
+    s.standby_input = fds[1];
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::warn, agent_ctx,
+                    std::string("cannot start a standby worker: ") + e.what());
+    ::close(fds[1]);
+  }
+  ::close(fds[0]);
+}
+
+void drop_standby(self_ptr self) {
+  auto& s = self->state;
+  if (s.standby_input >= 0) ::close(s.standby_input);
+  s.standby_input = -1;
+  if (s.standby > 0) {
+    ::kill(s.standby, SIGKILL);  // it holds nothing
+    (void)wait_for_exit(s.standby, std::chrono::seconds(2));
+  }
+  s.standby = -1;
+}
+
+// The process that takes over `member`: the standby, told its id, or a new one.
+pid_t restart_worker(self_ptr self, int32_t member) {
+  auto& s = self->state;
+  if (s.standby > 0 && s.standby_input >= 0) {
+    const std::string line = std::to_string(member) + "\n";
+    size_t sent = 0;
+    while (sent < line.size()) {
+      const ssize_t n = ::write(s.standby_input, line.data() + sent, line.size() - sent);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    if (sent == line.size()) {
+      ::close(s.standby_input);
+      s.standby_input = -1;
+      const pid_t pid = s.standby;
+      s.standby = -1;
+      start_standby(self);
+      return pid;
+    }
+    drop_standby(self);  // it died: start one the usual way
+  }
+  const pid_t pid = spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
+                                 std::to_string(member), "--node", std::to_string(s.node),
+                                 "--join-token", auth::process_credentials().token_path});
+  start_standby(self);
+  return pid;
+}
+
 void begin_stop(self_ptr self, int exit_code) {
   auto& st = self->state;
+  drop_standby(self);
   if (!st.stopping) st.exit_code->store(exit_code);
   st.stopping = true;
   if (st.workers.empty()) {
@@ -114,6 +184,7 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
                 self->send(s.coordinator, worker_exited{m, 0, 127, 0});
               }
             }
+            start_standby(self);
             self->send(self, tick_atom::value);
           },
           [=](caf::error& e) {
@@ -125,6 +196,18 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   return {
       [=](tick_atom) {
         auto& s = self->state;
+        if (s.standby > 0) {
+          if (auto ended = try_reap(s.standby)) {
+            monitoring::log(monitoring::level::warn, agent_ctx,
+                            "the standby worker exited (code " + std::to_string(ended->exit_code) +
+                                ", signal " + std::to_string(ended->signal) +
+                                "); restarts start processes of their own");
+            if (s.standby_input >= 0) ::close(s.standby_input);
+            s.standby_input = -1;
+            s.standby = -1;
+            s.standby_failed = true;
+          }
+        }
         for (auto it = s.workers.begin(); it != s.workers.end();) {
           if (auto ended = try_reap(it->second)) {
             if (!s.stopping)
@@ -139,9 +222,7 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
                               "member " + std::to_string(member) + " died; restarting it (" +
                                   std::to_string(s.restarts_left) + " restarts left)");
               try {
-                it->second = spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
-                                          std::to_string(member), "--node", std::to_string(s.node),
-                                          "--join-token", auth::process_credentials().token_path});
+                it->second = restart_worker(self, member);
                 ++it;
                 continue;
               } catch (const std::exception& e) {

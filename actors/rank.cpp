@@ -6,6 +6,7 @@
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -341,7 +342,7 @@ int serve(worker& w) {
     if (!pending && w.unwritten_heap > 0 && !w.current.engine) {
       // A joined member that idles (as a spare, or until a grow admits it) writes the heap
       // its first engine will use, so that taking a lost rank's place costs no page faults;
-      // any message interrupts it within a MiB.
+      // any message interrupts it within 2 MiB.
       const auto got = sys::warm_heap(w.unwritten_heap, w.unwritten_heap,
                                       [&w] { return w.self->mailbox().empty(); });
       if (got.written >= w.unwritten_heap) w.unwritten_heap = 0;
@@ -447,13 +448,16 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     set_blas_threads(w.cfg.blas_threads);
     // Before the first reconfigure. A member of a forming job has the time to write what an
     // old and a new engine will use; one that joins a running job may be on a recovery's
-    // path, so it only faults the heap in (cheap) and writes its engine's share while it
-    // idles (serve).
+    // path (a reconfigure may already wait), so it only marks its heap for huge pages and
+    // faults it in and writes it while it idles (serve).
     const size_t engine = std::min(working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
                                        static_cast<size_t>(std::max(0, w.cfg.bucket_bytes)),
                                    warm_limit_bytes / 2);
     const bool forming = answer->generation == 0;
-    sys::warm_heap(2 * engine, forming ? 2 * engine : 0);
+    if (forming)
+      sys::warm_heap(2 * engine, 2 * engine);
+    else  // huge pages at least, at once; the faults and writes wait for idle time (serve)
+      sys::warm_heap(2 * engine, 0, [] { return false; });
     w.unwritten_heap = forming ? 0 : 2 * engine;
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
@@ -476,6 +480,23 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   }
 }
 
+// A standby's member id: one line of decimal digits; nullopt at end of input or on anything
+// else (the agent writes it; a standby that cannot read it is not used).
+std::optional<int32_t> read_member_line(int fd) {
+  std::string line;
+  char c = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;
+    if (c == '\n') break;
+    if (c < '0' || c > '9' || line.size() >= 9) return std::nullopt;
+    line.push_back(c);
+  }
+  if (line.empty()) return std::nullopt;
+  return static_cast<int32_t>(std::stol(line));
+}
+
 }  // namespace
 
 int run_worker(const worker_args& args) {
@@ -492,8 +513,14 @@ int run_worker(const worker_args& args) {
     monitoring::log(monitoring::level::error, lc, error);
     return 1;
   }
+  worker_args mine = args;
+  if (args.standby) {
+    const auto member = read_member_line(STDIN_FILENO);
+    if (!member) return 0;  // not needed: the agent stops or is gone
+    mine.member = *member;
+  }
   auto code = std::make_shared<std::atomic<int>>(1);
-  sys.spawn(rank_actor, coordinator, args, code);
+  sys.spawn(rank_actor, coordinator, mine, code);
   sys.await_all_actors_done();
   return code->load();
 }

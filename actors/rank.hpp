@@ -15,6 +15,9 @@ struct worker_args {
   int member = -1;  ///< the process's identity in the job (its agent's slot)
   int node = 0;     ///< the agent (node) that started it
   int connect_timeout_ms = 30000;
+  /// Start and connect, then read the member id as one line from stdin (an agent's standby
+  /// for a worker that dies: the start-up is done before it is needed). End of input: exit 0.
+  bool standby = false;
 };
 
 /// Runs the worker until the job stops it; returns the process exit code

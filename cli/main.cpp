@@ -36,7 +36,7 @@ int parse_count(const std::string& command, const std::string& flag, const std::
 // (workers), `--ranks K` (agents). The join token is loaded at once: this process's credentials.
 void parse_member_args(const std::string& command, const std::vector<std::string>& args,
                        std::string& host, uint16_t& port, int* rank, int* node = nullptr,
-                       int* ranks = nullptr) {
+                       int* ranks = nullptr, bool* standby = nullptr) {
   bool have_endpoint = false;
   std::string token_path;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -58,6 +58,8 @@ void parse_member_args(const std::string& command, const std::vector<std::string
       *rank = parse_count(command, a, value());
     } else if (a == "--node" && node) {
       *node = parse_count(command, a, value());
+    } else if (a == "--standby" && standby) {
+      *standby = true;
     } else if (a == "--ranks" && ranks) {
       *ranks = parse_count(command, a, value());
       if (*ranks < 1) throw usage_error("troupe agent: --ranks must be at least 1");
@@ -68,7 +70,10 @@ void parse_member_args(const std::string& command, const std::vector<std::string
   }
   if (!have_endpoint)
     throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
-  if (rank && *rank < 0) throw usage_error("troupe worker: --member M is required");
+  if (standby && *standby && rank && *rank >= 0)
+    throw usage_error("troupe worker: --member and --standby exclude each other");
+  if (rank && *rank < 0 && !(standby && *standby))
+    throw usage_error("troupe worker: --member M (or --standby) is required");
   if (token_path.empty())
     throw usage_error("troupe " + command +
                       ": --join-token FILE is required (the coordinator writes it to "
@@ -142,7 +147,8 @@ int dispatch(int argc, char** argv) {
       return 0;
     }
     troupe::actors::worker_args w;
-    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node);
+    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node,
+                      nullptr, &w.standby);
     return troupe::actors::run_worker(w);
   }
   if (command == "ckpt") return troupe::cli::run_ckpt_tool(args);

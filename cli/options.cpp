@@ -279,9 +279,12 @@ options:
 }
 
 std::string worker_help() {
-  return R"(usage: troupe worker --coordinator HOST:PORT --member M [--node N]
+  return R"(usage: troupe worker --coordinator HOST:PORT --join-token FILE (--member M | --standby)
+                     [--node N]
 
 One rank of a job. Agents start workers; run one by hand only to debug.
+  --standby   start, connect and wait: the member id comes as one line on stdin (an agent
+              keeps one standby ready to replace a worker that dies; end of input: exit)
 )";
 }
 

@@ -21,12 +21,13 @@ struct warmed {
   size_t written = 0;    // of those, bytes that also got one write per page
 };
 
-/// Faults `bytes` of heap in (MADV_POPULATE_WRITE) and frees it again, so that the next
-/// allocations of that size are already backed; the first `written_bytes` of it (the blocks
-/// the allocator hands out first) also get one write per page, which the hypervisor's mapping
-/// needs as well. Blocks of at most 16 MiB. A process that warms in its idle time passes
-/// `keep_going`: asked before each MiB, it stops the work as soon as it says no (a message
-/// waits); a later call redoes the written part at memcpy speed and goes on from there.
+/// Marks `bytes` of heap for transparent huge pages, faults it in (MADV_POPULATE_WRITE) and
+/// frees it again, so that the next allocations of that size are already backed; the first
+/// `written_bytes` of it (the blocks the allocator hands out first) also get one write per
+/// page, which the hypervisor's mapping needs as well. Blocks of at most 16 MiB, whole pages.
+/// A process that warms in its idle time passes `keep_going`: asked before each 2 MiB, it
+/// stops the faulting and writing as soon as it says no (a message waits), though the whole
+/// range is still marked; a later call redoes the done part at memcpy speed and goes on.
 warmed warm_heap(size_t bytes, size_t written_bytes, const std::function<bool()>& keep_going = {});
 
 }  // namespace troupe::sys

@@ -78,6 +78,8 @@ def test():
         expect_usage_error(["agent"], "--coordinator")
         expect_usage_error(["agent", "--coordinator", "nohost"], "HOST:PORT")
         expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--member", "x"], "--member")
+        expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--member", "1", "--standby",
+                            "--join-token", "t"], "--standby")
         expect_usage_error(["agent", "--coordinator", "127.0.0.1:5", "--ranks", "0"], "--ranks")
         expect_usage_error(["dance"], "dance")
         expect_usage_error(["bench", "nothing"], "nothing")

@@ -4,6 +4,7 @@ by its agent and re-admitted, completes. Both train the same model as an uninter
 (loss at every committed step and final parameters within 1e-4 relative)."""
 
 import os
+import signal
 import subprocess
 import tempfile
 
@@ -88,7 +89,55 @@ def soak(tmp):
                 fail(f"soak: killed process {pid} is alive")
 
 
+def standby_pids(run_dir):
+    """Standby workers of the job in run_dir (their command line names its join token)."""
+    token = os.path.join(run_dir, "join.token")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"--standby" in argv and token.encode() in argv and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def standby():
+    # An agent with restarts left keeps a started, connected worker without a member id; the
+    # restart after a kill is that process (its start-up was done before the kill), and the
+    # agent keeps a new one until it stops, then leaves none behind.
+    args = SMALL_MODEL + ["--world", "2", "--steps", "100000", "--metrics-port", "0", "--max-restarts", "2"]
+    with Job(args) as job:
+        wait_until(lambda: any(e.get("event") == "step" for e in job.events()) and standby_pids(job.run_dir),
+                   60, "training with a standby worker")
+        ready = standby_pids(job.run_dir)
+        job.extra_pids.extend(ready)
+        if len(ready) != 1:
+            fail(f"standby: expected one standby worker, found {ready}")
+        victim = next(e["pid"] for e in job.events() if e.get("event") == "rank_joined" and e["rank"] == 1)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: any(e.get("event") == "rank_joined" and e["pid"] not in (victim,) and
+                               e["pid"] in ready for e in job.events()), 60, "the standby to join")
+        wait_until(lambda: [p for p in standby_pids(job.run_dir) if p not in ready], 60, "a new standby")
+        job.extra_pids.extend(standby_pids(job.run_dir))
+        wait_until(lambda: len([e for e in job.events() if e.get("event") == "generation"]) >= 2, 60,
+                   "the recovery")
+        job.proc.send_signal(signal.SIGINT)
+        if job.wait(60) not in (0, 1, 130):
+            fail(f"standby: unexpected exit code {job.proc.returncode}:\n{job.output()}")
+        job.assert_no_process_left()
+        left = standby_pids(job.run_dir)
+        if left:
+            fail(f"standby: standby workers left after the job: {left}")
+        print(f"standby: restart of rank 1 was standby {ready[0]}; none left after the job")
+
+
 def test():
+    standby()
     with tempfile.TemporaryDirectory(prefix="troupe-grow-") as tmp:
         grow(tmp)
         soak(tmp)

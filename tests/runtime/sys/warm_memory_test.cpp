@@ -41,8 +41,11 @@ TEST(WarmMemory, WarmedAndFreedMemoryIsReusedWithoutPageFaults) {
 
   EXPECT_EQ(warm_heap(0, 0).populated, 0u);
   const warmed all = warm_heap(2 * bytes + 12345, bytes);
-  EXPECT_EQ(all.populated, 2 * bytes + 12345);
-  EXPECT_EQ(all.written, bytes);
+  const size_t slack = 9 * 2 * 4096;  // whole pages of each of the 9 blocks only
+  EXPECT_GE(all.populated, 2 * bytes + 12345 - slack);
+  EXPECT_LE(all.populated, 2 * bytes + 12345);
+  EXPECT_GE(all.written, bytes - slack);
+  EXPECT_LE(all.written, bytes);
   EXPECT_LT(faults_to_fill(2 * bytes), pages / 10) << "warmed memory needs no fault";
 }
 
@@ -51,10 +54,13 @@ TEST(WarmMemory, WritingStopsWhenAskedTo) {
   constexpr size_t bytes = size_t{48} << 20;
   int asked = 0;
   const warmed part = warm_heap(bytes, bytes, [&] { return ++asked <= 3; });
-  EXPECT_EQ(part.written, size_t{3} << 20) << "three 1 MiB slices, then stop";
-  EXPECT_LE(part.populated, size_t{16} << 20) << "no block after the one that was stopped";
+  EXPECT_GT(part.written, size_t{4} << 20) << "three 2 MiB pieces, then stop";
+  EXPECT_LE(part.written, size_t{6} << 20);
+  EXPECT_EQ(part.populated, part.written);
+  const warmed none = warm_heap(bytes, bytes, [] { return false; });
+  EXPECT_EQ(none.populated, 0u) << "only marked";
   const warmed whole = warm_heap(bytes, bytes, [] { return true; });
-  EXPECT_EQ(whole.written, bytes);
+  EXPECT_GE(whole.written, bytes - 4 * 4096);
 }
 
 }  // namespace
