@@ -11,7 +11,9 @@
 #include <csignal>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "actors/child_process.hpp"
 #include "actors/connect.hpp"
@@ -53,6 +55,19 @@ void signal_all(self_ptr self, int sig) {
   for (auto& [rank, pid] : self->state.workers) kill(pid, sig);
 }
 
+// The command of a worker of this node: member `member`, or a standby when it is negative.
+std::vector<std::string> worker_command(const agent_state& s, int32_t member) {
+  std::vector<std::string> argv{s.exe, "worker", "--coordinator", s.endpoint};
+  if (member >= 0) {
+    argv.insert(argv.end(), {"--member", std::to_string(member)});
+  } else {
+    argv.push_back("--standby");
+  }
+  argv.insert(argv.end(), {"--node", std::to_string(s.node), "--join-token",
+                           auth::process_credentials().token_path});
+  return argv;
+}
+
 // Starts the standby if restarts are left and none is there; failures only mean that the
 // next restart starts a process of its own.
 void start_standby(self_ptr self) {
@@ -62,10 +77,7 @@ void start_standby(self_ptr self) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
   try {
-    s.standby = spawn_child(
-        {s.exe, "worker", "--coordinator", s.endpoint, "--standby", "--node",
-         std::to_string(s.node), "--join-token", auth::process_credentials().token_path},
-        false, 9, fds[0]);
+    s.standby = spawn_child(worker_command(s, -1), false, 9, fds[0]);
     s.standby_input = fds[1];
   } catch (const std::exception& e) {
     monitoring::log(monitoring::level::warn, agent_ctx,
@@ -108,9 +120,7 @@ pid_t restart_worker(self_ptr self, int32_t member) {
     }
     drop_standby(self);  // it died: start one the usual way
   }
-  const pid_t pid = spawn_child({s.exe, "worker", "--coordinator", s.endpoint, "--member",
-                                 std::to_string(member), "--node", std::to_string(s.node),
-                                 "--join-token", auth::process_credentials().token_path});
+  const pid_t pid = spawn_child(worker_command(s, member));
   start_standby(self);
   return pid;
 }
@@ -160,9 +170,6 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
               begin_stop(self, 1);
               return;
             }
-            const std::string exe = self_executable();
-            const std::string endpoint =
-                s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
             s.node = plan.node;
             // The workers' data plane treats each agent as a host of its own (shm inside, TCP
             // across).
@@ -170,14 +177,11 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
             s.restarts_left = plan.max_restarts;
             s.coordinator_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
             s.coordinator_seen = std::chrono::steady_clock::now();
-            s.exe = exe;
-            s.endpoint = endpoint;
+            s.exe = self_executable();
+            s.endpoint = s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
             for (int32_t m : plan.members) {
               try {
-                s.workers[m] =
-                    spawn_child({exe, "worker", "--coordinator", endpoint, "--member",
-                                 std::to_string(m), "--node", std::to_string(plan.node),
-                                 "--join-token", auth::process_credentials().token_path});
+                s.workers[m] = spawn_child(worker_command(s, m));
               } catch (const std::exception& e) {
                 monitoring::log(monitoring::level::error, agent_ctx,
                                 "cannot start member " + std::to_string(m) + ": " + e.what());
