@@ -411,7 +411,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     }
     // MAP_POPULATE for the header, the rank blocks and the channels, which every wait reads.
     // The staging regions and the point-to-point slots are faulted in by the collectives and
-    // pairs that use them: the first mapping of a page costs ~0.3 us here, and a group of
+    // pairs that use them: the first mapping of a page costs ~1.3 us here, and a group of
     // data-parallel replicas, whose big all-reduces read the peers' buffers directly, touches
     // little of its 32 MiB of staging. Populating it all cost rank 0 10-16 ms of every
     // rebuild after a failure, with every other rank waiting.
