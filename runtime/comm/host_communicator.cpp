@@ -112,13 +112,10 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
       opts.connect_timeout -
           std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start));
   if (kind == transport_kind::shm) {
+    // Default chunks whatever the group's size: the staging is each process's own and
+    // outlives the group (shm_staging.hpp), so a rebuilt group of another size reuses it,
+    // and its pages are faulted in once per process, not once per group.
     shm_options shm;
-    // Staging is chunk_bytes twice per rank, touched by the collectives that use it (at ~0.3
-    // GB/s for fresh memory here): a big group stages less per rank, so its first collectives
-    // after a build (and a rebuild after a failure) stay fast. 64 ranks: 256 KiB chunks, 32
-    // MiB in all instead of 512.
-    const size_t cap = (size_t{16} << 20) / static_cast<size_t>(std::max(1, id.size));
-    shm.chunk_bytes = std::min(shm.chunk_bytes, std::max<size_t>(size_t{256} << 10, cap));
     shm.connect_timeout = left;
     return make_shm_communicator(store, id, shm);
   }

@@ -17,6 +17,7 @@
 #include <climits>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -39,18 +40,19 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
   l.p2p_chunk_bytes = p2p_chunk_bytes;
   l.blocks = round_up(sizeof(segment_header), cache_line);
   l.channels = l.blocks + size * sizeof(rank_block);
-  l.regions = round_up(l.channels + size * size * sizeof(channel), page);
-  l.p2p = l.regions + size * 2 * chunk_bytes;
+  l.p2p = round_up(l.channels + size * size * sizeof(channel), page);
   l.total = l.p2p + size * size * 2 * p2p_chunk_bytes;
   return l;
 }
 
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
-                                   segment_layout layout, std::vector<int> pidfds, bool single_copy)
+                                   segment_layout layout, group_staging staging,
+                                   std::vector<int> pidfds, bool single_copy)
     : id_(std::move(id)),
       opts_(opts),
       base_(base),
       layout_(layout),
+      staging_(std::move(staging)),
       pidfds_(std::move(pidfds)),
       pids_(static_cast<size_t>(id_.size), 0),
       single_copy_(single_copy) {
@@ -60,14 +62,18 @@ shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* bas
 }
 
 shm_communicator::~shm_communicator() {
+  if (staging_.own.data != nullptr) {
+    auto& pool = staging_pool::process();
+    pool.release(staging_.own.slot, this);
+    for (const auto& peer : staging_.peers) {
+      if (peer.pid != 0) pool.detach(peer);
+    }
+  }
   if (base_ != nullptr) {
     // Peers still waiting for this rank fail at once instead of at their deadlines; those
     // that only needed what it already published see that first.
     mark_gone();
     ::munmap(base_, layout_.total);
-  }
-  for (int fd : pidfds_) {
-    if (fd >= 0) ::close(fd);
   }
 }
 
@@ -77,12 +83,13 @@ void shm_communicator::mark_gone() {
   ring_bell();
 }
 
-void shm_communicator::ring_bell() const {
-  header().bell.fetch_add(1);
-  if (header().sleepers.load() > 0) {
-    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&header().bell), FUTEX_WAKE, INT_MAX, nullptr,
-              nullptr, 0);
-  }
+void shm_communicator::ring_bell() const { ring(header()); }
+
+bool shm_communicator::give_up_staging() {
+  std::lock_guard<std::mutex> lock(m_);
+  if (in_op_ || !(aborted_.load() || dead_)) return false;
+  if (!dead_) dead_.emplace(comm_errc::aborted, "abort() was called (" + context_string(-1) + ")");
+  return true;
 }
 
 void shm_communicator::abort() {
@@ -308,42 +315,66 @@ void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int s
 namespace {
 
 using shm_detail::clock_type;
+using shm_detail::open_pidfd;
+using shm_detail::random_nonce;
 using shm_detail::segment_header;
 using shm_detail::segment_layout;
 
-/// Owns a mapping and descriptors until the communicator takes them.
+/// Stands for the communicator being connected while it holds staging from the pool.
+struct connecting_holder final : shm_detail::staging_holder {
+  bool give_up_staging() override { return false; }
+};
+
+/// Owns a mapping, descriptors and staging until the communicator takes them.
 struct rendezvous_state {
   int fd = -1;
   void* base = nullptr;
   size_t bytes = 0;
+  connecting_holder holder;
+  std::optional<shm_detail::group_staging> staging;
   ~rendezvous_state() {
     if (base != nullptr) ::munmap(base, bytes);
     if (fd >= 0) ::close(fd);
+    if (staging) {
+      auto& pool = shm_detail::staging_pool::process();
+      pool.release(staging->own.slot, &holder);
+      for (const auto& peer : staging->peers) {
+        if (peer.pid != 0) pool.detach(peer);
+      }
+    }
   }
 };
+
+/// Sleeps on the segment's bell until `ready(joined)` holds for every rank's block; timeout
+/// at the deadline, naming the ranks that are missing.
+template <class Ready>
+void await_every_rank(segment_header& h, const shm_detail::rank_block* blocks, size_t n,
+                      clock_type::time_point deadline, const std::string& where, const char* what,
+                      Ready&& ready) {
+  for (;;) {
+    h.sleepers.fetch_add(1);
+    const uint32_t seen = h.bell.load();
+    std::string missing;
+    for (size_t j = 0; j < n; ++j) {
+      if (!ready(blocks[j].joined.load())) missing += " " + std::to_string(j);
+    }
+    const auto now = clock_type::now();
+    if (missing.empty() || now >= deadline) {
+      h.sleepers.fetch_sub(1);
+      if (missing.empty()) return;
+      throw comm_error(comm_errc::timeout, where + ": ranks" + missing + " did not " + what +
+                                               " within the connect timeout");
+    }
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAIT, seen, &ts, nullptr, 0);
+    h.sleepers.fetch_sub(1);
+  }
+}
 
 std::chrono::milliseconds left_until(clock_type::time_point deadline) {
   return std::max(std::chrono::milliseconds(1),
                   std::chrono::ceil<std::chrono::milliseconds>(deadline - clock_type::now()));
-}
-
-uint64_t random_nonce() {
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) ^ rd() ^
-         static_cast<uint64_t>(clock_type::now().time_since_epoch().count()) ^
-         static_cast<uint64_t>(::getpid());
-}
-
-/// An fd that becomes readable when process `pid` exits (zombies included), or -1.
-int open_pidfd(int32_t pid) {
-#ifdef SYS_pidfd_open
-  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  if (fd >= 0) {
-    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
-    return static_cast<int>(fd);
-  }
-#endif
-  return -1;
 }
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
@@ -368,6 +399,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
   const auto n = static_cast<size_t>(id.size);
   if (id.size == 1) {
     return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},
+                                                          shm_detail::group_staging{},
                                                           std::vector<int>{-1}, false);
   }
   const auto deadline = clock_type::now() + opts.connect_timeout;
@@ -410,18 +442,17 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       }
     }
     // MAP_POPULATE for the header, the rank blocks and the channels, which every wait reads.
-    // The staging regions and the point-to-point slots are faulted in by the collectives and
-    // pairs that use them: the first mapping of a page costs ~1.3 us here, and a group of
-    // data-parallel replicas, whose big all-reduces read the peers' buffers directly, touches
-    // little of its 32 MiB of staging. Populating it all cost rank 0 10-16 ms of every
-    // rebuild after a failure, with every other rank waiting.
+    // The point-to-point slots are faulted in by the pairs that use them: mapping a page
+    // costs ~1.3 us here, and populating every slot of a large group cost rank 0 10-16 ms of
+    // every rebuild after a failure, with every other rank waiting. The staging of the
+    // collectives is not in the segment at all (shm_staging.hpp).
     st.base = ::mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, st.fd, 0);
     if (st.base == MAP_FAILED) {
       st.base = nullptr;
       throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap"));
     }
-    if (::mmap(st.base, layout.regions, PROT_READ | PROT_WRITE,
-               MAP_SHARED | MAP_FIXED | MAP_POPULATE, st.fd, 0) == MAP_FAILED)
+    if (::mmap(st.base, layout.p2p, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE,
+               st.fd, 0) == MAP_FAILED)
       throw comm_error(comm_errc::internal, where + ": " + errno_text("mmap (populate)"));
     auto* hdr = static_cast<segment_header*>(st.base);
     if (id.rank == 0) {
@@ -451,49 +482,66 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     }
     auto* blocks =
         reinterpret_cast<shm_detail::rank_block*>(static_cast<char*>(st.base) + layout.blocks);
-    blocks[id.rank].pid.store(::getpid());
-    blocks[id.rank].base_addr.store(reinterpret_cast<uint64_t>(st.base));
-    scoped.set_string("mapped/" + std::to_string(id.rank), "1");
-    std::vector<std::string> mapped;
-    for (int j = 0; j < id.size; ++j) mapped.push_back("mapped/" + std::to_string(j));
-    scoped.wait(mapped, left_until(deadline));
+    auto& pool = shm_detail::staging_pool::process();
+    const size_t staging_bytes = 2 * opts.chunk_bytes;
+    st.staging.emplace();
+    st.staging->own =
+        pool.acquire(id.group.substr(0, id.group.find('.')), staging_bytes, &st.holder);
+    st.staging->of_rank.assign(n, nullptr);
+    st.staging->peers.assign(n, shm_detail::staging_address{});
+    auto& me = blocks[id.rank];
+    me.pid.store(::getpid());
+    me.base_addr.store(reinterpret_cast<uint64_t>(st.base));
+    me.staging_fd.store(st.staging->own.address.fd);
+    me.staging_nonce.store(st.staging->own.address.nonce);
+    // The last two steps meet in the segment rather than in the store: two round trips of
+    // every rank through the store cost a rebuilt 64-rank group tens of milliseconds.
+    me.joined.store(shm_detail::joined_mapped);
+    shm_detail::ring(*hdr);
+    await_every_rank(*hdr, blocks, n, deadline, where, "map the segment",
+                     [](uint32_t joined) { return joined >= shm_detail::joined_mapped; });
     // Every rank has the segment mapped: the descriptor is not needed any more, and once rank
     // 0 closes its own, the memory lives exactly as long as some rank maps it.
     ::close(st.fd);
     st.fd = -1;
     std::vector<int> pidfds(n, -1);
-    for (int j = 0; j < id.size; ++j) {
-      if (j != id.rank) pidfds[j] = open_pidfd(blocks[j].pid.load());
-    }
     // Single-copy reads need every rank to be able to read every other's memory: each probes
-    // by reading a peer's pid through the peer's own mapping, and all go by the verdicts of all.
+    // the peers it has not met by reading their pid through their own mapping of the segment,
+    // and all go by the verdicts of all.
     bool can_read = opts.single_copy_bytes != SIZE_MAX;
-    for (int j = 0; can_read && j < id.size; ++j) {
-      if (j == id.rank) continue;
-      const int32_t want = blocks[j].pid.load();
+    for (int j = 0; j < id.size; ++j) {
+      if (j == id.rank) {
+        st.staging->of_rank[j] = st.staging->own.data;
+        continue;
+      }
+      const shm_detail::staging_address peer{blocks[j].pid.load(), blocks[j].staging_fd.load(),
+                                             blocks[j].staging_nonce.load()};
+      // attach() may throw: only what it returned is detached on the way out.
+      const auto view = pool.attach(peer, staging_bytes);
+      st.staging->of_rank[j] = const_cast<char*>(view.data);
+      st.staging->peers[j] = peer;
+      pidfds[j] = view.pidfd;
+      if (!can_read || view.readable == 1) continue;
       int32_t got = 0;
       const uint64_t offset = static_cast<uint64_t>(reinterpret_cast<char*>(&blocks[j].pid) -
                                                     static_cast<char*>(st.base));
       iovec l{&got, sizeof(got)};
       iovec r{reinterpret_cast<void*>(blocks[j].base_addr.load() + offset), sizeof(got)};
-      can_read = ::process_vm_readv(want, &l, 1, &r, 1, 0) == sizeof(got) && got == want;
+      can_read = ::process_vm_readv(peer.pid, &l, 1, &r, 1, 0) == sizeof(got) && got == peer.pid;
+      pool.note_readable(peer, can_read);
     }
-    scoped.set_string("single_copy/" + std::to_string(id.rank), can_read ? "1" : "0");
-    // Rank 0 collects every rank's answer and publishes the group's: 2n round trips, not n^2.
+    me.joined.store(can_read ? shm_detail::joined_can_read : shm_detail::joined_cannot_read);
+    shm_detail::ring(*hdr);
     bool single_copy = true;
-    if (id.rank == 0) {
-      std::vector<std::string> answers;
-      for (int j = 0; j < id.size; ++j) answers.push_back("single_copy/" + std::to_string(j));
-      scoped.wait(answers, left_until(deadline));
-      for (const auto& k : answers)
-        single_copy = single_copy && scoped.get_string(k, left_until(deadline)) == "1";
-      scoped.set_string("single_copy", single_copy ? "1" : "0");
-    } else {
-      single_copy = scoped.get_string("single_copy", left_until(deadline)) == "1";
-    }
-    auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
+    await_every_rank(*hdr, blocks, n, deadline, where, "probe its peers", [&](uint32_t joined) {
+      single_copy = single_copy && joined != shm_detail::joined_cannot_read;
+      return joined >= shm_detail::joined_can_read;
+    });
+    auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout, *st.staging,
                                                             std::move(pidfds), single_copy);
     st.base = nullptr;
+    pool.hand_over(st.staging->own.slot, &st.holder, c.get());
+    st.staging.reset();
     return c;
   } catch (const store_error& e) {
     throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,

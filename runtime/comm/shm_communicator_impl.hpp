@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -16,6 +17,7 @@
 
 #include "runtime/comm/collective_math.hpp"
 #include "runtime/comm/shm_communicator.hpp"
+#include "runtime/comm/shm_staging.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -51,7 +53,20 @@ struct alignas(cache_line) segment_header {
   alignas(cache_line) std::atomic<uint32_t> sleepers;
 };
 
-/// One per rank, written only by that rank (one cache line).
+/// Publishes progress: bumps the bell, and wakes its sleepers if there are any.
+inline void ring(segment_header& h) {
+  h.bell.fetch_add(1);
+  if (h.sleepers.load() > 0) {
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAKE, INT_MAX, nullptr,
+              nullptr, 0);
+  }
+}
+
+constexpr uint32_t joined_mapped = 1;       ///< mapped the segment, published pid and staging
+constexpr uint32_t joined_can_read = 2;     ///< and can read every peer's memory
+constexpr uint32_t joined_cannot_read = 3;  ///< and cannot read some peer's memory
+
+/// One per rank, written only by that rank.
 struct alignas(cache_line) rank_block {
   /// Rounds this rank has published: round k's data is in its region once arrived > k.
   std::atomic<uint64_t> arrived;
@@ -60,6 +75,11 @@ struct alignas(cache_line) rank_block {
   std::atomic<int32_t> pid;
   /// Where this rank mapped the segment (peers probe single-copy reads with it).
   std::atomic<uint64_t> base_addr;
+  /// Where the peers find this rank's staging (two halves of chunk_bytes; shm_staging.hpp).
+  std::atomic<int32_t> staging_fd;
+  std::atomic<uint64_t> staging_nonce;
+  /// How far this rank's connect went (joined_*): the last steps of a connect meet here.
+  std::atomic<uint32_t> joined;
   /// The caller's buffer of round k at [k % 2], for single-copy collectives.
   std::atomic<uint64_t> addr[2];
   /// Set when this rank's communicator failed, was aborted or destroyed: it takes no part
@@ -89,19 +109,27 @@ struct segment_layout {
   size_t p2p_chunk_bytes;
   size_t blocks;    ///< rank_block[size]
   size_t channels;  ///< channel[size * size], [from * size + to]
-  size_t regions;   ///< each rank's two halves of chunk_bytes
-  size_t p2p;       ///< each channel's two slots of p2p_chunk_bytes
+  size_t p2p;       ///< page-aligned: each channel's two slots of p2p_chunk_bytes
   size_t total;
 
   static segment_layout of(size_t size, size_t chunk_bytes, size_t p2p_chunk_bytes);
 };
 
-class shm_communicator final : public communicator {
+/// Staging taken for a communicator: this rank's own, and every rank's (its own included)
+/// as mapped here.
+struct group_staging {
+  own_staging own;
+  std::vector<char*> of_rank;
+  std::vector<staging_address> peers;  ///< to detach; pid 0 for this rank
+};
+
+class shm_communicator final : public communicator, public staging_holder {
  public:
-  /// Takes over a mapped segment (nullptr for a group of one) and the peers' pidfds (-1 where
-  /// none could be opened; those peers are watched with kill(pid, 0)).
+  /// Takes over a mapped segment (nullptr for a group of one) and the staging, and borrows
+  /// the peers' pidfds from the staging pool (-1 where none could be opened; those peers are
+  /// watched with kill(pid, 0)).
   shm_communicator(comm_identity id, shm_options opts, void* base, segment_layout layout,
-                   std::vector<int> pidfds, bool single_copy);
+                   group_staging staging, std::vector<int> pidfds, bool single_copy);
   ~shm_communicator() override;
   shm_communicator(const shm_communicator&) = delete;
   shm_communicator& operator=(const shm_communicator&) = delete;
@@ -126,6 +154,8 @@ class shm_communicator final : public communicator {
 
   void abort() override;
   bool aborted() const override { return aborted_.load(); }
+
+  bool give_up_staging() override;
 
  private:
   /// One operation in progress.
@@ -170,10 +200,9 @@ class shm_communicator final : public communicator {
     return reinterpret_cast<channel*>(static_cast<char*>(base_) +
                                       layout_.channels)[from * id_.size + to];
   }
-  /// Rank r's staging half for round k.
+  /// Rank r's staging half for round k (read-only memory unless r is this rank).
   char* half(int r, uint64_t k) const {
-    return static_cast<char*>(base_) + layout_.regions +
-           (static_cast<size_t>(r) * 2 + k % 2) * layout_.chunk_bytes;
+    return staging_.of_rank[static_cast<size_t>(r)] + (k % 2) * layout_.chunk_bytes;
   }
   char* p2p_slot(int from, int to, uint64_t i) const {
     return static_cast<char*>(base_) + layout_.p2p +
@@ -232,7 +261,8 @@ class shm_communicator final : public communicator {
   shm_options opts_;
   void* base_;  ///< nullptr for a group of one
   segment_layout layout_;
-  std::vector<int> pidfds_;  ///< per rank; -1 for this rank
+  group_staging staging_;
+  std::vector<int> pidfds_;  ///< per rank, the staging pool's; -1 for this rank
   std::vector<int32_t> pids_;
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
   uint64_t waiting_round_ = 0;   ///< the round complete_round() waits for (for messages)
@@ -245,6 +275,7 @@ class shm_communicator final : public communicator {
   std::atomic<bool> aborted_{false};
   mutable std::mutex m_;
   std::optional<comm_error> dead_;  ///< the first failure; guarded by m_
+  bool in_op_ = false;              ///< an operation is running; guarded by m_
 };
 
 inline void cpu_relax() {
@@ -270,7 +301,15 @@ inline void shm_communicator::run(const char* name, uint64_t shape, const op_opt
                        std::string("shm ") + name +
                            ": communicator is dead after an earlier failure: " + dead_->what());
     }
+    in_op_ = true;
   }
+  struct op_end {
+    shm_communicator& c;
+    ~op_end() {
+      std::lock_guard<std::mutex> lock(c.m_);
+      c.in_op_ = false;
+    }
+  } end{*this};
   try {
     try {
       body(op);

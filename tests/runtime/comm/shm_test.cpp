@@ -11,6 +11,7 @@
 
 #include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/shm_communicator.hpp"
+#include "runtime/comm/shm_staging.hpp"
 #include "runtime/comm/store.hpp"
 #include "tests/runtime/comm/collective_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
@@ -26,12 +27,13 @@ namespace {
 /// blocking get holds its connection); returns them in rank order.
 std::vector<std::unique_ptr<communicator>> connect_threads(const tcp_store_server& server,
                                                            const std::string& group, int size,
-                                                           const shm_options& o = {}) {
+                                                           const shm_options& o = {},
+                                                           uint64_t generation = 7) {
   std::vector<std::future<std::unique_ptr<communicator>>> f;
   for (int r = 0; r < size; ++r) {
     f.push_back(std::async(std::launch::async, [&, r] {
       auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
-      return make_shm_communicator(*store, {7, group, r, size}, o);
+      return make_shm_communicator(*store, {generation, group, r, size}, o);
     }));
   }
   std::vector<std::unique_ptr<communicator>> out;
@@ -48,12 +50,13 @@ size_t shm_fds() {
       const std::string path = std::string("/proc/self/fd/") + e->d_name;
       if (readlink(path.c_str(), target, sizeof(target) - 1) > 0) {
         const std::string t(target);
-        n += t.find("memfd:troupe") != std::string::npos || t.find("pidfd") != std::string::npos;
+        n += t.find("memfd:troupe-g") != std::string::npos || t.find("pidfd") != std::string::npos;
       }
     }
     closedir(d);
   }
-  return n;
+  // The staging pool keeps its pieces and a pidfd per peer it mapped, across communicators.
+  return n - shm_detail::staging_pool::process().current().pidfds;
 }
 
 /// Every op on 3 ranks as threads, once staged through small chunks (many rounds even for
@@ -73,7 +76,8 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
   o.p2p_chunk_bytes = 4096;
   {
     auto cs = connect_threads(server, GetParam() ? "single" : "staged", 3, o);
-    EXPECT_EQ(shm_fds(), 6u);  // two pidfds per rank; no segment descriptor left open
+    // No segment descriptor left open; the peers' pidfds are the staging pool's.
+    EXPECT_EQ(shm_fds(), 0u);
     std::vector<std::future<std::string>> runs;
     for (int r = 0; r < 3; ++r) {
       runs.push_back(std::async(std::launch::async, [&, r]() -> std::string {
@@ -181,6 +185,45 @@ TEST(shm_communicator, ranks_in_different_collectives_fail_instead_of_mixing_dat
   }
   const auto code = other.get();
   EXPECT_TRUE(code == comm_errc::invalid || code == comm_errc::peer_lost);
+}
+
+/// One checked all-reduce on every communicator of `cs`, each from its own thread.
+std::string all_reduce_on_threads(std::vector<std::unique_ptr<communicator>>& cs) {
+  std::vector<std::future<std::string>> runs;
+  for (size_t r = 0; r < cs.size(); ++r) {
+    runs.push_back(std::async(std::launch::async, [&, r] {
+      auto v = test::contributions(static_cast<int>(r), 3000);
+      cs[r]->all_reduce(v.data(), v.size(), reduce_op::average, {10s});
+      return test::check_reduced(v, static_cast<int>(cs.size()), reduce_op::average);
+    }));
+  }
+  std::string errors;
+  for (auto& f : runs) errors += f.get();
+  return errors;
+}
+
+// A group rebuilt after a failure stages through the memory of the dead group it replaces,
+// which every survivor has mapped and faulted in already; a live group's is never taken.
+TEST(shm_communicator, a_rebuilt_group_reuses_the_dead_groups_staging) {
+  tcp_store_server server;
+  auto& pool = shm_detail::staging_pool::process();
+  auto old_group = connect_threads(server, "reuse.dp0", 3, {}, 1);
+  auto live_group = connect_threads(server, "reuse.dp1", 3, {}, 1);
+  ASSERT_EQ(all_reduce_on_threads(old_group), "");
+  const auto before = pool.current();
+  for (auto& c : old_group) c->abort();
+  auto rebuilt = connect_threads(server, "reuse.dp0", 3, {}, 2);
+  EXPECT_EQ(pool.current().own, before.own);  // the dead group's three pieces, nothing new
+  EXPECT_EQ(pool.current().peers, before.peers);
+  EXPECT_EQ(all_reduce_on_threads(rebuilt), "");
+  EXPECT_EQ(all_reduce_on_threads(live_group), "");  // its staging was left alone
+  // The dead group gave its staging away: it can never write there again.
+  std::vector<float> v(10, 1.0f);
+  EXPECT_THROW(old_group[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {1s}), comm_error);
+  // Another group of the kind while both are alive gets staging of its own.
+  auto third = connect_threads(server, "reuse.dp2", 3, {}, 2);
+  EXPECT_EQ(pool.current().own, before.own + 3);
+  EXPECT_EQ(all_reduce_on_threads(third), "");
 }
 
 TEST(host_transport, shm_when_every_rank_is_on_this_host_unless_tcp_is_asked_for) {
