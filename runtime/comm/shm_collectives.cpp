@@ -59,7 +59,7 @@ void shm_communicator::all_reduce(float* data, size_t count, reduce_op op, const
     if (count == 0 || id_.size == 1) return;  // average over one rank is the identity
     if (count * sizeof(float) <= std::min(opts_.small_all_reduce_bytes, layout_.chunk_bytes)) {
       all_reduce_small(ctx, data, count, op);
-    } else if (single_copy_ && count * sizeof(float) >= opts_.single_copy_bytes) {
+    } else if (count * sizeof(float) >= opts_.single_copy_bytes && single_copy(ctx)) {
       all_reduce_single_copy(ctx, data, count, op);
     } else {
       all_reduce_sliced(ctx, data, count, op);
@@ -202,7 +202,7 @@ void shm_communicator::reduce_scatter(const float* in, float* out, size_t count,
     }
     const auto* in_end = in + count * static_cast<size_t>(p);
     const bool overlaps = out < in_end && in < out + count;
-    if (single_copy_ && !overlaps && count * sizeof(float) * p >= opts_.single_copy_bytes) {
+    if (!overlaps && count * sizeof(float) * p >= opts_.single_copy_bytes && single_copy(ctx)) {
       // Rank r reads block r of every peer's input directly and sums in rank order.
       const uint64_t k = next_round();
       publish_addr(k, in);
@@ -265,8 +265,8 @@ void shm_communicator::all_gather(const void* in, void* out, size_t bytes, const
     const char* own = dst + static_cast<size_t>(r) * bytes;
     std::memmove(dst + static_cast<size_t>(r) * bytes, in, bytes);  // in may alias out
     if (p == 1) return;
-    if (single_copy_ && opts_.single_copy_gathers &&
-        bytes * static_cast<size_t>(p) >= opts_.single_copy_bytes) {
+    if (opts_.single_copy_gathers && bytes * static_cast<size_t>(p) >= opts_.single_copy_bytes &&
+        single_copy(ctx)) {
       // Everyone reads block j straight from rank j's output (rank j writes only the others).
       const uint64_t k = next_round();
       publish_addr(k, dst);
@@ -304,8 +304,8 @@ void shm_communicator::all_to_all(const void* in, void* out, size_t bytes_per_ra
   }
   run("all_to_all", shape_of(op_kind::all_to_all, bytes_per_rank), opts, [&](const op_ctx& ctx) {
     const auto p = static_cast<size_t>(id_.size);
-    if (single_copy_ && opts_.single_copy_gathers && p > 1 &&
-        bytes_per_rank * p >= opts_.single_copy_bytes) {
+    if (opts_.single_copy_gathers && p > 1 && bytes_per_rank * p >= opts_.single_copy_bytes &&
+        single_copy(ctx)) {
       // Rank r reads block r of every peer's input straight into block j of its output.
       const auto r = static_cast<size_t>(id_.rank);
       const auto* src = static_cast<const char*>(in);
@@ -336,7 +336,8 @@ void shm_communicator::all_to_allv(const void* in, const std::vector<size_t>& se
                                    const std::vector<size_t>& recv_bytes, const op_options& opts) {
   const auto p = static_cast<size_t>(id_.size);
   const auto r = static_cast<size_t>(id_.rank);
-  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes); !why.empty()) {
+  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes);
+      !why.empty()) {
     invalid("all_to_allv", why);
   }
   run("all_to_allv", shape_of(op_kind::all_to_allv, 0), opts, [&](const op_ctx& ctx) {

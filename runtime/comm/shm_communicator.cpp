@@ -47,7 +47,7 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
 
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
                                    segment_layout layout, group_staging staging,
-                                   std::vector<int> pidfds, bool single_copy)
+                                   std::vector<int> pidfds, std::optional<bool> single_copy)
     : id_(std::move(id)),
       opts_(opts),
       base_(base),
@@ -75,6 +75,22 @@ shm_communicator::~shm_communicator() {
     mark_gone();
     ::munmap(base_, layout_.total);
   }
+}
+
+bool shm_communicator::single_copy(const op_ctx& op) {
+  if (!single_copy_) {
+    auto published = [&] {
+      for (int j = 0; j < id_.size; ++j) {
+        if (block(j).joined.load() < joined_can_read) return false;
+      }
+      return true;
+    };
+    wait_for(op, -1, "learn whether every rank can read the others' memory", published);
+    bool all = true;
+    for (int j = 0; j < id_.size; ++j) all = all && block(j).joined.load() == joined_can_read;
+    single_copy_ = all;
+  }
+  return *single_copy_;
 }
 
 void shm_communicator::mark_gone() {
@@ -201,7 +217,8 @@ void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t t
     const size_t c = layout_.p2p_chunk_bytes;
     const auto* src = static_cast<const char*>(data);
     uint64_t h = ch.head.load(std::memory_order_relaxed);
-    if (direct_p2p(bytes)) {
+    const bool direct = direct_p2p(ctx, bytes);
+    if (direct) {
       // One slot names the buffer, the receiver copies it in one read: two hand-offs instead
       // of one per chunk, each of which can cost a scheduler slice on a busy machine.
       wait_for(ctx, peer, "send to",
@@ -210,7 +227,7 @@ void shm_communicator::send(const void* data, size_t bytes, int peer, uint32_t t
       ch.head.store(++h);
       ring_bell();
     }
-    for (size_t at = direct_p2p(bytes) ? bytes : 0; at < bytes; at += c) {
+    for (size_t at = direct ? bytes : 0; at < bytes; at += c) {
       const size_t len = std::min(c, bytes - at);
       wait_for(ctx, peer, "send to",
                [&] { return h - ch.tail.load(std::memory_order_acquire) < 2; });
@@ -232,7 +249,7 @@ void shm_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
     const size_t c = layout_.p2p_chunk_bytes;
     auto* dst = static_cast<char*>(data);
     uint64_t t = ch.tail.load(std::memory_order_relaxed);
-    if (direct_p2p(bytes)) {
+    if (direct_p2p(ctx, bytes)) {
       wait_for(ctx, peer, "receive from", [&] {
         return ch.head.load(std::memory_order_acquire) > t && ch.slots[t % 2].tag == tag;
       });
@@ -494,8 +511,9 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     me.base_addr.store(reinterpret_cast<uint64_t>(st.base));
     me.staging_fd.store(st.staging->own.address.fd);
     me.staging_nonce.store(st.staging->own.address.nonce);
-    // The last two steps meet in the segment rather than in the store: two round trips of
-    // every rank through the store cost a rebuilt 64-rank group tens of milliseconds.
+    // The ranks meet once more, in the segment rather than in the store (a round trip of
+    // every rank through the store costs a rebuilt 64-rank group 10-20 ms): after this, every
+    // rank has mapped it and published its pid and staging.
     me.joined.store(shm_detail::joined_mapped);
     shm_detail::ring(*hdr);
     await_every_rank(*hdr, blocks, n, deadline, where, "map the segment",
@@ -530,13 +548,11 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       can_read = ::process_vm_readv(peer.pid, &l, 1, &r, 1, 0) == sizeof(got) && got == peer.pid;
       pool.note_readable(peer, can_read);
     }
+    // Published without waiting for the others' verdicts: the first operation that needs the
+    // group's answer waits for them (shm_communicator::single_copy), by which time they are in.
     me.joined.store(can_read ? shm_detail::joined_can_read : shm_detail::joined_cannot_read);
     shm_detail::ring(*hdr);
-    bool single_copy = true;
-    await_every_rank(*hdr, blocks, n, deadline, where, "probe its peers", [&](uint32_t joined) {
-      single_copy = single_copy && joined != shm_detail::joined_cannot_read;
-      return joined >= shm_detail::joined_can_read;
-    });
+    const auto single_copy = can_read ? std::nullopt : std::optional<bool>(false);
     auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout, *st.staging,
                                                             std::move(pidfds), single_copy);
     st.base = nullptr;

@@ -129,7 +129,7 @@ class shm_communicator final : public communicator, public staging_holder {
   /// the peers' pidfds from the staging pool (-1 where none could be opened; those peers are
   /// watched with kill(pid, 0)).
   shm_communicator(comm_identity id, shm_options opts, void* base, segment_layout layout,
-                   group_staging staging, std::vector<int> pidfds, bool single_copy);
+                   group_staging staging, std::vector<int> pidfds, std::optional<bool> single_copy);
   ~shm_communicator() override;
   shm_communicator(const shm_communicator&) = delete;
   shm_communicator& operator=(const shm_communicator&) = delete;
@@ -243,7 +243,14 @@ class shm_communicator final : public communicator, public staging_holder {
   }
   /// Whether send/recv of `bytes` hand over the sender's buffer instead of staging it (both
   /// sides decide the same: same options, same group verdict, same size).
-  bool direct_p2p(size_t bytes) const { return single_copy_ && bytes >= opts_.single_copy_bytes; }
+  bool direct_p2p(const op_ctx& op, size_t bytes) {
+    return bytes >= opts_.single_copy_bytes && single_copy(op);
+  }
+  /// Whether every rank can read every other's memory (process_vm_readv), so that large
+  /// collectives may copy once, straight from the peer's buffer. The ranks publish their
+  /// verdicts at connect without waiting for each other; the first operation that asks waits
+  /// for all of them (by then they are long published), and every rank gets the same answer.
+  bool single_copy(const op_ctx& op);
   /// Copies `bytes` at address `remote` in rank j's process to `local` (process_vm_readv).
   void pull(const op_ctx& op, int j, uint64_t remote, void* local, size_t bytes);
   void exchange(const op_ctx& op, const char* in, const size_t* send_bytes, const size_t* send_off,
@@ -265,12 +272,10 @@ class shm_communicator final : public communicator, public staging_holder {
   std::vector<int> pidfds_;  ///< per rank, the staging pool's; -1 for this rank
   std::vector<int32_t> pids_;
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
-  uint64_t waiting_round_ = 0;   ///< the round complete_round() waits for (for messages)
-  std::vector<size_t> offsets_;  ///< all_to_all(v)'s block offsets: send then receive
-  /// Every rank can read the others' memory (process_vm_readv), so large collectives copy
-  /// once, straight from the peer's buffer, instead of staging through the segment.
-  bool single_copy_;
-  std::vector<float> scratch_;  ///< single-copy all-reduce: accumulator and incoming block
+  uint64_t waiting_round_ = 0;       ///< the round complete_round() waits for (for messages)
+  std::vector<size_t> offsets_;      ///< all_to_all(v)'s block offsets: send then receive
+  std::optional<bool> single_copy_;  ///< see single_copy(); unknown until an operation asks
+  std::vector<float> scratch_;       ///< single-copy all-reduce: accumulator and incoming block
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex m_;

@@ -226,6 +226,28 @@ TEST(shm_communicator, a_rebuilt_group_reuses_the_dead_groups_staging) {
   EXPECT_EQ(all_reduce_on_threads(third), "");
 }
 
+// One rank that cannot (here: will not) read its peers' memory makes the whole group stage:
+// the others learn it from its published verdict at their first large operation.
+TEST(shm_communicator, one_rank_without_single_copy_makes_every_rank_stage) {
+  tcp_store_server server;
+  std::vector<std::future<std::string>> runs;
+  for (int r = 0; r < 3; ++r) {
+    runs.push_back(std::async(std::launch::async, [&, r]() -> std::string {
+      shm_options o;
+      o.single_copy_bytes = r == 2 ? SIZE_MAX : 4096;
+      auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+      auto c = make_shm_communicator(*store, {3, "verdict", r, 3}, o);
+      for (const size_t count : {size_t{100003}, size_t{7}, size_t{300000}}) {
+        auto v = test::contributions(r, count);
+        c->all_reduce(v.data(), count, reduce_op::sum, {10s});
+        if (auto e = test::check_reduced(v, 3, reduce_op::sum); !e.empty()) return e;
+      }
+      return {};
+    }));
+  }
+  for (auto& f : runs) EXPECT_EQ(f.get(), "");
+}
+
 TEST(host_transport, shm_when_every_rank_is_on_this_host_unless_tcp_is_asked_for) {
   const std::vector<std::string> same{"a 1", "a 1", "a 1"};
   const std::vector<std::string> mixed{"a 1", "b 2", "a 1"};
