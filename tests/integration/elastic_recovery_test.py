@@ -33,7 +33,7 @@ def compare(name, reference, recovered, ref_dir, rec_dir):
     print(f"{name}: exact (loss {worst:.1e}, parameters {diff:.1e})")
 
 
-def scenario(tmp, name, layout, fault, expect_world, expect_source, extra=()):
+def scenario(tmp, name, layout, fault, expect_world, expect_source, extra=(), may_also=()):
     ref_dir = os.path.join(tmp, name + "-ref")
     rec_dir = os.path.join(tmp, name + "-rec")
     reference = run_ok(name + " (uninterrupted)", BASE + layout + list(extra), ref_dir)
@@ -57,7 +57,7 @@ def scenario(tmp, name, layout, fault, expect_world, expect_source, extra=()):
         if any(e.get("event") == "checkpoint" for e in recovered[:first_loss]):
             fail(f"{name}: a checkpoint had committed before the fault, yet state came from init")
         expected = {"init"}
-    if sources != expected:
+    if not expected <= sources <= expected | set(may_also):
         fail(f"{name}: state came from {sources}, expected {expect_source}")
     # Survivors keep their processes: nobody joined after the start, and every member that was
     # not hit is alive until the job ends (it reported no exit).
@@ -110,8 +110,10 @@ def test():
         scenario(tmp, "dp2xpp2-kill", ["--world", "4", "--pp", "2", "--micro-batches", "4"], "kill:rank=3:step=10",
                  2, "self")
         # dp4xpp2 loses a rank: dp3xpp2 with replicas running 3, 3 and 2 micro-batches, a spare.
+        # Survivors keep their own state; one that the abort caught in the middle of its
+        # update of step 9 (a loaded machine; seen once in CI) takes it from a replica instead.
         rec = scenario(tmp, "dp4xpp2-uneven", ["--world", "8", "--pp", "2", "--micro-batches", "8"],
-                       "kill:rank=5:step=10", 6, "self")
+                       "kill:rank=5:step=10", 6, "self", may_also=("peer",))
         final = of(rec, "generation")[-1]["plan"]["replica_micro_batches"]
         if sorted(final) != [2, 3, 3]:
             fail(f"dp4xpp2-uneven: expected replicas of 3, 3 and 2 micro-batches, got {final}")
