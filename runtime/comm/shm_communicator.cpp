@@ -332,7 +332,6 @@ void shm_communicator::send_recv(const void* send_data, size_t send_bytes, int s
 namespace {
 
 using shm_detail::clock_type;
-using shm_detail::open_pidfd;
 using shm_detail::random_nonce;
 using shm_detail::segment_header;
 using shm_detail::segment_layout;
