@@ -80,11 +80,12 @@ def write(troupe, base, runs):
     w_tp, r_tp, dd_tp, ts_tp, tl_tp, ratios = [], [], [], [], [], []
     nbytes = 0
     for _ in range(runs):
-        # dd first, then troupe, each after a pause: a write right after another one pays for
-        # the host's write-back of the first, which otherwise decides the comparison.
-        time.sleep(2)
+        # dd first, then troupe, each on a file system with nothing left to flush (the last
+        # run's files removed, then sync and a pause): a flush also writes back whatever
+        # earlier writes and deletions left dirty, which otherwise decides the comparison.
+        settle(base)
         dd_tp.append(dd(base, 172 << 20))
-        time.sleep(2)
+        settle(base)
         _, e = run(troupe, base, model + ["--steps", "1", "--checkpoint-every", "0",
                                           "--set", "checkpoint_async=false"])
         c = of(e, "checkpoint")[-1]
@@ -115,6 +116,12 @@ def write(troupe, base, runs):
           (f"; torch.load {statistics.median(tl_tp) / gb:.2f} GB/s" if tl_tp else ""))
 
 
+def settle(base):
+    shutil.rmtree(base, ignore_errors=True)
+    os.sync()
+    time.sleep(2)
+
+
 def dd(base, nbytes):
     """Throughput of dd writing `nbytes` of zeros with fsync, in the run's directory."""
     os.makedirs(base, exist_ok=True)
@@ -130,7 +137,6 @@ def dd(base, nbytes):
 TORCH_SAVE = r"""
 import os, sys, time, torch
 
-from troupe_events import read_events
 d, n = sys.argv[1], int(sys.argv[2])
 t = {"state": torch.ones(n // 4)}
 p = os.path.join(d, "torch.pt")

@@ -99,6 +99,19 @@ void make_dirs_durable(const fs::path& dir) {
   fsync_dir(dir.parent_path());
 }
 
+void make_dirs(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail_errno(dir, "creating the directory", ec.value());
+}
+
+void start_write_back(int fd) noexcept { (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); }
+
+void sync_file_system(const fs::path& any_path, std::string_view what) {
+  unique_fd fd(::open(any_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0 || ::syncfs(fd.get()) != 0) fail_errno(any_path, what, errno);
+}
+
 fs::path temp_path_for(const fs::path& final_path) {
   static std::atomic<unsigned> counter{0};
   fs::path p = final_path;

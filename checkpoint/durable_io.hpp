@@ -51,6 +51,19 @@ void fsync_dir(const std::filesystem::path& dir);
 /// Creates `dir` and any missing parents, fsyncing each parent whose entries changed.
 void make_dirs_durable(const std::filesystem::path& dir);
 
+/// Creates `dir` and any missing parents without fsyncing them: for callers that make the
+/// whole file system durable afterwards with sync_file_system.
+void make_dirs(const std::filesystem::path& dir);
+
+/// Starts the write-back of `fd`'s dirty pages without waiting for it, so the disk works
+/// while the caller prepares the next file; durability still needs a later sync. Failures
+/// are ignored here: the later sync reports them.
+void start_write_back(int fd) noexcept;
+
+/// syncfs(2) of the file system holding `any_path`: every file's data and every directory
+/// entry on it durable in one call, instead of an fsync per file and per directory.
+void sync_file_system(const std::filesystem::path& any_path, std::string_view what);
+
 /// A temporary sibling of `final_path`, unique to this process and call, so concurrent
 /// writers (e.g. a zombie rank and its replacement) never write into each other's file.
 std::filesystem::path temp_path_for(const std::filesystem::path& final_path);

@@ -129,21 +129,18 @@ class fs_shard_writer final : public shard_writer {
           out.chunks.push_back(pack_keys[c]);
       }
       // One flush of the file system for every staged chunk, instead of one fsync each
-      // (a rank stages hundreds of small ones); only then are they named.
+      // (a rank stages hundreds of small ones); only then are they named. A second flush
+      // makes the new names (and any new folder) durable, instead of an fsync per folder.
       if (!staged.empty()) {
-        io::unique_fd root(
-            ::open(chunk_file::root(run_dir_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (root.get() < 0 || ::syncfs(root.get()) != 0)
-          io::fail_errno(chunk_file::root(run_dir_), "flushing the staged chunks", errno);
+        const fs::path root = chunk_file::root(run_dir_);
+        io::sync_file_system(root, "flushing the staged chunks");
+        for (const auto& [temp, path] : staged) {
+          if (::rename(temp.c_str(), path.c_str()) != 0)
+            io::fail_errno(path, "renaming the finished chunk into place", errno);
+        }
+        staged.clear();
+        io::sync_file_system(root, "flushing the chunks' names");
       }
-      std::set<fs::path> touched;
-      for (const auto& [temp, path] : staged) {
-        if (::rename(temp.c_str(), path.c_str()) != 0)
-          io::fail_errno(path, "renaming the finished chunk into place", errno);
-        touched.insert(path.parent_path());
-      }
-      staged.clear();
-      for (const fs::path& dir : touched) io::fsync_dir(dir);
     } catch (...) {
       for (const auto& [temp, path] : staged) ::unlink(temp.c_str());
       throw;
@@ -171,7 +168,7 @@ class fs_shard_writer final : public shard_writer {
     }
     const fs::path dir = path.parent_path();
     if (!known_dirs_.contains(dir)) {
-      io::make_dirs_durable(dir);
+      io::make_dirs(dir);  // durable with the write's final flush
       known_dirs_.insert(dir);
     }
     const fs::path temp = io::temp_path_for(path);
@@ -181,6 +178,7 @@ class fs_shard_writer final : public shard_writer {
     const std::vector<unsigned char> header = chunk_file::header_for(key, bytes);
     io::write_all(fd.get(), header.data(), header.size(), temp);
     io::write_all(fd.get(), data, bytes, temp);
+    io::start_write_back(fd.get());  // the disk works while the next chunk is hashed
     if (::close(fd.release()) != 0) io::fail_errno(temp, "close", errno);
     r.bytes_written += header.size() + bytes;
     ++r.chunks_written;

@@ -15,6 +15,7 @@
 #include "checkpoint/async_checkpointer.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/chunk_file.hpp"
+#include "checkpoint/durable_io.hpp"
 #include "checkpoint/manifest.hpp"
 #include "tests/checkpoint/test_support.hpp"
 
@@ -182,6 +183,47 @@ TEST(AsyncCheckpointer, ASnapshotIsTheStateAtItsStepWhileTrainingChangesIt) {
   EXPECT_TRUE(back.params == at_step) << "the snapshot holds the state of step 7";
   EXPECT_TRUE(back.exp_avg == m);
   EXPECT_EQ(back.adam_t, 7);
+}
+
+TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
+  testing::temp_dir dir;
+  // Boxes of several chunks each (chunk 4 KiB = 1024 floats), so many files and folders.
+  std::vector<float> params(1 << 15), m(1 << 15), v(1 << 15);
+  std::iota(params.begin(), params.end(), 1.0f);
+  std::iota(m.begin(), m.end(), -3.0f);
+  std::iota(v.begin(), v.end(), 7.0f);
+  state_map map;
+  for (auto& a : map.arrays) a = {{"w", {0, 0, 128, 256}, 0, 1, 0, true}};
+  const std::span<const float> bufs[] = {params, m, v};
+  snapshot snap;
+  capture(map, bufs, snap);
+  snap.step = 3;
+  const auto writer = make_fs_shard_writer(dir.str(), 4096);
+  const shard_report r = writer->write(snap);
+  std::set<fs::path> expected;
+  for (const saved_piece& p : r.pieces)
+    for (const chunk_key& k : p.chunks) expected.insert(chunk_file::path_of(dir.str(), k));
+  std::set<fs::path> found;
+  for (const auto& f : fs::recursive_directory_iterator(chunk_file::root(dir.str())))
+    if (f.is_regular_file()) found.insert(f.path());
+  EXPECT_EQ(found, expected) << "only the named chunks remain, no temporary file";
+  EXPECT_EQ(r.chunks_written, expected.size());
+  // The same content again costs no file at all.
+  const shard_report again = writer->write(snap);
+  EXPECT_EQ(again.bytes_written, 0u);
+  EXPECT_EQ(again.chunks_deduplicated, expected.size());
+}
+
+TEST(DurableIo, AFailedFileSystemFlushNamesThePath) {
+  testing::temp_dir dir;
+  const fs::path gone = dir.path() / "no-such-folder";
+  try {
+    io::sync_file_system(gone, "flushing the staged chunks");
+    FAIL() << "expected a checkpoint_error";
+  } catch (const checkpoint_error& e) {
+    EXPECT_NE(std::string(e.what()).find(gone.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("flushing the staged chunks"), std::string::npos);
+  }
 }
 
 TEST(AsyncCheckpointer, SkipPolicyNeverTouchesTheSnapshotBeingWritten) {
