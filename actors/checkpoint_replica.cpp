@@ -2,7 +2,11 @@
 
 #include "actors/checkpoint_replica.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <span>
 #include <sstream>
 
 #include "runtime/auth/credentials.hpp"
@@ -96,15 +100,59 @@ ckpt::chunk_observer checkpoint_replica::observer() {
 uint64_t checkpoint_replica::take_sent_bytes() { return sent_.exchange(0); }
 
 ckpt::memory_source checkpoint_replica::memory() {
-  std::vector<std::string> peers;
+  std::vector<std::string> others;  // the live ranks' servers but this process's own
   {
     std::lock_guard lock(mutex_);
-    peers = peers_;
+    for (const std::string& p : peers_)
+      if (p != server_->endpoint()) others.push_back(p);
   }
-  return [this, peers](const ckpt::chunk_key& key, std::vector<float>& out) {
-    if (!restore_client_)
-      restore_client_ = std::make_unique<ckpt::replica_client>(token_, timeout_);
-    for (const std::string& p : peers) {
+  if (!restore_client_) restore_client_ = std::make_unique<ckpt::replica_client>(token_, timeout_);
+  // The chunks of the window the restore announced last that this process's own server does
+  // not hold, fetched ahead with one request per live peer; the own server's are copied
+  // straight into the restore's buffer when fetched (no round trip, no second copy).
+  struct window {
+    std::map<ckpt::chunk_key, std::vector<float>> ready;
+    bool announced = false;
+  };
+  auto held = std::make_shared<window>();
+  ckpt::memory_source source;
+  source.prefetch = [this, others, held](std::span<const ckpt::chunk_key> keys) {
+    held->ready.clear();  // what the last window did not use is not wanted any more
+    held->announced = true;
+    std::vector<ckpt::chunk_key> missing;  // this process's server copies at fetch time
+    for (const ckpt::chunk_key& k : keys)
+      if (!server_->holds(k)) missing.push_back(k);
+    for (const std::string& p : others) {
+      std::vector<ckpt::chunk_key> still;
+      for (size_t at = 0; at < missing.size(); at += ckpt::max_batch_keys) {
+        const auto batch =
+            std::span(missing).subspan(at, std::min(ckpt::max_batch_keys, missing.size() - at));
+        auto got = restore_client_->get_many(p, batch);
+        if (!got) {  // refused or silent: not asked again in this window
+          still.insert(still.end(), missing.begin() + static_cast<std::ptrdiff_t>(at),
+                       missing.end());
+          break;
+        }
+        for (size_t i = 0; i < batch.size(); ++i) {
+          if (!(*got)[i].empty())
+            held->ready.emplace(batch[i], std::move((*got)[i]));
+          else
+            still.push_back(batch[i]);
+        }
+      }
+      missing = std::move(still);
+      if (missing.empty()) break;
+    }
+  };
+  source.fetch = [this, others, held](const ckpt::chunk_key& key, std::vector<float>& out) {
+    if (const auto it = held->ready.find(key); it != held->ready.end()) {
+      out = std::move(it->second);
+      held->ready.erase(it);
+      return true;
+    }
+    if (server_->copy_out(key, out)) return true;
+    if (held->announced) return false;  // asked the peers for it with its window already
+    for (const std::string& p : others) {
       const auto bytes = restore_client_->get(p, key);
       if (!bytes || bytes->size() % sizeof(float) != 0) continue;
       out.resize(bytes->size() / sizeof(float));
@@ -113,6 +161,7 @@ ckpt::memory_source checkpoint_replica::memory() {
     }
     return false;
   };
+  return source;
 }
 
 }  // namespace troupe::actors

@@ -36,7 +36,8 @@ class checkpoint_replica {
   /// Bytes sent since the last call.
   uint64_t take_sent_bytes();
 
-  /// Looks a chunk up in the memory of the live ranks of the current generation.
+  /// Looks chunks up in the memory of the live ranks of the current generation: this
+  /// process's own server without a round trip, each peer with one request per window.
   ckpt::memory_source memory();
 
  private:

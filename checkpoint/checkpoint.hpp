@@ -180,10 +180,16 @@ struct restore_stats {
   uint64_t bytes_from_memory = 0;  ///< the part a memory_source supplied
 };
 
-/// Where a restore looks for a chunk before the disk (a peer's memory): fills `out` with the
-/// chunk's floats and returns true, or returns false. What it returns is verified against the
-/// key and the expected size like a chunk read from disk; a bad answer falls back to the disk.
-using memory_source = std::function<bool(const chunk_key& key, std::vector<float>& out)>;
+/// Where a restore looks for chunks before the disk (a peer's memory). `fetch` fills `out`
+/// with one chunk's floats and returns true, or returns false. `prefetch`, when set, is told
+/// ahead of the fetches which chunks come next (in the order they will be fetched, a bounded
+/// window at a time), so a source can ask for all of them in one round trip. What `fetch`
+/// returns is verified against the key and the expected size like a chunk read from disk; a
+/// bad answer falls back to the disk.
+struct memory_source {
+  std::function<void(std::span<const chunk_key> keys)> prefetch;
+  std::function<bool(const chunk_key& key, std::vector<float>& out)> fetch;
+};
 
 /// Fills `buffers` (array_names order) at every piece of `map` from the format 2 checkpoint
 /// `m`, reading and verifying only the chunks that overlap those pieces: any layout restores

@@ -4,6 +4,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -53,6 +54,7 @@ struct replica_server::impl {
   zmq::socket_t stop_push{context, zmq::socket_type::pair};
   replica_token token;
   size_t max_chunk_bytes;
+  mutable std::mutex mutex;  // the chunks and their index: the server thread and copy_out
   std::map<chunk_key, std::vector<unsigned char>> chunks;
   // per source: the steps held (newest two) and the keys each step uses
   std::map<uint32_t, std::map<int64_t, std::set<chunk_key>>> by_source;
@@ -62,8 +64,9 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
     : impl_(std::make_unique<impl>()) {
   impl_->token = token;
   impl_->max_chunk_bytes = max_chunk_bytes;
-  // Nothing larger than a chunk plus its frames' headers is even received.
-  impl_->socket.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(max_chunk_bytes + 64));
+  // Nothing larger than a chunk (or a batch of keys) plus its frames' headers is received.
+  impl_->socket.set(zmq::sockopt::maxmsgsize,
+                    static_cast<int64_t>(std::max(max_chunk_bytes, 16 * max_batch_keys) + 64));
   impl_->socket.set(zmq::sockopt::linger, 0);
   try {
     impl_->socket.bind("tcp://" + host + ":0");
@@ -105,6 +108,7 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
         continue;
       }
       const char op = *static_cast<const char*>(frames[3].data());
+      std::lock_guard held_lock(s.mutex);
       if (op == 'P' && frames.size() == 7 && frames[4].size() == 12 && frames[5].size() == 16 &&
           frames[6].size() <= s.max_chunk_bytes && frames[6].size() % sizeof(float) == 0) {
         const auto* meta = static_cast<const unsigned char*>(frames[4].data());
@@ -147,11 +151,38 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
         b.emplace_back("ok", 2);
         b.emplace_back(c->second.data(), c->second.size());
         reply(std::move(b));
+      } else if (op == 'M' && frames.size() == 5 && frames[4].size() % 16 == 0 &&
+                 frames[4].size() >= 16 && frames[4].size() <= 16 * max_batch_keys) {
+        const auto* keys = static_cast<const unsigned char*>(frames[4].data());
+        std::vector<zmq::message_t> b;
+        b.emplace_back("ok", 2);
+        for (size_t at = 0; at < frames[4].size(); at += 16) {
+          const auto c = s.chunks.find(key_from(keys + at));
+          if (c == s.chunks.end())
+            b.emplace_back();
+          else
+            b.emplace_back(c->second.data(), c->second.size());
+        }
+        reply(std::move(b));
       } else {
         no();
       }
     }
   });
+}
+
+bool replica_server::holds(const chunk_key& key) const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->chunks.contains(key);
+}
+
+bool replica_server::copy_out(const chunk_key& key, std::vector<float>& out) const {
+  std::lock_guard lock(impl_->mutex);
+  const auto c = impl_->chunks.find(key);
+  if (c == impl_->chunks.end() || c->second.size() % sizeof(float) != 0) return false;
+  out.resize(c->second.size() / sizeof(float));
+  std::memcpy(out.data(), c->second.data(), c->second.size());
+  return true;
 }
 
 replica_server::~replica_server() {
@@ -239,6 +270,28 @@ std::optional<std::vector<unsigned char>> replica_client::get(const std::string&
   if (!reply || reply->size() != 2 || (*reply)[0].to_string() != "ok") return std::nullopt;
   const auto* data = static_cast<const unsigned char*>((*reply)[1].data());
   return std::vector<unsigned char>(data, data + (*reply)[1].size());
+}
+
+std::optional<std::vector<std::vector<float>>> replica_client::get_many(
+    const std::string& endpoint, std::span<const chunk_key> keys) {
+  if (keys.empty() || keys.size() > max_batch_keys) return std::nullopt;
+  std::vector<unsigned char> named(keys.size() * 16);
+  for (size_t i = 0; i < keys.size(); ++i) key_bytes(keys[i], named.data() + 16 * i);
+  std::vector<zmq::message_t> request;
+  request.emplace_back(impl_->token.data(), impl_->token.size());
+  request.emplace_back("M", 1);
+  request.emplace_back(named.data(), named.size());
+  const auto reply = impl_->ask(endpoint, std::move(request));
+  if (!reply || reply->size() != keys.size() + 1 || (*reply)[0].to_string() != "ok")
+    return std::nullopt;
+  std::vector<std::vector<float>> out(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const zmq::message_t& m = (*reply)[i + 1];
+    if (m.size() % sizeof(float) != 0) continue;  // not a chunk: treated as not held
+    out[i].resize(m.size() / sizeof(float));
+    std::memcpy(out[i].data(), m.data(), m.size());
+  }
+  return out;
 }
 
 }  // namespace troupe::ckpt

@@ -7,6 +7,7 @@
 // Wire (multipart, request/reply): [token 16][op 1][...]
 //   'P' put:  [source u32 LE, step i64 LE][key 16][float bytes]  -> ["ok"] | ["no"]
 //   'G' get:  [key 16]                                          -> ["ok"][bytes] | ["no"]
+//   'M' many: [key 16 x n], 1 <= n <= max_batch_keys  -> ["ok"][bytes or empty] x n
 // A request with the wrong token, the wrong shape or more than max_chunk_bytes is answered
 // "no" and changes nothing; one source's chunks older than its two newest steps are dropped.
 
@@ -29,6 +30,9 @@ namespace troupe::ckpt {
 /// A shared secret of the job: requests without it are refused.
 using replica_token = std::array<unsigned char, 16>;
 
+/// The most keys one 'M' request may name.
+inline constexpr size_t max_batch_keys = 1024;
+
 class replica_server {
  public:
   /// Listens on tcp://`host`:(a free port). Throws std::runtime_error when it cannot bind.
@@ -41,6 +45,11 @@ class replica_server {
   [[nodiscard]] const std::string& endpoint() const { return endpoint_; }
   /// Bytes of chunks held now.
   [[nodiscard]] size_t bytes_held() const { return held_.load(); }
+  /// Copies the held chunk `key` into `out` (floats) without a round trip, for a restore in
+  /// the server's own process; false when it is not held.
+  bool copy_out(const chunk_key& key, std::vector<float>& out) const;
+  /// Whether the chunk `key` is held now.
+  [[nodiscard]] bool holds(const chunk_key& key) const;
 
  private:
   struct impl;
@@ -65,6 +74,11 @@ class replica_client {
   /// The chunk `key` from `endpoint`, nullopt when it does not hold it or does not answer.
   /// The bytes are not verified here: the caller checks them against `key`.
   std::optional<std::vector<unsigned char>> get(const std::string& endpoint, const chunk_key& key);
+  /// Many chunks in one round trip (at most max_batch_keys): the i-th result is keys[i]'s
+  /// floats, or empty when `endpoint` does not hold it; nullopt when it refuses or does not
+  /// answer. Not verified here either.
+  std::optional<std::vector<std::vector<float>>> get_many(const std::string& endpoint,
+                                                          std::span<const chunk_key> keys);
 
  private:
   struct impl;

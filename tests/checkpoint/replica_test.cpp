@@ -58,6 +58,58 @@ TEST(ReplicaStore, HoldsWhatTheJobPutsAndRefusesStrangers) {
   EXPECT_EQ(client.get(server.endpoint(), key_for(a)), a) << "still serving";
 }
 
+TEST(ReplicaStore, ManyChunksInOneRequestAndTheServersOwnProcessReadsWithoutOne) {
+  const replica_token token = random_replica_token();
+  replica_server server("127.0.0.1", token, 1024);
+  replica_client client(token, 2s);
+  const auto a = bytes_of({1, 2, 3});
+  const auto b = bytes_of({4, 5});
+  ASSERT_TRUE(client.put(server.endpoint(), 0, 5, key_for(a), a));
+  ASSERT_TRUE(client.put(server.endpoint(), 0, 5, key_for(b), b));
+  const auto missing = bytes_of({9});
+  const std::vector<chunk_key> keys = {key_for(b), key_for(missing), key_for(a)};
+  const auto got = client.get_many(server.endpoint(), keys);
+  ASSERT_TRUE(got);
+  ASSERT_EQ(got->size(), 3u);
+  EXPECT_EQ((*got)[0], (std::vector<float>{4, 5}));
+  EXPECT_TRUE((*got)[1].empty()) << "not held";
+  EXPECT_EQ((*got)[2], (std::vector<float>{1, 2, 3}));
+  // A full batch passes the server's size limit even when chunks are small.
+  const std::vector<chunk_key> full(max_batch_keys, key_for(a));
+  const auto all = client.get_many(server.endpoint(), full);
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all->back(), (std::vector<float>{1, 2, 3}));
+  // Too many keys, none, or the wrong token: refused, and the server goes on serving.
+  const std::vector<chunk_key> too_many(max_batch_keys + 1, key_for(a));
+  EXPECT_FALSE(client.get_many(server.endpoint(), too_many));
+  EXPECT_FALSE(client.get_many(server.endpoint(), {}));
+  replica_token other = token;
+  other[3] ^= 1;
+  replica_client stranger(other, 2s);
+  EXPECT_FALSE(stranger.get_many(server.endpoint(), keys));
+  zmq::context_t ctx;
+  zmq::socket_t raw(ctx, zmq::socket_type::req);
+  raw.set(zmq::sockopt::linger, 0);
+  raw.set(zmq::sockopt::rcvtimeo, 2000);
+  raw.connect(server.endpoint());
+  std::vector<zmq::message_t> odd;  // keys that are not a whole number of 16 bytes
+  odd.emplace_back(token.data(), token.size());
+  odd.emplace_back("M", 1);
+  odd.emplace_back(std::string(17, 'k'));
+  ASSERT_TRUE(zmq::send_multipart(raw, odd));
+  std::vector<zmq::message_t> reply;
+  ASSERT_TRUE(zmq::recv_multipart(raw, std::back_inserter(reply)));
+  ASSERT_EQ(reply.size(), 1u);
+  EXPECT_EQ(reply[0].to_string(), "no");
+
+  std::vector<float> out;
+  EXPECT_TRUE(server.holds(key_for(a)));
+  EXPECT_TRUE(server.copy_out(key_for(a), out));
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 3}));
+  EXPECT_FALSE(server.holds(key_for(missing)));
+  EXPECT_FALSE(server.copy_out(key_for(missing), out));
+}
+
 TEST(ReplicaStore, KeepsEachSourcesTwoNewestSteps) {
   const replica_token token = random_replica_token();
   replica_server server("127.0.0.1", token, 1024);

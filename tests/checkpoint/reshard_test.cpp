@@ -9,9 +9,13 @@
 #include <barrier>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <span>
 #include <thread>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/chunk_file.hpp"
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "strategies/engine.hpp"
@@ -260,6 +264,55 @@ TEST(Reshard, ARankOfAShardedLayoutReadsOnlyTheChunksItNeeds) {
       EXPECT_LT(sum, total * 13 / 10) << "the stages together read about it once";
     }
   }
+}
+
+// With --replicate-checkpoints a restore asks a memory source first. It announces the chunks
+// ahead, in the order it fetches them, each once; every chunk is read once however many
+// row-runs use it (buffers are recycled after a chunk's last use); and a damaged answer from
+// memory is caught by its hash and read from the disk instead.
+TEST(Reshard, AMemorySourceLearnsEachChunkOnceAheadAndABadAnswerFallsBackToTheDisk) {
+  set_blas_threads(1);
+  ckpt::testing::temp_dir dir;
+  ckpt::manifest m;
+  const testing::full_model_state saved = train_and_save({"dp1", 1, 1, 1, 0}, dir.str(), 1, m);
+  const layout_case target{"tp2xpp2", 1, 2, 2, 0};
+  const train_config cfg = config_for(target);
+  testing::full_model_state got;
+  std::mutex mu;
+  on_every_rank(target, 2, [&](strategies::training_engine& engine, int rank) {
+    std::vector<ckpt::chunk_key> announced, fetched;
+    std::optional<ckpt::chunk_key> damaged;
+    size_t damaged_bytes = 0;
+    ckpt::memory_source memory;
+    memory.prefetch = [&](std::span<const ckpt::chunk_key> keys) {
+      announced.insert(announced.end(), keys.begin(), keys.end());
+    };
+    memory.fetch = [&](const ckpt::chunk_key& key, std::vector<float>& out) {
+      fetched.push_back(key);
+      out = ckpt::chunk_file::read_range(dir.str(), key, 1, m.chunk_floats, "test");
+      if (!damaged && out.size() > 1) {  // the first chunk answered is damaged on the way
+        damaged = key;
+        damaged_bytes = out.size() * sizeof(float);
+        out[0] += 1.0f;
+      }
+      return true;
+    };
+    auto state = engine.state();
+    const ckpt::restore_stats stats =
+        ckpt::restore_into(dir.str(), m, engine.state_map(), state.buffers, memory);
+    *state.adam_t = m.adam_t;
+    testing::place_rank_state(engine, cfg.model, got, mu);
+    std::lock_guard lock(mu);
+    EXPECT_EQ(announced, fetched) << "rank " << rank << ": announced ahead, in fetch order";
+    EXPECT_EQ(std::set<ckpt::chunk_key>(fetched.begin(), fetched.end()).size(), fetched.size())
+        << "rank " << rank << ": each chunk fetched once";
+    EXPECT_EQ(stats.chunks_read, fetched.size()) << "rank " << rank;
+    ASSERT_TRUE(damaged);
+    EXPECT_EQ(stats.bytes_from_memory + damaged_bytes, stats.bytes_read) << "rank " << rank;
+  });
+  EXPECT_TRUE(got.params == saved.params);
+  EXPECT_TRUE(got.exp_avg == saved.exp_avg);
+  EXPECT_TRUE(got.exp_avg_sq == saved.exp_avg_sq);
 }
 
 }  // namespace
