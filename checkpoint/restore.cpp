@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
-#include <set>
 #include <span>
 
 #include "checkpoint/checkpoint.hpp"
