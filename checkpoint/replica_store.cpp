@@ -54,16 +54,19 @@ struct replica_server::impl {
   zmq::socket_t stop_push{context, zmq::socket_type::pair};
   replica_token token;
   size_t max_chunk_bytes;
+  size_t max_reply_bytes;    // of one 'M' answer: a peer cannot make the server copy more
   mutable std::mutex mutex;  // the chunks and their index: the server thread and copy_out
   std::map<chunk_key, std::vector<unsigned char>> chunks;
   // per source: the steps held (newest two) and the keys each step uses
   std::map<uint32_t, std::map<int64_t, std::set<chunk_key>>> by_source;
 };
 
-replica_server::replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes)
+replica_server::replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes,
+                               size_t max_reply_bytes)
     : impl_(std::make_unique<impl>()) {
   impl_->token = token;
   impl_->max_chunk_bytes = max_chunk_bytes;
+  impl_->max_reply_bytes = max_reply_bytes;
   // Nothing larger than a chunk (or a batch of keys) plus its frames' headers is received.
   impl_->socket.set(zmq::sockopt::maxmsgsize,
                     static_cast<int64_t>(std::max(max_chunk_bytes, 16 * max_batch_keys) + 64));
@@ -156,12 +159,15 @@ replica_server::replica_server(const std::string& host, replica_token token, siz
         const auto* keys = static_cast<const unsigned char*>(frames[4].data());
         std::vector<zmq::message_t> b;
         b.emplace_back("ok", 2);
+        size_t answered = 0;
         for (size_t at = 0; at < frames[4].size(); at += 16) {
           const auto c = s.chunks.find(key_from(keys + at));
-          if (c == s.chunks.end())
+          if (c == s.chunks.end() || answered + c->second.size() > s.max_reply_bytes) {
             b.emplace_back();
-          else
+          } else {
             b.emplace_back(c->second.data(), c->second.size());
+            answered += c->second.size();
+          }
         }
         reply(std::move(b));
       } else {

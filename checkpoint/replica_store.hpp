@@ -8,6 +8,7 @@
 //   'P' put:  [source u32 LE, step i64 LE][key 16][float bytes]  -> ["ok"] | ["no"]
 //   'G' get:  [key 16]                                          -> ["ok"][bytes] | ["no"]
 //   'M' many: [key 16 x n], 1 <= n <= max_batch_keys  -> ["ok"][bytes or empty] x n
+//            (chunks past max_reply_bytes in all are answered empty, as if not held)
 // A request with the wrong token, the wrong shape or more than max_chunk_bytes is answered
 // "no" and changes nothing; one source's chunks older than its two newest steps are dropped.
 
@@ -36,7 +37,9 @@ inline constexpr size_t max_batch_keys = 1024;
 class replica_server {
  public:
   /// Listens on tcp://`host`:(a free port). Throws std::runtime_error when it cannot bind.
-  replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes);
+  /// One 'M' answer carries at most `max_reply_bytes` of chunks.
+  replica_server(const std::string& host, replica_token token, size_t max_chunk_bytes,
+                 size_t max_reply_bytes = size_t{64} << 20);
   ~replica_server();
   replica_server(const replica_server&) = delete;
   replica_server& operator=(const replica_server&) = delete;

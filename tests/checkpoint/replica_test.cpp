@@ -110,6 +110,20 @@ TEST(ReplicaStore, ManyChunksInOneRequestAndTheServersOwnProcessReadsWithoutOne)
   EXPECT_FALSE(server.copy_out(key_for(missing), out));
 }
 
+TEST(ReplicaStore, OneAnswerCarriesNoMoreThanItsBound) {
+  const replica_token token = random_replica_token();
+  const auto a = bytes_of({1, 2, 3, 4});  // 16 bytes
+  replica_server server("127.0.0.1", token, 1024, /*max_reply_bytes=*/40);
+  replica_client client(token, 2s);
+  ASSERT_TRUE(client.put(server.endpoint(), 0, 5, key_for(a), a));
+  const std::vector<chunk_key> keys(3, key_for(a));
+  const auto got = client.get_many(server.endpoint(), keys);
+  ASSERT_TRUE(got);
+  EXPECT_EQ((*got)[0].size(), 4u);
+  EXPECT_EQ((*got)[1].size(), 4u);
+  EXPECT_TRUE((*got)[2].empty()) << "past 40 bytes: answered as not held";
+}
+
 TEST(ReplicaStore, KeepsEachSourcesTwoNewestSteps) {
   const replica_token token = random_replica_token();
   replica_server server("127.0.0.1", token, 1024);
