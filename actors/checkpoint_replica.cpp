@@ -110,15 +110,11 @@ ckpt::memory_source checkpoint_replica::memory() {
   // The chunks of the window the restore announced last that this process's own server does
   // not hold, fetched ahead with one request per live peer; the own server's are copied
   // straight into the restore's buffer when fetched (no round trip, no second copy).
-  struct window {
-    std::map<ckpt::chunk_key, std::vector<float>> ready;
-    bool announced = false;
-  };
-  auto held = std::make_shared<window>();
+  // restore_into announces every chunk with its window before it fetches it.
+  auto ready = std::make_shared<std::map<ckpt::chunk_key, std::vector<float>>>();
   ckpt::memory_source source;
-  source.prefetch = [this, others, held](std::span<const ckpt::chunk_key> keys) {
-    held->ready.clear();  // what the last window did not use is not wanted any more
-    held->announced = true;
+  source.prefetch = [this, others, ready](std::span<const ckpt::chunk_key> keys) {
+    ready->clear();  // what the last window did not use is not wanted any more
     std::vector<ckpt::chunk_key> missing;  // this process's server copies at fetch time
     for (const ckpt::chunk_key& k : keys)
       if (!server_->holds(k)) missing.push_back(k);
@@ -135,7 +131,7 @@ ckpt::memory_source checkpoint_replica::memory() {
         }
         for (size_t i = 0; i < batch.size(); ++i) {
           if (!(*got)[i].empty())
-            held->ready.emplace(batch[i], std::move((*got)[i]));
+            ready->emplace(batch[i], std::move((*got)[i]));
           else
             still.push_back(batch[i]);
         }
@@ -144,22 +140,14 @@ ckpt::memory_source checkpoint_replica::memory() {
       if (missing.empty()) break;
     }
   };
-  source.fetch = [this, others, held](const ckpt::chunk_key& key, std::vector<float>& out) {
-    if (const auto it = held->ready.find(key); it != held->ready.end()) {
+  source.fetch = [this, ready](const ckpt::chunk_key& key, std::vector<float>& out) {
+    if (const auto it = ready->find(key); it != ready->end()) {
       out = std::move(it->second);
-      held->ready.erase(it);
+      ready->erase(it);
       return true;
     }
-    if (server_->copy_out(key, out)) return true;
-    if (held->announced) return false;  // asked the peers for it with its window already
-    for (const std::string& p : others) {
-      const auto bytes = restore_client_->get(p, key);
-      if (!bytes || bytes->size() % sizeof(float) != 0) continue;
-      out.resize(bytes->size() / sizeof(float));
-      std::memcpy(out.data(), bytes->data(), bytes->size());
-      return true;
-    }
-    return false;
+    // Not fetched with its window: this process's own server, or the disk.
+    return server_->copy_out(key, out);
   };
   return source;
 }
