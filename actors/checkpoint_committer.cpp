@@ -21,6 +21,7 @@ checkpoint_committer::~checkpoint_committer() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    lane_.lift();  // the final commit is waited for
   }
   wake_.notify_all();
   thread_.join();
@@ -29,6 +30,7 @@ checkpoint_committer::~checkpoint_committer() {
 void checkpoint_committer::commit(ckpt::manifest m) {
   {
     std::lock_guard lock(mutex_);
+    if (working_ || !queue_.empty()) lane_.lift();  // behind: catch up
     queue_.emplace_back(std::move(m));
   }
   wake_.notify_all();
@@ -37,6 +39,7 @@ void checkpoint_committer::commit(ckpt::manifest m) {
 void checkpoint_committer::collect_garbage(uint64_t ticket) {
   {
     std::lock_guard lock(mutex_);
+    if (working_ || !queue_.empty()) lane_.lift();
     queue_.emplace_back(gc_job{ticket});
   }
   wake_.notify_all();
@@ -44,19 +47,26 @@ void checkpoint_committer::collect_garbage(uint64_t ticket) {
 
 void checkpoint_committer::run() {
   pthread_setname_np(pthread_self(), "troupe-ckpt-c");  // names it in top -H and perf
-  // Like the ranks' writers, this thread yields to training (nice is per thread on Linux).
+  // Like the ranks' writers, this thread runs on cores that training leaves idle (see
+  // runtime/sys/idle_priority.hpp), at nice 10 while it is lifted because work piles up.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  lane_.join();
   for (;;) {
     std::unique_lock lock(mutex_);
+    working_ = false;
     wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (queue_.empty()) return;
     job next = std::move(queue_.front());
     queue_.pop_front();
+    working_ = true;
+    if (stopping_) lane_.lift();  // the job's end is waiting for these
     lock.unlock();
+    lane_.job_started();
     if (auto* m = std::get_if<ckpt::manifest>(&next))
       do_commit(*m);
     else
       do_collect(std::get<gc_job>(next));
+    lane_.job_finished();
   }
 }
 
@@ -82,12 +92,18 @@ void checkpoint_committer::do_collect(const gc_job& g) {
     const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
     if (!lock || requests_.load() != g.ticket) return;
     const auto started = std::chrono::steady_clock::now();
+    // Keep as many collected files as the newest checkpoint has chunks: what the next one
+    // writes when all of its state has changed. The disk then holds what it held at the
+    // peak of a write, steadily.
+    gc_memory_.recycle_up_to =
+        gc_memory_.references.empty() ? 0 : gc_memory_.references.rbegin()->second.size();
     const ckpt::gc_result gc =
         ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10), gc_memory_);
     if (gc.removed_steps.empty() && gc.chunks_removed == 0) return;
     event = {{"event", "checkpoint_gc"},
              {"removed_steps", gc.removed_steps},
              {"chunks_removed", gc.chunks_removed},
+             {"chunks_recycled", gc.chunks_recycled},
              {"chunks_kept", gc.chunks_kept},
              {"bytes_freed", gc.bytes_freed},
              {"seconds",

@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "checkpoint/checkpoint.hpp"
+#include "runtime/sys/idle_priority.hpp"
 
 namespace troupe::actors {
 
@@ -60,6 +61,9 @@ class checkpoint_committer {
   std::condition_variable wake_;
   std::deque<job> queue_;
   bool stopping_ = false;
+  bool working_ = false;  // a job is being done
+  // Jobs run on cores that training leaves idle, for at most half a second each.
+  sys::idle_lane lane_{std::chrono::milliseconds(500)};
   std::thread thread_;
 };
 

@@ -3,7 +3,8 @@
 
   stall     the default job (world 2) with a checkpoint every 10 steps, asynchronous and
             synchronous, against the same job without checkpoints: median stall per
-            checkpoint as a share of the median step, and the total wall-time overhead
+            checkpoint as a share of the median step, the total wall-time overhead, and
+            the overhead within each run (steps after a checkpoint against its clean ones)
   write     a large model's checkpoint written synchronously (one rank) against `dd` with
             fsync of the same bytes to the same disk, and torch.save + fsync of the same
             bytes; restore (--resume) against torch.load
@@ -50,9 +51,25 @@ def train_seconds(evs):
     return (steps[-1]["unix_ms"] - steps[0]["unix_ms"]) / 1000.0
 
 
-def stall(troupe, base, runs):
-    common = ["--world", "2", "--steps", "100", "--eval-every", "0"]
+def by_position(evs, steps, every=10):
+    """Each step's time after a checkpoint by its distance from it (step % every), as a
+    share of the run's own clean steps (positions 6-9, which no checkpoint work reaches):
+    within one run, so the machine's drift between runs cancels. Returns (per position,
+    the overhead over a whole period of `every` steps)."""
+    per = {k: [] for k in range(every)}
+    for s in of(evs, "step"):
+        if 2 * every < s["step"] <= steps - every:  # past the start-up, before the final save
+            per[s["step"] % every].append(s["step_s"])
+    med = {k: statistics.median(v) for k, v in per.items()}
+    clean = statistics.median([med[k] for k in (6, 7, 8, 9)])
+    extra = {k: med[k] / clean - 1 for k in range(every)}
+    return extra, sum(extra.values()) / every
+
+
+def stall(troupe, base, runs, steps=200):
+    common = ["--world", "2", "--steps", str(steps), "--eval-every", "0"]
     plain, asyn, syn, stalls_a, stalls_s, steps_s = [], [], [], [], [], []
+    positions, in_run, paired = {k: [] for k in range(10)}, [], []
     for _ in range(runs):
         # Every configuration writes the final checkpoint; only the in-run ones differ.
         _, e = run(troupe, base, common + ["--checkpoint-every", "0"])
@@ -60,10 +77,15 @@ def stall(troupe, base, runs):
         steps_s += [s["step_s"] for s in of(e, "step")]
         _, e = run(troupe, base, common + ["--checkpoint-every", "10"])
         asyn.append(train_seconds(e))
-        stalls_a += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < 100]
+        paired.append(asyn[-1] / plain[-1] - 1)
+        stalls_a += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < steps]
+        extra, overhead = by_position(e, steps)
+        for k, v in extra.items():
+            positions[k].append(v)
+        in_run.append(overhead)
         _, e = run(troupe, base, common + ["--checkpoint-every", "10", "--set", "checkpoint_async=false"])
         syn.append(train_seconds(e))
-        stalls_s += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < 100]
+        stalls_s += [c["stall_s"] for c in of(e, "checkpoint") if c["step"] < steps]
     step = statistics.median(steps_s)
     print(f"stall: median step {step * 1e3:.2f} ms; async stall {statistics.median(stalls_a) * 1e3:.2f} ms "
           f"({statistics.median(stalls_a) / step:.1%} of a step), sync stall "
@@ -71,8 +93,13 @@ def stall(troupe, base, runs):
     print("train seconds per run: none", [round(x, 3) for x in plain], "async", [round(x, 3) for x in asyn],
           "sync", [round(x, 3) for x in syn])
     p, a, s = statistics.median(plain), statistics.median(asyn), statistics.median(syn)
-    print(f"overhead (checkpoint every 10 steps, 100 steps): async {a / p - 1:+.1%}, sync {s / p - 1:+.1%} "
+    print(f"overhead (checkpoint every 10 steps, {steps} steps): async {a / p - 1:+.1%} "
+          f"(paired per run: median {statistics.median(paired):+.1%}), sync {s / p - 1:+.1%} "
           f"(train seconds, medians: none {p:.2f}, async {a:.2f}, sync {s:.2f})")
+    print("async, each step's extra time by its distance from the checkpoint (median of runs): " +
+          " ".join(f"{k}: {statistics.median(v):+.1%}" for k, v in positions.items()))
+    print(f"async overhead within each run (against its clean steps): median "
+          f"{statistics.median(in_run):+.2%}, runs {[f'{x:+.2%}' for x in in_run]}")
 
 
 def write(troupe, base, runs):

@@ -32,6 +32,7 @@ async_checkpointer::~async_checkpointer() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    if (pending_) lane_.lift();
   }
   changed_.notify_all();
   thread_.join();
@@ -45,6 +46,7 @@ snapshot_outcome async_checkpointer::take(const state_map& map,
   std::unique_lock lock(mutex_);
   if (pending_) {
     if (policy_ == overlap_policy::skip) return out;
+    lane_.lift();
     changed_.wait(lock, [&] { return !pending_; });
     out.waited_s = seconds_since(started);
   }
@@ -77,6 +79,7 @@ void async_checkpointer::prepare(const state_map& map,
 
 void async_checkpointer::wait_idle() {
   std::unique_lock lock(mutex_);
+  if (pending_) lane_.lift();
   changed_.wait(lock, [&] { return !pending_; });
 }
 
@@ -92,9 +95,10 @@ size_t async_checkpointer::buffer_bytes() const {
 
 void async_checkpointer::run() {
   pthread_setname_np(pthread_self(), "troupe-ckpt-w");  // names it in top -H and perf
-  // The write yields to training: a lower priority for this thread alone (Linux nice is per
-  // thread), so hashing and copying use cores the ranks leave idle.
+  // The write yields to training: it runs on cores the ranks leave idle (see
+  // runtime/sys/idle_priority.hpp), and at nice 10 while a waiter has lifted it.
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  lane_.join();
   for (;;) {
     std::unique_lock lock(mutex_);
     changed_.wait(lock, [&] { return pending_ || stopping_; });
@@ -104,6 +108,7 @@ void async_checkpointer::run() {
     outcome.stall_s = queued_stall_s_;
     outcome.buffer_bytes = buffer_.data.capacity() * sizeof(float);
     lock.unlock();
+    lane_.job_started();
     try {
       outcome.report = writer_->write(buffer_);
     } catch (const std::exception& e) {
@@ -111,6 +116,7 @@ void async_checkpointer::run() {
     }
     // Tell the owner before releasing the buffer, so reports arrive in snapshot order.
     if (done_) done_(std::move(outcome));
+    lane_.job_finished();
     lock.lock();
     pending_ = false;
     lock.unlock();

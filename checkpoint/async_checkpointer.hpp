@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "checkpoint/shard_writer.hpp"
+#include "runtime/sys/idle_priority.hpp"
 
 namespace troupe::ckpt {
 
@@ -82,6 +83,8 @@ class async_checkpointer {
   double queued_stall_s_ = 0;
   bool pending_ = false;  // buffer_ holds a snapshot not yet written
   bool stopping_ = false;
+  // Writes run on cores that training leaves idle, for at most half a second each.
+  sys::idle_lane lane_{std::chrono::milliseconds(500)};
   std::thread thread_;
 };
 

@@ -237,8 +237,9 @@ struct retention_policy {
 struct gc_result {
   std::vector<int64_t> removed_steps;
   size_t chunks_kept = 0;
-  size_t chunks_removed = 0;
-  uint64_t bytes_freed = 0;
+  size_t chunks_removed = 0;   // from the store: deleted, or moved to the recycled files
+  size_t chunks_recycled = 0;  // of those, kept as files for the next writes to overwrite
+  uint64_t bytes_freed = 0;    // deleted: removed chunks not recycled, and recycled files
   size_t temp_files_removed = 0;
 };
 
@@ -261,6 +262,11 @@ struct gc_memory {
   std::map<int64_t, std::vector<chunk_key>> references;
   size_t collections = 0;
   size_t sweep_every = 16;
+  /// How many collected chunk files to keep for writers to overwrite (chunk_file::
+  /// recycled_root); the rest are deleted. 0 deletes every one, recycled files included.
+  /// A writer that overwrites a file allocates no pages or blocks and the collection frees
+  /// none, which is most of what a checkpoint of state that changes every step costs.
+  size_t recycle_up_to = 0;
   /// Records the chunks `m` references, as committed.
   void remember(const manifest& m);
 };

@@ -64,6 +64,10 @@ namespace chunk_file {
 
 fs::path root(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints" / "chunks"; }
 
+fs::path recycled_root(const std::string& run_dir) {
+  return fs::path(run_dir) / "checkpoints" / "recycled-chunks";
+}
+
 fs::path path_of(const std::string& run_dir, const chunk_key& key) {
   const std::string name = key.hex();
   return root(run_dir) / name.substr(0, 2) / name;

@@ -44,6 +44,10 @@ inline constexpr uint32_t raw_encoding = 0;
 std::filesystem::path root(const std::string& run_dir);
 /// Where the chunk `key` lives.
 std::filesystem::path path_of(const std::string& run_dir, const chunk_key& key);
+/// RUN_DIR/checkpoints/recycled-chunks: files of collected chunks, kept so that a writer
+/// overwrites them instead of allocating new ones (no chunk: a collection named each after
+/// the key it held; none is referenced, and each is overwritten before it is named again).
+std::filesystem::path recycled_root(const std::string& run_dir);
 
 /// The header of a raw chunk of `raw_bytes` named `key`.
 std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes);

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -94,6 +95,7 @@ class fs_shard_writer final : public shard_writer {
     r.adam_t = s.adam_t;
     std::vector<std::pair<fs::path, fs::path>> staged;  // temp -> final, not yet durable
     staged_keys_.clear();
+    list_recycled(s.rank, s.world);
     try {
       // Boxes of at least a quarter chunk get chunks of their own, so unchanged ones are
       // shared across checkpoints; smaller ones are packed together, so a rank writes a few
@@ -172,12 +174,17 @@ class fs_shard_writer final : public shard_writer {
       known_dirs_.insert(dir);
     }
     const fs::path temp = io::temp_path_for(path);
-    io::unique_fd fd = io::create_temp(temp);
+    uint64_t old_size = 0;
+    io::unique_fd fd = take_recycled(temp, old_size);
+    if (fd.get() < 0) fd = io::create_temp(temp);
     staged.emplace_back(temp, path);
     staged_keys_.insert(key);
     const std::vector<unsigned char> header = chunk_file::header_for(key, bytes);
     io::write_all(fd.get(), header.data(), header.size(), temp);
     io::write_all(fd.get(), data, bytes, temp);
+    const uint64_t size = header.size() + bytes;
+    if (old_size > size && ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
+      io::fail_errno(temp, "truncating a recycled chunk file", errno);
     io::start_write_back(fd.get());  // the disk works while the next chunk is hashed
     if (::close(fd.release()) != 0) io::fail_errno(temp, "close", errno);
     r.bytes_written += header.size() + bytes;
@@ -185,7 +192,44 @@ class fs_shard_writer final : public shard_writer {
     return key;
   }
 
+  // The recycled files a collection left (their names), in the order this rank tries them:
+  // ranks start at different points, so they seldom race for the same file.
+  void list_recycled(int rank, int world) {
+    recycled_.clear();
+    next_recycled_ = 0;
+    std::error_code ec;
+    for (const fs::directory_entry& f : fs::directory_iterator(recycled_root_, ec))
+      recycled_.push_back(f.path().filename().string());
+    if (recycled_.empty() || world <= 1) return;
+    std::sort(recycled_.begin(), recycled_.end());
+    const size_t start = recycled_.size() * static_cast<size_t>(rank) / static_cast<size_t>(world);
+    std::rotate(recycled_.begin(), recycled_.begin() + static_cast<std::ptrdiff_t>(start),
+                recycled_.end());
+  }
+
+  // A recycled file renamed to `temp` and opened for writing from its start (its old size in
+  // `old_size`), or an invalid fd when none is left. Overwriting it reuses its page-cache
+  // pages and disk blocks: no allocation now, and nothing for a later collection to free.
+  io::unique_fd take_recycled(const fs::path& temp, uint64_t& old_size) {
+    while (next_recycled_ < recycled_.size()) {
+      const fs::path from = recycled_root_ / recycled_[next_recycled_++];
+      if (::rename(from.c_str(), temp.c_str()) != 0) continue;  // another rank took it
+      io::unique_fd fd(::open(temp.c_str(), O_WRONLY | O_CLOEXEC));
+      struct stat st {};
+      if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0) {
+        ::unlink(temp.c_str());
+        continue;
+      }
+      old_size = static_cast<uint64_t>(st.st_size);
+      return fd;
+    }
+    return io::unique_fd(-1);
+  }
+
   std::string run_dir_;
+  fs::path recycled_root_ = chunk_file::recycled_root(run_dir_);
+  std::vector<std::string> recycled_;
+  size_t next_recycled_ = 0;
   chunk_observer observer_;
   size_t chunk_floats_;
   std::vector<float> pack_;          // small boxes laid end to end; kept for the next snapshot

@@ -64,9 +64,63 @@ std::vector<chunk_key> references_of(const manifest& m) {
   return keys;
 }
 
-// Deletes every chunk file outside `referenced`, and temporary files older than temp_grace.
+// Where the chunks a collection removes go: up to `keep` files to the recycled folder (renamed,
+// so nothing is freed or allocated again), the others deleted.
+class chunk_disposal {
+ public:
+  chunk_disposal(const std::string& run_dir, size_t keep)
+      : folder_(chunk_file::recycled_root(run_dir)), keep_(keep) {
+    std::error_code ec;
+    std::vector<fs::path> held;
+    for (const fs::directory_entry& f : fs::directory_iterator(folder_, ec))
+      held.push_back(f.path());
+    // More than may be kept (a smaller limit, an offline collection): the excess goes now.
+    for (size_t i = keep_; i < held.size(); ++i) {
+      std::error_code size_ec;
+      const uint64_t bytes = fs::file_size(held[i], size_ec);
+      if (::unlink(held[i].c_str()) == 0) freed_ += size_ec ? 0 : bytes;
+    }
+    held_ = std::min(held.size(), keep_);
+  }
+
+  // Removes the chunk `key` at `path` from the store (nothing when it is not there).
+  void remove(const fs::path& path, const chunk_key& key, uint64_t bytes, gc_result& out) {
+    if (held_ < keep_) {
+      if (!made_folder_) {
+        io::make_dirs(folder_);
+        made_folder_ = true;
+      }
+      if (::rename(path.c_str(), (folder_ / key.hex()).c_str()) == 0) {
+        ++held_;
+        ++out.chunks_recycled;
+        ++out.chunks_removed;
+        return;
+      }
+      if (errno == ENOENT) return;
+      io::fail_errno(path, "moving an unreferenced chunk to the recycled files", errno);
+    }
+    if (::unlink(path.c_str()) != 0) {
+      if (errno == ENOENT) return;
+      io::fail_errno(path, "removing an unreferenced chunk", errno);
+    }
+    ++out.chunks_removed;
+    out.bytes_freed += bytes;
+  }
+
+  [[nodiscard]] uint64_t freed() const { return freed_; }
+
+ private:
+  fs::path folder_;
+  size_t keep_;
+  size_t held_ = 0;
+  uint64_t freed_ = 0;
+  bool made_folder_ = false;
+};
+
+// Removes every chunk file outside `referenced`, and temporary files older than temp_grace.
 void sweep_chunk_folders(const std::string& run_dir, const std::set<chunk_key>& referenced,
-                         std::chrono::seconds temp_grace, gc_result& out) {
+                         std::chrono::seconds temp_grace, chunk_disposal& disposal,
+                         gc_result& out) {
   const fs::path root = chunk_file::root(run_dir);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return;
@@ -83,10 +137,7 @@ void sweep_chunk_folders(const std::string& run_dir, const std::set<chunk_key>& 
           ++out.chunks_kept;
           continue;
         }
-        if (::unlink(f.path().c_str()) != 0 && errno != ENOENT)
-          io::fail_errno(f.path(), "removing an unreferenced chunk", errno);
-        ++out.chunks_removed;
-        out.bytes_freed += size_ec ? 0 : bytes;
+        disposal.remove(f.path(), *key, size_ec ? 0 : bytes, out);
       } else if (name.find(".tmp.") != std::string::npos) {
         std::error_code time_ec;
         const auto written = f.last_write_time(time_ec);
@@ -102,19 +153,15 @@ void sweep_chunk_folders(const std::string& run_dir, const std::set<chunk_key>& 
 
 // The chunks of the removed checkpoints that no kept one references, by name.
 void remove_released_chunks(const std::string& run_dir, const std::set<chunk_key>& released,
-                            const std::set<chunk_key>& referenced, gc_result& out) {
+                            const std::set<chunk_key>& referenced, chunk_disposal& disposal,
+                            gc_result& out) {
   out.chunks_kept = referenced.size();
   for (const chunk_key& key : released) {
     if (referenced.contains(key)) continue;
     const fs::path path = chunk_file::path_of(run_dir, key);
     struct stat st {};
     const bool sized = ::stat(path.c_str(), &st) == 0;
-    if (::unlink(path.c_str()) != 0) {
-      if (errno == ENOENT) continue;
-      io::fail_errno(path, "removing an unreferenced chunk", errno);
-    }
-    ++out.chunks_removed;
-    out.bytes_freed += sized ? static_cast<uint64_t>(st.st_size) : 0;
+    disposal.remove(path, key, sized ? static_cast<uint64_t>(st.st_size) : 0, out);
   }
 }
 
@@ -162,10 +209,12 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
   }
   const bool sweep = memory.sweep_every == 0 || memory.collections % memory.sweep_every == 0;
   ++memory.collections;
+  chunk_disposal disposal(run_dir, memory.recycle_up_to);
   if (sweep)
-    sweep_chunk_folders(run_dir, referenced, temp_grace, out);
+    sweep_chunk_folders(run_dir, referenced, temp_grace, disposal, out);
   else
-    remove_released_chunks(run_dir, released, referenced, out);
+    remove_released_chunks(run_dir, released, referenced, disposal, out);
+  out.bytes_freed += disposal.freed();
   return out;
 }
 

@@ -257,6 +257,18 @@ int cmd_ls(const std::string& run_dir) {
   }
   std::printf("chunk store: %llu chunks, %s on disk (%s)\n", static_cast<unsigned long long>(files),
               human(bytes).c_str(), root.c_str());
+  uint64_t spare_files = 0, spare_bytes = 0;
+  for (const auto& f : fs::directory_iterator(ckpt::chunk_file::recycled_root(run_dir), ec)) {
+    std::error_code e2;
+    ++spare_files;
+    spare_bytes += f.file_size(e2);
+  }
+  if (spare_files > 0) {
+    std::printf(
+        "recycled: %llu files, %s (the next checkpoint overwrites them; `troupe ckpt gc` "
+        "frees them)\n",
+        static_cast<unsigned long long>(spare_files), human(spare_bytes).c_str());
+  }
   return rc;
 }
 

@@ -3,6 +3,7 @@
 // while training goes on changing the buffers it was copied from).
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <filesystem>
@@ -185,6 +186,24 @@ TEST(AsyncCheckpointer, ASnapshotIsTheStateAtItsStepWhileTrainingChangesIt) {
   EXPECT_EQ(back.adam_t, 7);
 }
 
+TEST(ManifestV2, TheWrittenTextCarriesTheSealThatNlohmannComputesForAnyString) {
+  // The writer builds the text by hand; a reader recomputes the seal from nlohmann's compact
+  // dump of what it parsed. Strings that need escaping must come out byte for byte alike.
+  manifest m = tiny_manifest();
+  m.layout = "dp2 \"quoted\" back\\slash";
+  m.config_json = "{\"note\":\"tab\\there, caf\xc3\xa9, \x7f\"}\n\x01\x1f";
+  m.tensors[0].name = "w\n\t\"\x02/\xe2\x82\xac";
+  for (saved_piece& p : m.pieces) p.tensor = m.tensors[0].name;
+  const std::string text = manifest_json::to_json(m);
+  EXPECT_EQ(manifest_json::from_json(text, "m"), m);
+  EXPECT_NE(text.find("\n\"pieces\":["), std::string::npos) << "a line per field, for people";
+  // Damage anywhere in the text is caught by the seal or the parser.
+  std::string edited = text;
+  edited[edited.find("\"step\":3") + 7] = '4';
+  testing::expect_error([&] { (void)manifest_json::from_json(edited, "m"); }, error_kind::corrupt,
+                        "manifest_hash");
+}
+
 TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
   testing::temp_dir dir;
   // Boxes of several chunks each (chunk 4 KiB = 1024 floats), so many files and folders.
@@ -277,6 +296,21 @@ std::set<chunk_key> chunks_referenced(const std::string& run_dir) {
   return out;
 }
 
+// The manifest of a single-rank checkpoint of 1024-float chunks, as the coordinator makes it.
+manifest one_rank_manifest(int64_t step, size_t numel, std::vector<tensor_entry> tensors,
+                           const shard_report& r) {
+  manifest man;
+  man.step = step;
+  man.world = 1;
+  man.global_numel = numel;
+  man.adam_t = step;
+  man.chunk_floats = 1024;
+  man.config_json = "{}";
+  man.tensors = std::move(tensors);
+  man.pieces = r.pieces;
+  return man;
+}
+
 TEST(GarbageCollection, RememberedManifestsLeaveExactlyWhatAFullCollectionLeaves) {
   testing::temp_dir dir;
   auto writer = make_fs_shard_writer(dir.str(), 4096);
@@ -298,15 +332,8 @@ TEST(GarbageCollection, RememberedManifestsLeaveExactlyWhatAFullCollectionLeaves
     snap.step = step;
     capture(map, bufs, snap);
     const shard_report r = writer->write(snap);
-    manifest man;
-    man.step = step;
-    man.world = 1;
-    man.global_numel = 6000;
-    man.adam_t = step;
-    man.chunk_floats = 1024;
-    man.config_json = "{}";
-    man.tensors = {{"frozen", {3000}, 0}, {"moving", {3000}, 3000}};
-    man.pieces = r.pieces;
+    const manifest man =
+        one_rank_manifest(step, 6000, {{"frozen", {3000}, 0}, {"moving", {3000}, 3000}}, r);
     commit_manifest(dir.str(), man);
     // Step 4's manifest is not remembered: the collection must read it from disk.
     if (step != 4) memory.remember(man);
@@ -339,6 +366,78 @@ TEST(GarbageCollection, RememberedManifestsLeaveExactlyWhatAFullCollectionLeaves
     EXPECT_EQ(memory.references.size(), list_committed(dir.str()).size());
   }
   EXPECT_EQ(memory.collections, 7u);
+}
+
+// A collection keeps up to recycle_up_to of the chunk files it removes, and the next write
+// overwrites them in place (same inodes: no page or block is freed and allocated again) with
+// content that reads back verified, whatever size each file had before.
+TEST(GarbageCollection, CollectedChunkFilesAreOverwrittenByTheNextWriteAndFreedOffline) {
+  testing::temp_dir dir;
+  auto writer = make_fs_shard_writer(dir.str(), 4096);  // 1024 floats per chunk
+  state_map map;  // 3000 floats per array: chunks of 1024, 1024 and 952 floats
+  for (auto& a : map.arrays) a = {{"w", {0, 0, 1, 3000}, 0, 1, 0, true}};
+  std::vector<float> params(3000), m(3000), v(3000);
+  const auto write_step = [&](int64_t step) {
+    std::iota(params.begin(), params.end(), static_cast<float>(step) * 1e4f);
+    std::iota(m.begin(), m.end(), static_cast<float>(step) * 1e4f + 0.25f);
+    std::iota(v.begin(), v.end(), static_cast<float>(step) * 1e4f + 0.5f);
+    const std::span<const float> bufs[] = {params, m, v};
+    snapshot snap;
+    snap.step = step;
+    capture(map, bufs, snap);
+    const shard_report r = writer->write(snap);
+    const manifest man = one_rank_manifest(step, 3000, {{"w", {3000}, 0}}, r);
+    commit_manifest(dir.str(), man);
+    return std::make_pair(r, man);
+  };
+  const auto recycled = [&] {  // the recycled files' inodes
+    std::set<ino_t> out;
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(chunk_file::recycled_root(dir.str()), ec)) {
+      struct stat st {};
+      if (::stat(f.path().c_str(), &st) == 0) out.insert(st.st_ino);
+    }
+    return out;
+  };
+  gc_memory memory;
+  memory.sweep_every = 1000;  // after the first, collections remove released chunks by name
+  const retention_policy keep_one{1, 0};
+  memory.remember(write_step(1).second);
+  (void)collect_garbage(dir.str(), keep_one, std::chrono::seconds(0), memory);  // the sweep
+  memory.remember(write_step(2).second);
+  memory.recycle_up_to = 4;
+  const gc_result first = collect_garbage(dir.str(), keep_one, std::chrono::seconds(0), memory);
+  EXPECT_EQ(first.removed_steps, std::vector<int64_t>{1});
+  EXPECT_EQ(first.chunks_removed, 9u) << "3 arrays x 3 chunks of step 1";
+  EXPECT_EQ(first.chunks_recycled, 4u);
+  EXPECT_EQ(chunks_on_disk(dir.str()), chunks_referenced(dir.str()));
+  const std::set<ino_t> kept = recycled();
+  ASSERT_EQ(kept.size(), 4u);
+
+  const auto [third, third_manifest] = write_step(3);
+  EXPECT_EQ(third.chunks_written, 9u);
+  EXPECT_TRUE(recycled().empty()) << "the write took every recycled file";
+  std::set<ino_t> written;
+  for (const saved_piece& p : third.pieces)
+    for (const chunk_key& k : p.chunks) {
+      struct stat st {};
+      ASSERT_EQ(::stat(chunk_file::path_of(dir.str(), k).c_str(), &st), 0);
+      written.insert(st.st_ino);
+    }
+  for (ino_t ino : kept) EXPECT_TRUE(written.contains(ino)) << "inode " << ino << " reused";
+  EXPECT_TRUE(verify_checkpoint(dir.str(), 3).empty()) << "every overwritten chunk verifies";
+
+  memory.remember(third_manifest);
+  memory.recycle_up_to = 9;
+  const gc_result second = collect_garbage(dir.str(), keep_one, std::chrono::seconds(0), memory);
+  EXPECT_EQ(second.chunks_recycled, 9u);
+  EXPECT_EQ(second.bytes_freed, 0u) << "nothing deleted while it may be recycled";
+  EXPECT_EQ(recycled().size(), 9u);
+  // An offline collection (no memory, nothing recycled) deletes the recycled files too.
+  const gc_result offline = collect_garbage(dir.str(), keep_one, std::chrono::seconds(0));
+  EXPECT_TRUE(recycled().empty());
+  EXPECT_GE(offline.bytes_freed, 9u * 3808u);
+  EXPECT_TRUE(verify_checkpoint(dir.str(), 3).empty());
 }
 
 }  // namespace
