@@ -381,12 +381,16 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
                             {"cause", recovery_cause_},
                             {"start_step", restore_.start_step},
                             {"recovery_s", generation_ > 1 ? took : 0.0}}});
-  if (generation_ == 1)
+  // The first generation that forms starts training; under load that may be generation 2
+  // or later, when a member was lost while the first one connected.
+  if (!training_announced_) {
+    training_announced_ = true;
     out.push_back(emit_event{{{"event", "training_started"},
                               {"world", world()},
                               {"generation", generation_},
                               {"start_step", committed_},
                               {"layout", plan_doc(plan_, params_.cfg.parallel.zero)}}});
+  }
   recovery_cause_.clear();
   set_state(job_state::training, out, recovery_reason_);
   stragglers_.reset();

@@ -220,6 +220,7 @@ class job_logic {
   job_params params_;
   job_state state_ = job_state::forming;
   uint64_t generation_ = 0;
+  bool training_announced_ = false;  // training_started was emitted
   strategies::layout_plan plan_;
   std::map<uint64_t, strategies::layout_plan> plans_;  // generation -> plan, for held state
   std::vector<member_info> members_;

@@ -344,6 +344,39 @@ TEST(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
   EXPECT_EQ(counts[0] + counts[1] + counts[2] + counts[3], 8);
 }
 
+// Under load the first generation may never form (a member cannot connect its groups in time
+// and says so); the job then trains from generation 2, and training_started must still be
+// said, once.
+TEST(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotTheFirst) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  ASSERT_EQ(all_of<send_reconfigure>(h.join(1)).size(), 2u);
+  reconfigured failed;
+  failed.generation = 1;
+  failed.member = 1;
+  failed.ok = false;
+  failed.error = "connect timed out";
+  auto opened = h.logic().on_reconfigured(failed, h.now());
+  EXPECT_FALSE(has_event(opened, "training_started"));
+  ASSERT_EQ(h.logic().generation(), 2u);
+  auto events = h.report_all(0);
+  const auto formed = h.settle_reconfigure();
+  events.insert(events.end(), formed.begin(), formed.end());
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  size_t said = 0;
+  for (const auto& e : all_of<emit_event>(events))
+    said += e.event.value("event", "") == "training_started";
+  EXPECT_EQ(said, 1u);
+  // Later generations never say it again.
+  h.step(1);
+  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  const auto again = h.report_all(1);
+  const auto reformed = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_FALSE(has_event(again, "training_started"));
+  EXPECT_FALSE(has_event(reformed, "training_started"));
+}
+
 TEST(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
   logic_harness h(small_config(4));
   h.form();
