@@ -102,7 +102,10 @@ std::vector<straggler_verdict> straggler_detector::observe(const std::vector<dou
     // whose cap would understate a badly slowed rank.
     scores_[r] = smoothed_[r] / base;
     const double slow_by = slowness(windows_[r], base, cap);
-    const bool slow = slow_by > opts_.factor && slow_by * base > base + opts_.mad_k * mad;
+    // The floor is checked on the median, not on the capped slowness, which would hide a
+    // rank slowed 6x when the others take 0.5 ms.
+    const bool slow = slow_by > opts_.factor && slow_by * base > base + opts_.mad_k * mad &&
+                      smoothed_[r] - base >= opts_.min_excess_s;
     if (!slow) {
       above_[r] = 0;
       flagged_[r] = false;

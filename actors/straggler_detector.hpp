@@ -15,6 +15,12 @@ struct straggler_options {
   int window = 8;       ///< steps each rank's compute time is smoothed over (at least 2)
   int consecutive = 2;  ///< steps in a row above the threshold before a flag (at least 1)
   double mad_k = 3.0;   ///< also above median + mad_k x MAD of the other ranks (MAD >= 2% of it)
+  /// ...and slower than the others by at least this many seconds per step. Below it a
+  /// difference costs the job less than a step's control round trip (~1.5 ms here), and
+  /// thread CPU times of sub-millisecond computes vary by that much with cache and scheduler
+  /// noise from other processes: 4 healthy ranks computing 0.3 ms steps on a loaded host
+  /// scored 1.4-2x.
+  double min_excess_s = 0.002;
 };
 
 /// A rank newly found slow.
@@ -24,7 +30,8 @@ struct straggler_verdict {
 };
 
 /// Keeps a window of compute times per rank and flags a rank once its smoothed time stays
-/// above both factor x the others' median and median + mad_k x MAD for `consecutive` steps.
+/// above factor x the others' median, median + mad_k x MAD and median + min_excess_s for
+/// `consecutive` steps.
 /// The smoothed time that decides is a spike-proof mean over the window (see the .cpp); the
 /// score shown is the plain ratio of medians. A rank is only judged, and only counts for the
 /// others, once its window is full. Each step costs O(ranks^2 x window).

@@ -1,5 +1,6 @@
 // Straggler verdicts: nobody is flagged on a noisy but healthy host, a slowed rank is flagged
-// within 10 steps, a spike is not a straggler, and degenerate reports never break it.
+// within 10 steps, a spike is not a straggler, nor is a difference too small to cost anything,
+// and degenerate reports never break it.
 
 #include "actors/straggler_detector.hpp"
 
@@ -288,6 +289,28 @@ TEST(StragglerDetectorTest, OptionsAreHonoured) {
   EXPECT_TRUE(feed(guarded, {0.1, 0.2, 0.3, 0.1, 0.3, 0.35}, 20).empty());
   straggler_detector unguarded({.factor = 1.3, .window = 5, .consecutive = 1, .mad_k = 0.0});
   EXPECT_FALSE(feed(unguarded, {0.1, 0.2, 0.3, 0.1, 0.3, 0.35}, 20).empty());
+}
+
+TEST(StragglerDetectorTest, ADifferenceBelowTheExcessFloorIsNoStraggler) {
+  // Sub-millisecond computes: a rank at twice the others' 0.3 ms costs the job 0.3 ms a step,
+  // below the default floor of 2 ms, and such ratios are what cache and scheduler noise from
+  // other processes produce. Without the floor it would be flagged.
+  std::vector<double> tiny(4, 0.0003);
+  tiny[1] = 0.0006;
+  straggler_detector floored;
+  EXPECT_TRUE(feed(floored, tiny, 40).empty());
+  straggler_detector unfloored(
+      {.factor = 1.3, .window = 8, .consecutive = 2, .mad_k = 3.0, .min_excess_s = 0.0});
+  const auto verdicts = feed(unfloored, tiny, 40);
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_EQ(verdicts[0].rank, 1);
+  // Just above the floor it is a straggler again: 3 ms against 0.5 ms.
+  std::vector<double> costly(4, 0.0005);
+  costly[2] = 0.003;
+  straggler_detector d;
+  const auto costly_verdicts = feed(d, costly, 40);
+  ASSERT_EQ(costly_verdicts.size(), 1u);
+  EXPECT_EQ(costly_verdicts[0].rank, 2);
 }
 
 }  // namespace
