@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/format.hpp"
 #include "cli/ckpt_common.hpp"
 #include "cli/options.hpp"
 
@@ -279,7 +280,14 @@ int cmd_verify(const std::string& run_dir, std::optional<int64_t> only) {
   const std::vector<int64_t> committed = ckpt::list_committed(run_dir);
   if (!only) {
     try {
-      if (!latest_step(run_dir) && !committed.empty()) {
+      if (!latest_step(run_dir) && committed.size() == 1) {
+        // What a job stopped between its first manifest and LATEST leaves: no checkpoint was
+        // committed yet, and the one written is complete (its manifest comes last).
+        std::printf(
+            "LATEST: not written yet: %s holds the only manifest; the job stopped before "
+            "committing it. It is checked below; --resume starts from it if it verifies.\n",
+            ckpt::format::step_dir_name(committed.front()).c_str());
+      } else if (!latest_step(run_dir) && !committed.empty()) {
         std::printf("LATEST: missing: %s does not exist although step directories hold manifests\n",
                     (checkpoints_dir(run_dir) / "LATEST").c_str());
         rc = 1;

@@ -1,4 +1,4 @@
-"""`troupe ckpt` on a real run: ls, inspect, verify (intact, a corrupted chunk, a damaged
+"""`troupe ckpt` on a real run: ls, inspect, verify (intact, a corrupted chunk, a damaged or a missing
 LATEST), diff, gc (refused under the run lock, then --keep-last 1), and usage errors."""
 
 import fcntl
@@ -166,6 +166,14 @@ def test():
         with open(latest, "w") as f:
             f.write(good_latest)
 
+        # A missing LATEST beside several manifests is a problem: a commit made them all.
+        os.remove(latest)
+        out, _ = ckpt("verify", run_dir, expect=1)
+        if "LATEST: missing" not in out:
+            fail(f"verify without LATEST beside three manifests:\n{out}")
+        with open(latest, "w") as f:
+            f.write(good_latest)
+
         # gc refuses while a job holds the run's lock, and deletes nothing.
         before = chunk_files(run_dir)
         lock_fd = os.open(os.path.join(run_dir, "checkpoints", ".lock"), os.O_RDWR | os.O_CREAT)
@@ -191,6 +199,15 @@ def test():
             fail(f"after gc: {len(left)} chunk files, step 12 references {len(chunk_keys(m12))}; "
                  f"extra {sorted(left - chunk_keys(m12))[:5]}, missing {sorted(chunk_keys(m12) - left)[:5]}")
         ckpt("verify", run_dir)
+
+        # One manifest and no LATEST is what a job killed between its first manifest and
+        # LATEST leaves: nothing committed yet, and nothing damaged.
+        os.remove(latest)
+        out, _ = ckpt("verify", run_dir)
+        if "LATEST: not written yet: step-00000012" not in out or "step 12: ok" not in out:
+            fail(f"verify with the first checkpoint's commit unfinished:\n{out}")
+        with open(latest, "w") as f:
+            f.write(good_latest)
 
         test_usage(tmp, run_dir)
     print("ckpt_tool_test: ok")
