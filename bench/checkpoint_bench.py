@@ -137,7 +137,7 @@ def write(troupe, base, runs):
     # The disk is noisy: each run's write is compared with dd of the same bytes right after it.
     print(f"write: troupe {statistics.median(w_tp) / gb:.2f} GB/s for {nbytes / 1e6:.0f} MB "
           f"(median of the per-run ratios: {statistics.median(ratios):.0%} of dd+fsync "
-          f"{statistics.median(dd_tp) / gb:.2f} GB/s)" +
+          f"{statistics.median(dd_tp) / gb:.2f} GB/s; runs {[f'{x:.0%}' for x in ratios]})" +
           (f"; torch.save+fsync {statistics.median(ts_tp) / gb:.2f} GB/s" if ts_tp else "; torch not found"))
     print(f"restore: troupe {statistics.median(r_tp) / gb:.2f} GB/s (verified, the slowest rank)" +
           (f"; torch.load {statistics.median(tl_tp) / gb:.2f} GB/s" if tl_tp else ""))

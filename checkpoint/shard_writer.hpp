@@ -100,14 +100,24 @@ class shard_writer {
   [[nodiscard]] virtual size_t chunk_floats() const = 0;
 };
 
-/// Told of every chunk of a snapshot as it is written (new or already stored), on the
-/// writer's thread: (rank, step, key, floats). The in-memory replica rides on it.
+/// Told of every chunk of a snapshot (new or already stored) once all are staged, in order,
+/// on the writer's thread: (rank, step, key, floats). The in-memory replica rides on it.
 using chunk_observer =
     std::function<void(int rank, int64_t step, const chunk_key&, std::span<const float>)>;
 
+/// How the filesystem writer spreads one write over threads.
+struct fs_writer_options {
+  /// A snapshot of at least this many bytes, written by a thread at normal priority, shares
+  /// its chunks with helper threads (sys::helpers_for_this_thread); smaller ones, and any
+  /// written at idle priority, are written by the writer's thread alone.
+  size_t share_from_bytes = size_t{16} << 20;
+  unsigned max_helpers = 3;
+};
+
 /// The filesystem backend: chunks under RUN_DIR/checkpoints/chunks, each written to a
-/// temporary name, fsync'ed and renamed; a chunk already present is not written again.
+/// temporary name, made durable and renamed; a chunk already present is not written again.
 std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes,
-                                                   chunk_observer observer = {});
+                                                   chunk_observer observer = {},
+                                                   fs_writer_options options = {});
 
 }  // namespace troupe::ckpt

@@ -204,9 +204,8 @@ TEST(ManifestV2, TheWrittenTextCarriesTheSealThatNlohmannComputesForAnyString) {
                         "manifest_hash");
 }
 
-TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
-  testing::temp_dir dir;
-  // Boxes of several chunks each (chunk 4 KiB = 1024 floats), so many files and folders.
+// Step 3 of one 128x256 tensor (parameters, m, v): 32 chunks of 4 KiB per array.
+snapshot many_chunk_snapshot() {
   std::vector<float> params(1 << 15), m(1 << 15), v(1 << 15);
   std::iota(params.begin(), params.end(), 1.0f);
   std::iota(m.begin(), m.end(), -3.0f);
@@ -217,6 +216,13 @@ TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
   snapshot snap;
   capture(map, bufs, snap);
   snap.step = 3;
+  return snap;
+}
+
+TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
+  testing::temp_dir dir;
+  // Boxes of several chunks each (chunk 4 KiB = 1024 floats), so many files and folders.
+  const snapshot snap = many_chunk_snapshot();
   const auto writer = make_fs_shard_writer(dir.str(), 4096);
   const shard_report r = writer->write(snap);
   std::set<fs::path> expected;
@@ -231,6 +237,78 @@ TEST(ShardWriter, AWriteLeavesEveryChunkUnderItsNameAndNoTemporaryFile) {
   const shard_report again = writer->write(snap);
   EXPECT_EQ(again.bytes_written, 0u);
   EXPECT_EQ(again.chunks_deduplicated, expected.size());
+}
+
+// Every write shares its chunks with helper threads, however small the snapshot.
+constexpr fs_writer_options always_shared{.share_from_bytes = 0, .max_helpers = 3};
+
+TEST(ShardWriter, HelpersWriteWhatOneThreadWritesAndTellTheObserverInOrder) {
+  // Two arrays hold the same floats, so the same chunk comes up twice in one snapshot, on
+  // whichever threads: it must be written once and counted once as deduplicated.
+  std::vector<float> params(1 << 15), m(1 << 15), v(1 << 15);
+  std::iota(params.begin(), params.end(), 1.0f);
+  std::iota(m.begin(), m.end(), 1.0f);
+  std::iota(v.begin(), v.end(), 7.0f);
+  state_map map;
+  for (auto& a : map.arrays)
+    a = {{"w", {0, 0, 128, 256}, 0, 1, 0, true}, {"b", {0, 0, 1, 40}, 128 * 256, 1, 0, true}};
+  params.resize(128 * 256 + 40, 0.5f);
+  m.resize(128 * 256 + 40, 0.5f);
+  v.resize(128 * 256 + 40, 0.25f);
+  const std::span<const float> bufs[] = {params, m, v};
+  snapshot snap;
+  capture(map, bufs, snap);
+  snap.step = 3;
+  using told = std::pair<chunk_key, size_t>;
+  const auto write_in = [&](const testing::temp_dir& dir, fs_writer_options options,
+                            std::vector<told>& observed) {
+    const auto writer = make_fs_shard_writer(
+        dir.str(), 4096,
+        [&](int, int64_t, const chunk_key& k, std::span<const float> f) {
+          observed.emplace_back(k, f.size());
+        },
+        options);
+    return writer->write(snap);
+  };
+  testing::temp_dir one_dir, shared_dir;
+  std::vector<told> one_told, shared_told;
+  const shard_report one =
+      write_in(one_dir, fs_writer_options{.share_from_bytes = SIZE_MAX}, one_told);
+  const shard_report shared = write_in(shared_dir, always_shared, shared_told);
+  EXPECT_EQ(shared.pieces, one.pieces);
+  EXPECT_EQ(shared.chunks_written, one.chunks_written);
+  EXPECT_EQ(shared.bytes_written, one.bytes_written);
+  EXPECT_EQ(shared.chunks_deduplicated, one.chunks_deduplicated);
+  EXPECT_EQ(shared.bytes_deduplicated, one.bytes_deduplicated);
+  EXPECT_EQ(one.chunks_deduplicated, 32u) << "m's 32 chunks of w are params'";
+  EXPECT_EQ(shared_told, one_told);
+  const auto files = [](const testing::temp_dir& dir) {
+    std::set<fs::path> out;
+    for (const auto& f : fs::recursive_directory_iterator(chunk_file::root(dir.str())))
+      if (f.is_regular_file()) out.insert(fs::relative(f.path(), dir.path()));
+    return out;
+  };
+  EXPECT_EQ(files(shared_dir), files(one_dir)) << "the same chunk files, no temporary one";
+  for (const saved_piece& p : shared.pieces)
+    for (const chunk_key& k : p.chunks)
+      EXPECT_NO_THROW((void)chunk_file::read_range(shared_dir.str(), k, 1, 1024, "test"));
+}
+
+TEST(ShardWriter, AChunkThatCannotBeWrittenFailsTheWriteAndLeavesNoTemporaryFile) {
+  const snapshot snap = many_chunk_snapshot();
+  testing::temp_dir probe, dir;
+  const shard_report keys = make_fs_shard_writer(probe.str(), 4096)->write(snap);
+  // A plain file where the folder of one chunk in the middle belongs: that chunk's job fails.
+  const chunk_key victim = keys.pieces[1].chunks[5];
+  const fs::path blocked = chunk_file::path_of(dir.str(), victim).parent_path();
+  fs::create_directories(blocked.parent_path());
+  std::ofstream(blocked) << "not a folder";
+  const auto writer = make_fs_shard_writer(dir.str(), 4096, {}, always_shared);
+  EXPECT_THROW((void)writer->write(snap), checkpoint_error);
+  for (const auto& f : fs::recursive_directory_iterator(chunk_file::root(dir.str())))
+    if (f.is_regular_file()) {
+      EXPECT_EQ(f.path(), blocked) << "left behind";
+    }
 }
 
 TEST(DurableIo, AFailedFileSystemFlushNamesThePath) {
@@ -371,9 +449,13 @@ TEST(GarbageCollection, RememberedManifestsLeaveExactlyWhatAFullCollectionLeaves
 // A collection keeps up to recycle_up_to of the chunk files it removes, and the next write
 // overwrites them in place (same inodes: no page or block is freed and allocated again) with
 // content that reads back verified, whatever size each file had before.
-TEST(GarbageCollection, CollectedChunkFilesAreOverwrittenByTheNextWriteAndFreedOffline) {
+class RecycledChunks : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RecycledChunks, CollectedChunkFilesAreOverwrittenByTheNextWriteAndFreedOffline) {
   testing::temp_dir dir;
-  auto writer = make_fs_shard_writer(dir.str(), 4096);  // 1024 floats per chunk
+  // 1024 floats per chunk; with GetParam(), helper threads take recycled files too.
+  auto writer =
+      make_fs_shard_writer(dir.str(), 4096, {}, GetParam() ? always_shared : fs_writer_options{});
   state_map map;  // 3000 floats per array: chunks of 1024, 1024 and 952 floats
   for (auto& a : map.arrays) a = {{"w", {0, 0, 1, 3000}, 0, 1, 0, true}};
   std::vector<float> params(3000), m(3000), v(3000);
@@ -439,6 +521,9 @@ TEST(GarbageCollection, CollectedChunkFilesAreOverwrittenByTheNextWriteAndFreedO
   EXPECT_GE(offline.bytes_freed, 9u * 3808u);
   EXPECT_TRUE(verify_checkpoint(dir.str(), 3).empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(GarbageCollection, RecycledChunks, ::testing::Bool(),
+                         [](const auto& test) { return test.param ? "Shared" : "OneThread"; });
 
 }  // namespace
 }  // namespace troupe::ckpt

@@ -11,23 +11,16 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/runtime/sys/eventually.hpp"
+
 namespace troupe::sys {
 namespace {
+
+using testing::eventually;
 
 using namespace std::chrono_literals;
 
 int policy_of(pid_t tid) { return ::sched_getscheduler(tid); }
-
-// Waits up to `limit` for `done`; the condition, not the time, is what a test asserts.
-template <class Pred>
-bool eventually(Pred done, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 // A worker thread driven step by step from the test.
 struct worker {
