@@ -29,8 +29,15 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
     next.plan = strategies::plan_from_json(r.plan_json);
     if (r.rank >= 0) {
       const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
+      // A newer generation's abort ends every wait of this one's forming (store keys, the
+      // segment's barrier) instead of leaving it waiting for peers lost meanwhile.
+      const comm::cancel_check superseded = [shared = w.shared, g = r.generation] {
+        return shared->superseded(g);
+      };
+      comm::interruptible_store store(*w.store, superseded);
       comm::gloo_options gopts;
       gopts.connect_timeout = op_timeout;
+      gopts.cancelled = superseded;
       if (w.cfg.data_plane_auth == "tcp-md5") {
         const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
         gopts.pair_key.assign(key.begin(), key.end());
@@ -38,9 +45,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
       // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
       const int rank = r.rank;
-      auto connect = [&w, gopts, rank](const comm::comm_identity& id) {
-        return chaos::inject_from_environment(comm::make_host_communicator(*w.store, id, gopts),
-                                              rank);
+      auto connect = [&store, gopts, rank](const comm::comm_identity& id) {
+        return chaos::inject_from_environment(comm::make_host_communicator(store, id, gopts), rank);
       };
       strategies::micro_batching batching{next.plan.micro_batch_size,
                                           next.plan.replica_micro_batches};
@@ -58,8 +64,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
         }
         next.stage =
-            std::make_unique<stage_link>(w.self->system(), *w.store, r.generation, view.pp.name, s,
-                                         p, next_slots, op_timeout, w.advertise);
+            std::make_unique<stage_link>(w.self->system(), store, r.generation, view.pp.name, s, p,
+                                         next_slots, op_timeout, w.advertise);
         next.engine->set_pipeline_observer(next.stage.get());
       }
       w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
@@ -71,7 +77,7 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           w.replica = std::make_unique<checkpoint_replica>(
               *w.store, w.advertise, static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
               op_timeout);
-        w.replica->enter_generation(*w.store, r.generation, r.rank, r.world, w.node);
+        w.replica->enter_generation(store, r.generation, r.rank, r.world, w.node);
       }
       switch (r.source) {
         case state_source::init:

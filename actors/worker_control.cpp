@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 #include <cstdlib>
+#include <limits>
 
 #include "actors/tls_transport.hpp"
 #include "monitoring/log.hpp"
@@ -15,6 +16,10 @@ void worker_shared::attach(strategies::training_engine* engine, stage_link* stag
   stage_ = stage;
   running_ = generation;
   generation_.store(generation);
+  if (engine_ && superseded(generation)) {  // its abort came while it was being built
+    engine_->abort();
+    if (stage_) stage_->abort("a newer generation began while this one was being formed");
+  }
 }
 
 void worker_shared::detach() {
@@ -25,6 +30,10 @@ void worker_shared::detach() {
 
 void worker_shared::abort_older_than(uint64_t generation, bool final, const std::string& why) {
   std::lock_guard lock(m_);
+  const uint64_t newest = final ? std::numeric_limits<uint64_t>::max() : generation;
+  for (uint64_t seen = newest_abort_.load(); seen < newest;) {
+    if (newest_abort_.compare_exchange_weak(seen, newest)) break;
+  }
   if (!engine_ || (!final && running_ >= generation)) return;
   engine_->abort();
   if (stage_) stage_->abort(why);

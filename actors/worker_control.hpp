@@ -24,12 +24,16 @@ namespace troupe::actors {
 /// What the rank actor, the control actor and the heartbeat thread share. Thread-safe.
 class worker_shared {
  public:
-  /// The engine (and pipeline stage) of the generation now running.
+  /// The engine (and pipeline stage) of the generation now running. One whose generation was
+  /// superseded meanwhile is aborted at once.
   void attach(strategies::training_engine* engine, stage_link* stage, uint64_t generation);
   void detach();
   /// Aborts the running generation's data plane if `generation` (the one being formed) is
   /// newer, or whatever runs when `final` (the job ends).
   void abort_older_than(uint64_t generation, bool final, const std::string& why);
+  /// Whether an abort for a newer generation than `generation` (or a final one) has come:
+  /// a member still connecting `generation` gives up (see enter_generation).
+  bool superseded(uint64_t generation) const { return newest_abort_.load() > generation; }
   std::atomic<uint64_t>& generation() { return generation_; }
   std::atomic<int64_t>& step() { return step_; }
   /// The coordinator was heard from now.
@@ -43,6 +47,7 @@ class worker_shared {
   stage_link* stage_ = nullptr;
   uint64_t running_ = 0;
   std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> newest_abort_{0};  ///< the newest generation an abort was for
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> coordinator_seen_ns_{
       std::chrono::steady_clock::now().time_since_epoch().count()};

@@ -344,8 +344,7 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
   } catch (const comm_error&) {
     throw;
   } catch (const store_error& e) {
-    throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
-                     where + ": store: " + e.what());
+    throw as_connect_error(e, where);
   } catch (const gloo::IoException& e) {
     const std::string_view what(e.what());
     const bool late = clock_type::now() >= deadline ||

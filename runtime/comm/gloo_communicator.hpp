@@ -20,6 +20,10 @@ struct gloo_options {
   /// Bound on the whole rendezvous: waiting for every rank's address in the store and
   /// connecting every pair.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  /// While connecting through make_host_communicator: once this returns true (a newer
+  /// generation was opened), its store waits give up within ~50 ms (comm_errc::aborted).
+  /// Empty: never.
+  cancel_check cancelled;
   /// Pipelining unit of the ring all-reduce and the chain broadcast.
   size_t segment_bytes = size_t{512} << 10;
   /// Segments in flight per ring step; the all-reduce keeps this many receive buffers.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 
 namespace troupe::comm {
 
@@ -63,65 +64,73 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
   }
   const std::string mine = requested_transport();
   const auto start = clock_type::now();
-  transport_kind kind = mine == "tcp" ? transport_kind::tcp : transport_kind::shm;
-  if (id.size > 1) {
-    // Rank 0 reads every rank's request and host and publishes the verdict, which the others
-    // read: 3n store round trips instead of n^2 (a 64-rank group rebuilt after a failure spent
-    // most of its time here).
-    std::string verdict;
-    try {
-      prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/host");
-      scoped.set_string(std::to_string(id.rank), mine + "\n" + this_host_identity());
-      if (id.rank == 0) {
-        std::vector<std::string> keys, requested, hosts;
-        for (int j = 0; j < id.size; ++j) keys.push_back(std::to_string(j));
-        scoped.wait(keys, opts.connect_timeout);
-        for (const auto& k : keys) {
-          const std::string v = scoped.get_string(k, opts.connect_timeout);
-          const auto nl = v.find('\n');
-          requested.push_back(v.substr(0, nl));
-          hosts.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
-        }
-        try {
-          verdict = choose_transport(requested, hosts) == transport_kind::shm ? "shm" : "tcp";
-        } catch (const comm_error& e) {
-          verdict = std::string("error ") + e.what();
-        }
-        scoped.set_string("verdict", verdict);
-      } else {
-        verdict = scoped.get_string("verdict", opts.connect_timeout);
-      }
-    } catch (const store_error& e) {
-      throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
-                       where + ": store: " + e.what());
-    }
-    if (verdict.rfind("error ", 0) == 0)
-      throw comm_error(comm_errc::invalid, where + ": " + verdict.substr(6));
-    if (verdict != "shm" && verdict != "tcp")
-      throw comm_error(comm_errc::internal,
-                       where + ": rank 0 published no transport ('" + verdict + "')");
-    kind = verdict == "shm" ? transport_kind::shm : transport_kind::tcp;
-    // A rank that asked for tcp must never be put on shm (rank 0 counted its request).
-    if (mine == "tcp" && kind != transport_kind::tcp)
-      throw comm_error(comm_errc::internal,
-                       where + ": rank 0 chose shm although this rank asked for tcp");
-  }
-  // The rendezvous that follows gets what is left of the one connect deadline.
-  const auto left = std::max(
-      std::chrono::milliseconds(1),
-      opts.connect_timeout -
-          std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start));
-  if (kind == transport_kind::shm) {
-    // Default chunks whatever the group's size: the staging is each process's own and
-    // outlives the group (shm_staging.hpp), so a rebuilt group of another size reuses it,
-    // and its pages are faulted in once per process, not once per group.
-    shm_options shm;
-    shm.connect_timeout = left;
+  const auto left = [&] {  // what is left of the one connect deadline
+    return std::max(std::chrono::milliseconds(1),
+                    opts.connect_timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               clock_type::now() - start));
+  };
+  shm_options shm;  // default chunks whatever the group's size: see shm_staging.hpp
+  shm.cancelled = opts.cancelled;
+  // Every wait of the connect, in the store or in the segment, gives up once a newer
+  // generation has begun: peers lost meanwhile would never arrive.
+  std::optional<interruptible_store> guarded;
+  if (opts.cancelled) guarded.emplace(store, opts.cancelled);
+  kv_store& meet = guarded ? static_cast<kv_store&>(*guarded) : store;
+  if (id.size == 1) {
+    if (mine == "tcp") return make_gloo_communicator(store, id, opts);
+    shm.connect_timeout = opts.connect_timeout;
     return make_shm_communicator(store, id, shm);
   }
+  // Rank 0 reads every rank's request and host and publishes the verdict, which the others
+  // read: 3n store round trips instead of n^2 (a 64-rank group rebuilt after a failure spent
+  // most of its time here). When the verdict is shm it carries the segment's address too,
+  // which rank 0 creates while the others arrive: one round less for every rank.
+  std::string verdict;
+  try {
+    prefix_store scoped(meet, "g" + std::to_string(id.generation) + "/" + id.group + "/host");
+    if (id.rank != 0)
+      scoped.set_string(std::to_string(id.rank), mine + "\n" + this_host_identity());
+    const auto decide = [&]() -> std::string {
+      std::vector<std::string> keys, requested{mine}, hosts{this_host_identity()};
+      for (int j = 1; j < id.size; ++j) keys.push_back(std::to_string(j));
+      scoped.wait(keys, left());
+      for (const auto& k : keys) {
+        const std::string v = scoped.get_string(k, left());
+        const auto nl = v.find('\n');
+        requested.push_back(v.substr(0, nl));
+        hosts.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
+      }
+      try {
+        return choose_transport(requested, hosts) == transport_kind::shm ? "shm" : "tcp";
+      } catch (const comm_error& e) {
+        return std::string("error ") + e.what();
+      }
+    };
+    if (mine != "tcp") {
+      shm.connect_timeout = left();
+      if (auto c = shm_detail::connect_if_shm(scoped, "verdict", id, shm, decide, verdict))
+        return c;
+    } else if (id.rank == 0) {
+      verdict = decide();
+      scoped.set_string("verdict", verdict);
+    } else {
+      verdict = scoped.get_string("verdict", left());
+    }
+  } catch (const store_error& e) {
+    throw as_connect_error(e, where);
+  }
+  if (verdict.rfind("error ", 0) == 0)
+    throw comm_error(comm_errc::invalid, where + ": " + verdict.substr(6));
+  // A rank that asked for tcp must never be put on shm (rank 0 counted its request).
+  if (verdict.rfind("shm", 0) == 0)
+    throw comm_error(comm_errc::internal,
+                     where + ": rank 0 chose shm although this rank asked for tcp");
+  if (verdict != "tcp")
+    throw comm_error(comm_errc::internal,
+                     where + ": rank 0 published no transport ('" + verdict + "')");
   gloo_options g = opts;
-  g.connect_timeout = left;
-  return make_gloo_communicator(store, id, g);
+  g.connect_timeout = left();
+  return make_gloo_communicator(meet, id, g);
 }
 
 }  // namespace troupe::comm

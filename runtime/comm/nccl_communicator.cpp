@@ -156,15 +156,17 @@ class nccl_communicator final : public communicator {
     run("recv", opts, [&] { return ncclRecv(data, bytes, ncclChar, peer, comm_, stream_); });
   }
 
-  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
-                 int recv_peer, uint32_t, const op_options& opts) override {
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                 size_t recv_bytes, int recv_peer, uint32_t, const op_options& opts) override {
     check_peer("send_recv", send_peer);
     check_peer("send_recv", recv_peer);
     // One group: NCCL posts both halves before either waits, so neighbours cannot deadlock.
     run("send_recv", opts, [&] {
       ncclResult_t r = ncclGroupStart();
-      if (r == ncclSuccess) r = ncclSend(send_data, send_bytes, ncclChar, send_peer, comm_, stream_);
-      if (r == ncclSuccess) r = ncclRecv(recv_data, recv_bytes, ncclChar, recv_peer, comm_, stream_);
+      if (r == ncclSuccess)
+        r = ncclSend(send_data, send_bytes, ncclChar, send_peer, comm_, stream_);
+      if (r == ncclSuccess)
+        r = ncclRecv(recv_data, recv_bytes, ncclChar, recv_peer, comm_, stream_);
       const ncclResult_t end = ncclGroupEnd();
       return r == ncclSuccess ? end : r;
     });
@@ -313,8 +315,7 @@ std::unique_ptr<communicator> make_nccl_communicator(kv_store& store, const comm
       std::memcpy(uid.internal, bytes.data(), sizeof(uid));
     }
   } catch (const store_error& e) {
-    throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
-                     where + ": store: " + e.what());
+    throw as_connect_error(e, where);
   }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

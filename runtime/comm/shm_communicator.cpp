@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <optional>
 #include <random>
@@ -365,9 +366,12 @@ struct rendezvous_state {
 /// at the deadline, naming the ranks that are missing.
 template <class Ready>
 void await_every_rank(segment_header& h, const shm_detail::rank_block* blocks, size_t n,
-                      clock_type::time_point deadline, const std::string& where, const char* what,
-                      Ready&& ready) {
+                      clock_type::time_point deadline, const cancel_check& cancelled,
+                      const std::string& where, const char* what, Ready&& ready) {
   for (;;) {
+    if (cancelled && cancelled())
+      throw comm_error(comm_errc::aborted, where + ": cancelled while waiting for the ranks to " +
+                                               what + " (a newer generation began)");
     h.sleepers.fetch_add(1);
     const uint32_t seen = h.bell.load();
     std::string missing;
@@ -381,7 +385,10 @@ void await_every_rank(segment_header& h, const shm_detail::rank_block* blocks, s
       throw comm_error(comm_errc::timeout, where + ": ranks" + missing + " did not " + what +
                                                " within the connect timeout");
     }
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+    // Woken by a peer's progress, or after a while to look at `cancelled` again.
+    const auto until =
+        cancelled ? std::min(deadline, now + std::chrono::milliseconds(50)) : deadline;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(until - now).count();
     timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&h.bell), FUTEX_WAIT, seen, &ts, nullptr, 0);
     h.sleepers.fetch_sub(1);
@@ -397,8 +404,15 @@ std::string errno_text(const std::string& what) { return what + ": " + std::stre
 
 }  // namespace
 
-std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
-                                                    const shm_options& opts_in) {
+namespace {
+
+// The rendezvous behind make_shm_communicator and connect_if_shm: `meet` and `key` carry rank
+// 0's word to the others ("shm <pid> <fd> <nonce> <bytes>", or a verdict that is not shm);
+// `decide` (rank 0, may be empty: always shm) is asked once the segment exists.
+std::unique_ptr<communicator> rendezvous(kv_store& meet, const std::string& key,
+                                         const comm_identity& id, const shm_options& opts_in,
+                                         const std::function<std::string()>& decide,
+                                         std::string& verdict) {
   const std::string where = "shm connect (group " + id.group + ", generation " +
                             std::to_string(id.generation) + ", rank " + std::to_string(id.rank) +
                             " of " + std::to_string(id.size) + ")";
@@ -413,6 +427,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
   opts.chunk_bytes = ceil_div(opts.chunk_bytes, 4096) * 4096;
   opts.p2p_chunk_bytes = ceil_div(opts.p2p_chunk_bytes, 4096) * 4096;
   const auto n = static_cast<size_t>(id.size);
+  verdict = "shm";
   if (id.size == 1) {
     return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},
                                                           shm_detail::group_staging{},
@@ -423,7 +438,6 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
   rendezvous_state st;
   st.bytes = layout.total;
   try {
-    prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/shm");
     uint64_t nonce = 0;
     if (id.rank == 0) {
       st.fd = static_cast<int>(::syscall(
@@ -435,7 +449,12 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
         throw comm_error(comm_errc::internal, where + ": " + errno_text("ftruncate"));
       }
     } else {
-      std::istringstream in(scoped.get_string("segment", left_until(deadline)));
+      const std::string word = meet.get_string(key, left_until(deadline));
+      if (word.rfind("shm ", 0) != 0) {  // rank 0 decided against shared memory
+        verdict = word;
+        return nullptr;
+      }
+      std::istringstream in(word.substr(4));
       int32_t pid = 0;
       int fd = -1;
       size_t total = 0;
@@ -486,8 +505,13 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
       for (size_t j = 0; j < n * n; ++j)
         new (base + layout.channels + j * sizeof(shm_detail::channel)) shm_detail::channel{};
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      scoped.set_string("segment", std::to_string(::getpid()) + " " + std::to_string(st.fd) + " " +
-                                       std::to_string(nonce) + " " + std::to_string(layout.total));
+      if (decide) verdict = decide();
+      if (verdict != "shm") {
+        meet.set_string(key, verdict);
+        return nullptr;
+      }
+      meet.set_string(key, "shm " + std::to_string(::getpid()) + " " + std::to_string(st.fd) + " " +
+                               std::to_string(nonce) + " " + std::to_string(layout.total));
     } else if (hdr->magic != shm_detail::segment_magic || hdr->nonce != nonce || hdr->size != n ||
                hdr->chunk_bytes != opts.chunk_bytes ||
                hdr->p2p_chunk_bytes != opts.p2p_chunk_bytes) {
@@ -515,7 +539,7 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     // rank has mapped it and published its pid and staging.
     me.joined.store(shm_detail::joined_mapped);
     shm_detail::ring(*hdr);
-    await_every_rank(*hdr, blocks, n, deadline, where, "map the segment",
+    await_every_rank(*hdr, blocks, n, deadline, opts.cancelled, where, "map the segment",
                      [](uint32_t joined) { return joined >= shm_detail::joined_mapped; });
     // Every rank has the segment mapped: the descriptor is not needed any more, and once rank
     // 0 closes its own, the memory lives exactly as long as some rank maps it.
@@ -559,13 +583,32 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
     st.staging.reset();
     return c;
   } catch (const store_error& e) {
-    throw comm_error(e.code() == store_errc::timeout ? comm_errc::timeout : comm_errc::internal,
-                     where + ": store: " + e.what());
+    throw as_connect_error(e, where);
   } catch (const comm_error&) {
     throw;
   } catch (const std::exception& e) {
     throw comm_error(comm_errc::internal, where + ": " + e.what());
   }
 }
+
+}  // namespace
+
+std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
+                                                    const shm_options& opts) {
+  prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/shm");
+  std::string verdict;
+  return rendezvous(scoped, "segment", id, opts, {}, verdict);
+}
+
+namespace shm_detail {
+
+std::unique_ptr<communicator> connect_if_shm(kv_store& meet, const std::string& key,
+                                             const comm_identity& id, const shm_options& opts,
+                                             const std::function<std::string()>& decide,
+                                             std::string& verdict) {
+  return rendezvous(meet, key, id, opts, decide, verdict);
+}
+
+}  // namespace shm_detail
 
 }  // namespace troupe::comm

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/comm/store.hpp"
@@ -16,6 +18,9 @@ namespace troupe::comm {
 struct shm_options {
   /// Bound on the rendezvous: rank 0 publishing the segment and every rank mapping it.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
+  /// Once this returns true (a newer generation was opened), the rendezvous gives up within
+  /// ~50 ms (comm_errc::aborted), whether it waits in the store or in the segment. Empty: never.
+  cancel_check cancelled;
   /// Bytes each rank stages per round; collectives move larger buffers in rounds of this
   /// size. Each rank's region is two of these (rounds alternate between them, so one round's
   /// data is never overwritten while a peer still reads it). Allocated once, faulted in by
@@ -73,5 +78,20 @@ struct shm_options {
 /// message (as gloo's does), so the same pairing rules hold on both backends.
 std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
                                                     const shm_options& opts = {});
+
+namespace shm_detail {
+
+/// make_shm_communicator for a group that may turn out not to be on one host
+/// (make_host_communicator): rank 0 creates the segment first, then asks `decide` (which may
+/// wait for the other ranks) whether the group takes shared memory; its answer travels under
+/// `key` of `meet`, with the segment's address when it is "shm", so the transport's verdict
+/// and the segment cost the group one store round instead of two. Returns nullptr with that
+/// answer in `verdict` when it is not "shm". `decide` is used on rank 0 only.
+std::unique_ptr<communicator> connect_if_shm(kv_store& meet, const std::string& key,
+                                             const comm_identity& id, const shm_options& opts,
+                                             const std::function<std::string()>& decide,
+                                             std::string& verdict);
+
+}  // namespace shm_detail
 
 }  // namespace troupe::comm

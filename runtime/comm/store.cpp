@@ -38,6 +38,8 @@ const char* to_string(store_errc code) {
       return "refused";
     case store_errc::full:
       return "full";
+    case store_errc::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -50,6 +52,58 @@ std::string kv_store::get_string(const std::string& key, milliseconds timeout) {
   const auto v = get(key, timeout);
   return std::string(v.begin(), v.end());
 }
+
+comm_error as_connect_error(const store_error& e, const std::string& where) {
+  const comm_errc code = e.code() == store_errc::timeout     ? comm_errc::timeout
+                         : e.code() == store_errc::cancelled ? comm_errc::aborted
+                                                             : comm_errc::internal;
+  return comm_error(code, where + ": store: " + e.what());
+}
+
+// ---- interruptible_store ----
+
+interruptible_store::interruptible_store(kv_store& base, cancel_check cancelled, milliseconds poll)
+    : base_(base), cancelled_(std::move(cancelled)), poll_(std::max(poll, milliseconds(1))) {}
+
+template <class Wait>
+auto interruptible_store::in_slices(const std::string& what, milliseconds timeout, Wait wait_for) {
+  if (timeout.count() < 0) throw store_error(store_errc::invalid, "negative timeout for " + what);
+  const auto deadline = clock_type::now() + timeout;
+  for (;;) {
+    if (cancelled_ && cancelled_())
+      throw store_error(store_errc::cancelled, "stopped waiting for " + what + ": cancelled");
+    const auto left =
+        std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - clock_type::now()));
+    const bool last = left <= poll_;
+    try {
+      return wait_for(last ? left : poll_);
+    } catch (const store_error& e) {
+      if (e.code() != store_errc::timeout) throw;
+      if (last)
+        throw store_error(store_errc::timeout, std::string(e.what()) + " (" +
+                                                   std::to_string(timeout.count()) + " ms in all)");
+    }
+  }
+}
+
+void interruptible_store::set(const std::string& key, const std::vector<char>& value) {
+  base_.set(key, value);
+}
+
+std::vector<char> interruptible_store::get(const std::string& key, milliseconds timeout) {
+  return in_slices(key, timeout, [&](milliseconds slice) { return base_.get(key, slice); });
+}
+
+void interruptible_store::wait(const std::vector<std::string>& keys, milliseconds timeout) {
+  in_slices(std::to_string(keys.size()) + " keys", timeout,
+            [&](milliseconds slice) { base_.wait(keys, slice); });
+}
+
+int64_t interruptible_store::add(const std::string& key, int64_t delta) {
+  return base_.add(key, delta);
+}
+
+bool interruptible_store::check(const std::vector<std::string>& keys) { return base_.check(keys); }
 
 // ---- prefix_store ----
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/auth/handshake.hpp"
+#include "runtime/comm/communicator.hpp"
 
 namespace troupe::comm {
 
@@ -25,6 +26,7 @@ enum class store_errc : uint8_t {
   invalid,          ///< bad arguments (an empty key list, a negative timeout, a huge value)
   refused,          ///< the handshake failed: another job, another protocol, a wrong secret
   full,             ///< the server holds its limit of bytes already
+  cancelled,        ///< the caller gave up waiting (interruptible_store)
 };
 
 const char* to_string(store_errc code);
@@ -84,6 +86,37 @@ class prefix_store final : public kv_store {
 
   kv_store& base_;
   std::string prefix_;  ///< includes the trailing '/'
+};
+
+/// The communicator error that a store call failing during a connect stands for: timeout,
+/// aborted (cancelled by a newer generation) or internal; the message starts with `where`.
+comm_error as_connect_error(const store_error& e, const std::string& where);
+
+/// Whether a caller still wants what it waits for.
+using cancel_check = std::function<bool()>;
+
+/// A view of `base` whose get() and wait() give up with store_errc::cancelled once
+/// `cancelled` returns true: they wait in slices of `poll`, asking between them. A generation's
+/// communicators connect through one, so that a newer generation's abort is not held up by
+/// peers that will never arrive. Does not own `base`.
+class interruptible_store final : public kv_store {
+ public:
+  interruptible_store(kv_store& base, cancel_check cancelled,
+                      std::chrono::milliseconds poll = std::chrono::milliseconds(50));
+
+  void set(const std::string& key, const std::vector<char>& value) override;
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+
+ private:
+  template <class Wait>
+  auto in_slices(const std::string& what, std::chrono::milliseconds timeout, Wait wait_for);
+
+  kv_store& base_;
+  cancel_check cancelled_;
+  std::chrono::milliseconds poll_;
 };
 
 /// Who may talk to a store: members proving they hold a key derived from the job's secret, or

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -288,6 +289,41 @@ TEST(host_transport, make_host_communicator_follows_troupe_transport) {
   ::setenv("TROUPE_TRANSPORT", "bogus", 1);
   EXPECT_THROW(make_host_communicator(*store, {4, "h", 0, 1}), comm_error);
   ::unsetenv("TROUPE_TRANSPORT");
+}
+
+TEST(host_transport, a_cancelled_connect_gives_up_in_the_store_and_in_the_segment) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  const size_t fds_before = shm_fds();
+  std::atomic<bool> cancel{false};
+  const auto expect_aborted = [&](const char* what, auto&& connect) {
+    cancel = false;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(100ms);
+      cancel = true;
+    });
+    const auto start = clock_type::now();
+    try {
+      (void)connect();
+      ADD_FAILURE() << what << ": connected although its peer never came";
+    } catch (const comm_error& e) {
+      EXPECT_EQ(e.code(), comm_errc::aborted) << what << ": " << e.what();
+    }
+    EXPECT_LT(clock_type::now() - start, 5s) << what << " (the connect timeout is 30 s)";
+    canceller.join();
+  };
+  gloo_options o;
+  o.connect_timeout = 30s;
+  o.cancelled = [&] { return cancel.load(); };
+  // Rank 1 of 2 waits in the store for rank 0's verdict; rank 0 waits for rank 1's host.
+  expect_aborted("rank 1", [&] { return make_host_communicator(*store, {9, "h", 1, 2}, o); });
+  expect_aborted("rank 0", [&] { return make_host_communicator(*store, {10, "h", 0, 2}, o); });
+  // Rank 0 of a shm group publishes its segment and waits in it for the others to map it.
+  shm_options so;
+  so.connect_timeout = 30s;
+  so.cancelled = o.cancelled;
+  expect_aborted("the segment", [&] { return make_shm_communicator(*store, {11, "s", 0, 2}, so); });
+  EXPECT_EQ(shm_fds(), fds_before) << "a cancelled connect leaves no segment open";
 }
 
 }  // namespace

@@ -103,6 +103,55 @@ TEST(store, get_times_out_with_a_typed_error) {
   EXPECT_EQ(c->get_string("k", 1s), "v");
 }
 
+TEST(store, interruptible_store_gives_up_when_cancelled_and_otherwise_waits_in_full) {
+  tcp_store_server server;
+  auto c = client(server);
+  std::atomic<bool> cancel{false};
+  interruptible_store s(
+      *c, [&] { return cancel.load(); }, 20ms);
+  // A key set a few slices later is still read.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(60ms);
+    client(server)->set_string("later", "v");
+  });
+  EXPECT_EQ(s.get_string("later", 5s), "v");
+  setter.join();
+  // Cancelled while waiting: get gives up within a slice, long before its timeout.
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(100ms);
+    cancel = true;
+  });
+  auto start = clock_type::now();
+  try {
+    (void)s.get("never", 30s);
+    ADD_FAILURE() << "a cancelled get returned";
+  } catch (const store_error& e) {
+    EXPECT_EQ(e.code(), store_errc::cancelled) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 5s);
+  canceller.join();
+  try {
+    s.wait({"never", "later"}, 30s);
+    ADD_FAILURE() << "a cancelled wait returned";
+  } catch (const store_error& e) {
+    EXPECT_EQ(e.code(), store_errc::cancelled) << e.what();
+  }
+  // Not cancelled: the timeout is the whole timeout, not one slice, and says so.
+  cancel = false;
+  start = clock_type::now();
+  try {
+    (void)s.get("never", 200ms);
+    ADD_FAILURE() << "get of a missing key returned";
+  } catch (const store_error& e) {
+    EXPECT_EQ(e.code(), store_errc::timeout);
+    EXPECT_NE(std::string(e.what()).find("200 ms in all"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(clock_type::now() - start, 200ms);
+  EXPECT_TRUE(eventually([&] { return server.waiting() == 0; }));
+  c->set_string("k", "v");  // the connection is still good
+  EXPECT_EQ(s.get_string("k", 1s), "v");
+}
+
 TEST(store, add_is_atomic_across_clients) {
   tcp_store_server server;
   constexpr int threads = 8;
