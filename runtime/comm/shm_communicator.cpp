@@ -597,7 +597,13 @@ std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_
                                                     const shm_options& opts) {
   prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group + "/shm");
   std::string verdict;
-  return rendezvous(scoped, "segment", id, opts, {}, verdict);
+  auto c = rendezvous(scoped, "segment", id, opts, {}, verdict);
+  if (!c)  // only a rank 0 that asked `decide` publishes anything but a segment
+    throw comm_error(comm_errc::invalid, "shm connect (group " + id.group + ", generation " +
+                                             std::to_string(id.generation) +
+                                             "): rank 0 published no segment but '" + verdict +
+                                             "'");
+  return c;
 }
 
 namespace shm_detail {

@@ -291,6 +291,20 @@ TEST(host_transport, make_host_communicator_follows_troupe_transport) {
   ::unsetenv("TROUPE_TRANSPORT");
 }
 
+TEST(shm_communicator, a_segment_word_that_is_not_one_is_refused) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  store->set_string("g12/w/shm/segment", "tcp");
+  try {
+    (void)make_shm_communicator(*store, {12, "w", 1, 2});
+    ADD_FAILURE() << "connected to no segment";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::invalid) << e.what();
+    EXPECT_NE(std::string(e.what()).find("published no segment but 'tcp'"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(host_transport, a_cancelled_connect_gives_up_in_the_store_and_in_the_segment) {
   tcp_store_server server;
   auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
