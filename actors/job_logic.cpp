@@ -200,6 +200,8 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
     // now, without waiting any longer for checkpoints in flight.
     if (take_halt(out)) return;
   }
+  // Set before the state changes: whether every member holds what the planner would ask.
+  const bool was_training = state_ == job_state::training;
   if (state_ != job_state::recovering) {
     recovery_started_ = now;
     recovery_reason_ = reason;
@@ -239,13 +241,50 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   collecting_.clear();
   eval_step_ = -1;
   restored_.clear();
+  const size_t first_abort = out.size();
   for (auto& m : members_) {
     if (!m.live) continue;
     m.reported = m.reconfigured = false;
-    out.push_back(send_abort{m.id, abort_generation{generation_, reason, false}});
+    out.push_back(send_abort{m.id, abort_generation{generation_, reason, false, {}}});
   }
   // A member has a heartbeat timeout to answer; one that cannot is lost too.
   deadline_ = now + 2 * params_.heartbeat_timeout + std::chrono::milliseconds(1000);
+  planned_with_abort_ = false;
+  if (was_training && can_plan_without_reports()) plan_with_aborts(first_abort, now, out);
+}
+
+bool job_logic::can_plan_without_reports() const {
+  // In the middle of training every placed member holds its rank's state at the last
+  // committed step (a commit reaches a rank before the abort that follows it), and an idle
+  // member holds nothing. A rollback, the steps after the last one, and restarted workers
+  // to wait for all change that picture; they take the report round.
+  if (!params_.plan_with_abort || rollback_ || finishing_) return false;
+  const int expected = awaited();
+  return expected == 0 || !waiting_adds_ranks(expected);
+}
+
+void job_logic::plan_with_aborts(size_t first_abort, logic_time now, actions& out) {
+  for (auto& m : members_) {
+    if (!m.live) continue;
+    m.reported = true;
+    const bool placed = m.rank >= 0;
+    m.held_generation = placed ? generation_ - 1 : 0;
+    m.held_rank = placed ? m.rank : -1;
+    m.held_step = placed ? committed_ : -1;
+  }
+  actions planned;
+  plan_generation(now, planned);
+  for (auto& a : planned) {
+    auto* rc = std::get_if<send_reconfigure>(&a);
+    send_abort* carrier = nullptr;
+    for (size_t i = first_abort; rc && !carrier && i < out.size(); ++i)
+      if (auto* ab = std::get_if<send_abort>(&out[i]); ab && ab->member == rc->member) carrier = ab;
+    if (carrier)
+      carrier->msg.then.push_back(std::move(rc->msg));
+    else
+      out.push_back(std::move(a));
+  }
+  planned_with_abort_ = !ended_;
 }
 
 void job_logic::plan_generation(logic_time now, actions& out) {
@@ -380,6 +419,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
                             {"reason", recovery_reason_},
                             {"cause", recovery_cause_},
                             {"start_step", restore_.start_step},
+                            {"planned_with_abort", planned_with_abort_},
                             {"recovery_s", generation_ > 1 ? took : 0.0}}});
   // The first generation that forms starts training; under load that may be generation 2
   // or later, when a member was lost while the first one connected.

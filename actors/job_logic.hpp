@@ -57,6 +57,9 @@ struct job_params {
   /// Batches skipped after divergences in earlier sessions of this run (resume), one entry
   /// per skip: see reconfigure::skipped_steps.
   std::vector<int64_t> skipped_steps;
+  /// A loss in the middle of training sends each member's place in the next generation with
+  /// its abort, without waiting for state reports (see abort_generation::then).
+  bool plan_with_abort = true;
 };
 
 /// Exit codes of a job, as `troupe run` and `troupe coordinator` return them.
@@ -191,6 +194,11 @@ class job_logic {
   void set_state(job_state s, actions& out, const std::string& why);
   void stale(const std::string& what, int32_t member, uint64_t generation, actions& out);
   void begin_generation(const std::string& reason, logic_time now, actions& out);
+  // Whether the next plan needs no state reports: what each member holds is known.
+  bool can_plan_without_reports() const;
+  // Plans the generation now and puts each member's reconfigure into its abort (the aborts
+  // are the send_abort actions of `out` from index `first_abort`).
+  void plan_with_aborts(size_t first_abort, logic_time now, actions& out);
   void plan_generation(logic_time now, actions& out);
   // Plans now, or holds the plan while restarted workers are expected (replacement_wait).
   void plan_or_wait(logic_time now, actions& out);
@@ -269,6 +277,7 @@ class job_logic {
   std::vector<int> lost_nodes_;
   logic_time replacement_deadline_{};
   bool plan_held_ = false;
+  bool planned_with_abort_ = false;  // this generation's plan went out with the aborts
   straggler_detector stragglers_;
   std::vector<bool> flagged_;  // by rank: already reported this generation
   // results

@@ -240,7 +240,7 @@ actions job_logic::on_heartbeat(const heartbeat& h, logic_time now) {
     stale("heartbeat", h.member, h.generation, out);
     if (m)
       out.push_back(
-          send_abort{h.member, abort_generation{generation_, "this member was evicted", true}});
+          send_abort{h.member, abort_generation{generation_, "this member was evicted", true, {}}});
     return out;
   }
   m->last_heartbeat = now;
@@ -475,7 +475,7 @@ void job_logic::finish(int exit_code, const std::string& message, actions& out) 
   for (const auto& m : members_) {
     if (!m.live) continue;
     if (exit_code != 0)
-      out.push_back(send_abort{m.id, abort_generation{generation_, message, true}});
+      out.push_back(send_abort{m.id, abort_generation{generation_, message, true, {}}});
     out.push_back(send_stop{m.id});
   }
   out.push_back(emit_event{{{"event", exit_code == 0 ? "job_done" : "job_failed"},

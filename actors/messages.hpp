@@ -183,11 +183,15 @@ struct commit {
 
 /// The current generation is over: `generation` is the one being formed (or the last one,
 /// when the job is stopping). Each rank aborts its communicators, drops its uncommitted step
-/// and answers with a state_report.
+/// and answers with a state_report, unless the abort carries its place in the next
+/// generation already (`then`): the coordinator plans without reports when it knows what
+/// every member holds (a loss in the middle of training, nobody awaited). A member that finds
+/// it does not hold what `then` assumes fails that reconfigure, and the normal round follows.
 struct abort_generation {
   uint64_t generation = 0;
   std::string reason;
-  bool final = false;  ///< the job is ending: exit instead of reporting
+  bool final = false;             ///< the job is ending: exit instead of reporting
+  std::vector<reconfigure> then;  ///< empty, or this member's reconfigure for `generation`
 };
 
 /// A rank's share of a checkpoint is durable on disk (or was skipped, or failed).
@@ -318,7 +322,8 @@ typename Inspector::result_type inspect(Inspector& f, commit& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {
-  return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason, x.final);
+  return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason, x.final,
+           x.then);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {

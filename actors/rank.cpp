@@ -58,8 +58,11 @@ double thread_cpu_seconds() {
 std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
   w.newest_generation = std::max(w.newest_generation, a.generation);
   if (a.final) return loop_result{loop_end::stopped, 0, "the job ended: " + a.reason};
-  if (a.generation > w.current.generation)
-    return loop_result{loop_end::aborted, a.generation, a.reason};
+  if (a.generation > w.current.generation) {
+    loop_result end{loop_end::aborted, a.generation, a.reason};
+    if (!a.then.empty() && a.then.front().generation == a.generation) end.then = a.then.front();
+    return end;
+  }
   return std::nullopt;
 }
 
@@ -355,7 +358,10 @@ int serve(worker& w) {
           [&](const abort_generation& a) {
             end = on_control(w, a);
             if (end && end->how == loop_end::aborted) {
-              w.self->send(w.coordinator, report_for(w, a.generation));
+              if (end->then)
+                pending = std::move(end->then);
+              else
+                w.self->send(w.coordinator, report_for(w, a.generation));
               end.reset();
             }
           },
@@ -395,7 +401,12 @@ int serve(worker& w) {
     if (result.how == loop_end::finished) result = await_stop(w);
     switch (result.how) {
       case loop_end::aborted:
-        w.self->send(w.coordinator, report_for(w, result.next_generation));
+        // The coordinator planned the next generation already (see abort_generation::then),
+        // or plans it from every member's report.
+        if (result.then)
+          pending = std::move(result.then);
+        else
+          w.self->send(w.coordinator, report_for(w, result.next_generation));
         break;
       case loop_end::stopped:
         if (!result.why.empty()) monitoring::log(monitoring::level::error, w.log_ctx(), result.why);

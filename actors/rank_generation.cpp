@@ -14,6 +14,14 @@
 
 namespace troupe::actors::worker_detail {
 
+namespace {
+
+bool holds_state_at(const worker& w, int64_t step) {
+  return w.current.engine && w.current.state_step == step;
+}
+
+}  // namespace
+
 // Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
 reconfigured enter_generation(worker& w, const reconfigure& r) {
   reconfigured out;
@@ -27,6 +35,13 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
   next.world = r.world;
   try {
     next.plan = strategies::plan_from_json(r.plan_json);
+    // Checked before connecting: a plan sent with the abort assumes this member holds its
+    // rank's state at the last committed step; when it does not (an apply the abort broke),
+    // the peers learn it from the coordinator's next abort instead of a connect timeout.
+    if (r.rank >= 0 && r.source == state_source::self && !holds_state_at(w, r.start_step))
+      throw std::runtime_error("asked to keep a state this process does not hold (step " +
+                               std::to_string(w.current.state_step) + ", wanted " +
+                               std::to_string(r.start_step) + ")");
     if (r.rank >= 0) {
       const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
       // A newer generation's abort ends every wait of this one's forming (store keys, the
@@ -103,10 +118,6 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           break;
         }
         case state_source::self:
-          if (!w.current.engine || w.current.state_step != r.start_step)
-            throw std::runtime_error("asked to keep a state this process does not hold (step " +
-                                     std::to_string(w.current.state_step) + ", wanted " +
-                                     std::to_string(r.start_step) + ")");
           copy_state(w.current.engine->state(), next.engine->state());
           break;
         case state_source::peer:

@@ -50,6 +50,8 @@ struct loop_result {
   loop_end how = loop_end::finished;
   uint64_t next_generation = 0;  // aborted: the generation being formed
   std::string why;
+  std::optional<reconfigure> then =
+      std::nullopt;  // aborted: this member's place in it, when the abort said
 };
 
 struct worker {

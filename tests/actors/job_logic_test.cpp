@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/trainer.hpp"
@@ -60,6 +61,10 @@ strategies::layout_plan plan_for(const train_config& cfg, int world) {
   return strategies::plan_of(planned);
 }
 
+// Whether the job under test plans a loss in training without state reports (the plan goes
+// out with the aborts); every test runs both ways (JobLogicTest's parameter).
+bool plan_with_abort_mode = true;
+
 // A job driven through its events, with a clock the test moves.
 class logic_harness {
  public:
@@ -75,6 +80,7 @@ class logic_harness {
     p.bounds.min_ranks = min_ranks;
     p.bounds.max_ranks = max_ranks > 0 ? max_ranks : cfg_.world;
     p.heartbeat_timeout = 2000ms;
+    p.plan_with_abort = plan_with_abort_mode;
     if (tweak) tweak(p);
     logic_.emplace(p, now_);
   }
@@ -92,6 +98,20 @@ class logic_harness {
     h.host = "test";
     auto a = logic_->on_member_joined(h, now_, w);
     if (answer) *answer = w;
+    remember(a);
+    return a;
+  }
+
+  // A rank's vote arrives now; a recovery it opens (a grow, a rebalance) is remembered.
+  actions vote(const step_done& v) {
+    auto a = logic_->on_vote(v, now_);
+    remember(a);
+    return a;
+  }
+
+  // A member is lost now; what its recovery sends is remembered.
+  actions lose(int32_t member, loss_cause cause, const std::string& why) {
+    auto a = logic_->on_member_lost(member, cause, why, now_);
     remember(a);
     return a;
   }
@@ -149,9 +169,27 @@ class logic_harness {
     return out;
   }
 
-  // Every live member reports what its engine holds now.
+  // Every live member reports what its engine holds now. When the plan went out with the
+  // aborts, the members report nothing: the reconfigures the aborts carried come back as
+  // this round's, and reports sent anyway (a duplicate, a late one) change nothing.
   actions report_all(int64_t held_step) {
     actions out;
+    if (!carried_.empty()) {
+      for (const auto& m : logic_->members()) {
+        if (!m.live) continue;
+        state_report r;
+        r.generation = logic_->generation();
+        r.member = m.id;
+        r.held_step = held_step;
+        const auto ignored = logic_->on_state_report(r, now_);
+        EXPECT_TRUE(all_of<send_reconfigure>(ignored).empty() &&
+                    all_of<send_abort>(ignored).empty())
+            << "a report after the plan went out with the aborts re-planned";
+      }
+      out.insert(out.end(), carried_.begin(), carried_.end());
+      carried_.clear();
+      return out;
+    }
     for (const auto& m : logic_->members()) {
       if (!m.live) continue;
       state_report r;
@@ -184,6 +222,24 @@ class logic_harness {
       reconfigures_.push_back(r);
       placed_[r.member] = r.msg.rank;
     }
+    const auto aborts = all_of<send_abort>(a);
+    if (!aborts.empty()) {
+      // A new generation: what the members were told for an older one is void.
+      carried_.clear();
+      std::erase_if(reconfigures_, [&](const send_reconfigure& r) {
+        return r.msg.generation < aborts.front().msg.generation;
+      });
+    }
+    for (const auto& x : aborts) {
+      if (x.msg.then.empty()) continue;
+      EXPECT_EQ(x.msg.then.size(), 1u);
+      EXPECT_EQ(x.msg.then.front().generation, x.msg.generation);
+      EXPECT_EQ(x.msg.then.front().member, x.member);
+      const send_reconfigure r{x.member, x.msg.then.front()};
+      carried_.push_back(r);
+      reconfigures_.push_back(r);
+      placed_[r.member] = r.msg.rank;
+    }
   }
 
   train_config cfg_;
@@ -191,10 +247,18 @@ class logic_harness {
   std::optional<job_logic> logic_;
   std::vector<send_reconfigure> reconfigures_;
   std::map<int32_t, int32_t> placed_;
+  std::vector<send_reconfigure> carried_;  // carried by the last aborts, not yet reported for
   int spares_ = 0;
 };
 
-TEST(JobLogicTest, FormsTheFirstGenerationWhenEveryMemberJoined) {
+// Runs each test with the plan sent with the aborts (where the logic may) and with the report
+// round only.
+class JobLogicTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { plan_with_abort_mode = GetParam(); }
+};
+
+TEST_P(JobLogicTest, FormsTheFirstGenerationWhenEveryMemberJoined) {
   logic_harness h(small_config(2));
   EXPECT_EQ(h.logic().state(), job_state::forming);
   EXPECT_TRUE(all_of<send_reconfigure>(h.join(0)).empty());
@@ -214,7 +278,7 @@ TEST(JobLogicTest, FormsTheFirstGenerationWhenEveryMemberJoined) {
   EXPECT_TRUE(has_event(done, "generation"));
 }
 
-TEST(JobLogicTest, RefusesDuplicatesAndOtherProtocols) {
+TEST_P(JobLogicTest, RefusesDuplicatesAndOtherProtocols) {
   logic_harness h(small_config(2));
   welcome w;
   h.join(0, &w);
@@ -229,7 +293,7 @@ TEST(JobLogicTest, RefusesDuplicatesAndOtherProtocols) {
   EXPECT_NE(w2.error.find("protocol"), std::string::npos);
 }
 
-TEST(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
+TEST_P(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
   logic_harness h(small_config(2));
   h.form();
   step_done v;
@@ -238,7 +302,7 @@ TEST(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
   v.rank = 0;
   v.tokens = 2;
   v.loss_sum = 2;
-  EXPECT_TRUE(all_of<send_commit>(h.logic().on_vote(v, h.now())).empty());
+  EXPECT_TRUE(all_of<send_commit>(h.vote(v)).empty());
   step_done old = v;
   old.generation = 7;
   old.rank = 1;
@@ -247,7 +311,7 @@ TEST(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
   EXPECT_TRUE(has_event(stale, "stale_message"));
   EXPECT_EQ(h.logic().stale_messages(), 1u);
   v.rank = 1;
-  auto a = h.logic().on_vote(v, h.now());
+  auto a = h.vote(v);
   auto commits = all_of<send_commit>(a);
   ASSERT_EQ(commits.size(), 2u);
   EXPECT_EQ(commits[0].msg.step, 1);
@@ -255,12 +319,12 @@ TEST(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
   EXPECT_TRUE(has_event(a, "step"));
 }
 
-TEST(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
+TEST_P(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
   logic_harness h(small_config(4));
   h.form();
   for (int s = 1; s <= 3; ++s) h.step(s);
   const int32_t victim = h.logic().member_of_rank(2);
-  auto a = h.logic().on_member_lost(victim, loss_cause::exit, "killed by signal 9", h.now());
+  auto a = h.lose(victim, loss_cause::exit, "killed by signal 9");
   EXPECT_EQ(h.logic().state(), job_state::recovering);
   EXPECT_EQ(h.logic().generation(), 2u);
   auto aborts = all_of<send_abort>(a);
@@ -298,7 +362,7 @@ TEST(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
   EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
 }
 
-TEST(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
+TEST_P(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
   // dp4 with ep2: replicas {0, 1} and {2, 3} each share every micro-batch of their group, so
   // a rebalance away from a slow replica must move whole groups' counts.
   auto cfg = small_config(4);
@@ -326,7 +390,7 @@ TEST(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
       v.tokens = 2;
       v.compute_s = r == slow ? 0.2 : 0.1;
       v.compute_cpu_s = v.compute_s;
-      auto a = h.logic().on_vote(v, h.now());
+      auto a = h.vote(v);
       rebalanced.insert(rebalanced.end(), a.begin(), a.end());
     }
     h.advance(100ms);
@@ -347,7 +411,7 @@ TEST(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
 // Under load the first generation may never form (a member cannot connect its groups in time
 // and says so); the job then trains from generation 2, and training_started must still be
 // said, once.
-TEST(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotTheFirst) {
+TEST_P(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotTheFirst) {
   logic_harness h(small_config(2));
   h.join(0);
   ASSERT_EQ(all_of<send_reconfigure>(h.join(1)).size(), 2u);
@@ -369,7 +433,7 @@ TEST(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotThe
   EXPECT_EQ(said, 1u);
   // Later generations never say it again.
   h.step(1);
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
   const auto again = h.report_all(1);
   const auto reformed = h.settle_reconfigure();
   EXPECT_EQ(h.logic().state(), job_state::training);
@@ -377,18 +441,18 @@ TEST(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotThe
   EXPECT_FALSE(has_event(reformed, "training_started"));
 }
 
-TEST(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
+TEST_P(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
   logic_harness h(small_config(4));
   h.form();
   h.step(1);
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
   ASSERT_EQ(h.logic().generation(), 2u);
   // One survivor reports for generation 2, then another dies before the rest report.
   state_report early;
   early.generation = 2;
   early.member = h.logic().member_of_rank(0) >= 0 ? h.logic().member_of_rank(0) : 0;
   h.logic().on_state_report(early, h.now());
-  auto a = h.logic().on_member_lost(3, loss_cause::connection, "closed", h.now());
+  auto a = h.lose(3, loss_cause::connection, "closed");
   EXPECT_EQ(h.logic().generation(), 3u);
   EXPECT_EQ(all_of<send_abort>(a).size(), 2u);
   // A report for generation 2 is now stale.
@@ -401,7 +465,7 @@ TEST(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
   EXPECT_EQ(h.logic().state(), job_state::training);
 }
 
-TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplays) {
+TEST_P(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplays) {
   auto cfg = small_config(2);
   cfg.parallel.pp = 2;
   cfg.parallel.micro_batches = 4;
@@ -423,7 +487,7 @@ TEST(JobLogicTest, LostPipelineStageWithoutReplicaRestoresTheCheckpointAndReplay
     }
   }
   ASSERT_EQ(h.logic().last_checkpoint_step(), 5);
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
   auto rc = all_of<send_reconfigure>(h.report_all(7));
   ASSERT_EQ(rc.size(), 1u);
   EXPECT_EQ(rc[0].msg.world, 1);
@@ -460,7 +524,7 @@ void train_past_the_first_checkpoint(logic_harness& h) {
 // Asynchronous writes let steps go on while a checkpoint is written, but at most one
 // checkpoint is in flight job-wide, its commit included: the next checkpoint step is decided
 // only once the previous manifest is committed, so a crash loses at most one interval.
-TEST(JobLogicTest, NextCheckpointStepWaitsForThePreviousCommit) {
+TEST_P(JobLogicTest, NextCheckpointStepWaitsForThePreviousCommit) {
   auto cfg = small_config(2);
   cfg.checkpoint_every = 2;
   logic_harness h(cfg);
@@ -512,7 +576,7 @@ TEST(JobLogicTest, NextCheckpointStepWaitsForThePreviousCommit) {
 
 // checkpoint_overlap skip: the step is decided at once and the checkpoint it would have
 // asked for is skipped, with an event that says why.
-TEST(JobLogicTest, OverlapSkipDecidesTheStepWithoutItsCheckpoint) {
+TEST_P(JobLogicTest, OverlapSkipDecidesTheStepWithoutItsCheckpoint) {
   auto cfg = small_config(2);
   cfg.checkpoint_every = 2;
   cfg.checkpoint_overlap = "skip";
@@ -528,20 +592,20 @@ TEST(JobLogicTest, OverlapSkipDecidesTheStepWithoutItsCheckpoint) {
 
 // A generation that ends while votes are held drops them with the step: the new generation
 // replays it, and the released checkpoint does not decide a step of the old one.
-TEST(JobLogicTest, HeldVotesGoWithTheGeneration) {
+TEST_P(JobLogicTest, HeldVotesGoWithTheGeneration) {
   auto cfg = small_config(2);
   cfg.checkpoint_every = 2;
   logic_harness h(cfg);
   train_past_the_first_checkpoint(h);
   EXPECT_TRUE(all_of<send_commit>(h.step(4)).empty());
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
   EXPECT_EQ(h.logic().committed(), 3);
   commit_checkpoint late;
   late.step = 2;
   EXPECT_TRUE(all_of<send_commit>(h.logic().on_checkpoint_committed(late, "ckpt2", "")).empty());
 }
 
-TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
+TEST_P(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
   auto cfg = small_config(2);
   logic_harness h(cfg, /*spares=*/1);
   h.set_spares(1);
@@ -553,7 +617,7 @@ TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
     if (m.rank < 0) spare = m.id;
   ASSERT_GE(spare, 0);
   h.step(1);
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::exit, "gone", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
   auto rc = all_of<send_reconfigure>(h.report_all(1));
   ASSERT_EQ(rc.size(), 2u);
   for (const auto& r : rc) {
@@ -568,7 +632,7 @@ TEST(JobLogicTest, SpareTakesTheLostRanksPlaceWithItsStateFromAPeer) {
   }
 }
 
-TEST(JobLogicTest, SilentMemberIsLostAtTheHeartbeatTimeout) {
+TEST_P(JobLogicTest, SilentMemberIsLostAtTheHeartbeatTimeout) {
   logic_harness h(small_config(2));
   h.form();
   h.step(1);
@@ -599,10 +663,10 @@ TEST(JobLogicTest, SilentMemberIsLostAtTheHeartbeatTimeout) {
   FAIL() << "the silent member was never declared lost";
 }
 
-TEST(JobLogicTest, BelowMinRanksTheJobFailsNamingTheLoss) {
+TEST_P(JobLogicTest, BelowMinRanksTheJobFailsNamingTheLoss) {
   logic_harness h(small_config(2), 0, 0, /*min_ranks=*/2);
   h.form();
-  auto a = h.logic().on_member_lost(1, loss_cause::exit, "killed by signal 9", h.now());
+  auto a = h.lose(1, loss_cause::exit, "killed by signal 9");
   auto end = all_of<finish_job>(a);
   ASSERT_EQ(end.size(), 1u);
   EXPECT_EQ(end[0].exit_code, 1);
@@ -611,7 +675,7 @@ TEST(JobLogicTest, BelowMinRanksTheJobFailsNamingTheLoss) {
   EXPECT_EQ(h.logic().state(), job_state::failed);
 }
 
-TEST(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
+TEST_P(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
   logic_harness h(small_config(2));
   h.form();
   step_done bad;
@@ -633,7 +697,7 @@ TEST(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
   EXPECT_EQ(all_of<send_abort>(a).size(), 2u) << "nobody is evicted for a collective a peer broke";
 }
 
-TEST(JobLogicTest, RankWhoseOwnCollectiveFailsIsEvicted) {
+TEST_P(JobLogicTest, RankWhoseOwnCollectiveFailsIsEvicted) {
   logic_harness h(small_config(2));
   h.form();
   step_done bad;
@@ -655,7 +719,7 @@ TEST(JobLogicTest, RankWhoseOwnCollectiveFailsIsEvicted) {
   EXPECT_EQ(all_of<send_abort>(a).size(), 1u);
 }
 
-TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
+TEST_P(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
   logic_harness h(small_config(2), 0, /*max_ranks=*/4);
   h.form();
   h.step(1);
@@ -677,11 +741,11 @@ TEST(JobLogicTest, WaitingMembersGrowTheWorldAtTheNextStepBoundary) {
   EXPECT_EQ(peers, 2) << "the newcomers receive their state from ranks that hold it";
 }
 
-TEST(JobLogicTest, MemberJoiningDuringARecoveryWaitsForTheNextGeneration) {
+TEST_P(JobLogicTest, MemberJoiningDuringARecoveryWaitsForTheNextGeneration) {
   logic_harness h(small_config(2), 0, /*max_ranks=*/2);
   h.form();
   h.step(1);
-  h.logic().on_member_lost(1, loss_cause::exit, "gone", h.now());
+  h.lose(1, loss_cause::exit, "gone");
   auto rc = all_of<send_reconfigure>(h.report_all(1));
   ASSERT_EQ(rc.size(), 1u);
   h.join(1);  // restarted by its agent while generation 2 forms
@@ -693,13 +757,13 @@ TEST(JobLogicTest, MemberJoiningDuringARecoveryWaitsForTheNextGeneration) {
   EXPECT_EQ(all_of<send_reconfigure>(h.report_all(2)).size(), 2u);
 }
 
-TEST(JobLogicTest, VoteBeforeTheLastAcknowledgementStillCounts) {
+TEST_P(JobLogicTest, VoteBeforeTheLastAcknowledgementStillCounts) {
   logic_harness h(small_config(2));
   h.form();
   h.step(1);
-  h.logic().on_member_lost(1, loss_cause::exit, "gone", h.now());
-  h.join(1);
-  h.join(2);
+  h.join(2);  // spares: the world is at --max-ranks
+  h.join(3);
+  h.lose(1, loss_cause::exit, "gone");
   auto all = all_of<send_reconfigure>(h.report_all(1));
   ASSERT_EQ(all.size(), 3u);  // two ranks and a spare
   std::vector<send_reconfigure> rc;
@@ -724,19 +788,19 @@ TEST(JobLogicTest, VoteBeforeTheLastAcknowledgementStillCounts) {
   v.step = 2;
   v.rank = first.rank;
   v.tokens = 2;
-  auto early = h.logic().on_vote(v, h.now());
+  auto early = h.vote(v);
   EXPECT_FALSE(has_event(early, "stale_message"));
   reconfigured second = first;
   second.member = rc[1].member;
   second.rank = rc[1].msg.rank;
   h.logic().on_reconfigured(second, h.now());
   v.rank = second.rank;
-  auto a = h.logic().on_vote(v, h.now());
+  auto a = h.vote(v);
   EXPECT_EQ(all_of<send_commit>(a).size(), 2u);
   EXPECT_EQ(h.logic().committed(), 2);
 }
 
-TEST(JobLogicTest, FirstVoteBeforeTheLastRankJoinedGenerationOneCounts) {
+TEST_P(JobLogicTest, FirstVoteBeforeTheLastRankJoinedGenerationOneCounts) {
   logic_harness h(small_config(2));
   h.join(0);
   auto rc = all_of<send_reconfigure>(h.join(1));
@@ -751,16 +815,16 @@ TEST(JobLogicTest, FirstVoteBeforeTheLastRankJoinedGenerationOneCounts) {
   v.step = 1;
   v.rank = first.rank;
   v.tokens = 2;
-  EXPECT_FALSE(has_event(h.logic().on_vote(v, h.now()), "stale_message"));
+  EXPECT_FALSE(has_event(h.vote(v), "stale_message"));
   reconfigured second = first;
   second.member = rc[1].member;
   second.rank = rc[1].msg.rank;
   h.logic().on_reconfigured(second, h.now());
   v.rank = second.rank;
-  EXPECT_EQ(all_of<send_commit>(h.logic().on_vote(v, h.now())).size(), 2u);
+  EXPECT_EQ(all_of<send_commit>(h.vote(v)).size(), 2u);
 }
 
-TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
+TEST_P(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
   auto cfg = small_config(4);
   cfg.parallel.pp = 2;
   cfg.parallel.micro_batches = 4;
@@ -793,7 +857,7 @@ TEST(JobLogicTest, PlanRestoreKeepsPipelineStagesOnTheirHolders) {
   for (auto s : rz.source) EXPECT_EQ(s, state_source::checkpoint);
 }
 
-TEST(JobLogicTest, NoFormingWithinTheDeadlineFails) {
+TEST_P(JobLogicTest, NoFormingWithinTheDeadlineFails) {
   logic_harness h(small_config(2));
   h.join(0);
   h.advance(61s);
@@ -875,7 +939,7 @@ const emit_event* find_event(const actions& a, const std::string& name) {
   return nullptr;
 }
 
-TEST(JobLogicTest, NonFiniteValuesCrossTheWireAsAClass) {
+TEST_P(JobLogicTest, NonFiniteValuesCrossTheWireAsAClass) {
   for (double x : {0.0, -2.5, 1e300, std::nan(""), HUGE_VAL, -HUGE_VAL}) {
     double sent = x;
     const int8_t c = wire_encode(sent);
@@ -888,7 +952,7 @@ TEST(JobLogicTest, NonFiniteValuesCrossTheWireAsAClass) {
   }
 }
 
-TEST(JobLogicTest, DivergedStepIsNeverCommittedAndStopsWithExit3) {
+TEST_P(JobLogicTest, DivergedStepIsNeverCommittedAndStopsWithExit3) {
   logic_harness h(small_config(2));
   h.form();
   for (int s = 1; s <= 3; ++s) h.step(s);
@@ -916,7 +980,7 @@ TEST(JobLogicTest, DivergedStepIsNeverCommittedAndStopsWithExit3) {
   EXPECT_TRUE(all_of<record_skipped>(a).empty()) << "stop skips nothing";
 }
 
-TEST(JobLogicTest, NegativeLossAndNonFiniteGradientNormAreDivergence) {
+TEST_P(JobLogicTest, NegativeLossAndNonFiniteGradientNormAreDivergence) {
   {
     logic_harness h(small_config(2));
     h.form();
@@ -937,7 +1001,7 @@ TEST(JobLogicTest, NegativeLossAndNonFiniteGradientNormAreDivergence) {
   }
 }
 
-TEST(JobLogicTest, StopWaitsForTheCheckpointInFlightAndNamesIt) {
+TEST_P(JobLogicTest, StopWaitsForTheCheckpointInFlightAndNamesIt) {
   logic_harness h(small_config(2));  // checkpoints every 5 steps
   h.form();
   for (int s = 1; s <= 5; ++s) h.step(s);
@@ -955,7 +1019,7 @@ TEST(JobLogicTest, StopWaitsForTheCheckpointInFlightAndNamesIt) {
       << end[0].message;
 }
 
-TEST(JobLogicTest, StopDoesNotWaitPastTheStepTimeoutForACheckpoint) {
+TEST_P(JobLogicTest, StopDoesNotWaitPastTheStepTimeoutForACheckpoint) {
   logic_harness h(small_config(2));
   h.form();
   for (int s = 1; s <= 5; ++s) h.step(s);
@@ -968,7 +1032,7 @@ TEST(JobLogicTest, StopDoesNotWaitPastTheStepTimeoutForACheckpoint) {
   EXPECT_EQ(end[0].exit_code, exit_code::diverged);
 }
 
-TEST(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxRollbacks) {
+TEST_P(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxRollbacks) {
   auto cfg = small_config(2);
   cfg.on_divergence = "rollback";
   cfg.max_rollbacks = 2;
@@ -1021,7 +1085,7 @@ TEST(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxRol
   EXPECT_EQ(h.logic().rollbacks(), 2);
 }
 
-TEST(JobLogicTest, RollbackWithoutACheckpointStartsOverFromTheSeed) {
+TEST_P(JobLogicTest, RollbackWithoutACheckpointStartsOverFromTheSeed) {
   auto cfg = small_config(2);
   cfg.on_divergence = "rollback";
   logic_harness h(cfg);
@@ -1037,7 +1101,7 @@ TEST(JobLogicTest, RollbackWithoutACheckpointStartsOverFromTheSeed) {
   }
 }
 
-TEST(JobLogicTest, SkippedBatchesMoveTheDataPositionOfLaterSteps) {
+TEST_P(JobLogicTest, SkippedBatchesMoveTheDataPositionOfLaterSteps) {
   EXPECT_EQ(data_position(1, {}), 0);
   EXPECT_EQ(data_position(7, {8}), 6);
   EXPECT_EQ(data_position(8, {8}), 8) << "step 8 no longer trains on the batch that diverged";
@@ -1056,7 +1120,7 @@ TEST(JobLogicTest, SkippedBatchesMoveTheDataPositionOfLaterSteps) {
   EXPECT_EQ(l.skipped_steps(), (std::vector<int64_t>{4, 12}));
 }
 
-TEST(JobLogicTest, InterruptCommitsNoFurtherStepButWaitsForTheCheckpointBeingWritten) {
+TEST_P(JobLogicTest, InterruptCommitsNoFurtherStepButWaitsForTheCheckpointBeingWritten) {
   {
     logic_harness h(small_config(2));
     h.form();
@@ -1081,7 +1145,7 @@ TEST(JobLogicTest, InterruptCommitsNoFurtherStepButWaitsForTheCheckpointBeingWri
   EXPECT_NE(end[0].message.find("checkpoint is step 5"), std::string::npos) << end[0].message;
 }
 
-TEST(JobLogicTest, FailedCheckpointWithoutALaterOneEndsWithExit4) {
+TEST_P(JobLogicTest, FailedCheckpointWithoutALaterOneEndsWithExit4) {
   auto cfg = small_config(2);
   cfg.steps = 10;
   logic_harness h(cfg);
@@ -1100,7 +1164,7 @@ TEST(JobLogicTest, FailedCheckpointWithoutALaterOneEndsWithExit4) {
       << end[0].message;
 }
 
-TEST(JobLogicTest, ALaterCommittedCheckpointMakesUpForAFailedOne) {
+TEST_P(JobLogicTest, ALaterCommittedCheckpointMakesUpForAFailedOne) {
   auto cfg = small_config(2);
   cfg.steps = 10;
   logic_harness h(cfg);
@@ -1114,7 +1178,7 @@ TEST(JobLogicTest, ALaterCommittedCheckpointMakesUpForAFailedOne) {
   EXPECT_EQ(end[0].exit_code, exit_code::done);
 }
 
-TEST(JobLogicTest, ExitAfterStepNeverClaimsACheckpointThatFailed) {
+TEST_P(JobLogicTest, ExitAfterStepNeverClaimsACheckpointThatFailed) {
   auto cfg = small_config(2);
   cfg.steps = 20;
   cfg.checkpoint_every = 0;
@@ -1138,12 +1202,12 @@ logic_harness with_restarts(int world) {
   });
 }
 
-TEST(JobLogicTest, CrashedWorkerBeingRestartedTakesItsOldPlaceInOneGeneration) {
+TEST_P(JobLogicTest, CrashedWorkerBeingRestartedTakesItsOldPlaceInOneGeneration) {
   auto h = with_restarts(4);
   h.form();
   for (int s = 1; s <= 3; ++s) h.step(s);
   const int32_t victim = h.logic().member_of_rank(2);
-  h.logic().on_member_lost(victim, loss_cause::exit, "killed by signal 9", h.now());
+  h.lose(victim, loss_cause::exit, "killed by signal 9");
   h.advance(20ms);
   auto held = h.report_all(3);
   EXPECT_TRUE(all_of<send_reconfigure>(held).empty()) << "the plan waits for the restart";
@@ -1167,11 +1231,11 @@ TEST(JobLogicTest, CrashedWorkerBeingRestartedTakesItsOldPlaceInOneGeneration) {
   EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 4u);
 }
 
-TEST(JobLogicTest, RestartThatDoesNotComeInTimeShrinksAndIsGrownLater) {
+TEST_P(JobLogicTest, RestartThatDoesNotComeInTimeShrinksAndIsGrownLater) {
   auto h = with_restarts(4);
   h.form();
   h.step(1);
-  h.logic().on_member_lost(h.logic().member_of_rank(1), loss_cause::connection, "closed", h.now());
+  h.lose(h.logic().member_of_rank(1), loss_cause::connection, "closed");
   EXPECT_TRUE(all_of<send_reconfigure>(h.report_all(1)).empty());
   h.advance(999ms);
   EXPECT_TRUE(all_of<send_reconfigure>(h.logic().on_tick(h.now())).empty());
@@ -1189,19 +1253,19 @@ TEST(JobLogicTest, RestartThatDoesNotComeInTimeShrinksAndIsGrownLater) {
   EXPECT_EQ(grown[0].msg.world, 4);
 }
 
-TEST(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
+TEST_P(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
   {  // hangs are not restarted by an agent: the plan does not wait
     auto h = with_restarts(4);
     h.form();
     h.step(1);
-    h.logic().on_member_lost(h.logic().member_of_rank(3), loss_cause::hang, "silent", h.now());
+    h.lose(h.logic().member_of_rank(3), loss_cause::hang, "silent");
     EXPECT_EQ(all_of<send_reconfigure>(h.report_all(1)).size(), 3u);
   }
   {  // the agent died with its worker (node loss): nobody will restart it
     auto h = with_restarts(4);
     h.form();
     h.step(1);
-    h.logic().on_member_lost(h.logic().member_of_rank(0), loss_cause::exit, "killed", h.now());
+    h.lose(h.logic().member_of_rank(0), loss_cause::exit, "killed");
     EXPECT_TRUE(all_of<send_reconfigure>(h.report_all(1)).empty());
     auto rc = all_of<send_reconfigure>(h.logic().on_agent_lost(0, h.now()));
     ASSERT_EQ(rc.size(), 3u);
@@ -1214,7 +1278,7 @@ TEST(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
     for (int crash = 0; crash < 3; ++crash) {
       h.step(step);
       const int32_t victim = h.logic().member_of_rank(1);
-      h.logic().on_member_lost(victim, loss_cause::exit, "killed", h.now());
+      h.lose(victim, loss_cause::exit, "killed");
       auto rc = all_of<send_reconfigure>(h.report_all(step));
       if (crash < 2) {
         EXPECT_TRUE(rc.empty()) << "crash " << crash;
@@ -1235,12 +1299,142 @@ TEST(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
     h.set_spares(1);
     h.form();
     h.step(1);
-    h.logic().on_member_lost(h.logic().member_of_rank(2), loss_cause::exit, "killed", h.now());
+    h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed");
     const auto rc = all_of<send_reconfigure>(h.report_all(1));
     ASSERT_EQ(rc.size(), 4u) << "no replacement_wait while a spare is idle";
     EXPECT_EQ(rc[0].msg.world, 4);
   }
 }
+
+// A harness whose logic sends the plan with the aborts wherever it may.
+logic_harness planning_with_aborts(train_config cfg) {
+  return logic_harness(std::move(cfg), 0, 0, 1, "warn",
+                       [](job_params& p) { p.plan_with_abort = true; });
+}
+
+TEST(JobLogicPlanWithAbortTest, ALossInTrainingSendsEachMembersPlaceWithItsAbort) {
+  auto h = planning_with_aborts(small_config(4));
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+  const int32_t victim = h.logic().member_of_rank(2);
+  auto a = h.lose(victim, loss_cause::exit, "killed by signal 9");
+  EXPECT_TRUE(all_of<send_reconfigure>(a).empty()) << "the plan travels inside the aborts";
+  const auto aborts = all_of<send_abort>(a);
+  ASSERT_EQ(aborts.size(), 3u);
+  std::set<int32_t> ranks;
+  for (const auto& x : aborts) {
+    ASSERT_EQ(x.msg.then.size(), 1u);
+    const reconfigure& r = x.msg.then.front();
+    EXPECT_EQ(r.generation, 2u);
+    EXPECT_EQ(r.world, 3);
+    EXPECT_EQ(r.source, state_source::self);
+    EXPECT_EQ(r.start_step, 3);
+    ranks.insert(r.rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int32_t>{0, 1, 2}));
+  // A report that comes anyway (from a member that missed nothing) changes nothing.
+  state_report late;
+  late.generation = 2;
+  late.member = aborts[0].member;
+  late.held_generation = 1;
+  late.held_step = 3;
+  EXPECT_TRUE(h.logic().on_state_report(late, h.now()).empty());
+  h.advance(30ms);
+  auto done = h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  const auto* gen = find_event(done, "generation");
+  ASSERT_NE(gen, nullptr);
+  EXPECT_EQ(gen->event["planned_with_abort"], true);
+  EXPECT_EQ(gen->event["world"], 3);
+  EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
+}
+
+// The plan assumed every survivor holds the last committed step; one that does not (the abort
+// broke its apply) fails its reconfigure, and the next generation asks everyone.
+TEST(JobLogicPlanWithAbortTest, AMemberThatDoesNotHoldWhatThePlanAssumedBringsTheReportRound) {
+  auto h = planning_with_aborts(small_config(4));
+  h.form();
+  for (int s = 1; s <= 3; ++s) h.step(s);
+  h.lose(h.logic().member_of_rank(3), loss_cause::exit, "killed by signal 9");
+  ASSERT_EQ(h.logic().generation(), 2u);
+  reconfigured failed;
+  failed.generation = 2;
+  failed.member = h.logic().member_of_rank(1);
+  failed.rank = 1;
+  failed.ok = false;
+  failed.error = "asked to keep a state this process does not hold (step -1, wanted 3)";
+  auto again = h.logic().on_reconfigured(failed, h.now());
+  EXPECT_EQ(h.logic().generation(), 3u);
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  const auto aborts = all_of<send_abort>(again);
+  ASSERT_EQ(aborts.size(), 3u);
+  for (const auto& x : aborts)
+    EXPECT_TRUE(x.msg.then.empty()) << "what the members hold is no longer known";
+  // Members 0 and 2 kept step 3; the one whose apply broke holds nothing usable.
+  std::vector<send_reconfigure> rc;
+  for (const auto& m : h.logic().members()) {
+    if (!m.live) continue;
+    state_report r;
+    r.generation = 3;
+    r.member = m.id;
+    if (m.id != failed.member) {
+      r.held_generation = 1;
+      r.held_rank = m.id;  // form() placed member m at rank m
+      r.held_step = 3;
+    }
+    for (const auto& x : all_of<send_reconfigure>(h.logic().on_state_report(r, h.now())))
+      rc.push_back(x);
+  }
+  ASSERT_EQ(rc.size(), 3u);
+  for (const auto& r : rc) {
+    EXPECT_EQ(r.msg.start_step, 3);
+    if (r.member == failed.member)
+      EXPECT_EQ(r.msg.source, state_source::peer) << "it gets the state from a replica";
+    else
+      EXPECT_EQ(r.msg.source, state_source::self);
+  }
+}
+
+TEST(JobLogicPlanWithAbortTest, RecoveriesThatCannotKnowWhatMembersHoldAskForReports) {
+  {  // a second loss while a generation forms
+    auto h = planning_with_aborts(small_config(4));
+    h.form();
+    h.step(1);
+    h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
+    auto a = h.lose(3, loss_cause::exit, "gone too");
+    ASSERT_EQ(h.logic().generation(), 3u);
+    for (const auto& x : all_of<send_abort>(a)) EXPECT_TRUE(x.msg.then.empty());
+  }
+  {  // a rollback after a divergence
+    auto cfg = small_config(2);
+    cfg.on_divergence = "rollback";
+    auto h = planning_with_aborts(cfg);
+    h.form();
+    for (int s = 1; s <= 5; ++s) h.step(s);
+    write_checkpoint(h, 5);
+    auto a = vote_all(h, 6, std::nan(""));
+    ASSERT_EQ(all_of<send_abort>(a).size(), 2u);
+    for (const auto& x : all_of<send_abort>(a)) EXPECT_TRUE(x.msg.then.empty());
+  }
+  {  // a restarted worker to wait for
+    auto h = logic_harness(small_config(4), 0, 0, 1, "warn", [](job_params& p) {
+      p.plan_with_abort = true;
+      p.max_restarts = 2;
+      p.replacement_wait = 1000ms;
+    });
+    h.form();
+    h.step(1);
+    auto a = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
+    ASSERT_EQ(all_of<send_abort>(a).size(), 3u);
+    for (const auto& x : all_of<send_abort>(a)) EXPECT_TRUE(x.msg.then.empty());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Recovery, JobLogicTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? std::string("PlanWithAbort")
+                                              : std::string("ReportRound");
+                         });
 
 }  // namespace
 }  // namespace troupe::actors
