@@ -168,6 +168,7 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
   m->node = h.node;
   m->pid = h.pid;
   m->host = h.host;
+  m->transport = h.transport;
   m->last_heartbeat = now;
   // A member that joins a running job waits idle for the next generation; the current one
   // (training, or being formed) does not wait for it.
@@ -331,6 +332,7 @@ void job_logic::plan_generation(logic_time now, actions& out) {
   for (size_t r = 0; r < restore_.member_of_rank.size(); ++r)
     if (auto* m = find(restore_.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
   const std::string plan_json = strategies::to_json(next);
+  const bool one_host = ranks_share_one_host();
   for (auto& m : members_) {
     if (!m.live) continue;
     reconfigure msg;
@@ -342,6 +344,7 @@ void job_logic::plan_generation(logic_time now, actions& out) {
     msg.start_step = restore_.start_step;
     msg.reason = recovery_reason_;
     msg.skipped_steps = skipped_;
+    msg.one_host = one_host;
     if (m.rank >= 0) {
       msg.source = restore_.source[static_cast<size_t>(m.rank)];
       msg.source_rank = restore_.source_rank[static_cast<size_t>(m.rank)];
@@ -693,6 +696,19 @@ void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_ti
       }
     }
   }
+}
+
+bool job_logic::ranks_share_one_host() const {
+  std::optional<std::string> host;
+  for (const auto& m : members_) {
+    if (!m.live || m.rank < 0) continue;
+    const auto nl = m.transport.find('\n');
+    if (nl == std::string::npos) return false;
+    const std::string request = m.transport.substr(0, nl), where = m.transport.substr(nl + 1);
+    if ((request != "auto" && request != "shm") || (host && *host != where)) return false;
+    host = where;
+  }
+  return host.has_value();
 }
 
 bool job_logic::grow_wanted() const {

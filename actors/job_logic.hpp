@@ -224,6 +224,8 @@ class job_logic {
   void checkpoint_failed(int64_t step, const std::string& error);
   void handle_stragglers(const std::vector<double>& compute_s, logic_time now, actions& out);
   bool grow_wanted() const;
+  // Whether every placed rank runs on one host and asked for no tcp (reconfigure::one_host).
+  bool ranks_share_one_host() const;
 
   job_params params_;
   job_state state_ = job_state::forming;

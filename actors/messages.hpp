@@ -48,8 +48,9 @@ struct hello {
   int32_t member = -1;
   int32_t pid = 0;
   std::string host;
-  int32_t node = 0;    ///< the agent (node) that started it
-  caf::actor control;  ///< receives aborts while the step loop runs (see rank.hpp)
+  int32_t node = 0;       ///< the agent (node) that started it
+  caf::actor control;     ///< receives aborts while the step loop runs (see rank.hpp)
+  std::string transport;  ///< comm::transport_identity(): its transport request and host
 };
 
 /// The coordinator's answer: the member is admitted (or refused, and why). Its rank and the
@@ -89,6 +90,9 @@ struct reconfigure {
   /// Steps whose batch diverged and is skipped, one entry per skip, ascending: step s trains
   /// on data position s - 1 + (entries <= s), so a replay never meets a bad batch again.
   std::vector<int64_t> skipped_steps;
+  /// Every rank of this generation runs on one host and none asked for tcp (from the members'
+  /// hello): groups connect over shared memory without the ranks asking each other first.
+  bool one_host = false;
 };
 
 /// After an abort: what a member holds, so the coordinator can plan the restore.
@@ -271,7 +275,7 @@ struct job_result {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hello& x) {
   return f(caf::meta::type_name("troupe::hello"), x.protocol, x.member, x.pid, x.host, x.node,
-           x.control);
+           x.control, x.transport);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, welcome& x) {
@@ -281,8 +285,8 @@ typename Inspector::result_type inspect(Inspector& f, welcome& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigure& x) {
   return f(caf::meta::type_name("troupe::reconfigure"), x.generation, x.member, x.rank, x.world,
-           x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason,
-           x.skipped_steps);
+           x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason, x.skipped_steps,
+           x.one_host);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, state_report& x) {

@@ -26,6 +26,7 @@
 #include "chaos/fault_spec.hpp"
 #include "checkpoint/async_checkpointer.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
@@ -442,7 +443,8 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   std::optional<welcome> answer;
   std::string error;
   self->request(coordinator, std::chrono::seconds(30),
-                hello{protocol_version, args.member, getpid(), host, args.node, control})
+                hello{protocol_version, args.member, getpid(), host, args.node, control,
+                      comm::transport_identity()})
       .receive([&](welcome& x) { answer = std::move(x); },
                [&](caf::error& e) {
                  error = "the coordinator did not answer hello: " + self->system().render(e);

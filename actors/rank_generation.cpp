@@ -53,6 +53,7 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       comm::gloo_options gopts;
       gopts.connect_timeout = op_timeout;
       gopts.cancelled = superseded;
+      gopts.known_one_host = r.one_host;
       if (w.cfg.data_plane_auth == "tcp-md5") {
         const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
         gopts.pair_key.assign(key.begin(), key.end());

@@ -24,6 +24,7 @@ struct member_info {
   int32_t node = 0;
   int32_t pid = 0;
   std::string host;
+  std::string transport;  ///< hello::transport: "<request>\n<host identity>"
   bool live = true;
   int32_t rank = -1;             ///< in the current generation; -1 = spare (or not placed yet)
   uint64_t held_generation = 0;  ///< the generation whose layout its state is in

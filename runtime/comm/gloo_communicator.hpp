@@ -24,6 +24,11 @@ struct gloo_options {
   /// generation was opened), its store waits give up within ~50 ms (comm_errc::aborted).
   /// Empty: never.
   cancel_check cancelled;
+  /// For make_host_communicator: the caller knows that every rank of the group runs on this
+  /// host and that none asked for tcp (the coordinator saw it for the whole generation), so
+  /// the group connects over shared memory without the ranks asking each other first. Every
+  /// rank of the group must be told the same.
+  bool known_one_host = false;
   /// Pipelining unit of the ring all-reduce and the chain broadcast.
   size_t segment_bytes = size_t{512} << 10;
   /// Segments in flight per ring step; the all-reduce keeps this many receive buffers.

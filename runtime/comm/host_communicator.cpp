@@ -25,6 +25,11 @@ std::string this_host_identity() {
          (node && *node ? std::string(" node ") + node : std::string());
 }
 
+std::string transport_identity() {
+  const char* v = std::getenv("TROUPE_TRANSPORT");
+  return std::string(v == nullptr || *v == '\0' ? "auto" : v) + "\n" + this_host_identity();
+}
+
 std::string requested_transport() {
   const char* v = std::getenv("TROUPE_TRANSPORT");
   const std::string s = v == nullptr || *v == '\0' ? "auto" : v;
@@ -88,6 +93,20 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
   std::string verdict;
   try {
     prefix_store scoped(meet, "g" + std::to_string(id.generation) + "/" + id.group + "/host");
+    if (opts.known_one_host) {
+      // Nothing to ask the others: rank 0 publishes its segment as soon as it is here, and
+      // each rank opens it whenever it comes (the first operation meets them all).
+      if (mine == "tcp")
+        throw comm_error(comm_errc::invalid,
+                         where +
+                             ": told that no rank asked for tcp, but this one did "
+                             "(TROUPE_TRANSPORT=tcp)");
+      shm.connect_timeout = left();
+      if (auto c = shm_detail::connect_if_shm(scoped, "verdict", id, shm, {}, verdict)) return c;
+      throw comm_error(comm_errc::internal,
+                       where + ": rank 0 published '" + verdict +
+                           "' although every rank was told the group is on one host");
+    }
     if (id.rank != 0)
       scoped.set_string(std::to_string(id.rank), mine + "\n" + this_host_identity());
     const auto decide = [&]() -> std::string {

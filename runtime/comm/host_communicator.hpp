@@ -24,6 +24,11 @@ std::string this_host_identity();
 /// unset or empty. Throws comm_error{invalid} for anything else.
 std::string requested_transport();
 
+/// What this process says about itself to whoever plans its groups: its request and its host,
+/// "<TROUPE_TRANSPORT or auto>\n<this_host_identity()>". Never throws (the request is not
+/// checked here; the connect refuses a bad one).
+std::string transport_identity();
+
 /// The transport of a group, from what each rank asked for and where each runs (both indexed
 /// by rank): tcp if any rank asked for tcp; otherwise shm if every rank is on one host;
 /// otherwise tcp, unless a rank asked for shm (then comm_error{invalid}: shm cannot span
@@ -35,6 +40,8 @@ transport_kind choose_transport(const std::vector<std::string>& requested,
 /// publish their host identities and requests under "g<generation>/<group>/host/<rank>" and
 /// pick a transport with choose_transport(); on shm, the shm communicator with default
 /// options (connect_timeout from `opts`). A group of one uses shm unless tcp is requested.
+/// With opts.known_one_host the ranks skip publishing and reading each other's hosts and go
+/// straight to shared memory (rank 0 then waits for nobody before it publishes its segment).
 std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm_identity& id,
                                                      const gloo_options& opts = {});
 

@@ -1306,6 +1306,39 @@ TEST_P(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
   }
 }
 
+// The members' hello says where each runs and what transport it asked for; when every placed
+// rank is on one host and none asked for tcp, the reconfigures say so (one_host).
+TEST(JobLogicTransportTest, ReconfiguresSayWhenEveryRankIsOnOneHostAndNoneAskedForTcp) {
+  const auto formed_with = [](const std::vector<std::string>& transports) {
+    logic_harness h(small_config(static_cast<int>(transports.size())));
+    actions out;
+    for (size_t m = 0; m < transports.size(); ++m) {
+      hello x;
+      x.member = static_cast<int32_t>(m);
+      x.host = "test";
+      x.transport = transports[m];
+      welcome w;
+      auto a = h.logic().on_member_joined(x, h.now(), w);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    const auto rc = all_of<send_reconfigure>(out);
+    EXPECT_EQ(rc.size(), transports.size());
+    bool all = !rc.empty(), any = false;
+    for (const auto& r : rc) {
+      all = all && r.msg.one_host;
+      any = any || r.msg.one_host;
+    }
+    EXPECT_EQ(all, any) << "every member must be told the same";
+    return all;
+  };
+  EXPECT_TRUE(formed_with({"auto\nhost-a boot-1", "auto\nhost-a boot-1"}));
+  EXPECT_TRUE(formed_with({"shm\nhost-a boot-1", "auto\nhost-a boot-1"}));
+  EXPECT_FALSE(formed_with({"auto\nhost-a boot-1", "tcp\nhost-a boot-1"}));
+  EXPECT_FALSE(formed_with({"auto\nhost-a boot-1 node 0", "auto\nhost-a boot-1 node 1"}));
+  EXPECT_FALSE(formed_with({"auto\nhost-a boot-1", ""})) << "a member that said nothing";
+  EXPECT_FALSE(formed_with({"bogus\nhost-a boot-1", "bogus\nhost-a boot-1"}));
+}
+
 // A harness whose logic sends the plan with the aborts wherever it may.
 logic_harness planning_with_aborts(train_config cfg) {
   return logic_harness(std::move(cfg), 0, 0, 1, "warn",

@@ -77,8 +77,9 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
   o.p2p_chunk_bytes = 4096;
   {
     auto cs = connect_threads(server, GetParam() ? "single" : "staged", 3, o);
-    // No segment descriptor left open; the peers' pidfds are the staging pool's.
-    EXPECT_EQ(shm_fds(), 0u);
+    // Only rank 0's descriptor of the segment is open: the others may not have opened it yet
+    // (their first operation tells); the peers' pidfds are the staging pool's.
+    EXPECT_EQ(shm_fds(), 1u);
     std::vector<std::future<std::string>> runs;
     for (int r = 0; r < 3; ++r) {
       runs.push_back(std::async(std::launch::async, [&, r]() -> std::string {
@@ -104,6 +105,7 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
       }));
     }
     for (auto& f : runs) EXPECT_EQ(f.get(), "");
+    EXPECT_EQ(shm_fds(), 0u) << "after the first operation every rank has the segment mapped";
   }
   EXPECT_EQ(shm_fds(), 0u);  // pidfds and the segment's descriptor are all closed
 }
@@ -291,6 +293,51 @@ TEST(host_transport, make_host_communicator_follows_troupe_transport) {
   ::unsetenv("TROUPE_TRANSPORT");
 }
 
+TEST(host_transport, a_group_known_to_be_on_one_host_goes_straight_to_shared_memory) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  ::unsetenv("TROUPE_TRANSPORT");
+  EXPECT_EQ(transport_identity(), "auto\n" + this_host_identity());
+  gloo_options o;
+  o.known_one_host = true;
+  std::vector<std::future<std::unique_ptr<communicator>>> f;
+  for (int r = 0; r < 3; ++r) {
+    f.push_back(std::async(std::launch::async, [&, r] {
+      auto own = connect_tcp_store("127.0.0.1", server.port(), 5s);
+      return make_host_communicator(*own, {5, "k", r, 3}, o);
+    }));
+  }
+  std::vector<std::unique_ptr<communicator>> cs;
+  for (auto& x : f) cs.push_back(x.get());
+  // Nobody published a host: rank 0 did not wait for the others' before its segment.
+  EXPECT_FALSE(store->check({"g5/k/host/1"}));
+  EXPECT_FALSE(store->check({"g5/k/host/2"}));
+  EXPECT_TRUE(store->check({"g5/k/host/verdict"}));
+  std::vector<std::future<std::vector<float>>> sums;
+  for (int r = 0; r < 3; ++r) {
+    sums.push_back(std::async(std::launch::async, [&, r] {
+      std::vector<float> v{static_cast<float>(r + 1)};
+      cs[r]->all_reduce(v.data(), 1, reduce_op::sum, {10s});
+      return v;
+    }));
+  }
+  for (auto& x : sums) EXPECT_EQ(x.get(), (std::vector<float>{6}));
+  try {
+    cs[0]->send(nullptr, 4, 1, 0, {1s});  // which backend it is shows in its errors
+  } catch (const comm_error& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("shm ", 0), 0u) << e.what();
+  }
+  // A rank that asked for tcp cannot have been told that nobody did.
+  ::setenv("TROUPE_TRANSPORT", "tcp", 1);
+  try {
+    (void)make_host_communicator(*store, {6, "k", 0, 2}, o);
+    ADD_FAILURE() << "a tcp rank connected over shared memory";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::invalid) << e.what();
+  }
+  ::unsetenv("TROUPE_TRANSPORT");
+}
+
 TEST(shm_communicator, a_segment_word_that_is_not_one_is_refused) {
   tcp_store_server server;
   auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
@@ -332,12 +379,50 @@ TEST(host_transport, a_cancelled_connect_gives_up_in_the_store_and_in_the_segmen
   // Rank 1 of 2 waits in the store for rank 0's verdict; rank 0 waits for rank 1's host.
   expect_aborted("rank 1", [&] { return make_host_communicator(*store, {9, "h", 1, 2}, o); });
   expect_aborted("rank 0", [&] { return make_host_communicator(*store, {10, "h", 0, 2}, o); });
-  // Rank 0 of a shm group publishes its segment and waits in it for the others to map it.
+  // Rank 0 of a shm group publishes its segment and returns; its first operation waits for
+  // the others to map it, and gives up when cancelled.
   shm_options so;
   so.connect_timeout = 30s;
   so.cancelled = o.cancelled;
-  expect_aborted("the segment", [&] { return make_shm_communicator(*store, {11, "s", 0, 2}, so); });
+  expect_aborted("the segment", [&] {
+    auto c = make_shm_communicator(*store, {11, "s", 0, 2}, so);
+    c->barrier({30s});
+    return c;
+  });
   EXPECT_EQ(shm_fds(), fds_before) << "a cancelled connect leaves no segment open";
+}
+
+TEST(shm_communicator, the_first_operation_waits_for_every_rank_to_map_the_segment) {
+  tcp_store_server server;
+  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
+  const size_t fds_before = shm_fds();
+  const auto start = clock_type::now();
+  auto rank0 = make_shm_communicator(*store, {13, "late", 0, 2});
+  EXPECT_LT(clock_type::now() - start, 5s) << "rank 0 waits for nobody at the connect";
+  // A rank that never comes: the first operation says who is missing, at its own timeout.
+  try {
+    rank0->barrier({200ms});
+    ADD_FAILURE() << "a barrier of two passed with one rank";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ranks 1 did not map the segment"), std::string::npos)
+        << e.what();
+  }
+  rank0.reset();
+  EXPECT_EQ(shm_fds(), fds_before) << "the segment's descriptor went with the communicator";
+  // One that comes while rank 0's first operation waits for it: the operation completes.
+  auto first = make_shm_communicator(*store, {14, "late", 0, 2});
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    auto other = connect_tcp_store("127.0.0.1", server.port(), 5s);
+    auto rank1 = make_shm_communicator(*other, {14, "late", 1, 2});
+    std::vector<float> v{2, 4};
+    rank1->all_reduce(v.data(), 2, reduce_op::sum, {10s});
+  });
+  std::vector<float> v{1, 1};
+  first->all_reduce(v.data(), 2, reduce_op::sum, {10s});
+  later.join();
+  EXPECT_EQ(v, (std::vector<float>{3, 5}));
 }
 
 }  // namespace
