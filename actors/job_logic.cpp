@@ -258,8 +258,13 @@ bool job_logic::can_plan_without_reports() const {
   // In the middle of training every placed member holds its rank's state at the last
   // committed step (a commit reaches a rank before the abort that follows it), and an idle
   // member holds nothing. A rollback, the steps after the last one, and restarted workers
-  // to wait for all change that picture; they take the report round.
+  // to wait for all change that picture; they take the report round. So does a layout whose
+  // update is itself a collective (ZeRO's all-gather, the global gradient norm across tensor,
+  // pipeline or expert ranks): the abort can catch a rank in the middle of it, and the wrong
+  // guess then costs a failed generation more than the reports would have.
   if (!params_.plan_with_abort || rollback_ || finishing_) return false;
+  const auto& shape = plan_.shape;
+  if (params_.cfg.parallel.zero > 0 || shape.tp > 1 || shape.pp > 1 || shape.ep > 1) return false;
   const int expected = awaited();
   return expected == 0 || !waiting_adds_ranks(expected);
 }

@@ -189,7 +189,8 @@ struct commit {
 /// when the job is stopping). Each rank aborts its communicators, drops its uncommitted step
 /// and answers with a state_report, unless the abort carries its place in the next
 /// generation already (`then`): the coordinator plans without reports when it knows what
-/// every member holds (a loss in the middle of training, nobody awaited). A member that finds
+/// every member holds (a loss in the middle of training, nobody awaited, a layout whose update
+/// is no collective). A member that finds
 /// it does not hold what `then` assumes fails that reconfigure, and the normal round follows.
 struct abort_generation {
   uint64_t generation = 0;

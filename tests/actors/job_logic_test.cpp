@@ -1449,6 +1449,27 @@ TEST(JobLogicPlanWithAbortTest, RecoveriesThatCannotKnowWhatMembersHoldAskForRep
     ASSERT_EQ(all_of<send_abort>(a).size(), 2u);
     for (const auto& x : all_of<send_abort>(a)) EXPECT_TRUE(x.msg.then.empty());
   }
+  // Layouts whose update is a collective, which the abort may have broken in some rank.
+  const auto pipeline = [] {
+    auto cfg = small_config(4);
+    cfg.parallel.pp = 2;
+    cfg.parallel.micro_batches = 4;
+    return cfg;
+  };
+  const auto zero = [] {
+    auto cfg = small_config(4);
+    cfg.parallel.zero = 1;
+    return cfg;
+  };
+  for (const auto& cfg : {pipeline(), zero()}) {
+    auto h = planning_with_aborts(cfg);
+    h.form();
+    h.step(1);
+    auto a = h.lose(h.logic().member_of_rank(3), loss_cause::exit, "killed by signal 9");
+    ASSERT_EQ(all_of<send_abort>(a).size(), 3u);
+    for (const auto& x : all_of<send_abort>(a))
+      EXPECT_TRUE(x.msg.then.empty()) << "pp " << cfg.parallel.pp << ", zero " << cfg.parallel.zero;
+  }
   {  // a restarted worker to wait for
     auto h = logic_harness(small_config(4), 0, 0, 1, "warn", [](job_params& p) {
       p.plan_with_abort = true;
