@@ -95,7 +95,7 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
     prefix_store scoped(meet, "g" + std::to_string(id.generation) + "/" + id.group + "/host");
     if (opts.known_one_host) {
       // Nothing to ask the others: rank 0 publishes its segment as soon as it is here, and
-      // each rank opens it whenever it comes (the first operation meets them all).
+      // each rank opens it whenever it comes; they meet once, in the segment.
       if (mine == "tcp")
         throw comm_error(comm_errc::invalid,
                          where +

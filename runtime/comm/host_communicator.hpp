@@ -41,7 +41,8 @@ transport_kind choose_transport(const std::vector<std::string>& requested,
 /// pick a transport with choose_transport(); on shm, the shm communicator with default
 /// options (connect_timeout from `opts`). A group of one uses shm unless tcp is requested.
 /// With opts.known_one_host the ranks skip publishing and reading each other's hosts and go
-/// straight to shared memory (rank 0 then waits for nobody before it publishes its segment).
+/// straight to shared memory (rank 0 then waits for nobody's host before it publishes its
+/// segment).
 std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm_identity& id,
                                                      const gloo_options& opts = {});
 

@@ -47,28 +47,22 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
 }
 
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
-                                   segment_layout layout, own_staging own, int join_fd)
+                                   segment_layout layout, group_staging staging,
+                                   std::vector<int> pidfds, std::optional<bool> single_copy)
     : id_(std::move(id)),
       opts_(opts),
       base_(base),
       layout_(layout),
-      pidfds_(static_cast<size_t>(id_.size), -1),
-      join_fd_(join_fd),
-      joined_(base == nullptr),
-      pids_(static_cast<size_t>(id_.size), 0) {
-  if (base_ == nullptr) {  // a group of one
-    single_copy_ = false;
-    return;
+      staging_(std::move(staging)),
+      pidfds_(std::move(pidfds)),
+      pids_(static_cast<size_t>(id_.size), 0),
+      single_copy_(single_copy) {
+  if (base_ != nullptr) {
+    for (int j = 0; j < id_.size; ++j) pids_[j] = block(j).pid.load();
   }
-  const auto n = static_cast<size_t>(id_.size);
-  staging_.own = own;
-  staging_.of_rank.assign(n, nullptr);
-  staging_.of_rank[static_cast<size_t>(id_.rank)] = own.data;
-  staging_.peers.assign(n, staging_address{});
 }
 
 shm_communicator::~shm_communicator() {
-  if (join_fd_ >= 0) ::close(join_fd_);
   if (staging_.own.data != nullptr) {
     auto& pool = staging_pool::process();
     pool.release(staging_.own.slot, this);
@@ -369,16 +363,15 @@ struct rendezvous_state {
 };
 
 /// Sleeps on the segment's bell until `ready(joined)` holds for every rank's block; timeout
-/// at the deadline, naming the ranks that are missing; aborted once `cancelled` says so.
+/// at the deadline, naming the ranks that are missing.
 template <class Ready>
 void await_every_rank(segment_header& h, const shm_detail::rank_block* blocks, size_t n,
                       clock_type::time_point deadline, const cancel_check& cancelled,
                       const std::string& where, const char* what, Ready&& ready) {
   for (;;) {
     if (cancelled && cancelled())
-      throw comm_error(comm_errc::aborted,
-                       where + ": gave up waiting for the ranks to " + what +
-                           " (the communicator was aborted, or a newer generation began)");
+      throw comm_error(comm_errc::aborted, where + ": cancelled while waiting for the ranks to " +
+                                               what + " (a newer generation began)");
     h.sleepers.fetch_add(1);
     const uint32_t seen = h.bell.load();
     std::string missing;
@@ -389,8 +382,8 @@ void await_every_rank(segment_header& h, const shm_detail::rank_block* blocks, s
     if (missing.empty() || now >= deadline) {
       h.sleepers.fetch_sub(1);
       if (missing.empty()) return;
-      throw comm_error(comm_errc::timeout,
-                       where + ": ranks" + missing + " did not " + what + " in time");
+      throw comm_error(comm_errc::timeout, where + ": ranks" + missing + " did not " + what +
+                                               " within the connect timeout");
     }
     // Woken by a peer's progress, or after a while to look at `cancelled` again.
     const auto until =
@@ -437,7 +430,8 @@ std::unique_ptr<communicator> rendezvous(kv_store& meet, const std::string& key,
   verdict = "shm";
   if (id.size == 1) {
     return std::make_unique<shm_detail::shm_communicator>(id, opts, nullptr, segment_layout{},
-                                                          shm_detail::own_staging{}, -1);
+                                                          shm_detail::group_staging{},
+                                                          std::vector<int>{-1}, false);
   }
   const auto deadline = clock_type::now() + opts.connect_timeout;
   const segment_layout layout = segment_layout::of(n, opts.chunk_bytes, opts.p2p_chunk_bytes);
@@ -533,25 +527,57 @@ std::unique_ptr<communicator> rendezvous(kv_store& meet, const std::string& key,
     st.staging.emplace();
     st.staging->own =
         pool.acquire(id.group.substr(0, id.group.find('.')), staging_bytes, &st.holder);
+    st.staging->of_rank.assign(n, nullptr);
+    st.staging->peers.assign(n, shm_detail::staging_address{});
     auto& me = blocks[id.rank];
     me.pid.store(::getpid());
     me.base_addr.store(reinterpret_cast<uint64_t>(st.base));
     me.staging_fd.store(st.staging->own.address.fd);
     me.staging_nonce.store(st.staging->own.address.nonce);
-    // Published for the peers; the group's first operation waits until every rank has done
-    // so (shm_communicator::complete_join), instead of one more meeting of all ranks here.
+    // The ranks meet once more, in the segment rather than in the store (a round trip of
+    // every rank through the store costs a rebuilt 64-rank group 10-20 ms): after this, every
+    // rank has mapped it and published its pid and staging.
     me.joined.store(shm_detail::joined_mapped);
     shm_detail::ring(*hdr);
-    // The other ranks need rank 0's descriptor until they have opened the segment; their own
-    // is of no use once mapped.
-    int join_fd = -1;
-    if (id.rank == 0)
-      join_fd = st.fd;
-    else
-      ::close(st.fd);
+    await_every_rank(*hdr, blocks, n, deadline, opts.cancelled, where, "map the segment",
+                     [](uint32_t joined) { return joined >= shm_detail::joined_mapped; });
+    // Every rank has the segment mapped: the descriptor is not needed any more, and once rank
+    // 0 closes its own, the memory lives exactly as long as some rank maps it.
+    ::close(st.fd);
     st.fd = -1;
-    auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout,
-                                                            st.staging->own, join_fd);
+    std::vector<int> pidfds(n, -1);
+    // Single-copy reads need every rank to be able to read every other's memory: each probes
+    // the peers it has not met by reading their pid through their own mapping of the segment,
+    // and all go by the verdicts of all.
+    bool can_read = opts.single_copy_bytes != SIZE_MAX;
+    for (int j = 0; j < id.size; ++j) {
+      if (j == id.rank) {
+        st.staging->of_rank[j] = st.staging->own.data;
+        continue;
+      }
+      const shm_detail::staging_address peer{blocks[j].pid.load(), blocks[j].staging_fd.load(),
+                                             blocks[j].staging_nonce.load()};
+      // attach() may throw: only what it returned is detached on the way out.
+      const auto view = pool.attach(peer, staging_bytes);
+      st.staging->of_rank[j] = const_cast<char*>(view.data);
+      st.staging->peers[j] = peer;
+      pidfds[j] = view.pidfd;
+      if (!can_read || view.readable == 1) continue;
+      int32_t got = 0;
+      const uint64_t offset = static_cast<uint64_t>(reinterpret_cast<char*>(&blocks[j].pid) -
+                                                    static_cast<char*>(st.base));
+      iovec l{&got, sizeof(got)};
+      iovec r{reinterpret_cast<void*>(blocks[j].base_addr.load() + offset), sizeof(got)};
+      can_read = ::process_vm_readv(peer.pid, &l, 1, &r, 1, 0) == sizeof(got) && got == peer.pid;
+      pool.note_readable(peer, can_read);
+    }
+    // Published without waiting for the others' verdicts: the first operation that needs the
+    // group's answer waits for them (shm_communicator::single_copy), by which time they are in.
+    me.joined.store(can_read ? shm_detail::joined_can_read : shm_detail::joined_cannot_read);
+    shm_detail::ring(*hdr);
+    const auto single_copy = can_read ? std::nullopt : std::optional<bool>(false);
+    auto c = std::make_unique<shm_detail::shm_communicator>(id, opts, st.base, layout, *st.staging,
+                                                            std::move(pidfds), single_copy);
     st.base = nullptr;
     pool.hand_over(st.staging->own.slot, &st.holder, c.get());
     st.staging.reset();
@@ -566,57 +592,6 @@ std::unique_ptr<communicator> rendezvous(kv_store& meet, const std::string& key,
 }
 
 }  // namespace
-
-namespace shm_detail {
-
-void shm_communicator::complete_join(const op_ctx& op) {
-  if (joined_) return;
-  const auto n = static_cast<size_t>(id_.size);
-  auto* blocks = &block(0);
-  const cancel_check cancelled = [this] {
-    return aborted_.load() || (opts_.cancelled && opts_.cancelled());
-  };
-  await_every_rank(header(), blocks, n, op.deadline, cancelled,
-                   std::string("shm ") + op.name + " (" + context_string(-1) + ")",
-                   "map the segment", [](uint32_t joined) { return joined >= joined_mapped; });
-  // Every rank has opened the segment: once rank 0 closes its descriptor, the memory lives
-  // exactly as long as some rank maps it.
-  if (join_fd_ >= 0) ::close(join_fd_);
-  join_fd_ = -1;
-  for (size_t j = 0; j < n; ++j) pids_[j] = blocks[j].pid.load();
-  // Single-copy reads need every rank to be able to read every other's memory: each probes
-  // the peers it has not met by reading their pid through their own mapping of the segment,
-  // and all go by the verdicts of all.
-  auto& pool = staging_pool::process();
-  const size_t staging_bytes = 2 * opts_.chunk_bytes;
-  bool can_read = opts_.single_copy_bytes != SIZE_MAX;
-  for (int j = 0; j < id_.size; ++j) {
-    if (j == id_.rank) continue;
-    const staging_address peer{blocks[j].pid.load(), blocks[j].staging_fd.load(),
-                               blocks[j].staging_nonce.load()};
-    // attach() may throw: only what it returned is detached (by the destructor).
-    const auto view = pool.attach(peer, staging_bytes);
-    staging_.of_rank[j] = const_cast<char*>(view.data);
-    staging_.peers[j] = peer;
-    pidfds_[j] = view.pidfd;
-    if (!can_read || view.readable == 1) continue;
-    int32_t got = 0;
-    const uint64_t offset =
-        static_cast<uint64_t>(reinterpret_cast<char*>(&blocks[j].pid) - static_cast<char*>(base_));
-    iovec l{&got, sizeof(got)};
-    iovec r{reinterpret_cast<void*>(blocks[j].base_addr.load() + offset), sizeof(got)};
-    can_read = ::process_vm_readv(peer.pid, &l, 1, &r, 1, 0) == sizeof(got) && got == peer.pid;
-    pool.note_readable(peer, can_read);
-  }
-  // Published without waiting for the others' verdicts: the first operation that needs the
-  // group's answer waits for them (single_copy), by which time they are in.
-  block(id_.rank).joined.store(can_read ? joined_can_read : joined_cannot_read);
-  ring_bell();
-  if (!can_read) single_copy_ = false;
-  joined_ = true;
-}
-
-}  // namespace shm_detail
 
 std::unique_ptr<communicator> make_shm_communicator(kv_store& store, const comm_identity& id,
                                                     const shm_options& opts) {

@@ -16,11 +16,10 @@ namespace troupe::comm {
 /// How a shared-memory communicator connects, moves data and waits. Every knob has its
 /// default here.
 struct shm_options {
-  /// Bound on the rendezvous: rank 0 publishing the segment and the others opening it.
+  /// Bound on the rendezvous: rank 0 publishing the segment and every rank mapping it.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
   /// Once this returns true (a newer generation was opened), the rendezvous gives up within
-  /// ~50 ms (comm_errc::aborted), whether it waits in the store or, in the first operation,
-  /// for the ranks that have not mapped the segment yet. Empty: never.
+  /// ~50 ms (comm_errc::aborted), whether it waits in the store or in the segment. Empty: never.
   cancel_check cancelled;
   /// Bytes each rank stages per round; collectives move larger buffers in rounds of this
   /// size. Each rank's region is two of these (rounds alternate between them, so one round's
@@ -68,15 +67,9 @@ struct shm_options {
 /// SIGKILLed: nothing can leak (a POSIX shm name would outlive a rank 0 killed before it
 /// unlinked it).
 ///
-/// The connect waits only for what this rank needs: the others wait for rank 0's segment,
-/// rank 0 waits for nobody. The group's first operation waits until every rank has mapped the
-/// segment (within its own timeout, and giving up on abort() or opts.cancelled), so ranks that
-/// rebuild a group meet once, in that operation, instead of once more at the connect.
-///
-/// Throws comm_error: timeout if rank 0's segment does not come within opts.connect_timeout,
+/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout,
 /// peer_lost if rank 0 went away before the segment was opened, invalid for a bad identity or
-/// options that differ between ranks, internal if the segment cannot be created or opened. A
-/// rank that never maps the segment fails the first operation (timeout, naming the ranks).
+/// options that differ between ranks, internal if the segment cannot be created or opened.
 ///
 /// Collectives: results are bit-identical on every rank, and sums are taken in rank order
 /// 0..size-1 (as a single-process reference would). A peer that dies is detected within about

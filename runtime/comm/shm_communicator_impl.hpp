@@ -125,12 +125,11 @@ struct group_staging {
 
 class shm_communicator final : public communicator, public staging_holder {
  public:
-  /// Takes over a mapped segment (nullptr for a group of one), in which this rank has
-  /// published its pid and staging, and this rank's staging. `join_fd` is rank 0's descriptor
-  /// of the segment (-1 for the others), which must stay open until every rank has opened it.
-  /// The rest of the connect waits for the group's first operation (complete_join).
+  /// Takes over a mapped segment (nullptr for a group of one) and the staging, and borrows
+  /// the peers' pidfds from the staging pool (-1 where none could be opened; those peers are
+  /// watched with kill(pid, 0)).
   shm_communicator(comm_identity id, shm_options opts, void* base, segment_layout layout,
-                   own_staging own, int join_fd);
+                   group_staging staging, std::vector<int> pidfds, std::optional<bool> single_copy);
   ~shm_communicator() override;
   shm_communicator(const shm_communicator&) = delete;
   shm_communicator& operator=(const shm_communicator&) = delete;
@@ -185,12 +184,6 @@ class shm_communicator final : public communicator, public staging_holder {
   [[noreturn]] void invalid(const char* name, const std::string& detail) const;
   [[noreturn]] void fail(const op_ctx& op, comm_errc code, int peer,
                          const std::string& detail) const;
-
-  /// The end of the connect, at the first operation: waits until every rank has mapped the
-  /// segment (rank 0 then closes its descriptor), attaches the peers' staging, learns whether
-  /// it may read their memory and publishes that. Connecting without this wait saves a
-  /// rebuilt group one meeting of all its ranks; the first operation meets them anyway.
-  void complete_join(const op_ctx& op);
 
   /// Runs one operation: refuses on a dead communicator and, on any failure, marks it dead
   /// and tells the peers (gone), so that they fail promptly instead of at their deadlines.
@@ -277,8 +270,6 @@ class shm_communicator final : public communicator, public staging_holder {
   segment_layout layout_;
   group_staging staging_;
   std::vector<int> pidfds_;  ///< per rank, the staging pool's; -1 for this rank
-  int join_fd_ = -1;         ///< rank 0, until complete_join: the segment's descriptor
-  bool joined_ = true;       ///< complete_join is done; touched by the calling thread only
   std::vector<int32_t> pids_;
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
   uint64_t waiting_round_ = 0;       ///< the round complete_round() waits for (for messages)
@@ -326,7 +317,6 @@ inline void shm_communicator::run(const char* name, uint64_t shape, const op_opt
   } end{*this};
   try {
     try {
-      complete_join(op);
       body(op);
     } catch (const comm_error&) {
       throw;

@@ -77,9 +77,8 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
   o.p2p_chunk_bytes = 4096;
   {
     auto cs = connect_threads(server, GetParam() ? "single" : "staged", 3, o);
-    // Only rank 0's descriptor of the segment is open: the others may not have opened it yet
-    // (their first operation tells); the peers' pidfds are the staging pool's.
-    EXPECT_EQ(shm_fds(), 1u);
+    // No segment descriptor left open; the peers' pidfds are the staging pool's.
+    EXPECT_EQ(shm_fds(), 0u);
     std::vector<std::future<std::string>> runs;
     for (int r = 0; r < 3; ++r) {
       runs.push_back(std::async(std::launch::async, [&, r]() -> std::string {
@@ -105,7 +104,6 @@ TEST_P(shm_paths, threads_run_every_op_against_the_local_reference) {
       }));
     }
     for (auto& f : runs) EXPECT_EQ(f.get(), "");
-    EXPECT_EQ(shm_fds(), 0u) << "after the first operation every rank has the segment mapped";
   }
   EXPECT_EQ(shm_fds(), 0u);  // pidfds and the segment's descriptor are all closed
 }
@@ -379,50 +377,12 @@ TEST(host_transport, a_cancelled_connect_gives_up_in_the_store_and_in_the_segmen
   // Rank 1 of 2 waits in the store for rank 0's verdict; rank 0 waits for rank 1's host.
   expect_aborted("rank 1", [&] { return make_host_communicator(*store, {9, "h", 1, 2}, o); });
   expect_aborted("rank 0", [&] { return make_host_communicator(*store, {10, "h", 0, 2}, o); });
-  // Rank 0 of a shm group publishes its segment and returns; its first operation waits for
-  // the others to map it, and gives up when cancelled.
+  // Rank 0 of a shm group publishes its segment and waits in it for the others to map it.
   shm_options so;
   so.connect_timeout = 30s;
   so.cancelled = o.cancelled;
-  expect_aborted("the segment", [&] {
-    auto c = make_shm_communicator(*store, {11, "s", 0, 2}, so);
-    c->barrier({30s});
-    return c;
-  });
+  expect_aborted("the segment", [&] { return make_shm_communicator(*store, {11, "s", 0, 2}, so); });
   EXPECT_EQ(shm_fds(), fds_before) << "a cancelled connect leaves no segment open";
-}
-
-TEST(shm_communicator, the_first_operation_waits_for_every_rank_to_map_the_segment) {
-  tcp_store_server server;
-  auto store = connect_tcp_store("127.0.0.1", server.port(), 5s);
-  const size_t fds_before = shm_fds();
-  const auto start = clock_type::now();
-  auto rank0 = make_shm_communicator(*store, {13, "late", 0, 2});
-  EXPECT_LT(clock_type::now() - start, 5s) << "rank 0 waits for nobody at the connect";
-  // A rank that never comes: the first operation says who is missing, at its own timeout.
-  try {
-    rank0->barrier({200ms});
-    ADD_FAILURE() << "a barrier of two passed with one rank";
-  } catch (const comm_error& e) {
-    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
-    EXPECT_NE(std::string(e.what()).find("ranks 1 did not map the segment"), std::string::npos)
-        << e.what();
-  }
-  rank0.reset();
-  EXPECT_EQ(shm_fds(), fds_before) << "the segment's descriptor went with the communicator";
-  // One that comes while rank 0's first operation waits for it: the operation completes.
-  auto first = make_shm_communicator(*store, {14, "late", 0, 2});
-  std::thread later([&] {
-    std::this_thread::sleep_for(100ms);
-    auto other = connect_tcp_store("127.0.0.1", server.port(), 5s);
-    auto rank1 = make_shm_communicator(*other, {14, "late", 1, 2});
-    std::vector<float> v{2, 4};
-    rank1->all_reduce(v.data(), 2, reduce_op::sum, {10s});
-  });
-  std::vector<float> v{1, 1};
-  first->all_reduce(v.data(), 2, reduce_op::sum, {10s});
-  later.join();
-  EXPECT_EQ(v, (std::vector<float>{3, 5}));
 }
 
 }  // namespace
