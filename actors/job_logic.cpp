@@ -251,6 +251,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   // A member has a heartbeat timeout to answer; one that cannot is lost too.
   deadline_ = now + 2 * params_.heartbeat_timeout + std::chrono::milliseconds(1000);
   planned_with_abort_ = false;
+  shrunk_ = false;
   if (was_training && can_plan_without_reports()) plan_with_aborts(first_abort, now, out);
 }
 
@@ -278,10 +279,18 @@ void job_logic::plan_with_aborts(size_t first_abort, logic_time now, actions& ou
     m.held_rank = placed ? m.rank : -1;
     m.held_step = placed ? committed_ : -1;
   }
+  const strategies::layout before = plan_.shape;
+  const bool before_one_host = one_host_;
   actions planned;
   plan_generation(now, planned);
+  const auto kept = ended_ ? std::vector<int32_t>{} : shrinkable(before, before_one_host);
+  shrunk_ = !kept.empty();
   for (auto& a : planned) {
     auto* rc = std::get_if<send_reconfigure>(&a);
+    if (rc && shrunk_ && rc->msg.rank >= 0) {
+      rc->msg.shrink_kept = kept;
+      rc->msg.shrink_from = generation_ - 1;
+    }
     send_abort* carrier = nullptr;
     for (size_t i = first_abort; rc && !carrier && i < out.size(); ++i)
       if (auto* ab = std::get_if<send_abort>(&out[i]); ab && ab->member == rc->member) carrier = ab;
@@ -291,6 +300,29 @@ void job_logic::plan_with_aborts(size_t first_abort, logic_time now, actions& ou
       out.push_back(std::move(a));
   }
   planned_with_abort_ = !ended_;
+}
+
+std::vector<int32_t> job_logic::shrinkable(const strategies::layout& before,
+                                           bool before_one_host) const {
+  const auto plain_dp = [](const strategies::layout& l) {
+    return l.tp == 1 && l.pp == 1 && l.ep == 1;
+  };
+  if (!params_.shrink_groups || !before_one_host || !one_host_ || !plain_dp(before) ||
+      !plain_dp(plan_.shape) || params_.cfg.parallel.zero > 0)
+    return {};
+  std::vector<int32_t> kept;
+  for (size_t r = 0; r < restore_.member_of_rank.size(); ++r) {
+    const member_info* m = nullptr;
+    for (const auto& x : members_)
+      if (x.id == restore_.member_of_rank[r]) m = &x;
+    // Every new rank must be an old one that keeps its own state: a newcomer or a rank
+    // restored otherwise needs a connect (and the old group has no place for it).
+    if (!m || restore_.source[r] != state_source::self || m->held_rank < 0 ||
+        m->held_generation != generation_ - 1)
+      return {};
+    kept.push_back(m->held_rank);
+  }
+  return kept;
 }
 
 void job_logic::plan_generation(logic_time now, actions& out) {
@@ -338,6 +370,7 @@ void job_logic::plan_generation(logic_time now, actions& out) {
     if (auto* m = find(restore_.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
   const std::string plan_json = strategies::to_json(next);
   const bool one_host = ranks_share_one_host();
+  one_host_ = one_host;
   for (auto& m : members_) {
     if (!m.live) continue;
     reconfigure msg;
@@ -428,6 +461,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
                             {"cause", recovery_cause_},
                             {"start_step", restore_.start_step},
                             {"planned_with_abort", planned_with_abort_},
+                            {"shrunk", shrunk_},
                             {"recovery_s", generation_ > 1 ? took : 0.0}}});
   // The first generation that forms starts training; under load that may be generation 2
   // or later, when a member was lost while the first one connected.

@@ -60,6 +60,10 @@ struct job_params {
   /// A loss in the middle of training sends each member's place in the next generation with
   /// its abort, without waiting for state reports (see abort_generation::then).
   bool plan_with_abort = true;
+  /// Such a plan for plain data parallelism on one host keeps the ranks' shared-memory group
+  /// of before, shrunk to the ranks that are left, instead of connecting a new one (see
+  /// reconfigure::shrink_kept).
+  bool shrink_groups = true;
 };
 
 /// Exit codes of a job, as `troupe run` and `troupe coordinator` return them.
@@ -200,6 +204,9 @@ class job_logic {
   // are the send_abort actions of `out` from index `first_abort`).
   void plan_with_aborts(size_t first_abort, logic_time now, actions& out);
   void plan_generation(logic_time now, actions& out);
+  // The old ranks of the new ones when the plan just made can shrink the previous
+  // generation's group (reconfigure::shrink_kept); empty otherwise.
+  std::vector<int32_t> shrinkable(const strategies::layout& before, bool before_one_host) const;
   // Plans now, or holds the plan while restarted workers are expected (replacement_wait).
   void plan_or_wait(logic_time now, actions& out);
   int awaited() const;
@@ -280,6 +287,8 @@ class job_logic {
   logic_time replacement_deadline_{};
   bool plan_held_ = false;
   bool planned_with_abort_ = false;  // this generation's plan went out with the aborts
+  bool shrunk_ = false;              // and its ranks shrink the group of the one before
+  bool one_host_ = false;            // the last plan's reconfigure::one_host
   straggler_detector stragglers_;
   std::vector<bool> flagged_;  // by rank: already reported this generation
   // results

@@ -93,6 +93,12 @@ struct reconfigure {
   /// Every rank of this generation runs on one host and none asked for tcp (from the members'
   /// hello): groups connect over shared memory without the ranks asking each other first.
   bool one_host = false;
+  /// Not empty: the ranks go on in generation `shrink_from`'s data-parallel group instead of
+  /// connecting a new one (comm::communicator::shrink); entry r is the rank there of this
+  /// generation's rank r. Said only when every rank of this generation held the same rank of
+  /// that one on one host, and both layouts are plain data parallelism.
+  std::vector<int32_t> shrink_kept;
+  uint64_t shrink_from = 0;
 };
 
 /// After an abort: what a member holds, so the coordinator can plan the restore.
@@ -287,7 +293,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigure& x) {
   return f(caf::meta::type_name("troupe::reconfigure"), x.generation, x.member, x.rank, x.world,
            x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason, x.skipped_steps,
-           x.one_host);
+           x.one_host, x.shrink_kept, x.shrink_from);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, state_report& x) {

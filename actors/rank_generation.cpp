@@ -58,10 +58,32 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
         const auto key = auth::derive_key(auth::process_credentials(), "gloo pairs");
         gopts.pair_key.assign(key.begin(), key.end());
       }
-      // Shared memory for groups on this host, TCP otherwise (TROUPE_TRANSPORT=tcp|shm
-      // overrides). Chaos tests reach a worker's data plane through TROUPE_CHAOS_RANK<r>.
+      // The group of before, shrunk to the ranks that are left, when the coordinator says so
+      // (reconfigure::shrink_kept); else shared memory for groups on this host, TCP otherwise
+      // (TROUPE_TRANSPORT=tcp|shm overrides). Chaos tests reach a worker's data plane through
+      // TROUPE_CHAOS_RANK<r>.
+      comm::communicator* shrink_source = nullptr;
+      if (!r.shrink_kept.empty()) {
+        if (w.current.generation == r.shrink_from && w.current.engine)
+          shrink_source = w.current.engine->replica_group();
+        if (!shrink_source)
+          throw std::runtime_error("asked to shrink generation " + std::to_string(r.shrink_from) +
+                                   "'s group, which this process does not hold (it is in " +
+                                   "generation " + std::to_string(w.current.generation) + ")");
+      }
+      const std::vector<int> kept(r.shrink_kept.begin(), r.shrink_kept.end());
       const int rank = r.rank;
-      auto connect = [&store, gopts, rank](const comm::comm_identity& id) {
+      auto connect = [&store, gopts, rank, shrink_source,
+                      kept](const comm::comm_identity& id) -> std::unique_ptr<comm::communicator> {
+        if (shrink_source && id.size == static_cast<int>(kept.size())) {
+          auto shrunk = shrink_source->shrink(id, kept);
+          if (!shrunk)
+            throw comm::comm_error(comm::comm_errc::invalid,
+                                   "group " + id.group + " of generation " +
+                                       std::to_string(id.generation) +
+                                       ": the group of before cannot shrink (not shared memory)");
+          return chaos::inject_from_environment(std::move(shrunk), rank);
+        }
         return chaos::inject_from_environment(comm::make_host_communicator(store, id, gopts), rank);
       };
       strategies::micro_batching batching{next.plan.micro_batch_size,

@@ -63,6 +63,12 @@ class faulty_communicator final : public comm::communicator {
                  const comm::op_options& opts) override;
   void abort() override;
   bool aborted() const override { return inner_->aborted(); }
+  /// The inner communicator's, without faults: the caller injects them again, as it does
+  /// into every communicator it connects.
+  std::unique_ptr<comm::communicator> shrink(const comm::comm_identity& id,
+                                             const std::vector<int>& kept) override {
+    return inner_->shrink(id, kept);
+  }
 
   /// Collectives started so far.
   uint64_t calls() const { return calls_.load(); }

@@ -1,11 +1,13 @@
 // Names of the data plane's error codes, for messages and logs.
 #include "runtime/comm/communicator.hpp"
+
 #include "runtime/comm/collective_math.hpp"
 
 namespace troupe::comm {
 
-std::string all_to_allv_argument_error(int rank, int size, const void* in, const std::vector<size_t>& send_bytes,
-                                       const void* out, const std::vector<size_t>& recv_bytes) {
+std::string all_to_allv_argument_error(int rank, int size, const void* in,
+                                       const std::vector<size_t>& send_bytes, const void* out,
+                                       const std::vector<size_t>& recv_bytes) {
   const auto p = static_cast<size_t>(size);
   const auto r = static_cast<size_t>(rank);
   if (send_bytes.size() != p || recv_bytes.size() != p) {
@@ -22,7 +24,8 @@ std::string all_to_allv_argument_error(int rank, int size, const void* in, const
     in_total += send_bytes[j];
     out_total += recv_bytes[j];
   }
-  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr)) return "null buffer with a non-zero size";
+  if ((in_total > 0 && in == nullptr) || (out_total > 0 && out == nullptr))
+    return "null buffer with a non-zero size";
   if (in == out && in_total > 0 && p > 1) return "in and out must not be the same buffer";
   return {};
 }
@@ -36,9 +39,15 @@ double sum_in_rank_order(communicator& c, double value, const op_options& opts) 
   return total;
 }
 
-void communicator::send_recv(const void*, size_t, int, void*, size_t, int, uint32_t, const op_options&) {
-  throw comm_error(comm_errc::invalid, "send_recv: not supported by this backend (group '" + identity().group +
-                                           "', rank " + std::to_string(rank()) + ")");
+void communicator::send_recv(const void*, size_t, int, void*, size_t, int, uint32_t,
+                             const op_options&) {
+  throw comm_error(comm_errc::invalid, "send_recv: not supported by this backend (group '" +
+                                           identity().group + "', rank " + std::to_string(rank()) +
+                                           ")");
+}
+
+std::unique_ptr<communicator> communicator::shrink(const comm_identity&, const std::vector<int>&) {
+  return nullptr;
 }
 
 const char* to_string(comm_errc code) {

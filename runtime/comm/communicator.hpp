@@ -104,6 +104,17 @@ class communicator {
   /// Thread-safe and idempotent.
   virtual void abort() = 0;
   virtual bool aborted() const = 0;
+
+  /// The ranks that go on after a failure, as a communicator of the newer generation
+  /// `id.generation` built on this one's connections instead of new ones: `kept` lists, in
+  /// the new group's rank order, the ranks of this group that stay, this rank at `id.rank`.
+  /// Every kept rank calls it with the same identity (but its own rank) and list, after its
+  /// last operation here has returned; abort() before is what it is for. The kept ranks'
+  /// collectives then behave exactly as in a newly connected group of `kept.size()` ranks.
+  /// Backends that cannot do this return nullptr (the caller connects a new group); bad
+  /// arguments throw comm_error{invalid}, a kept peer found dead comm_error{peer_lost}.
+  virtual std::unique_ptr<communicator> shrink(const comm_identity& id,
+                                               const std::vector<int>& kept);
 };
 
 /// The sum of one double per rank, the same bits on every rank: the values are all-gathered

@@ -46,16 +46,43 @@ segment_layout segment_layout::of(size_t size, size_t chunk_bytes, size_t p2p_ch
   return l;
 }
 
+namespace {
+
+std::shared_ptr<void> own_mapping(void* base, size_t bytes) {
+  if (base == nullptr) return nullptr;
+  return std::shared_ptr<void>(base, [bytes](void* p) { ::munmap(p, bytes); });
+}
+
+std::vector<int> every_slot(int size) {
+  std::vector<int> slots(static_cast<size_t>(size));
+  for (int j = 0; j < size; ++j) slots[static_cast<size_t>(j)] = j;
+  return slots;
+}
+
+}  // namespace
+
 shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* base,
                                    segment_layout layout, group_staging staging,
                                    std::vector<int> pidfds, std::optional<bool> single_copy)
+    : shm_communicator(id, opts, own_mapping(base, layout.total), layout, std::move(staging),
+                       std::move(pidfds), every_slot(id.size), single_copy, false) {}
+
+shm_communicator::shm_communicator(comm_identity id, shm_options opts,
+                                   std::shared_ptr<void> mapping, segment_layout layout,
+                                   group_staging staging, std::vector<int> pidfds,
+                                   std::vector<int> slots, std::optional<bool> single_copy,
+                                   bool shrunk)
     : id_(std::move(id)),
       opts_(opts),
-      base_(base),
+      mapping_(std::move(mapping)),
+      base_(mapping_.get()),
       layout_(layout),
+      slot_(std::move(slots)),
+      shrunk_(shrunk),
       staging_(std::move(staging)),
       pidfds_(std::move(pidfds)),
       pids_(static_cast<size_t>(id_.size), 0),
+      round_(first_round_of(id_.generation, shrunk_)),
       single_copy_(single_copy) {
   if (base_ != nullptr) {
     for (int j = 0; j < id_.size; ++j) pids_[j] = block(j).pid.load();
@@ -65,17 +92,77 @@ shm_communicator::shm_communicator(comm_identity id, shm_options opts, void* bas
 shm_communicator::~shm_communicator() {
   if (staging_.own.data != nullptr) {
     auto& pool = staging_pool::process();
-    pool.release(staging_.own.slot, this);
+    pool.release(staging_.own.slot, this);  // nothing when a shrunk group took it over
     for (const auto& peer : staging_.peers) {
       if (peer.pid != 0) pool.detach(peer);
     }
   }
-  if (base_ != nullptr) {
-    // Peers still waiting for this rank fail at once instead of at their deadlines; those
-    // that only needed what it already published see that first.
-    mark_gone();
-    ::munmap(base_, layout_.total);
+  // Peers still waiting for this rank fail at once instead of at their deadlines; those that
+  // only needed what it already published see that first. The segment is unmapped with the
+  // last communicator on it (a shrunk group shares it).
+  if (base_ != nullptr) mark_gone();
+}
+
+std::unique_ptr<communicator> shm_communicator::shrink(const comm_identity& id,
+                                                       const std::vector<int>& kept) {
+  const std::string what =
+      "shrink to group " + id.group + ", generation " + std::to_string(id.generation);
+  const auto refuse = [&](const std::string& why) { invalid("shrink", what + ": " + why); };
+  if (id.size < 1 || kept.size() != static_cast<size_t>(id.size) || id.rank < 0 ||
+      id.rank >= id.size || id.group.empty() || id.group.find('/') != std::string::npos)
+    refuse("the identity does not match the list of kept ranks");
+  if (kept[static_cast<size_t>(id.rank)] != id_.rank)
+    refuse("rank " + std::to_string(id.rank) + " of the new group must be this rank (" +
+           std::to_string(id_.rank) + "), not rank " +
+           std::to_string(kept[static_cast<size_t>(id.rank)]));
+  std::vector<bool> seen(static_cast<size_t>(id_.size), false);
+  for (int j : kept) {
+    if (j < 0 || j >= id_.size || seen[static_cast<size_t>(j)])
+      refuse("kept ranks must be distinct ranks of this group of " + std::to_string(id_.size));
+    seen[static_cast<size_t>(j)] = true;
   }
+  // Rounds and gone marks tell the groups on one segment apart by their generations.
+  if (id.generation <= id_.generation || id.generation >= (uint64_t{1} << 23))
+    refuse("the generation must be newer than " + std::to_string(id_.generation) +
+           " (and below 2^23)");
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (in_op_) refuse("an operation of this group is still running");
+  }
+  if (base_ == nullptr)  // a group of one stays one
+    return std::make_unique<shm_communicator>(id, opts_, nullptr, segment_layout{}, group_staging{},
+                                              std::vector<int>{-1}, false);
+  auto& pool = staging_pool::process();
+  const size_t staging_bytes = 2 * opts_.chunk_bytes;
+  const auto n = static_cast<size_t>(id.size);
+  group_staging staging;
+  staging.own = staging_.own;
+  staging.of_rank.assign(n, nullptr);
+  staging.peers.assign(n, staging_address{});
+  std::vector<int> pidfds(n, -1), slots(n, 0);
+  try {
+    for (size_t i = 0; i < n; ++i) {
+      const auto j = static_cast<size_t>(kept[i]);
+      slots[i] = slot_[j];
+      staging.of_rank[i] = staging_.of_rank[j];
+      if (staging_.peers[j].pid == 0) continue;  // this rank
+      // Mapped here already: the pool only counts one more use (and throws peer_lost for a
+      // kept peer whose process is gone).
+      const auto view = pool.attach(staging_.peers[j], staging_bytes);
+      staging.peers[i] = staging_.peers[j];
+      pidfds[i] = view.pidfd;
+    }
+  } catch (...) {
+    for (const auto& peer : staging.peers)
+      if (peer.pid != 0) pool.detach(peer);
+    throw;
+  }
+  auto c = std::unique_ptr<shm_communicator>(
+      new shm_communicator(id, opts_, mapping_, layout_, std::move(staging), std::move(pidfds),
+                           std::move(slots), single_copy_, true));
+  // The staging goes with the ranks that stay; this group's release of it becomes a no-op.
+  if (staging_.own.data != nullptr) pool.hand_over(staging_.own.slot, this, c.get());
+  return c;
 }
 
 bool shm_communicator::single_copy(const op_ctx& op) {
@@ -96,7 +183,7 @@ bool shm_communicator::single_copy(const op_ctx& op) {
 
 void shm_communicator::mark_gone() {
   if (base_ == nullptr) return;
-  block(id_.rank).gone.store(1);
+  block(id_.rank).gone.store(gone_mark());
   ring_bell();
 }
 
@@ -117,7 +204,7 @@ void shm_communicator::abort() {
 
 void shm_communicator::check_peer_alive(const op_ctx& op, int j, bool check_process,
                                         const char* action) {
-  if (block(j).gone.load()) {
+  if (block(j).gone.load() > gone_mark() - 1) {
     fail(op, comm_errc::peer_lost, j,
          std::string(action) + " rank " + std::to_string(j) +
              ": it left the group (its communicator failed, was aborted or destroyed)");
@@ -180,6 +267,10 @@ void shm_communicator::check_peer_arg(const char* name, int peer) const {
   if (peer < 0 || peer >= id_.size || peer == id_.rank) {
     invalid(name, "peer " + std::to_string(peer) + " is not another rank of the group");
   }
+  if (shrunk_)
+    invalid(name,
+            "point-to-point needs a connected group: a channel of the group this one was shrunk "
+            "from may still hold an aborted message");
 }
 
 void shm_communicator::put_chunk(int peer, uint64_t h, const char* src, size_t len, size_t total,

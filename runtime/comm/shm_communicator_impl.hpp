@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -83,7 +84,9 @@ struct alignas(cache_line) rank_block {
   /// The caller's buffer of round k at [k % 2], for single-copy collectives.
   std::atomic<uint64_t> addr[2];
   /// Set when this rank's communicator failed, was aborted or destroyed: it takes no part
-  /// in anything any more, so whoever waits for it fails with peer_lost at once.
+  /// in anything any more, so whoever waits for it fails with peer_lost at once. The value
+  /// is that communicator's generation + 1 (see gone_mark): a group shrunk to a newer
+  /// generation on this segment ignores what its ranks' older communicators left here.
   std::atomic<uint32_t> gone;
 };
 
@@ -155,6 +158,15 @@ class shm_communicator final : public communicator, public staging_holder {
   void abort() override;
   bool aborted() const override { return aborted_.load(); }
 
+  /// The kept ranks go on in this segment, each in its rank block and staging of before: no
+  /// store, no new mapping, no page touched for the first time. The new group's rounds start
+  /// past any of this one's (first_round_of), and the older groups' gone marks mean nothing
+  /// to it, so what the ranks left behind in the aborted group cannot mix with the new one.
+  /// Point-to-point operations are refused in a shrunk group: a channel may still hold a
+  /// message of the aborted one.
+  std::unique_ptr<communicator> shrink(const comm_identity& id,
+                                       const std::vector<int>& kept) override;
+
   bool give_up_staging() override;
 
  private:
@@ -190,11 +202,28 @@ class shm_communicator final : public communicator, public staging_holder {
   template <class Body>
   void run(const char* name, uint64_t shape, const op_options& opts, Body&& body);
 
+  /// The shrunk group's communicator: `slots` maps its ranks to rank blocks of the segment.
+  shm_communicator(comm_identity id, shm_options opts, std::shared_ptr<void> mapping,
+                   segment_layout layout, group_staging staging, std::vector<int> pidfds,
+                   std::vector<int> slots, std::optional<bool> single_copy, bool shrunk);
+
+  /// The first round of a group of generation g on a segment: past every round of the
+  /// groups of older generations it was shrunk from (each has fewer than 2^40).
+  static uint64_t first_round_of(uint64_t generation, bool shrunk) {
+    return shrunk ? generation << 40 : 0;
+  }
+  /// What this communicator writes into `gone` when it leaves; a peer's mark counts for it
+  /// when above its own generation.
+  uint32_t gone_mark() const {
+    return static_cast<uint32_t>(std::min<uint64_t>(id_.generation, UINT32_MAX - 1) + 1);
+  }
+
   // ---- the segment ----
 
   segment_header& header() const { return *static_cast<segment_header*>(base_); }
   rank_block& block(int r) const {
-    return reinterpret_cast<rank_block*>(static_cast<char*>(base_) + layout_.blocks)[r];
+    return reinterpret_cast<rank_block*>(static_cast<char*>(base_) +
+                                         layout_.blocks)[slot_[static_cast<size_t>(r)]];
   }
   channel& chan(int from, int to) const {
     return reinterpret_cast<channel*>(static_cast<char*>(base_) +
@@ -266,8 +295,11 @@ class shm_communicator final : public communicator, public staging_holder {
 
   comm_identity id_;
   shm_options opts_;
-  void* base_;  ///< nullptr for a group of one
+  std::shared_ptr<void> mapping_;  ///< the segment, unmapped with its last communicator
+  void* base_;                     ///< mapping_'s address; nullptr for a group of one
   segment_layout layout_;
+  std::vector<int> slot_;  ///< per rank, its rank block (and channels) in the segment
+  bool shrunk_ = false;
   group_staging staging_;
   std::vector<int> pidfds_;  ///< per rank, the staging pool's; -1 for this rank
   std::vector<int32_t> pids_;

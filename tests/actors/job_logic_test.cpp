@@ -87,6 +87,8 @@ class logic_harness {
 
   job_logic& logic() { return *logic_; }
   logic_time now() const { return now_; }
+  /// What the members joining from now on say of their transport and host (hello).
+  std::string transport;
   void advance(std::chrono::milliseconds d) { now_ += d; }
 
   actions join(int32_t member, welcome* answer = nullptr, int32_t node = 0) {
@@ -96,6 +98,7 @@ class logic_harness {
     h.node = node;
     h.pid = 1000 + member;
     h.host = "test";
+    h.transport = transport;
     auto a = logic_->on_member_joined(h, now_, w);
     if (answer) *answer = w;
     remember(a);
@@ -1426,6 +1429,50 @@ TEST(JobLogicPlanWithAbortTest, AMemberThatDoesNotHoldWhatThePlanAssumedBringsTh
     else
       EXPECT_EQ(r.msg.source, state_source::self);
   }
+}
+
+// On one host, plain data parallelism: the ranks left keep their group of before, shrunk, and
+// each reconfigure names the old rank of every new one.
+TEST(JobLogicPlanWithAbortTest, ALossOnOneHostShrinksTheGroupOfBefore) {
+  const auto shrink_after_loss = [](const std::string& transport, int spares,
+                                    const std::function<void(job_params&)>& tweak) {
+    logic_harness h(small_config(4), spares, 0, 1, "warn", [&](job_params& p) {
+      p.plan_with_abort = true;
+      if (tweak) tweak(p);
+    });
+    SCOPED_TRACE(transport + ", spares " + std::to_string(spares));
+    h.transport = transport;
+    h.form();
+    for (int s = 1; s <= 3; ++s) h.step(s);
+    auto a = h.lose(h.logic().member_of_rank(1), loss_cause::exit, "killed by signal 9");
+    std::map<int32_t, reconfigure> by_rank;
+    for (const auto& x : all_of<send_abort>(a))
+      for (const auto& r : x.msg.then) by_rank[r.rank] = r;
+    h.advance(30ms);
+    const auto formed = h.settle_reconfigure();
+    const auto* gen = find_event(formed, "generation");
+    std::vector<int32_t> kept;
+    if (!by_rank.empty()) kept = by_rank.begin()->second.shrink_kept;
+    for (const auto& [rank, r] : by_rank) {
+      if (rank < 0) continue;
+      EXPECT_EQ(r.shrink_kept, kept) << "every rank is told the same";
+      EXPECT_EQ(r.shrink_from, kept.empty() ? 0u : 1u);
+    }
+    if (gen) {
+      EXPECT_EQ(gen->event["shrunk"], !kept.empty());
+    }
+    if (!kept.empty()) {
+      EXPECT_NE(gen, nullptr) << "the shrunk generation forms at once";
+    }
+    return kept;
+  };
+  const std::string here = "auto\nhost-a boot-1";
+  EXPECT_EQ(shrink_after_loss(here, 0, {}), (std::vector<int32_t>{0, 2, 3}));
+  // Not on shared memory (a member asked for tcp), not asked for, or a spare that takes the
+  // lost rank's place with a peer's state: a new group is connected.
+  EXPECT_TRUE(shrink_after_loss("tcp\nhost-a boot-1", 0, {}).empty());
+  EXPECT_TRUE(shrink_after_loss(here, 0, [](job_params& p) { p.shrink_groups = false; }).empty());
+  EXPECT_TRUE(shrink_after_loss(here, 1, {}).empty());
 }
 
 TEST(JobLogicPlanWithAbortTest, RecoveriesThatCannotKnowWhatMembersHoldAskForReports) {

@@ -227,6 +227,110 @@ TEST(shm_communicator, a_rebuilt_group_reuses_the_dead_groups_staging) {
   EXPECT_EQ(all_reduce_on_threads(third), "");
 }
 
+/// Every collective of the reference set on each of `cs` (from its own thread), with the
+/// ranks and size each communicator says it has.
+std::string collectives_on_threads(std::vector<std::unique_ptr<communicator>>& cs, size_t count) {
+  std::vector<std::future<std::string>> runs;
+  for (auto& c : cs)
+    runs.push_back(std::async(std::launch::async, [&c, count] {
+      auto v = test::contributions(c->identity().rank, count);
+      c->all_reduce(v.data(), v.size(), reduce_op::sum, {10s});
+      std::string e = test::check_reduced(v, c->identity().size, reduce_op::sum);
+      return e.empty() ? test::check_collective_set(*c, count) : e;
+    }));
+  std::string errors;
+  for (auto& f : runs) errors += f.get();
+  return errors;
+}
+
+// After a rank is lost, the others go on in the segment they have: the same results as a
+// newly connected group of their number, without a store round, a new mapping or new staging,
+// and nothing the aborted group left behind (rounds it published, gone marks) reaches them.
+TEST(shm_communicator, the_ranks_left_shrink_into_a_group_of_their_own) {
+  tcp_store_server server;
+  auto& pool = shm_detail::staging_pool::process();
+  auto old_group = connect_threads(server, "shrink.dp0", 4, {}, 3);
+  ASSERT_EQ(all_reduce_on_threads(old_group), "");
+  const auto before = pool.current();
+  // Rank 1 is lost; the others are caught in an all-reduce, which they published their part
+  // of, and fail; then the coordinator's abort reaches them.
+  old_group[1].reset();
+  std::vector<std::future<comm_errc>> caught;
+  for (int r : {0, 2, 3})
+    caught.push_back(std::async(std::launch::async, [&, r] {
+      std::vector<float> v(64, 1.0f);
+      try {
+        old_group[r]->all_reduce(v.data(), v.size(), reduce_op::sum, {10s});
+      } catch (const comm_error& e) {
+        return e.code();
+      }
+      return comm_errc::internal;
+    }));
+  for (auto& f : caught) EXPECT_EQ(f.get(), comm_errc::peer_lost);
+  for (int r : {0, 2, 3}) old_group[r]->abort();
+
+  const std::vector<int> kept{0, 2, 3};
+  std::vector<std::unique_ptr<communicator>> group;
+  for (int r = 0; r < 3; ++r) {
+    group.push_back(old_group[kept[r]]->shrink({4, "shrink.dp0", r, 3}, kept));
+    ASSERT_NE(group.back(), nullptr);
+    EXPECT_EQ(group.back()->identity().rank, r);
+    EXPECT_EQ(group.back()->identity().size, 3);
+  }
+  EXPECT_EQ(pool.current().own, before.own);  // nothing new was allocated or mapped
+  EXPECT_EQ(pool.current().peers, before.peers);
+  for (const size_t count : {size_t{1}, size_t{1000}, size_t{300000}})
+    EXPECT_EQ(collectives_on_threads(group, count), "") << count << " floats";
+  // The aborted group's communicators go away (marking their ranks gone for generation 3);
+  // the group of generation 4 on the same ranks and segment goes on.
+  for (auto& c : old_group) c.reset();
+  EXPECT_EQ(collectives_on_threads(group, 1000), "");
+  // A channel may still hold an aborted message: point to point needs a connected group.
+  std::vector<char> bytes(16);
+  EXPECT_THROW(group[0]->send(bytes.data(), bytes.size(), 1, 1, {1s}), comm_error);
+
+  // And once more, from the shrunk group: ranks 0 and 2 of it (first 0 and 3) go on.
+  for (auto& c : group) c->abort();
+  const std::vector<int> again{0, 2};
+  std::vector<std::unique_ptr<communicator>> pair;
+  for (int r = 0; r < 2; ++r)
+    pair.push_back(group[again[r]]->shrink({6, "shrink.dp0", r, 2}, again));
+  group.clear();
+  EXPECT_EQ(collectives_on_threads(pair, 1000), "");
+  // Its loss is seen at once by the rank left: it fails instead of waiting for its deadline.
+  pair[1].reset();
+  std::vector<float> v(8, 1.0f);
+  const auto start = clock_type::now();
+  try {
+    pair[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    FAIL() << "an all-reduce finished without its peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 5s);
+}
+
+TEST(shm_communicator, a_shrink_that_does_not_fit_the_group_is_refused) {
+  tcp_store_server server;
+  auto cs = connect_threads(server, "shrink.bad", 3, {}, 5);
+  for (auto& c : cs) c->abort();
+  auto& c = *cs[1];
+  const auto refused = [&](const comm_identity& id, const std::vector<int>& kept) {
+    try {
+      c.shrink(id, kept);
+    } catch (const comm_error& e) {
+      return e.code() == comm_errc::invalid;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused({5, "shrink.bad", 0, 2}, {1, 2}));  // not newer than generation 5
+  EXPECT_TRUE(refused({6, "shrink.bad", 0, 2}, {0, 1}));  // new rank 0 is not this rank
+  EXPECT_TRUE(refused({6, "shrink.bad", 1, 2}, {1, 1}));  // twice the same rank
+  EXPECT_TRUE(refused({6, "shrink.bad", 1, 2}, {0, 3}));  // no rank 3 in a group of three
+  EXPECT_TRUE(refused({6, "shrink.bad", 1, 3}, {0, 1}));  // the size does not match the list
+  EXPECT_FALSE(refused({6, "shrink.bad", 0, 2}, {1, 2}));
+}
+
 // One rank that cannot (here: will not) read its peers' memory makes the whole group stage:
 // the others learn it from its published verdict at their first large operation.
 TEST(shm_communicator, one_rank_without_single_copy_makes_every_rank_stage) {
