@@ -197,7 +197,10 @@ loop_result train(worker& w, int64_t start_step) {
   auto fail_step = [&](int64_t step, const std::string& op, const std::exception& e) {
     monitoring::log(monitoring::level::warn, w.log_ctx(),
                     op + " of step " + std::to_string(step) + " failed: " + e.what());
-    w.self->send(w.coordinator, failed_vote(w, step, op, e));
+    // The coordinator already ended this generation (its abort is here): a vote for it
+    // would only be counted as stale, and at many ranks the coordinator has better to do.
+    if (!w.shared->superseded(g.generation))
+      w.self->send(w.coordinator, failed_vote(w, step, op, e));
     return await_decision(w);
   };
   double prev_control = 0, prev_peer_wait = 0, prev_optim = 0;
