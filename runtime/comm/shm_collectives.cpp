@@ -39,6 +39,11 @@ void shm_communicator::complete_round(const op_ctx& op, uint64_t k) {
   // of two ranks arriving at once at least one sees the other and rings.)
   if (everyone_arrived()) ring_bell();
   waiting_round_ = k;
+  struct round_wait {
+    bool& flag;
+    explicit round_wait(bool& f) : flag(f) { flag = true; }
+    ~round_wait() { flag = false; }
+  } waiting{in_round_wait_};
   wait_for(op, -1, "hear from", everyone_arrived);
   for (int j = 0; j < id_.size; ++j) {
     if (block(j).shape[k % 2].load(std::memory_order_relaxed) != op.shape) {

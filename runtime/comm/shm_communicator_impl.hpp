@@ -305,6 +305,7 @@ class shm_communicator final : public communicator, public staging_holder {
   std::vector<int32_t> pids_;
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
   uint64_t waiting_round_ = 0;       ///< the round complete_round() waits for (for messages)
+  bool in_round_wait_ = false;       ///< complete_round() is waiting (see wait_for's polls)
   std::vector<size_t> offsets_;      ///< all_to_all(v)'s block offsets: send then receive
   std::optional<bool> single_copy_;  ///< see single_copy(); unknown until an operation asks
   std::vector<float> scratch_;       ///< single-copy all-reduce: accumulator and incoming block
@@ -390,10 +391,21 @@ inline void shm_communicator::wait_for(const op_ctx& op, int peer, const char* a
     // A peer publishes its progress before it leaves, so re-check ready() before blaming it.
     const bool check_process = now >= next_check;
     if (check_process) next_check = now + opts_.liveness_interval;
+    // Gone marks are memory reads, so every peer's is looked at; whether a process lives is
+    // a system call per peer. With many ranks on few cores, every rank going to sleep in a
+    // collective polled every other's pidfd (~4000 calls per collective at 64 ranks), so a
+    // round polls only the first rank that has not arrived: a dead one becomes that as soon
+    // as the live ones are in. Other waits for everyone poll them all.
+    int poll_only = -1;
+    if (check_process && peer == -1 && in_round_wait_) {
+      for (int j = 0; j < id_.size && poll_only < 0; ++j)
+        if (j != id_.rank && block(j).arrived.load(std::memory_order_relaxed) <= waiting_round_)
+          poll_only = j;
+    }
     try {
       for (int j = 0; j < id_.size; ++j) {
         if (j != id_.rank && (peer == -1 || j == peer || j == peer2)) {
-          check_peer_alive(op, j, check_process, action);
+          check_peer_alive(op, j, check_process && (poll_only < 0 || j == poll_only), action);
         }
       }
     } catch (const comm_error&) {
