@@ -527,8 +527,11 @@ caf::io::middleman_actor tls_middleman(caf::actor_system& sys) {
   auto it = tls_middlemen.find(&sys);
   if (it != tls_middlemen.end()) return it->second;
   auto basp = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
-  caf::io::middleman_actor mm =
-      sys.spawn<tls_middleman_actor, caf::hidden>(std::move(basp), process_context());
+  // Detached, as CAF detaches its own middleman actor: connect() blocks in the TCP connect and
+  // the TLS handshake (up to tls_handshake_deadline), which on the scheduler would hold one of
+  // its two threads and leave the control actor (and the coordinator's heartbeats) one.
+  caf::io::middleman_actor mm = sys.spawn<tls_middleman_actor, caf::detached + caf::hidden>(
+      std::move(basp), process_context());
   tls_middlemen.emplace(&sys, mm);
   auto* plain = caf::actor_cast<caf::abstract_actor*>(sys.middleman().actor_handle());
   plain->attach_functor([sys_ptr = &sys] {
