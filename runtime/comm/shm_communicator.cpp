@@ -183,7 +183,12 @@ bool shm_communicator::single_copy(const op_ctx& op) {
 
 void shm_communicator::mark_gone() {
   if (base_ == nullptr) return;
-  block(id_.rank).gone.store(gone_mark());
+  // Never lowered: this rank's newer group (shrunk from this one) may have marked it first,
+  // and its peers must go on seeing that.
+  auto& gone = block(id_.rank).gone;
+  uint32_t seen = gone.load();
+  while (seen < gone_mark() && !gone.compare_exchange_weak(seen, gone_mark())) {
+  }
   ring_bell();
 }
 

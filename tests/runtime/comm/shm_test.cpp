@@ -310,6 +310,28 @@ TEST(shm_communicator, the_ranks_left_shrink_into_a_group_of_their_own) {
   EXPECT_LT(clock_type::now() - start, 5s);
 }
 
+// A rank's newer group is aborted first; destroying its older group afterwards must not take
+// back the mark that tells the newer group's peers it left.
+TEST(shm_communicator, an_older_group_never_takes_back_a_newer_groups_gone_mark) {
+  tcp_store_server server;
+  auto old_group = connect_threads(server, "shrink.mark", 2, {}, 1);
+  for (auto& c : old_group) c->abort();
+  std::vector<std::unique_ptr<communicator>> group;
+  for (int r = 0; r < 2; ++r)
+    group.push_back(old_group[r]->shrink({2, "shrink.mark", r, 2}, {0, 1}));
+  group[1]->abort();
+  old_group[1].reset();
+  std::vector<float> v(8, 1.0f);
+  const auto start = clock_type::now();
+  try {
+    group[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    FAIL() << "an all-reduce finished without its peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 5s);
+}
+
 TEST(shm_communicator, a_shrink_that_does_not_fit_the_group_is_refused) {
   tcp_store_server server;
   auto cs = connect_threads(server, "shrink.bad", 3, {}, 5);
