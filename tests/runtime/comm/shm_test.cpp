@@ -243,6 +243,20 @@ std::string collectives_on_threads(std::vector<std::unique_ptr<communicator>>& c
   return errors;
 }
 
+/// An all-reduce on `c`, whose only peer has left, fails with peer_lost long before its
+/// 30 s deadline.
+void expect_peer_lost_at_once(communicator& c) {
+  std::vector<float> v(8, 1.0f);
+  const auto start = clock_type::now();
+  try {
+    c.all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
+    ADD_FAILURE() << "an all-reduce finished without its peer";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
+  }
+  EXPECT_LT(clock_type::now() - start, 5s);
+}
+
 // After a rank is lost, the others go on in the segment they have: the same results as a
 // newly connected group of their number, without a store round, a new mapping or new staging,
 // and nothing the aborted group left behind (rounds it published, gone marks) reaches them.
@@ -299,15 +313,7 @@ TEST(shm_communicator, the_ranks_left_shrink_into_a_group_of_their_own) {
   EXPECT_EQ(collectives_on_threads(pair, 1000), "");
   // Its loss is seen at once by the rank left: it fails instead of waiting for its deadline.
   pair[1].reset();
-  std::vector<float> v(8, 1.0f);
-  const auto start = clock_type::now();
-  try {
-    pair[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
-    FAIL() << "an all-reduce finished without its peer";
-  } catch (const comm_error& e) {
-    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
-  }
-  EXPECT_LT(clock_type::now() - start, 5s);
+  expect_peer_lost_at_once(*pair[0]);
 }
 
 // A rank's newer group is aborted first; destroying its older group afterwards must not take
@@ -321,15 +327,7 @@ TEST(shm_communicator, an_older_group_never_takes_back_a_newer_groups_gone_mark)
     group.push_back(old_group[r]->shrink({2, "shrink.mark", r, 2}, {0, 1}));
   group[1]->abort();
   old_group[1].reset();
-  std::vector<float> v(8, 1.0f);
-  const auto start = clock_type::now();
-  try {
-    group[0]->all_reduce(v.data(), v.size(), reduce_op::sum, {30s});
-    FAIL() << "an all-reduce finished without its peer";
-  } catch (const comm_error& e) {
-    EXPECT_EQ(e.code(), comm_errc::peer_lost) << e.what();
-  }
-  EXPECT_LT(clock_type::now() - start, 5s);
+  expect_peer_lost_at_once(*group[0]);
 }
 
 TEST(shm_communicator, a_shrink_that_does_not_fit_the_group_is_refused) {
