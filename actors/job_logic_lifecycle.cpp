@@ -30,6 +30,9 @@ void job_logic::start_collecting(int64_t step) {
 
 actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
   actions out;
+  // A job that failed abandoned its collections: a share still arriving from a survivor must
+  // not commit a checkpoint behind the failure message, which already named the last one.
+  if (ended_) return out;
   latest_ = std::max(latest_, now);
   const auto it = collecting_.find(w.step);
   if (w.generation != generation_ || it == collecting_.end() || w.rank < 0 || w.rank >= world() ||
@@ -126,6 +129,7 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
 
 actions job_logic::on_eval_done(const eval_done& e, logic_time now) {
   actions out;
+  if (ended_) return out;
   latest_ = std::max(latest_, now);
   if (e.generation != generation_ || e.step != eval_step_ || eval_step_ < 0) {
     stale("eval_done", member_of_rank(e.rank), e.generation, out);

@@ -152,6 +152,12 @@ void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
   m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
   m.pieces = c.pieces;
+  if (!st.committer) {  // the job's result is out: nothing is committed behind it
+    monitoring::log(
+        monitoring::level::warn, ctx(self),
+        "checkpoint of step " + std::to_string(c.step) + " not committed: the job has ended");
+    return;
+  }
   st.committing.emplace(c.step, c);
   st.committer->commit(std::move(m));
 }

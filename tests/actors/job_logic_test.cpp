@@ -678,6 +678,21 @@ TEST_P(JobLogicTest, BelowMinRanksTheJobFailsNamingTheLoss) {
   EXPECT_EQ(h.logic().state(), job_state::failed);
 }
 
+// The lost rank wrote its share of checkpoint 2 before it died; the survivor's share arrives
+// after the job failed. The failure message already named what --resume continues from, and
+// the job's committer is gone: that checkpoint must not be committed behind it.
+TEST_P(JobLogicTest, AShareArrivingAfterTheJobFailedCommitsNothing) {
+  auto cfg = small_config(2);
+  cfg.checkpoint_every = 2;
+  logic_harness h(cfg, 0, 0, /*min_ranks=*/2);
+  train_past_the_first_checkpoint(h);
+  EXPECT_TRUE(h.logic().on_shard_written(share_of(2, 1, true, false), h.now()).empty());
+  ASSERT_EQ(all_of<finish_job>(h.lose(1, loss_cause::exit, "killed by signal 9")).size(), 1u);
+  ASSERT_EQ(h.logic().state(), job_state::failed);
+  EXPECT_TRUE(h.logic().on_shard_written(share_of(2, 0, true, false), h.now()).empty());
+  EXPECT_EQ(h.logic().last_checkpoint_step(), -1);
+}
+
 TEST_P(JobLogicTest, FailedVoteWaitsForItsCauseThenRecoversInPlace) {
   logic_harness h(small_config(2));
   h.form();
