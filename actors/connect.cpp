@@ -35,23 +35,32 @@ caf::expected<caf::actor> remote_job_actor(caf::actor_system& sys, const std::st
   return sys.middleman().remote_actor(host, port);
 }
 
-caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
-                                  std::chrono::milliseconds timeout, std::string& error) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+caf::expected<caf::actor> remote_job_actor_until(caf::actor_system& sys, const std::string& host,
+                                                 uint16_t port,
+                                                 std::chrono::steady_clock::time_point deadline) {
   auto backoff = std::chrono::milliseconds(20);
-  std::string last;
   for (;;) {
     auto h = remote_job_actor(sys, host, port);
-    if (h && *h) return *h;
-    last = h ? "nothing is published there" : sys.render(h.error());
-    // A refusal that names the reason (another job's coordinator) will not change by waiting.
-    if (!h && last.find("belongs to job") != std::string::npos) {
-      error = "cannot join the coordinator at " + host + ":" + std::to_string(port) + ": " + last;
-      return {};
-    }
-    if (std::chrono::steady_clock::now() + backoff >= deadline) break;
-    std::this_thread::sleep_for(backoff);  // retry pacing, not a wait for a condition
+    if (h && *h) return h;
+    // A refusal that names the reason (another job's actor) will not change by waiting.
+    if (!h && sys.render(h.error()).find("belongs to job") != std::string::npos) return h;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return h;
+    // Retry pacing, not a wait for a condition; the last try comes at the deadline.
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+  }
+}
+
+caf::actor connect_to_coordinator(caf::actor_system& sys, const std::string& host, uint16_t port,
+                                  std::chrono::milliseconds timeout, std::string& error) {
+  auto h = remote_job_actor_until(sys, host, port, std::chrono::steady_clock::now() + timeout);
+  if (h && *h) return *h;
+  const std::string last = h ? "nothing is published there" : sys.render(h.error());
+  if (last.find("belongs to job") != std::string::npos) {
+    error = "cannot join the coordinator at " + host + ":" + std::to_string(port) + ": " + last;
+    return {};
   }
   error = "cannot reach the coordinator at " + host + ":" + std::to_string(port) + " within " +
           std::to_string(timeout.count() / 1000) + " s (" + last +

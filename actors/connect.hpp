@@ -31,6 +31,13 @@ void unpublish_for_job(caf::actor_system& sys, const caf::actor& whom, uint16_t 
 caf::expected<caf::actor> remote_job_actor(caf::actor_system& sys, const std::string& host,
                                            uint16_t port);
 
+/// remote_job_actor, retried with backoff until `deadline`. On a loaded machine a peer busy
+/// touching its fresh memory may let one TLS handshake run out (connection_timeout) while it
+/// would answer the next. A refusal that names another job is returned at once.
+caf::expected<caf::actor> remote_job_actor_until(caf::actor_system& sys, const std::string& host,
+                                                 uint16_t port,
+                                                 std::chrono::steady_clock::time_point deadline);
+
 /// The address of this machine's interface that traffic to host:port leaves by (what peers
 /// of a job should be told to connect to: a node's address, loopback when the coordinator is
 /// on loopback). Sends nothing (a UDP socket is connected, not written to). Falls back to

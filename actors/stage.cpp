@@ -125,11 +125,13 @@ stage_link::stage_link(caf::actor_system& sys, comm::kv_store& store, uint64_t g
   if (stage + 1 < stages) {
     const std::string where = store.get_string(key_of(generation, group, stage + 1), timeout);
     const auto colon = where.rfind(':');
-    auto peer = remote_job_actor(sys, where.substr(0, colon),
-                                 static_cast<uint16_t>(std::stoi(where.substr(colon + 1))));
-    if (!peer)
-      fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + ": " +
-           sys.render(peer.error()));
+    auto peer = remote_job_actor_until(sys, where.substr(0, colon),
+                                       static_cast<uint16_t>(std::stoi(where.substr(colon + 1))),
+                                       clock_type::now() + timeout);
+    if (!peer || !*peer)
+      fail("cannot reach stage " + std::to_string(stage + 1) + "'s actor at " + where + " within " +
+           std::to_string(timeout.count() / 1000) +
+           " s: " + (peer ? std::string("nothing is published there") : sys.render(peer.error())));
     next_ = *peer;
     caf::anon_send(next_, introduce_atom::value, self_);
     caf::anon_send(self_, watch_atom::value, next_);

@@ -165,6 +165,41 @@ TEST_F(TlsTransportTest, HandshakesBeyondTheCapAreRefusedAtOnce) {
   for (int fd : held) ::close(fd);
 }
 
+// A stage or worker reaching a peer that is too busy to take its handshake now (here: the
+// peer's pending-handshake cap is full) retries until its deadline instead of failing the
+// generation on the first refusal.
+TEST_F(TlsTransportTest, AReachThatIsRefusedOnceIsRetriedUntilItsDeadline) {
+  std::vector<int> held;
+  for (int i = 0; i < max_pending_handshakes; ++i) held.push_back(dial(port_));
+  EXPECT_FALSE(remote_job_actor(*client_, "127.0.0.1", port_)) << "the cap refuses one attempt";
+  std::thread release([&] {
+    std::this_thread::sleep_for(300ms);  // the busy spell the retries must outlast
+    for (int fd : held) ::close(fd);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto remote =
+      remote_job_actor_until(*client_, "127.0.0.1", port_, std::chrono::steady_clock::now() + 10s);
+  release.join();
+  ASSERT_TRUE(remote && *remote) << (remote ? "null actor" : client_->render(remote.error()));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms);
+  EXPECT_EQ(ask(7), 8);
+
+  // Past its deadline it gives up with the last error (a port nobody listens on; the client
+  // caches the connection it has, so the cap cannot be used twice).
+  const int probe = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(probe, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::getsockname(probe, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(probe);
+  const auto before = std::chrono::steady_clock::now();
+  EXPECT_FALSE(remote_job_actor_until(*client_, "127.0.0.1", ntohs(addr.sin_port), before + 500ms));
+  EXPECT_GE(std::chrono::steady_clock::now() - before, 450ms) << "it retried until the deadline";
+  EXPECT_LT(std::chrono::steady_clock::now() - before, 5s);
+}
+
 // ---- the join token ----
 
 TEST(JoinTokenTest, RoundTripsAndRefusesBadFilesByName) {
