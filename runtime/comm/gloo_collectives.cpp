@@ -85,7 +85,8 @@ void gloo_communicator::all_to_allv(const void* in, const std::vector<size_t>& s
                                     void* out, const std::vector<size_t>& recv_bytes,
                                     const op_options& opts) {
   const auto p = static_cast<size_t>(id_.size);
-  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes); !why.empty()) {
+  if (auto why = all_to_allv_argument_error(id_.rank, id_.size, in, send_bytes, out, recv_bytes);
+      !why.empty()) {
     invalid("all_to_allv", why);
   }
   // The shape tag cannot name the sizes (each rank's differ); each transfer's slot does.
@@ -134,7 +135,22 @@ void gloo_communicator::exchange(const op_ctx& op, const char* in, const size_t*
     post_send(op, *src, to, op.slot + size_tag(send_bytes[to]), send_off[to], send_bytes[to]);
     ++sends;
   }
-  for (size_t i = 0; i < recvs; ++i) wait_recv(op, *dst, -1);
+  std::vector<bool> arrived(static_cast<size_t>(p), false);
+  try {
+    for (size_t i = 0; i < recvs; ++i) {
+      int source = -1;
+      wait_recv(op, *dst, -1, &source);
+      if (source >= 0 && source < p) arrived[static_cast<size_t>(source)] = true;
+    }
+  } catch (const comm_error& e) {
+    // The receives share one buffer, so the wait cannot name its peer; say who never came.
+    std::string missing;
+    for (int j = 0; j < p; ++j) {
+      if (j != r && recv_bytes[j] > 0 && !arrived[static_cast<size_t>(j)])
+        missing += (missing.empty() ? "" : ", ") + std::to_string(j);
+    }
+    throw comm_error(e.code(), std::string(e.what()) + "; no message yet from rank(s) " + missing);
+  }
   for (size_t i = 0; i < sends; ++i) wait_send(op, *src, -1);
 }
 
@@ -182,8 +198,9 @@ void gloo_communicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
       });
 }
 
-void gloo_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
-                                  size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts) {
+void gloo_communicator::send_recv(const void* send_data, size_t send_bytes, int send_peer,
+                                  void* recv_data, size_t recv_bytes, int recv_peer, uint32_t tag,
+                                  const op_options& opts) {
   check_peer("send_recv", send_peer);
   check_peer("send_recv", recv_peer);
   if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr))
@@ -197,7 +214,8 @@ void gloo_communicator::send_recv(const void* send_data, size_t send_bytes, int 
       },
       opts,
       [&](const op_ctx& ctx) {
-        ubuf* out = send_bytes > 0 ? user_buffer(const_cast<void*>(send_data), send_bytes) : nullptr;
+        ubuf* out =
+            send_bytes > 0 ? user_buffer(const_cast<void*>(send_data), send_bytes) : nullptr;
         ubuf* in = recv_bytes > 0 ? user_buffer(recv_data, recv_bytes) : nullptr;
         std::vector<ubuf*> live;
         if (out != nullptr) live.push_back(out);

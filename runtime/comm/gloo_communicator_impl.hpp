@@ -91,8 +91,8 @@ class gloo_communicator final : public communicator {
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
-  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data, size_t recv_bytes,
-                 int recv_peer, uint32_t tag, const op_options& opts) override;
+  void send_recv(const void* send_data, size_t send_bytes, int send_peer, void* recv_data,
+                 size_t recv_bytes, int recv_peer, uint32_t tag, const op_options& opts) override;
 
   void abort() override {
     aborted_.store(true);
@@ -292,10 +292,11 @@ class gloo_communicator final : public communicator {
     return std::max(milliseconds(1), std::chrono::ceil<milliseconds>(rest));
   }
 
-  void wait_recv(const op_ctx& op, ubuf& b, int peer) {
+  /// `source`, when given, receives the rank whose message completed the wait.
+  void wait_recv(const op_ctx& op, ubuf& b, int peer, int* source = nullptr) {
     bool ok = false;
     try {
-      ok = b.waitRecv(nullptr, left(op, peer, "receive from"));
+      ok = b.waitRecv(source, left(op, peer, "receive from"));
     } catch (const gloo::IoException& e) {
       fail_from_gloo(op, peer, "receive from " + peer_name(peer), e.what());
     }

@@ -1,7 +1,8 @@
 // reduce-scatter, all-gather, all-to-all(v) and send/recv across real processes, on the
 // backend this binary is built for (backend.hpp: comm_gloo_collectives_multiproc_test,
-// comm_shm_collectives_multiproc_test): results against local references on 2, 3 and 4 ranks and at 64 MiB, sub-groups
-// alive beside the world group, tags that must not cross, and failures (a killed peer, abort).
+// comm_shm_collectives_multiproc_test): results against local references on 2, 3 and 4 ranks and at
+// 64 MiB, sub-groups alive beside the world group, tags that must not cross, and failures (a killed
+// peer, abort).
 #include <gtest/gtest.h>
 
 #include <future>
@@ -122,6 +123,28 @@ TEST_F(ranks, abort_unblocks_an_all_gather_and_a_send_in_flight) {
     FAIL() << "an aborted communicator accepted a send";
   } catch (const comm_error& e) {
     EXPECT_EQ(e.code(), comm_errc::aborted) << e.what();
+  }
+}
+
+// An all-to-all's receives share one gloo buffer, so a wait that runs out cannot say which
+// peer it was on; the error names the ranks whose message never came (not those that owe
+// none), which is what a hang in CI needs to be read.
+TEST_F(ranks, a_timed_out_exchange_names_the_ranks_it_still_waits_for) {
+  if (test::backend() != "gloo") GTEST_SKIP() << "the gloo exchange's message";
+  spawn(1, 3, "hang");
+  spawn(2, 3, "hang");
+  auto store = client();
+  auto c = join_and_warm_up(*store, 3);
+  const std::vector<size_t> bytes{64, 0, 64};  // nothing owed to or by rank 1
+  std::vector<char> in(128, 1);
+  std::vector<char> out(128);
+  try {
+    c->all_to_allv(in.data(), bytes, out.data(), bytes, {500ms});
+    FAIL() << "all_to_allv finished without its peers";
+  } catch (const comm_error& e) {
+    EXPECT_EQ(e.code(), comm_errc::timeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no message yet from rank(s) 2"), std::string::npos)
+        << e.what();
   }
 }
 
