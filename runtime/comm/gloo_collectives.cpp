@@ -135,21 +135,33 @@ void gloo_communicator::exchange(const op_ctx& op, const char* in, const size_t*
     post_send(op, *src, to, op.slot + size_tag(send_bytes[to]), send_off[to], send_bytes[to]);
     ++sends;
   }
+  // The receives share one buffer, so a wait that runs out cannot name its peer. gloo says
+  // the source of each completed wait, but keeps only the latest: when two completions come
+  // before a wait, one source is reported twice and the other never. The error then gives
+  // the count alone rather than a list that may name a rank that did send.
   std::vector<bool> arrived(static_cast<size_t>(p), false);
+  size_t done = 0;
+  bool exact = true;
   try {
-    for (size_t i = 0; i < recvs; ++i) {
+    for (; done < recvs; ++done) {
       int source = -1;
       wait_recv(op, *dst, -1, &source);
-      if (source >= 0 && source < p) arrived[static_cast<size_t>(source)] = true;
+      if (source < 0 || source >= p || arrived[static_cast<size_t>(source)])
+        exact = false;
+      else
+        arrived[static_cast<size_t>(source)] = true;
     }
   } catch (const comm_error& e) {
-    // The receives share one buffer, so the wait cannot name its peer; say who never came.
     std::string missing;
-    for (int j = 0; j < p; ++j) {
+    for (int j = 0; exact && j < p; ++j) {
       if (j != r && recv_bytes[j] > 0 && !arrived[static_cast<size_t>(j)])
         missing += (missing.empty() ? "" : ", ") + std::to_string(j);
     }
-    throw comm_error(e.code(), std::string(e.what()) + "; no message yet from rank(s) " + missing);
+    throw comm_error(e.code(),
+                     std::string(e.what()) + "; " +
+                         (exact ? "no message yet from rank(s) " + missing
+                                : std::to_string(recvs - done) + " of " + std::to_string(recvs) +
+                                      " messages not yet received"));
   }
   for (size_t i = 0; i < sends; ++i) wait_send(op, *src, -1);
 }
