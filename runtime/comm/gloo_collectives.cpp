@@ -139,22 +139,22 @@ void gloo_communicator::exchange(const op_ctx& op, const char* in, const size_t*
   // the source of each completed wait, but keeps only the latest: when two completions come
   // before a wait, one source is reported twice and the other never. The error then gives
   // the count alone rather than a list that may name a rank that did send.
-  std::vector<bool> arrived(static_cast<size_t>(p), false);
+  arrived_.assign(static_cast<size_t>(p), false);  // no allocation once sized
   size_t done = 0;
   bool exact = true;
   try {
     for (; done < recvs; ++done) {
       int source = -1;
       wait_recv(op, *dst, -1, &source);
-      if (source < 0 || source >= p || arrived[static_cast<size_t>(source)])
+      if (source < 0 || source >= p || arrived_[static_cast<size_t>(source)])
         exact = false;
       else
-        arrived[static_cast<size_t>(source)] = true;
+        arrived_[static_cast<size_t>(source)] = true;
     }
   } catch (const comm_error& e) {
     std::string missing;
     for (int j = 0; exact && j < p; ++j) {
-      if (j != r && recv_bytes[j] > 0 && !arrived[static_cast<size_t>(j)])
+      if (j != r && recv_bytes[j] > 0 && !arrived_[static_cast<size_t>(j)])
         missing += (missing.empty() ? "" : ", ") + std::to_string(j);
     }
     throw comm_error(e.code(),

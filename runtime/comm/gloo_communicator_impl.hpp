@@ -399,6 +399,7 @@ class gloo_communicator final : public communicator {
   uint64_t buffer_clock_ = 0;
   std::vector<float> work_;      ///< reduce_scatter's copy of its input (its ring runs in place)
   std::vector<size_t> offsets_;  ///< all_to_all(v)'s block offsets: send then receive
+  std::vector<bool> arrived_;    ///< an exchange's sources seen so far (its error names the rest)
   /// Messages sent to / received from (peer, tag) so far: the sequence part of p2p slots.
   std::map<std::pair<int, uint32_t>, uint64_t> sent_seq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recv_seq_;
