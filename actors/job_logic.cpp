@@ -231,15 +231,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   votes_held_ = false;
   pending_failure_.clear();
   failure_reports_.clear();
-  for (const auto& [step, c] : collecting_) {
-    (void)c;
-    const std::string error =
-        "abandoned: the generation ended before every rank reported its share; the previous "
-        "checkpoint stays";
-    out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
-    checkpoint_failed(step, error);
-  }
-  collecting_.clear();
+  abandon_collections(reason, out);
   eval_step_ = -1;
   restored_.clear();
   const size_t first_abort = out.size();
@@ -566,11 +558,16 @@ actions job_logic::on_vote(const step_done& v, logic_time now) {
   return out;
 }
 
-bool job_logic::previous_checkpoint_blocks(int64_t step) const {
+bool job_logic::checkpoint_wanted(int64_t step) const {
   const auto& cfg = params_.cfg;
-  return checkpoints_in_flight() && !halting_ &&
-         checkpoint_due(step, session_last_step(cfg), cfg.checkpoint_every) &&
-         step > checkpoint_step_;
+  // A step replayed after a recovery may already have its checkpoint.
+  return step > checkpoint_step_ &&
+         (checkpoint_due(step, session_last_step(cfg), cfg.checkpoint_every) ||
+          (owed_ && step >= owed_->from));
+}
+
+bool job_logic::previous_checkpoint_blocks(int64_t step) const {
+  return checkpoints_in_flight() && !halting_ && checkpoint_wanted(step);
 }
 
 void job_logic::votes_complete(logic_time now, actions& out) {
@@ -618,10 +615,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   // Members waiting to join open a generation at this step boundary; the ranks then hold
   // after applying instead of starting a step the abort would throw away.
   const bool grow = step < last && grow_wanted();
-  commit c{generation_, step,
-           // A step replayed after a recovery may already have its checkpoint.
-           checkpoint_due(step, last, cfg.checkpoint_every) && step > checkpoint_step_,
-           evaluation_due(step, last, cfg.eval_every), 0.0, grow};
+  const bool evaluate = evaluation_due(step, last, cfg.eval_every);
+  commit c{generation_, step, checkpoint_wanted(step), evaluate, 0.0, grow};
   if (c.checkpoint && previous_checkpoint_blocks(step)) {  // checkpoint_overlap skip
     c.checkpoint = false;
     out.push_back(emit_event{{{"event", "checkpoint_skipped"},

@@ -107,6 +107,8 @@ struct commit_checkpoint {
   double write_s = 0;                  ///< the longest background write of a rank
   uint64_t snapshot_buffer_bytes = 0;  ///< the ranks' snapshot buffers, summed
   uint64_t replicated_bytes = 0;       ///< chunk bytes also held in peers' memory
+  /// The step of the checkpoint a lost generation abandoned that this one replaces, -1 if none.
+  int64_t replaces = -1;
 };
 struct finish_job {
   int exit_code;
@@ -219,6 +221,13 @@ class job_logic {
   bool previous_checkpoint_blocks(int64_t step) const;
   // The held votes go on once no checkpoint is in flight.
   void release_held_votes(actions& out);
+  // Whether committing `step` asks the ranks for a checkpoint: one is due (every
+  // checkpoint_every steps and at the session's last step), or one abandoned by a generation
+  // that ended is owed, and the step is newer than the last committed checkpoint.
+  bool checkpoint_wanted(int64_t step) const;
+  // The generation ends with checkpoints still being collected: each is abandoned (what the
+  // survivors wrote is not a whole checkpoint), and the next generation owes one in its place.
+  void abandon_collections(const std::string& reason, actions& out);
   void all_votes_in(logic_time now, actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
@@ -254,6 +263,14 @@ class job_logic {
     std::string error;  // the first rank's
     int failed = 0;
   };
+  // A checkpoint that a generation abandoned when it ended (a member was lost while its
+  // shares were being collected) is owed: the first step at or after `from` that the job
+  // commits takes one in its place, so a loss never costs a whole checkpoint interval.
+  struct owed_checkpoint {
+    int64_t from = 0;      // the first step that may take it
+    int64_t replaces = 0;  // the step of the abandoned checkpoint
+  };
+  std::optional<owed_checkpoint> owed_;
   std::map<int64_t, collection> collecting_;
   int committing_ = 0;  // manifests handed to the committer, not yet confirmed
   // At most one checkpoint is in flight job-wide, its commit included: the votes of the next

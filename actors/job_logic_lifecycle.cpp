@@ -25,7 +25,47 @@ void job_logic::start_collecting(int64_t step) {
   c.commit.step = step;
   c.commit.world = world();
   c.reported.assign(static_cast<size_t>(world()), false);
+  if (owed_ && step >= owed_->from) {  // this checkpoint stands in for an abandoned one
+    c.commit.replaces = owed_->replaces;
+    owed_.reset();
+  }
   collecting_[step] = std::move(c);
+}
+
+void job_logic::abandon_collections(const std::string& reason, actions& out) {
+  for (const auto& [step, c] : collecting_) {
+    if (!c.ok) {
+      // A rank had already failed to write its share: that failure counts as any other,
+      // and the next checkpoint due makes up for it as it would have.
+      out.push_back(emit_event{{{"event", "checkpoint_failed"},
+                                {"step", step},
+                                {"ranks_failed", c.failed},
+                                {"error", c.error}}});
+      checkpoint_failed(step, c.error);
+      continue;
+    }
+    // The shares the survivors wrote are not a whole checkpoint (in plain data parallelism
+    // each replica writes only its part of every tensor), and the new layout cuts the state
+    // differently. Instead the first step the job commits from here on writes one, from the
+    // new generation's ranks: a loss costs a few steps of checkpoint, never an interval.
+    const int64_t replaces = c.commit.replaces >= 0 ? c.commit.replaces : step;
+    if (!owed_)
+      owed_ = owed_checkpoint{step, replaces};
+    else
+      owed_->from = std::min(owed_->from, step);
+    out.push_back(
+        emit_event{{{"event", "checkpoint_abandoned"},
+                    {"step", step},
+                    {"generation", generation_ - 1},
+                    {"ranks_reported", c.in},
+                    {"world", c.commit.world},
+                    {"reason", "generation " + std::to_string(generation_ - 1) +
+                                   " ended before every rank reported its share: " + reason},
+                    {"retake_from", owed_->from},
+                    {"then", "the first step from " + std::to_string(owed_->from) +
+                                 " that the job commits takes a checkpoint in its place"}}});
+  }
+  collecting_.clear();
 }
 
 actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
@@ -84,12 +124,17 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
                                 {"error", done.error}}});
       checkpoint_failed(w.step, done.error);
     }
-    if (done.skipped && done.ok)
+    if (done.skipped && done.ok) {
       out.push_back(emit_event{{{"event", "checkpoint_skipped"},
                                 {"step", w.step},
                                 {"reason",
                                  "a rank was still writing the previous checkpoint "
                                  "(checkpoint_overlap skip)"}}});
+      // A checkpoint in place of an abandoned one is still owed: usually the survivors were
+      // still writing their shares of the abandoned one. The next committed step tries again.
+      if (done.commit.replaces >= 0 && !owed_)
+        owed_ = owed_checkpoint{w.step, done.commit.replaces};
+    }
     release_held_votes(out);
     maybe_finish(out);
   }
@@ -108,16 +153,18 @@ actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std
       failed_checkpoint_step_ = -1;
       failed_checkpoint_error_.clear();
     }
-    out.push_back(emit_event{{{"event", "checkpoint"},
-                              {"step", step},
-                              {"path", path},
-                              {"generation", generation_},
-                              {"bytes_written", c.bytes_written},
-                              {"bytes_deduplicated", c.bytes_deduplicated},
-                              {"stall_s", c.stall_s},
-                              {"write_s", c.write_s},
-                              {"snapshot_buffer_bytes", c.snapshot_buffer_bytes},
-                              {"replicated_bytes", c.replicated_bytes}}});
+    json event = {{"event", "checkpoint"},
+                  {"step", step},
+                  {"path", path},
+                  {"generation", generation_},
+                  {"bytes_written", c.bytes_written},
+                  {"bytes_deduplicated", c.bytes_deduplicated},
+                  {"stall_s", c.stall_s},
+                  {"write_s", c.write_s},
+                  {"snapshot_buffer_bytes", c.snapshot_buffer_bytes},
+                  {"replicated_bytes", c.replicated_bytes}};
+    if (c.replaces >= 0) event["replaces"] = c.replaces;  // the abandoned checkpoint's step
+    out.push_back(emit_event{std::move(event)});
   } else {
     out.push_back(emit_event{{{"event", "checkpoint_failed"}, {"step", step}, {"error", error}}});
     checkpoint_failed(step, error);

@@ -1212,6 +1212,219 @@ TEST_P(JobLogicTest, ExitAfterStepNeverClaimsACheckpointThatFailed) {
   EXPECT_NE(end[0].message.find("nothing to continue from"), std::string::npos) << end[0].message;
 }
 
+// ---- a member lost while a checkpoint is being collected ---------------------------------
+
+// Every commit of `a` asks for a checkpoint (true) or none does (false); there is at least one.
+bool commits_checkpoint(const actions& a) {
+  const auto commits = all_of<send_commit>(a);
+  EXPECT_FALSE(commits.empty());
+  bool any = false, all = true;
+  for (const auto& c : commits) {
+    any = any || c.msg.checkpoint;
+    all = all && c.msg.checkpoint;
+  }
+  EXPECT_EQ(any, all) << "the ranks of one step were told different things";
+  return all && !commits.empty();
+}
+
+// A shard_written of the current generation.
+shard_written share_now(logic_harness& h, int64_t step, int rank, bool ok = true,
+                        bool skipped = false) {
+  shard_written w = share_of(step, rank, ok, skipped);
+  w.generation = h.logic().generation();
+  return w;
+}
+
+// dp4, checkpoint every 10: rank 2 dies after committing step 10, while the shares of
+// checkpoint 10 come in. The survivors' shares are not a whole checkpoint, so it is abandoned,
+// but the new generation's first committed step takes one in its place: the gap to the last
+// committed checkpoint stays a few steps, not an interval of 10. No failure is recorded.
+TEST_P(JobLogicTest, ALossWhileACheckpointIsCollectedTakesOneAtTheNextCommittedStep) {
+  auto cfg = small_config(4);
+  cfg.steps = 20;
+  cfg.checkpoint_every = 10;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 10; ++s) h.step(s);
+  ASSERT_TRUE(h.logic().checkpoints_in_flight());
+  EXPECT_TRUE(h.logic().on_shard_written(share_of(10, 0, true, false), h.now()).empty());
+  auto lost = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
+  EXPECT_FALSE(has_event(lost, "checkpoint_failed")) << "nothing failed: it is made good";
+  const auto* abandoned = find_event(lost, "checkpoint_abandoned");
+  EXPECT_NE(abandoned, nullptr);
+  if (abandoned) {
+    EXPECT_EQ(abandoned->event["step"], 10);
+    EXPECT_EQ(abandoned->event["generation"], 1);
+    EXPECT_EQ(abandoned->event["ranks_reported"], 1);
+    EXPECT_EQ(abandoned->event["retake_from"], 10);
+    EXPECT_NE(abandoned->event["reason"].get<std::string>().find("rank 2 lost"), std::string::npos)
+        << abandoned->event.dump();
+  }
+  EXPECT_FALSE(h.logic().checkpoints_in_flight());
+  // A survivor's share of the old generation arrives late: counted as stale, commits nothing.
+  auto late = h.logic().on_shard_written(share_of(10, 1, true, false), h.now());
+  EXPECT_TRUE(has_event(late, "stale_message"));
+  EXPECT_TRUE(all_of<commit_checkpoint>(late).empty());
+
+  h.report_all(10);
+  h.settle_reconfigure();
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  ASSERT_EQ(h.logic().world(), 3);
+  ASSERT_EQ(h.logic().committed(), 10);
+  EXPECT_TRUE(commits_checkpoint(h.step(11))) << "step 11 takes checkpoint 10's place";
+  auto written = write_checkpoint(h, 11);
+  const auto* saved = find_event(written, "checkpoint");
+  ASSERT_NE(saved, nullptr);
+  EXPECT_EQ(saved->event["step"], 11);
+  EXPECT_EQ(saved->event["replaces"], 10);
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 11);
+  EXPECT_FALSE(commits_checkpoint(h.step(12))) << "one checkpoint was owed, not one per step";
+  for (int s = 13; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+  EXPECT_TRUE(commits_checkpoint(h.step(20)));
+  evaluate_all(h, 20);
+  const auto last = write_checkpoint(h, 20);
+  EXPECT_FALSE(find_event(last, "checkpoint")->event.contains("replaces"));
+  auto end = all_of<finish_job>(last);
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::done) << end[0].message;
+}
+
+// With checkpoint_overlap skip the replacement may find a survivor still writing its share of
+// the abandoned checkpoint: it is skipped, and the next committed step tries again. Nothing
+// failed, so a job whose last checkpoint is skipped too ends with exit 0, not 4.
+TEST_P(JobLogicTest, ALostCheckpointIsRetriedWhenItsReplacementIsSkippedAndNeverEndsWithExit4) {
+  auto cfg = small_config(4);
+  cfg.steps = 20;
+  cfg.checkpoint_every = 10;
+  cfg.checkpoint_overlap = "skip";
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 10; ++s) h.step(s);
+  auto lost = h.lose(h.logic().member_of_rank(1), loss_cause::exit, "killed by signal 9");
+  EXPECT_NE(find_event(lost, "checkpoint_abandoned"), nullptr);
+  h.report_all(10);
+  h.settle_reconfigure();
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  EXPECT_TRUE(commits_checkpoint(h.step(11)));
+  h.logic().on_shard_written(share_now(h, 11, 0), h.now());
+  h.logic().on_shard_written(share_now(h, 11, 1), h.now());
+  auto skipped = h.logic().on_shard_written(share_now(h, 11, 2, false, true), h.now());
+  EXPECT_TRUE(has_event(skipped, "checkpoint_skipped"));
+  EXPECT_TRUE(all_of<commit_checkpoint>(skipped).empty());
+  EXPECT_TRUE(commits_checkpoint(h.step(12))) << "still owed: step 12 tries again";
+  const auto written = write_checkpoint(h, 12);
+  const auto* saved = find_event(written, "checkpoint");
+  EXPECT_NE(saved, nullptr);
+  if (saved) {
+    EXPECT_EQ(saved->event["replaces"], 10);
+  }
+  for (int s = 13; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+  EXPECT_TRUE(commits_checkpoint(h.step(20)));
+  evaluate_all(h, 20);
+  h.logic().on_shard_written(share_now(h, 20, 0), h.now());
+  h.logic().on_shard_written(share_now(h, 20, 1), h.now());
+  auto end =
+      all_of<finish_job>(h.logic().on_shard_written(share_now(h, 20, 2, false, true), h.now()));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::done) << end[0].message;
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 12);
+}
+
+// No checkpoint in flight when the member is lost (the last one committed, or its manifest
+// already with the committer): nothing is abandoned and no extra checkpoint is taken.
+TEST_P(JobLogicTest, ALossWithNoCheckpointBeingCollectedTakesNoExtraCheckpoint) {
+  auto cfg = small_config(4);
+  cfg.steps = 30;
+  cfg.checkpoint_every = 10;
+  {
+    logic_harness h(cfg);
+    h.form();
+    for (int s = 1; s <= 10; ++s) h.step(s);
+    write_checkpoint(h, 10);
+    for (int s = 11; s <= 13; ++s) h.step(s);
+    auto lost = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
+    EXPECT_EQ(find_event(lost, "checkpoint_abandoned"), nullptr);
+    h.report_all(13);
+    h.settle_reconfigure();
+    ASSERT_EQ(h.logic().state(), job_state::training);
+    for (int s = 14; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+    EXPECT_TRUE(commits_checkpoint(h.step(20)));
+  }
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 10; ++s) h.step(s);
+  // Every share of checkpoint 10 is in: its manifest goes to the committer before the loss.
+  actions shares;
+  for (int r = 0; r < 4; ++r) {
+    auto a = h.logic().on_shard_written(share_of(10, r, true, false), h.now());
+    shares.insert(shares.end(), a.begin(), a.end());
+  }
+  const auto manifest = all_of<commit_checkpoint>(shares);
+  ASSERT_EQ(manifest.size(), 1u);
+  auto lost = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
+  EXPECT_EQ(find_event(lost, "checkpoint_abandoned"), nullptr);
+  h.report_all(10);
+  h.settle_reconfigure();
+  EXPECT_TRUE(
+      has_event(h.logic().on_checkpoint_committed(manifest[0], "ckpt10", ""), "checkpoint"));
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 10);
+  for (int s = 11; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+}
+
+// A rank had already failed to write its share when the generation ended: that is a real
+// failure, reported as one; the loss does not turn it into an abandoned checkpoint.
+TEST_P(JobLogicTest, AShareThatFailedBeforeTheLossStaysAFailedCheckpoint) {
+  auto cfg = small_config(4);
+  cfg.steps = 30;
+  cfg.checkpoint_every = 10;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 10; ++s) h.step(s);
+  auto full = share_of(10, 0, false, false);
+  full.error = "No space left on device";
+  h.logic().on_shard_written(full, h.now());
+  auto lost = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
+  EXPECT_EQ(find_event(lost, "checkpoint_abandoned"), nullptr);
+  const auto* failed = find_event(lost, "checkpoint_failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->event["step"], 10);
+  EXPECT_NE(failed->event["error"].get<std::string>().find("No space left"), std::string::npos)
+      << failed->event.dump();
+  h.report_all(10);
+  h.settle_reconfigure();
+  for (int s = 11; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+  EXPECT_TRUE(commits_checkpoint(h.step(20)));
+}
+
+// A pipeline stage without a replica is lost while checkpoint 10 is collected: every rank
+// goes back to checkpoint 5 and replays. The replay reaches step 10 again, which takes the
+// abandoned checkpoint's place; the replayed steps before it take none.
+TEST_P(JobLogicTest, AReplayAfterALossRetakesTheAbandonedCheckpointAtItsOwnStep) {
+  auto cfg = small_config(2);
+  cfg.parallel.pp = 2;
+  cfg.parallel.micro_batches = 4;
+  cfg.steps = 30;
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  write_checkpoint(h, 5);
+  for (int s = 6; s <= 10; ++s) h.step(s);
+  auto lost = h.lose(h.logic().member_of_rank(1), loss_cause::exit, "gone");
+  ASSERT_NE(find_event(lost, "checkpoint_abandoned"), nullptr);
+  auto rc = all_of<send_reconfigure>(h.report_all(10));
+  ASSERT_EQ(rc.size(), 1u);
+  ASSERT_EQ(rc[0].msg.start_step, 5);
+  h.settle_reconfigure();
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  for (int s = 6; s <= 9; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
+  EXPECT_TRUE(commits_checkpoint(h.step(10)));
+  const auto written = write_checkpoint(h, 10);
+  const auto* saved = find_event(written, "checkpoint");
+  ASSERT_NE(saved, nullptr);
+  EXPECT_EQ(saved->event["replaces"], 10);
+  EXPECT_FALSE(commits_checkpoint(h.step(11)));
+}
+
 // Agents restart crashed workers (max_restarts 2); a recovery waits up to 1 s for them.
 logic_harness with_restarts(int world) {
   return logic_harness(small_config(world), 0, 0, 1, "warn", [](job_params& p) {
