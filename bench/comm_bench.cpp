@@ -82,10 +82,16 @@ std::optional<size_t> parse_bytes(const std::string& s) {
   return std::nullopt;
 }
 
+// A comma-separated list of at least one item, none empty: an empty value would otherwise
+// benchmark nothing and exit 0.
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (item.empty()) throw std::invalid_argument("an empty item");
+    out.push_back(item);
+  }
+  if (out.empty() || s.back() == ',') throw std::invalid_argument("an empty list");
   return out;
 }
 
@@ -123,7 +129,8 @@ std::optional<bench_options> parse(const std::vector<std::string>& args) {
         return std::nullopt;
       }
     } catch (const std::exception&) {
-      std::cerr << "comm bench: bad value for " << a << ": " << v << "\n";
+      std::cerr << "comm bench: bad value for " << a << ": '" << v
+                << "'; see troupe bench --help\n";
       return std::nullopt;
     }
   }

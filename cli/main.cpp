@@ -1,5 +1,6 @@
 // `troupe`: one binary for every role of a job (run, coordinator, agent, worker).
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -14,7 +15,9 @@
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/preflight.hpp"
 #include "runtime/sys/descriptors.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace {
 
@@ -54,6 +57,11 @@ void parse_member_args(const std::string& command, const std::vector<std::string
       have_endpoint = true;
     } else if (a == "--join-token") {
       token_path = value();
+      if (token_path.empty())
+        throw usage_error("troupe " + command +
+                          ": --join-token must name the job's join token file, got an empty "
+                          "value");
+      troupe::check_path_length(token_path, "join token", "--join-token");
     } else if ((a == "--member" || a == "--rank") && rank) {
       *rank = parse_count(command, a, value());
     } else if (a == "--node" && node) {
@@ -85,13 +93,36 @@ void parse_member_args(const std::string& command, const std::vector<std::string
   }
 }
 
+// The limit on open files against what this process and those it starts (they inherit it)
+// need: main raised it to the hard limit at start; that raise is said when the job needs it,
+// and a limit that stays too low is refused at once (exit 2), not found out when workers
+// cannot connect and the job waits for them.
+void require_descriptors(long needed, long soft_at_start, const std::string& who) {
+  const auto now = troupe::sys::read_descriptor_limits();
+  troupe::check_descriptor_limit(needed, now.soft, now.hard, who);
+  if (soft_at_start < needed)
+    std::fprintf(stderr,
+                 "troupe: raised the limit on open files (RLIMIT_NOFILE) from %ld to %ld, the "
+                 "hard limit: %s needs up to %ld\n",
+                 soft_at_start, now.soft, who.c_str(), needed);
+}
+
+// What an agent or a worker needs before it knows the job: that of the smallest job (one
+// rank). A worker checks its job's own need once the coordinator sends the config.
+long smallest_job_descriptors() {
+  troupe::train_config one;
+  one.world = 1;
+  return std::max(troupe::descriptors_needed(one, troupe::process_role::agent),
+                  troupe::descriptors_needed(one, troupe::process_role::worker));
+}
+
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;
   return false;
 }
 
-int dispatch(int argc, char** argv) {
+int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
   if (argc < 2) {
     std::fputs(troupe::cli::main_help().c_str(), stderr);
     return 2;
@@ -115,6 +146,18 @@ int dispatch(int argc, char** argv) {
           stdout);
       return 0;
     }
+    const auto& cfg = opts.cfg;
+    using troupe::process_role;
+    long needed = troupe::descriptors_needed(cfg, process_role::coordinator);
+    if (!coordinator_only)  // its agents and workers run here too, with the same limit
+      needed = std::max({needed, troupe::descriptors_needed(cfg, process_role::agent),
+                         troupe::descriptors_needed(cfg, process_role::worker)});
+    require_descriptors(
+        needed, soft_descriptors_at_start,
+        (coordinator_only ? "the coordinator of this job (world " : "this job (world ") +
+            std::to_string(cfg.world) +
+            (cfg.elastic.spares > 0 ? ", " + std::to_string(cfg.elastic.spares) + " spares)"
+                                    : ")"));
     return troupe::cli::run_job(opts, !coordinator_only);
   }
   if (command == "bench") {
@@ -139,6 +182,8 @@ int dispatch(int argc, char** argv) {
     troupe::actors::agent_args a;
     parse_member_args(command, args, a.coordinator_host, a.coordinator_port, nullptr, nullptr,
                       &a.ranks);
+    require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start,
+                        "an agent with its workers");
     return troupe::actors::run_agent(a);
   }
   if (command == "worker") {
@@ -149,6 +194,7 @@ int dispatch(int argc, char** argv) {
     troupe::actors::worker_args w;
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node,
                       nullptr, &w.standby);
+    require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start, "a worker");
     return troupe::actors::run_worker(w);
   }
   if (command == "ckpt") return troupe::cli::run_ckpt_tool(args);
@@ -164,17 +210,21 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   // Room for every listener's clients and, above them, a reserve that no client can take:
   // checkpoints and the data plane must always be able to open what they need.
+  const long soft_descriptors_at_start = troupe::sys::read_descriptor_limits().soft;
   troupe::sys::raise_descriptor_limit();
+  // Errors quote what the user or a run directory gave (paths, file content): one escaping,
+  // line by line, before the console sees them.
+  const auto shown = [](const char* what) { return troupe::sys::printable_lines(what); };
   try {
-    return dispatch(argc, argv);
+    return dispatch(argc, argv, soft_descriptors_at_start);
   } catch (const troupe::cli::usage_error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s\n", shown(e.what()).c_str());
     return 2;
   } catch (const troupe::config_error& e) {
-    std::fprintf(stderr, "troupe: %s\n", e.what());
+    std::fprintf(stderr, "troupe: %s\n", shown(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "troupe: error: %s\n", e.what());
+    std::fprintf(stderr, "troupe: error: %s\n", shown(e.what()).c_str());
     return 1;
   }
 }

@@ -19,6 +19,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--checkpoint-every", "checkpoint_every"},
       {"--exit-after-step", "exit_after_step"},
       {"--checkpoint-overlap", "checkpoint_overlap"},
+      {"--verify-checkpoints", "verify_checkpoints"},
       {"--checkpoint-chunk-kib", "checkpoint_chunk_kib"},
       {"--keep-last", "keep_last"},
       {"--keep-every", "keep_every"},
@@ -107,6 +108,11 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
                           "'");
       set_config_field(out.cfg, value.substr(0, eq), value.substr(eq + 1));
     } else if (coordinator_only && flag == "--host") {
+      // An empty host would listen on every address: say so, never read "" as the default.
+      if (value.empty())
+        throw usage_error(
+            "troupe coordinator: --host must be a host name or address, got an empty value; "
+            "leave it out for 127.0.0.1, or give 0.0.0.0 to listen on every address");
       out.listen_host = value;
     } else if (coordinator_only && flag == "--port") {
       try {
@@ -172,6 +178,9 @@ const char* job_flags =
   --keep-every N         also keep every checkpoint whose step is a multiple of N
   --checkpoint-overlap wait|skip   a checkpoint due while the previous one is still being
                          written or committed waits for it, or is skipped (default wait)
+  --verify-checkpoints after-write|off   each rank reads every chunk it wrote back from the
+                         disk (not its cache) and checks it before the checkpoint may be
+                         committed (default off; costs one read of what was written)
   --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024;
                          boxes under K/4 KiB share chunks, larger ones are deduplicated alone);
                          --set checkpoint_async=false writes inside the step instead
@@ -226,7 +235,8 @@ std::string run_help() {
 
 Trains a GPT on this machine: starts a coordinator (in this process), one agent and
 --world worker processes, shows progress, and ends with a summary. Ctrl-C stops the whole
-job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config, 3 a step diverged
+job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config (also a limit on
+open files, `ulimit -n`, too low for the job even at its hard limit), 3 a step diverged
 (see --on-divergence), 4 trained, but a checkpoint failed and none committed after it,
 130 interrupted.
 
@@ -293,7 +303,7 @@ std::string ckpt_help(const std::string& subcommand) {
     return R"(usage: troupe ckpt <subcommand> RUN_DIR [options]
 
 Offline tools for the checkpoints of a run directory (RUN_DIR/checkpoints, e.g. of
-runs/latest). Only gc changes anything, and it refuses while a job holds the run.
+runs/latest). Only gc and scrub change anything, and they refuse while a job holds the run.
 
 subcommands:
   ls RUN_DIR                     committed checkpoints, oldest first, with their sizes
@@ -301,6 +311,8 @@ subcommands:
   verify RUN_DIR [--step N]      reads back every chunk or shard and checks its hash
   diff RUN_DIR [A B]             what two checkpoints share and how far their values differ
   gc RUN_DIR [--keep-last K] [--keep-every N]   drops old checkpoints and unreferenced chunks
+  scrub RUN_DIR                  verifies everything, moves damaged checkpoints aside, repairs
+                                 LATEST
 
 Exit codes: 0 ok, 1 an error or a damaged checkpoint, 2 bad usage.
 Run `troupe ckpt <subcommand> --help` for details.
@@ -312,7 +324,9 @@ One line per committed checkpoint, oldest first: its step, LATEST on the one LAT
 format version, layout, AdamW's step count, distinct chunks, the bytes of those chunks on
 disk, and the bytes of chunks the previous listed checkpoint does not reference (what this
 checkpoint added). Format 1 checkpoints show their shard files' bytes. A last line gives the
-chunk store's size on disk. Exit 1 when LATEST or a manifest cannot be read.
+chunk store's size on disk, then the quarantined checkpoints (checkpoints/damaged/, with
+why each was moved there) and anything moved out of a write's way. Exit 1 when LATEST or a
+manifest cannot be read.
 )"},
       {"inspect", R"(usage: troupe ckpt inspect RUN_DIR [--step N]
 
@@ -345,6 +359,18 @@ left by a writer that died. Refuses (exit 1) while a job holds the run directory
   --keep-last K    keep the newest K checkpoints (default 0: keep every checkpoint and
                    remove only unreferenced chunks)
   --keep-every N   with --keep-last, also keep every step that is a multiple of N
+Retention removes only checkpoints older than one that reads back intact, and never the
+newest intact one.
+)"},
+      {"scrub", R"(usage: troupe ckpt scrub RUN_DIR
+
+Reads back every committed checkpoint, newest first, like verify. Each damaged one is moved
+to checkpoints/damaged/step-NNNNNNNN-REASON (never deleted; ls lists it; its chunks are
+kept), so that a resumed job replays and commits that step afresh. Then LATEST is made to
+name the newest intact checkpoint at or before the one it named (removed when none is
+intact), and entries of the chunk store that troupe did not put there (links, directories)
+are reported. Refuses (exit 1) while a job holds the run directory's lock.
+Exit 0 when nothing was damaged, 1 when something was (and was dealt with, as printed).
 )"},
   };
   auto it = subcommands.find(subcommand);

@@ -12,6 +12,8 @@
 #include <set>
 #include <sstream>
 
+#include "runtime/preflight.hpp"
+
 namespace troupe {
 namespace {
 
@@ -144,10 +146,14 @@ field faults_field() {
               if (!item.is_string())
                 throw config_error("config: '" + name + "' must hold strings, got " + shown(item));
               const auto spec = item.get<std::string>();
+              if (spec.empty())
+                throw config_error("config: '" + name +
+                                   "' holds an empty fault spec; give one such as "
+                                   "kill:rank=1:step=8, or leave it out");
               if (spec.find(';') != std::string::npos)
                 throw config_error("config: '" + name + "': a fault spec has no ';', got '" + spec +
                                    "'");
-              if (!spec.empty()) c.elastic.faults += (c.elastic.faults.empty() ? "" : ";") + spec;
+              c.elastic.faults += (c.elastic.faults.empty() ? "" : ";") + spec;
             };
             if (v.is_array()) {
               c.elastic.faults.clear();
@@ -177,6 +183,33 @@ field string_field(std::string name, std::string train_config::*member) {
             c.*member = v.get<std::string>();
           },
           [member](const train_config& c) { return json(c.*member); }};
+}
+
+// The string fields whose empty value means "not set". A user's explicit "" is refused, never
+// read as not set: `--data "$CORPUS"` with CORPUS unset must not train on the default corpus,
+// nor `--metrics-token "$FILE"` serve /metrics to anyone.
+struct unset_when_empty {
+  const char* name;
+  const char* means;  ///< what "" means, for the message
+  const char* give;   ///< what to give instead
+  /// A config file may hold "" for it: troupe's own RUN_DIR/config.json writes "" for "not
+  /// set" there, and must read back with --config.
+  bool in_files;
+};
+constexpr unset_when_empty empty_rules[] = {
+    {"data", "train on the default corpus", "a corpus file", false},
+    {"metrics_token_file", "serve /metrics without a token", "a token file", true},
+    {"optim.freeze", "train every parameter", "a pattern", true},
+};
+
+// Refuses an explicit "" for a field where "" means "not set" (empty_rules).
+void refuse_empty(const field& f, const json& v, bool in_file) {
+  if (!v.is_string() || !v.get_ref<const std::string&>().empty()) return;
+  for (const auto& rule : empty_rules)
+    if (f.name == rule.name && !(in_file && rule.in_files))
+      throw config_error("config: '" + f.name + "' is empty; give " + rule.give +
+                         ", or leave it out to " + rule.means +
+                         ": an empty value is not read as left out");
 }
 
 const std::vector<field>& fields() {
@@ -234,6 +267,7 @@ const std::vector<field>& fields() {
       make_field("exit_after_step", &train_config::exit_after_step),
       make_field("checkpoint_async", &train_config::checkpoint_async),
       string_field("checkpoint_overlap", &train_config::checkpoint_overlap),
+      string_field("verify_checkpoints", &train_config::verify_checkpoints),
       make_field("checkpoint_chunk_kib", &train_config::checkpoint_chunk_kib),
       make_field("keep_last", &train_config::keep_last),
       make_field("keep_every", &train_config::keep_every),
@@ -315,7 +349,9 @@ void require_json_type(const field& f, const train_config& cfg, const json& v) {
                        std::string(v.type_name()) + " " + shown(v));
 }
 
-void apply_object(train_config& cfg, const json& obj, const std::string& prefix) {
+// `from_file`: a user's config file (an explicit "" is refused where it means "not set"); else
+// troupe's own JSON (config_from_json), which holds "" for what is not set.
+void apply_object(train_config& cfg, const json& obj, const std::string& prefix, bool from_file) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
     const field* f = find_field(name);
@@ -324,7 +360,7 @@ void apply_object(train_config& cfg, const json& obj, const std::string& prefix)
         throw config_error("config: '" + name + "' must be an object with the keys " +
                            keys_in(name) + ", got " + std::string(it.value().type_name()) + " " +
                            shown(it.value()));
-      apply_object(cfg, it.value(), name);
+      apply_object(cfg, it.value(), name, from_file);
       continue;
     }
     if (!f)
@@ -333,6 +369,7 @@ void apply_object(train_config& cfg, const json& obj, const std::string& prefix)
           (prefix.empty() ? std::string("at the top level") : "in '" + prefix + "'") + " are " +
           keys_in(prefix));
     require_json_type(*f, cfg, it.value());
+    if (from_file) refuse_empty(*f, it.value(), true);
     f->set(cfg, it.value());
   }
 }
@@ -422,9 +459,24 @@ json parse_limited(const std::string& text, const std::string& what) {
   } catch (const json::parse_error& e) {
     throw config_error("config: " + what + " is not valid JSON (" + e.what() + ")");
   } catch (const json::out_of_range& e) {
-    // A number no double holds (1e999): the parser gives up on the whole text.
-    throw config_error("config: " + what + " holds a number out of range (" + e.what() +
-                       "); every number must be finite");
+    // A number no double holds (1e999): the parser gives up on the whole text, before the
+    // value reaches a field. The keys open when it stopped name where the number was.
+    std::string key;
+    for (const auto& level : open)
+      if (level.object) key += (key.empty() ? "" : ".") + level.last_key;
+    const std::string said = e.what();  // "... number overflow parsing '1e999'"
+    const auto from = said.find("parsing '");
+    const auto to = said.rfind('\'');
+    std::string number =
+        from != std::string::npos && to > from + 9 ? said.substr(from + 9, to - from - 9) : "";
+    if (number.size() > 64) number = number.substr(0, 60) + "...";
+    if (key.empty() || number.empty())
+      throw config_error("config: " + what + " holds a number out of range (" + said +
+                         "); every number must be finite");
+    throw config_error("config: " + what + ": '" + key + "'" +
+                       (open.back().object ? "" : " holds an element that") + " is " + number +
+                       ", which is out of range for a double; every number must be finite "
+                       "(at most about 1.8e308)");
   } catch (const json::exception& e) {
     throw config_error("config: " + what + " cannot be read (" + e.what() + ")");
   }
@@ -438,6 +490,7 @@ void require(bool ok, const std::string& message) {
 
 void load_config_file(const std::string& path, train_config& cfg) {
   namespace fs = std::filesystem;
+  check_path_length(path, "config file", "--config");
   const std::string what = "config file '" + path + "'";
   std::error_code ec;
   const auto status = fs::status(path, ec);
@@ -470,12 +523,13 @@ void load_config_file(const std::string& path, train_config& cfg) {
     throw config_error("config: " + what +
                        " must hold a JSON object ({\"steps\": 100, ...}), got " +
                        std::string(doc.type_name()));
-  apply_object(cfg, doc, "");
+  apply_object(cfg, doc, "", true);
 }
 
 void set_config_field(train_config& cfg, const std::string& name, const std::string& value) {
   const field* f = find_field(name);
   if (!f) throw config_error("config: unknown setting '" + name + "'; known: " + known_names());
+  refuse_empty(*f, json(value), false);
   f->set(cfg, json(value));
 }
 
@@ -591,6 +645,8 @@ void validate(const train_config& c) {
   int_in(c.checkpoint_every, "checkpoint_every", "--checkpoint-every", 0, 1000000000,
          " (0 = only at the end)");
   one_of(c.checkpoint_overlap, "checkpoint_overlap", "--checkpoint-overlap", {"wait", "skip"});
+  one_of(c.verify_checkpoints, "verify_checkpoints", "--verify-checkpoints",
+         {"after-write", "off"});
   int_in(c.checkpoint_chunk_kib, "checkpoint_chunk_kib", "--checkpoint-chunk-kib", 4, 262144);
   int_in(c.keep_last, "keep_last", "--keep-last", 0, 1000000000, " (0 = keep all)");
   int_in(c.keep_every, "keep_every", "--keep-every", 0, 1000000000, " (0 = off)");
@@ -644,7 +700,7 @@ train_config config_from_json(const std::string& text) {
   train_config cfg;
   const json doc = parse_limited(text, "the config JSON");
   if (!doc.is_object()) throw config_error("config: the config JSON must hold a JSON object");
-  apply_object(cfg, doc, "");
+  apply_object(cfg, doc, "", false);
   return cfg;
 }
 

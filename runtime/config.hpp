@@ -85,11 +85,14 @@ struct train_config {
                                  ///< The schedule still runs to `steps`, so --resume continues it.
   bool checkpoint_async = true;  ///< write in the background; false = in the step
   std::string checkpoint_overlap = "wait";  ///< wait | skip: a snapshot due mid-write
-  int checkpoint_chunk_kib = 1024;          ///< chunk size of the content-addressed store
-  int keep_last = 3;                        ///< committed checkpoints kept; 0 = all
-  int keep_every = 0;                       ///< also keep steps that are multiples; 0 = off
-  bool replicate_checkpoints = false;       ///< also hold each rank's chunks in a peer's memory
-  int metrics_port = 9400;                  ///< 0 = off
+  /// after-write | off: each rank reads back (from the disk, not its cache) every chunk it
+  /// wrote before reporting it durable
+  std::string verify_checkpoints = "off";
+  int checkpoint_chunk_kib = 1024;     ///< chunk size of the content-addressed store
+  int keep_last = 3;                   ///< committed checkpoints kept; 0 = all
+  int keep_every = 0;                  ///< also keep steps that are multiples; 0 = off
+  bool replicate_checkpoints = false;  ///< also hold each rank's chunks in a peer's memory
+  int metrics_port = 9400;             ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   std::string metrics_token_file;  ///< when set, GET /metrics needs this file's bearer token
   int blas_threads = 1;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -34,7 +35,96 @@ uint64_t meminfo_bytes(const std::string& text, const std::string& key) {
   return 0;
 }
 
+// A path as a message quotes it: cut short, so a 5,000-byte path cannot flood the console.
+std::string shown_path(const std::string& path) {
+  return path.size() > 80 ? "'" + path.substr(0, 76) + "...'" : "'" + path + "'";
+}
+
+// check_path_length, with `headroom` bytes of PATH_MAX kept for what is written below the path
+// (`below` says what) and `suffix` bytes of NAME_MAX in its last component (`suffixed` says why).
+void check_length(const std::string& path, const std::string& key, const std::string& flag,
+                  size_t headroom, const std::string& below, size_t suffix,
+                  const std::string& suffixed) {
+  const std::string named = key + " (" + flag + ")";
+  const size_t path_max = PATH_MAX - 1 - headroom;  // PATH_MAX counts the terminating NUL
+  if (path.size() > path_max)
+    throw config_error(
+        "config: " + named + " is " + std::to_string(path.size()) + " bytes long" +
+        (headroom > 0 ? " as an absolute path" : "") + " (" + shown_path(path) +
+        "); the limit is " + std::to_string(path_max) + " bytes: PATH_MAX " +
+        std::to_string(PATH_MAX) + " less the terminating NUL" +
+        (headroom > 0 ? " and " + std::to_string(headroom) + " bytes kept for " + below : "") +
+        "; give a shorter " + flag);
+  size_t start = 0;
+  while (start < path.size()) {
+    size_t end = path.find('/', start);
+    if (end == std::string::npos) end = path.size();
+    const bool last = path.find_first_not_of('/', end) == std::string::npos;
+    const size_t name_max = NAME_MAX - (last ? suffix : 0);
+    if (end - start > name_max)
+      throw config_error(
+          "config: " + named + " has a component of " + std::to_string(end - start) + " bytes (" +
+          shown_path(path.substr(start, end - start)) + "); the limit is " +
+          std::to_string(name_max) + " bytes: NAME_MAX " + std::to_string(NAME_MAX) +
+          (last && suffix > 0 ? " less " + std::to_string(suffix) + " for " + suffixed : "") +
+          "; give a shorter " + flag);
+    start = end + 1;
+  }
+}
+
 }  // namespace
+
+void check_path_length(const std::string& path, const std::string& key, const std::string& flag) {
+  check_length(path, key, flag, 0, "", 0, "");
+}
+
+void check_run_dir_length(const std::string& absolute_run_dir) {
+  check_length(absolute_run_dir, "run_dir", "--run-dir", run_dir_headroom,
+               "the files troupe writes below it (such as "
+               "checkpoints/chunks/ab/<32 hex digits>.tmp.<pid>.<n>)",
+               16, "the '.prev-<seconds>' suffix an earlier run is moved to");
+}
+
+long descriptors_needed(const train_config& cfg, process_role role) {
+  // Ranks a process may have as peers: the world grows up to max_ranks; spares wait beside it.
+  const long ranks = std::max(cfg.world, cfg.elastic.max_ranks) + cfg.elastic.spares;
+  // Measured with `ls /proc/<pid>/fd | wc -l` at the peak of small jobs (worlds 1 to 8, 1 to 4
+  // nodes, tp/pp/ZeRO-1, replicated checkpoints, a checkpoint every step): a coordinator held
+  // 17 + about 2 per rank, an agent 7 whatever its workers, a worker 13 + 1 per peer, and up to
+  // 11 + 6 per peer with tp x ZeRO-1 and replicated checkpoints (world 4: 35). The counts below
+  // are about twice those, with room for a reconfiguration's old and new communicators and a
+  // checkpoint's files open at once.
+  switch (role) {
+    case process_role::worker:
+      return 32 + 8 * ranks;
+    case process_role::agent:
+      return 16 + 4 * ranks;
+    case process_role::coordinator: {
+      // Per rank its control-plane and store connections, per node its agent's; a few
+      // scrapes of the metrics endpoint at once (a flood past them is refused).
+      const long used = 32 + 4 * ranks + 4L * cfg.elastic.nodes + (cfg.metrics_port != 0 ? 16 : 0);
+      // Listeners keep min(256, limit / 4) free (sys::descriptor_reserve()), so the limit must
+      // hold that reserve above what is used.
+      return used <= 768 ? (used * 4 + 2) / 3 : used + 256;
+    }
+  }
+  return 0;
+}
+
+void check_descriptor_limit(long needed, long soft, long hard, const std::string& who) {
+  if (soft >= needed) return;
+  const std::string n = std::to_string(needed);
+  throw config_error(
+      "open files: " + who + " needs up to " + n +
+      " open descriptors per process (sockets, shared memory, checkpoint files), but the limit "
+      "on open files (RLIMIT_NOFILE) is " +
+      std::to_string(soft) +
+      (hard > soft ? " and could not be raised to the hard limit " + std::to_string(hard)
+                   : ", the hard limit, which only root can raise") +
+      "; run `ulimit -n " + n + "` (or more) in the shell that starts troupe" +
+      (hard < needed ? ", as root or after raising nofile in /etc/security/limits.conf" : "") +
+      ", then start it again");
+}
 
 double estimate_rank_bytes(const train_config& cfg) {
   const auto& m = cfg.model;
@@ -141,6 +231,8 @@ host_facts read_host_facts(const train_config& cfg) {
     throw config_error(
         "data (--data): no corpus given and no default corpus was built; run scripts/setup.sh "
         "or pass --data FILE");
+  // Workers open it by its absolute path (prepare_paths).
+  check_path_length(fs::absolute(cfg.data).string(), "data", "--data");
   std::error_code ec;
   const auto status = fs::status(cfg.data, ec);
   if (!fs::exists(status))

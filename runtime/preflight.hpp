@@ -3,6 +3,7 @@
 // the model, optimizer and activations of every local rank, and a corpus that can feed a
 // batch and the validation estimate. The decisions are pure; reading the machine is apart.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,6 +29,35 @@ double estimate_rank_bytes(const train_config& cfg);
 /// than the validation estimate reads (eval_batches x micro_batch). Each message names the
 /// options to change.
 void check_against_host(const train_config& cfg, int local_ranks, const host_facts& facts);
+
+/// Throws config_error, naming `key` and `flag` ("data", "--data"), when `path` cannot be opened
+/// for its length alone: longer than PATH_MAX less its terminating NUL, or with a component
+/// longer than NAME_MAX. The kernel would say only "File name too long", and only when the
+/// path is first used. A relative path is checked as given: pass what will be opened.
+void check_path_length(const std::string& path, const std::string& key, const std::string& flag);
+
+/// Bytes of the longest path troupe writes below a run directory,
+/// "/checkpoints/recycled-chunks/<32 hex digits>.tmp.<pid>.<counter>" (94 with a 7-digit pid
+/// and a 20-digit counter), with room to spare.
+inline constexpr size_t run_dir_headroom = 128;
+
+/// check_path_length for the run directory (its absolute path), keeping run_dir_headroom bytes
+/// of PATH_MAX for the paths written below it, and in its last component room for the
+/// ".prev-<seconds>" suffix an earlier run is archived under.
+void check_run_dir_length(const std::string& absolute_run_dir);
+
+/// The processes of a job, for the descriptors each needs.
+enum class process_role { coordinator, agent, worker };
+
+/// Open descriptors one process of this job holds at most, by role, generously: see the
+/// formula and what it was measured against in preflight.cpp. The coordinator's count includes
+/// the reserve its listeners keep free (runtime/sys/descriptors.hpp).
+long descriptors_needed(const train_config& cfg, process_role role);
+
+/// Throws config_error when a limit on open files of `soft` (RLIMIT_NOFILE, after raising it
+/// as far as `hard` allows) is below `needed`: it names the limit, the need and the fix
+/// (`ulimit -n N`). `who` says whose need it is ("the job (world 2)").
+void check_descriptor_limit(long needed, long soft, long hard, const std::string& who);
 
 /// Reads the memory this process may use (MemAvailable, else MemTotal, of /proc/meminfo,
 /// capped by a cgroup v2 memory.max) and checks that cfg.data is a readable, non-empty

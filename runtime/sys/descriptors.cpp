@@ -17,6 +17,16 @@ long soft_limit() {
 
 }  // namespace
 
+descriptor_limits read_descriptor_limits() {
+  constexpr long ceiling = 1L << 20;
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return {ceiling, ceiling};
+  const auto clamp = [](rlim_t v) {
+    return v == RLIM_INFINITY || v > static_cast<rlim_t>(ceiling) ? ceiling : static_cast<long>(v);
+  };
+  return {clamp(r.rlim_cur), clamp(r.rlim_max)};
+}
+
 long raise_descriptor_limit() {
   rlimit r{};
   if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return soft_limit();

@@ -5,6 +5,13 @@
 
 namespace troupe::sys {
 
+/// The soft and hard RLIMIT_NOFILE of this process (an infinite one as 2^20).
+struct descriptor_limits {
+  long soft = 0;
+  long hard = 0;
+};
+descriptor_limits read_descriptor_limits();
+
 /// Raises the soft RLIMIT_NOFILE to the hard limit (at most 2^20) and returns the soft limit
 /// now in force. Never lowers it; on failure returns the limit as it was.
 long raise_descriptor_limit();

@@ -1,12 +1,13 @@
 // Command-line options and config validation: every mistake names the field to fix.
 
 #include "cli/options.hpp"
-#include "runtime/config.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "runtime/config.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -32,8 +33,9 @@ TEST(OptionsTest, DefaultsAreValid) {
 }
 
 TEST(OptionsTest, FlagsAndEqualsFormsSetFields) {
-  auto o = parse({"--world", "4", "--steps=20", "--seed", "7", "--run-dir", "/tmp/x", "--resume",
-                  "--metrics-port", "0", "--checkpoint-every", "5", "--set", "optim.weight_decay=0"});
+  auto o =
+      parse({"--world", "4", "--steps=20", "--seed", "7", "--run-dir", "/tmp/x", "--resume",
+             "--metrics-port", "0", "--checkpoint-every", "5", "--set", "optim.weight_decay=0"});
   EXPECT_EQ(o.cfg.world, 4);
   EXPECT_EQ(o.cfg.steps, 20);
   EXPECT_EQ(o.cfg.seed, 7u);
@@ -65,7 +67,34 @@ TEST(OptionsTest, ImpossibleCombinationsNameTheConstraint) {
   EXPECT_NE(world.find("world"), std::string::npos);
   EXPECT_NE(world.find("micro-batches"), std::string::npos);
   EXPECT_NE(error_of<config_error>({"--batch", "10"}).find("micro_batch"), std::string::npos);
-  EXPECT_NE(error_of<config_error>({"--exit-after-step", "500"}).find("exit_after_step"), std::string::npos);
+  EXPECT_NE(error_of<config_error>({"--exit-after-step", "500"}).find("exit_after_step"),
+            std::string::npos);
+}
+
+TEST(OptionsTest, AnEmptyValueIsRefusedNotReadAsLeftOut) {
+  // Left out, --data means the default corpus (resolved when the job starts).
+  EXPECT_TRUE(parse({}).cfg.data.empty());
+  for (const char* flag : {"--data", "--metrics-token", "--freeze", "--fault"}) {
+    auto msg = error_of<usage_error>({flag, ""});
+    EXPECT_NE(msg.find(flag), std::string::npos) << msg;
+    EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of<usage_error>({"--data="}).find("--data"), std::string::npos);
+  EXPECT_NE(error_of<config_error>({"--set", "data="}).find("'data' is empty"), std::string::npos);
+  try {
+    parse_job_options({"--host", ""}, true);
+    ADD_FAILURE() << "troupe coordinator --host '' was accepted";
+  } catch (const usage_error& e) {
+    EXPECT_NE(std::string(e.what()).find("--host"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OptionsTest, NumbersNoDoubleHoldsNameTheOption) {
+  auto msg = error_of<usage_error>({"--lr", "1e400"});
+  EXPECT_NE(msg.find("--lr"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("1e400"), std::string::npos) << msg;
+  msg = error_of<config_error>({"--set", "model.capacity_factor=-1e999"});
+  EXPECT_NE(msg.find("model.capacity_factor"), std::string::npos) << msg;
 }
 
 TEST(ConfigTest, SetFieldRejectsUnknownAndMalformed) {

@@ -116,6 +116,47 @@ TEST_F(ConfigFileTest, TypesAndKeysAreNamed) {
   EXPECT_THROW(load_config_file((dir_ / "missing.json").string(), cfg), config_error);
 }
 
+TEST_F(ConfigFileTest, NumbersNoDoubleHoldsNameTheirKeyAndValue) {
+  // The parser gives up on the whole text at such a number; the message still says where.
+  auto msg = error_loading(R"({"lr": 1e400})");
+  EXPECT_TRUE(has(msg, "'lr'") && has(msg, "1e400") && has(msg, "out of range")) << msg;
+  msg = error_loading(R"({"steps": 5, "optim": {"eps": 1e-8, "lr": 1e400}})");
+  EXPECT_TRUE(has(msg, "'optim.lr'") && has(msg, "1e400")) << msg;
+  msg = error_loading(R"({"model": {"n_layer": 2}, "elastic": {"heartbeat_timeout_ms": -1e999}})");
+  EXPECT_TRUE(has(msg, "'elastic.heartbeat_timeout_ms'") && has(msg, "-1e999")) << msg;
+  msg = error_loading(R"({"elastic": {"faults": ["kill:rank=1:step=3", 1e400]}})");
+  EXPECT_TRUE(has(msg, "'elastic.faults'") && has(msg, "1e400")) << msg;
+  // An integer of 400 digits is named, and quoted cut short.
+  msg = error_loading("{\"steps\": 1" + std::string(400, '0') + "}");
+  EXPECT_TRUE(has(msg, "'steps'") && has(msg, "1000000000") && has(msg, "...")) << msg;
+  EXPECT_LT(msg.size(), 400u) << msg;
+}
+
+TEST_F(ConfigFileTest, AnEmptyStringIsNotReadAsLeftOut) {
+  auto msg = error_loading(R"({"data": ""})");
+  EXPECT_TRUE(has(msg, "'data'") && has(msg, "empty") && has(msg, "default corpus")) << msg;
+  // Left out, it stays unset: the job's default corpus applies.
+  train_config cfg;
+  load_config_file(write("ok.json", R"({"steps": 3})"), cfg);
+  EXPECT_TRUE(cfg.data.empty());
+  // RUN_DIR/config.json writes "" for no metrics token and nothing frozen; it reads back.
+  load_config_file(write("written.json", R"({"metrics_token_file": "", "optim": {"freeze": ""}})"),
+                   cfg);
+  EXPECT_TRUE(cfg.metrics_token_file.empty());
+  // On the command line (and --set) an empty value is refused for each of them.
+  for (const char* name : {"data", "metrics_token_file", "optim.freeze"}) {
+    try {
+      set_config_field(cfg, name, "");
+      ADD_FAILURE() << name << " took an empty value";
+    } catch (const config_error& e) {
+      EXPECT_TRUE(has(e.what(), std::string("'") + name + "' is empty")) << e.what();
+    }
+  }
+  EXPECT_THROW(set_config_field(cfg, "elastic.faults", ""), config_error);
+  // troupe's own JSON keeps "" for what is not set.
+  EXPECT_EQ(to_json(config_from_json(to_json(train_config{}))), to_json(train_config{}));
+}
+
 TEST(ConfigNumbersTest, TextIsReadStrictly) {
   train_config c;
   for (const char* bad : {"nan", "inf", "-inf", "", " 1", "1x", "1e30", "2e9", "0x10", "+"})
@@ -147,6 +188,66 @@ TEST(ConfigValidateTest, RangesNameKeyFlagAndValue) {
   c.model.experts = 2000000000;
   EXPECT_THROW(validate(c), config_error);
   validate(train_config{});
+}
+
+// The message of the config_error `f` throws ("" when none).
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const config_error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(PreflightTest, PathsTooLongAreRefusedByName) {
+  // 5,000 bytes in components of 200: over PATH_MAX.
+  std::string deep = "/tmp";
+  while (deep.size() < 5000) deep += "/" + std::string(200, 'a');
+  auto msg = error_of([&] { check_run_dir_length(deep); });
+  EXPECT_TRUE(has(msg, "--run-dir") && has(msg, "PATH_MAX") && has(msg, "checkpoints/chunks"))
+      << msg;
+  EXPECT_LT(msg.size(), 600u) << "the path is quoted cut short: " << msg;
+  // Close to PATH_MAX, but without the room for what is written below the run directory.
+  std::string near = "/tmp";
+  while (near.size() < 4000) near += "/" + std::string(10, 'b');
+  EXPECT_TRUE(has(error_of([&] { check_run_dir_length(near); }), "128 bytes kept"));
+  EXPECT_TRUE(error_of([&] { check_path_length(near, "data", "--data"); }).empty());
+  // One component over NAME_MAX; the last one keeps room for the ".prev-<seconds>" suffix.
+  msg = error_of([&] { check_path_length("/tmp/" + std::string(300, 'c'), "data", "--data"); });
+  EXPECT_TRUE(has(msg, "--data") && has(msg, "NAME_MAX") && has(msg, "300 bytes")) << msg;
+  msg = error_of([&] { check_run_dir_length("/tmp/" + std::string(250, 'd')); });
+  EXPECT_TRUE(has(msg, "--run-dir") && has(msg, ".prev-")) << msg;
+  EXPECT_TRUE(error_of([&] { check_run_dir_length("/tmp/" + std::string(239, 'e')); }).empty());
+  EXPECT_TRUE(error_of([&] { check_run_dir_length("/tmp/runs/latest"); }).empty());
+}
+
+TEST(PreflightTest, DescriptorsNeededAgainstTheLimit) {
+  train_config c;  // world 2, metrics on
+  const long worker = descriptors_needed(c, process_role::worker);
+  const long coordinator = descriptors_needed(c, process_role::coordinator);
+  // At least what a 2-rank job was measured to hold (a worker 15, the coordinator 20 plus the
+  // listeners' reserve), and well under the common soft limit of 1024.
+  EXPECT_GE(worker, 30);
+  EXPECT_GE(coordinator, 27);
+  EXPECT_LE(std::max(worker, coordinator), 256);
+  train_config big = c;
+  big.world = 64;
+  big.elastic.spares = 8;
+  EXPECT_GT(descriptors_needed(big, process_role::worker), worker + 8 * 60);
+  big.elastic.max_ranks = 128;  // the world may grow to it
+  EXPECT_GT(descriptors_needed(big, process_role::worker), 8 * 128);
+  EXPECT_GT(descriptors_needed(big, process_role::coordinator), coordinator);
+
+  check_descriptor_limit(worker, worker, worker, "this job (world 2)");
+  auto msg = error_of([&] { check_descriptor_limit(59, 16, 16, "this job (world 2)"); });
+  EXPECT_TRUE(has(msg, "this job (world 2) needs up to 59") && has(msg, "is 16") &&
+              has(msg, "ulimit -n 59") && has(msg, "hard limit"))
+      << msg;
+  msg = error_of([&] { check_descriptor_limit(59, 16, 4096, "a worker"); });
+  EXPECT_TRUE(has(msg, "could not be raised to the hard limit 4096") && has(msg, "ulimit -n 59"))
+      << msg;
 }
 
 TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {

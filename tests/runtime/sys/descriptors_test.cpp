@@ -58,6 +58,16 @@ TEST(descriptors, raising_never_lowers_a_limit_already_above_the_ceiling) {
   EXPECT_GE(r.rlim_cur, before);
 }
 
+TEST(descriptors, the_limits_are_read_as_they_are_set) {
+  limit_guard guard;
+  ASSERT_TRUE(set_soft(64));
+  const auto limits = read_descriptor_limits();
+  EXPECT_EQ(limits.soft, 64);
+  const rlim_t hard = guard.saved().rlim_max;
+  EXPECT_EQ(limits.hard,
+            hard == RLIM_INFINITY || hard > (rlim_t{1} << 20) ? 1L << 20 : static_cast<long>(hard));
+}
+
 TEST(descriptors, the_reserve_is_a_quarter_of_the_limit_at_most_256) {
   limit_guard guard;
   ASSERT_TRUE(set_soft(128));
