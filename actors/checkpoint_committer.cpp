@@ -9,11 +9,15 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "monitoring/event_log.hpp"
+
 namespace troupe::actors {
 
 checkpoint_committer::checkpoint_committer(std::string run_dir, ckpt::retention_policy policy,
-                                           caf::actor reply_to)
+                                           caf::actor reply_to,
+                                           std::optional<int64_t> verified_step)
     : run_dir_(std::move(run_dir)), policy_(policy), reply_to_(std::move(reply_to)) {
+  if (verified_step) gc_memory_.verified.insert(*verified_step);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -75,6 +79,8 @@ void checkpoint_committer::do_commit(const ckpt::manifest& m) {
   try {
     ckpt::commit_manifest(run_dir_, m);
     gc_memory_.remember(m);
+    // Every chunk it names was written by this job's ranks or checked by them first.
+    gc_memory_.verified.insert(m.step);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -99,8 +105,13 @@ void checkpoint_committer::do_collect(const gc_job& g) {
         gc_memory_.references.empty() ? 0 : gc_memory_.references.rbegin()->second.size();
     const ckpt::gc_result gc =
         ckpt::collect_garbage(run_dir_, policy_, std::chrono::minutes(10), gc_memory_);
-    if (gc.removed_steps.empty() && gc.chunks_removed == 0) return;
+    // Entries that are not troupe's (links, directories, ...) are skipped; each is said once.
+    std::vector<std::string> foreign;
+    for (const std::string& f : gc.foreign)
+      if (foreign_reported_.insert(f).second && foreign.size() < 32) foreign.push_back(f);
+    if (gc.removed_steps.empty() && gc.chunks_removed == 0 && foreign.empty()) return;
     event = {{"event", "checkpoint_gc"},
+             {"foreign", foreign},
              {"removed_steps", gc.removed_steps},
              {"chunks_removed", gc.chunks_removed},
              {"chunks_recycled", gc.chunks_recycled},
@@ -111,7 +122,7 @@ void checkpoint_committer::do_collect(const gc_job& g) {
   } catch (const std::exception& e) {
     event = {{"event", "checkpoint_gc_failed"}, {"error", e.what()}};
   }
-  caf::anon_send(reply_to_, ckpt_gc_atom::value, event.dump());
+  caf::anon_send(reply_to_, ckpt_gc_atom::value, monitoring::event_log::encode(event));
 }
 
 }  // namespace troupe::actors

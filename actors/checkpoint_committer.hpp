@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <variant>
@@ -26,7 +28,10 @@ using ckpt_gc_atom = caf::atom_constant<caf::atom("ckptgc")>;
 
 class checkpoint_committer {
  public:
-  checkpoint_committer(std::string run_dir, ckpt::retention_policy policy, caf::actor reply_to);
+  /// `verified_step`: a committed checkpoint already known intact (a resume's), which
+  /// retention may keep in place of newer ones it has not verified.
+  checkpoint_committer(std::string run_dir, ckpt::retention_policy policy, caf::actor reply_to,
+                       std::optional<int64_t> verified_step = std::nullopt);
   /// Finishes the queued jobs (a final checkpoint must be committed), then stops.
   ~checkpoint_committer();
   checkpoint_committer(const checkpoint_committer&) = delete;
@@ -57,6 +62,7 @@ class checkpoint_committer {
   caf::actor reply_to_;
   std::atomic<uint64_t> requests_{0};
   ckpt::gc_memory gc_memory_;  // this thread's alone: what it committed, so GC parses nothing
+  std::set<std::string> foreign_reported_;  // this thread's alone too
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<job> queue_;

@@ -85,6 +85,14 @@ void emit(self_ptr self, const json& event) {
             " failed: " + event.value("error", std::string()) + "; training goes on, " +
             (kept >= 0 ? "the last committed checkpoint stays (step " + std::to_string(kept) + ")"
                        : std::string("no checkpoint is committed yet")));
+  } else if (what == "checkpoint_abandoned") {
+    monitoring::log(monitoring::level::warn, ctx(self),
+                    "checkpoint of step " + std::to_string(event.value("step", int64_t{-1})) +
+                        " abandoned: " + event.value("reason", std::string()) + "; " +
+                        event.value("then", std::string()));
+  } else if (what == "checkpoint_gc_failed") {
+    monitoring::log(monitoring::level::warn, ctx(self),
+                    "checkpoint garbage collection: " + event.value("error", std::string()));
   } else if (what == "diverged") {
     monitoring::log(
         monitoring::level::error, ctx(self),
@@ -322,7 +330,9 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       st.setup.cfg.run_dir,
       ckpt::retention_policy{static_cast<size_t>(st.setup.cfg.keep_last),
                              static_cast<int64_t>(st.setup.cfg.keep_every)},
-      caf::actor_cast<caf::actor>(self));
+      caf::actor_cast<caf::actor>(self),
+      // A resumed job starts from a checkpoint it read back whole.
+      st.setup.cfg.resume ? std::optional<int64_t>(st.setup.start_step) : std::nullopt);
   for (const auto& t : strategies::tensor_table(st.setup.cfg.model)) {
     st.manifest_tensors.push_back({t.name, t.shape, t.offset});
     const auto [rows, cols] = ckpt::as_matrix(t.shape);

@@ -25,12 +25,15 @@
 #include "actors/worker_control.hpp"
 #include "chaos/fault_spec.hpp"
 #include "checkpoint/async_checkpointer.hpp"
+#include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/model/gpt.hpp"
+#include "runtime/preflight.hpp"
+#include "runtime/sys/descriptors.hpp"
 #include "runtime/sys/warm_memory.hpp"
 #include "strategies/engine.hpp"
 #include "strategies/planner.hpp"
@@ -161,11 +164,16 @@ void write_pipeline_trace(worker& w) {
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(w.cfg.run_dir) / "traces";
   std::filesystem::create_directories(dir, ec);
-  std::ofstream out(dir / ("rank" + std::to_string(w.current.rank) + ".json"));
-  out << trace;
-  if (!out)
+  // Replaced by rename, never written through a link planted there (docs/SECURITY.md).
+  try {
+    if (std::filesystem::symlink_status(dir, ec).type() != std::filesystem::file_type::directory)
+      throw std::runtime_error("it is not a directory");
+    ckpt::io::write_file_atomically(dir / ("rank" + std::to_string(w.current.rank) + ".json"),
+                                    trace);
+  } catch (const std::exception& e) {
     monitoring::log(monitoring::level::warn, w.log_ctx(),
-                    "could not write the pipeline trace to " + dir.string());
+                    "could not write the pipeline trace to " + dir.string() + ": " + e.what());
+  }
 }
 
 // A failed part of a step, as a value for the coordinator.
@@ -461,6 +469,11 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   std::optional<heartbeat_thread> beats;
   try {
     w.cfg = config_from_json(answer->config_json);
+    // This process checked the smallest job's need at start; now the job's own (its world).
+    const auto limits = sys::read_descriptor_limits();
+    check_descriptor_limit(descriptors_needed(w.cfg, process_role::worker), limits.soft,
+                           limits.hard,
+                           "a worker of this job (world " + std::to_string(w.cfg.world) + ")");
     set_blas_threads(w.cfg.blas_threads);
     // Before the first reconfigure. A member of a forming job has the time to write what an
     // old and a new engine will use; one that joins a running job may be on a recovery's

@@ -41,12 +41,22 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
     const bool synchronous = !w.cfg.checkpoint_async;
     const caf::actor coordinator = w.coordinator;
     checkpoint_replica* replica = w.replica.get();
+    ckpt::fs_writer_options options;
+    options.verify_after_write = w.cfg.verify_checkpoints == "after-write";
+    const monitoring::log_context ctx = w.log_ctx();
     w.checkpointer = std::make_unique<ckpt::async_checkpointer>(
         ckpt::make_fs_shard_writer(w.cfg.run_dir,
                                    static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
-                                   replica ? replica->observer() : ckpt::chunk_observer{}),
+                                   replica ? replica->observer() : ckpt::chunk_observer{}, options),
         *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
-        [coordinator, synchronous, replica](ckpt::write_outcome o) {
+        [coordinator, synchronous, replica, ctx](ckpt::write_outcome o) {
+          // What the write found in the store (a damaged chunk rewritten, something foreign
+          // skipped) is said where the rank speaks.
+          if (o.report)
+            for (const std::string& note : o.report->notes)
+              monitoring::log(monitoring::level::warn,
+                              {ctx.role, o.meta.rank, o.meta.generation, o.meta.step},
+                              "checkpoint: " + note);
           caf::anon_send(coordinator, report_of(o, synchronous, replica));
         });
   }

@@ -12,6 +12,9 @@
             and with half the model frozen
   replica   one lost pipeline stage (kill -9, 2 simulated nodes) restored with and without
             --replicate-checkpoints: the restore's seconds and the bytes read from memory
+  readback  the large model's synchronous write with --verify-checkpoints after-write
+            against the same write without it, alternating: the cost of reading every chunk
+            back from the disk (its cached pages dropped) before the commit
 
 Usage: bench/checkpoint_bench.py [--runs 5] [--build build] [--dir /var/tmp/troupe-bench]
 Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
@@ -143,6 +146,44 @@ def write(troupe, base, runs):
           (f"; torch.load {statistics.median(tl_tp) / gb:.2f} GB/s" if tl_tp else ""))
 
 
+def readback(troupe, base, runs):
+    model = ["--layers", "8", "--d-model", "384", "--heads", "8", "--world", "1", "--eval-every", "0",
+             "--steps", "1", "--checkpoint-every", "0", "--set", "checkpoint_async=false"]
+    seconds = {"off": [], "after-write": []}
+    ratios, reads = [], []
+    nbytes = 0
+    for _ in range(runs):
+        pair = {}
+        for mode in ("off", "after-write"):
+            settle(base)
+            _, e = run(troupe, base, model + ["--verify-checkpoints", mode])
+            c = of(e, "checkpoint")[-1]
+            nbytes = c["bytes_written"]
+            pair[mode] = c["write_s"]
+            seconds[mode].append(c["write_s"])
+        ratios.append(pair["after-write"] / pair["off"])
+        reads.append(dd_read(base, 172 << 20))
+    off, on = statistics.median(seconds["off"]), statistics.median(seconds["after-write"])
+    print(f"readback: write of {nbytes / 1e6:.0f} MB {off * 1e3:.0f} ms without, {on * 1e3:.0f} ms with "
+          f"--verify-checkpoints after-write (median of the per-pair ratios {statistics.median(ratios):.2f}x; "
+          f"runs {[f'{x:.2f}' for x in ratios]}); read back at {nbytes / max(on - off, 1e-9) / 1e9:.2f} GB/s, "
+          f"dd iflag=direct reads {statistics.median(reads) / 1e9:.2f} GB/s")
+
+
+def dd_read(base, nbytes):
+    """Throughput of dd reading `nbytes` back from the disk (O_DIRECT), beside the run."""
+    os.makedirs(base, exist_ok=True)
+    target = os.path.join(os.path.dirname(base), "dd.bin")
+    subprocess.run(["dd", "if=/dev/urandom", f"of={target}", "bs=1M", f"count={nbytes >> 20}",
+                    "conv=fsync"], capture_output=True, check=True)
+    t0 = time.perf_counter()
+    subprocess.run(["dd", f"if={target}", "of=/dev/null", "bs=1M", "iflag=direct"],
+                   capture_output=True, check=True)
+    seconds = time.perf_counter() - t0
+    os.remove(target)
+    return (nbytes >> 20 << 20) / seconds
+
+
 def settle(base):
     shutil.rmtree(base, ignore_errors=True)
     os.sync()
@@ -216,7 +257,7 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--build", default="build")
     ap.add_argument("--dir", default="/var/tmp/troupe-ckpt-bench")
-    ap.add_argument("--only", choices=["stall", "write", "bytes", "replica"])
+    ap.add_argument("--only", choices=["stall", "write", "bytes", "replica", "readback"])
     a = ap.parse_args()
     troupe = os.path.join(a.build, "cli", "troupe")
     os.makedirs(a.dir, exist_ok=True)
@@ -229,6 +270,8 @@ def main():
         bytes_per_checkpoint(troupe, base)
     if a.only in (None, "replica"):
         replica(troupe, base, a.runs)
+    if a.only in (None, "readback"):
+        readback(troupe, base, a.runs)
     shutil.rmtree(a.dir, ignore_errors=True)
 
 

@@ -12,6 +12,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/manifest.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::ckpt {
 
@@ -20,13 +21,7 @@ namespace fs = std::filesystem;
 namespace {
 
 /// Printable, bounded rendering of untrusted file content for an error message.
-std::string quote(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text.substr(0, 64)) {
-    out += (c >= 0x20 && c < 0x7F) ? c : '?';
-  }
-  return out + (text.size() > 64 ? "...\"" : "\"");
-}
+std::string quote(std::string_view text) { return "\"" + sys::printable(text, 64) + "\""; }
 
 std::string list_for_message(const std::vector<int64_t>& steps) {
   if (steps.empty()) return "none";
@@ -40,7 +35,7 @@ std::string list_for_message(const std::vector<int64_t>& steps) {
 std::optional<int64_t> read_latest_step(const std::string& run_dir) {
   const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
   std::error_code ec;
-  if (!fs::exists(latest, ec)) return std::nullopt;
+  if (fs::symlink_status(latest, ec).type() == fs::file_type::not_found) return std::nullopt;
   const auto raw = io::read_file(latest);
   std::string_view text(reinterpret_cast<const char*>(raw.data()), raw.size());
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r')) {
@@ -61,7 +56,14 @@ std::optional<int64_t> read_latest_step(const std::string& run_dir) {
 }
 
 manifest read_manifest(const std::string& run_dir, int64_t step) {
-  const fs::path path = format::step_dir(run_dir, step) / format::manifest_name;
+  const fs::path dir = format::step_dir(run_dir, step);
+  const fs::path path = dir / format::manifest_name;
+  std::error_code ec;
+  const fs::file_type type = fs::symlink_status(dir, ec).type();
+  if (type != fs::file_type::directory && type != fs::file_type::not_found)
+    io::fail(error_kind::corrupt, dir,
+             "is not a directory (a symbolic link?); troupe does not follow links inside a run "
+             "directory. Run `troupe ckpt scrub` on the run directory.");
   const auto raw = io::read_file(path);
   manifest m = manifest_json::from_json(
       std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()), path);
@@ -83,7 +85,7 @@ std::optional<manifest> latest_committed(const std::string& run_dir) {
     return ". Step directories with a manifest: " + list_for_message(list_committed(run_dir)) +
            ". Point LATEST at one of them (echo NAME > LATEST) or restore the missing files.";
   };
-  if (!fs::is_directory(dir, ec)) {
+  if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) {
     io::fail(
         error_kind::missing, latest,
         "names " + format::step_dir_name(*step) + " but that directory does not exist" + fix());
@@ -103,8 +105,12 @@ std::vector<int64_t> list_committed(const std::string& run_dir) {
   if (!fs::is_directory(root, ec)) return steps;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
     const auto step = format::parse_step_dir_name(entry.path().filename().string());
-    std::error_code missing;  // a step without a manifest is simply not committed
-    if (step && fs::is_regular_file(entry.path() / format::manifest_name, missing)) {
+    // A step without a manifest is simply not committed; a link (as the step's directory or
+    // as its manifest) is nothing troupe wrote, and is never followed.
+    std::error_code type_ec;
+    if (step && entry.symlink_status(type_ec).type() == fs::file_type::directory &&
+        fs::symlink_status(entry.path() / format::manifest_name, type_ec).type() ==
+            fs::file_type::regular) {
       steps.push_back(*step);
     }
   }

@@ -1,17 +1,21 @@
 #pragma once
-// The public face of troupe's checkpoints: each rank writes the shard it owns, the
-// coordinator commits a manifest once every shard is durable, and a restore reads and
-// verifies the shards back for any world size.
+// The public face of troupe's checkpoints: each rank writes the chunks of the boxes it owns,
+// the coordinator commits a manifest once every rank's chunks are durable, and a restore reads
+// and verifies back what any world size and layout needs.
 //
-// On disk (format_version 1):
+// On disk (format_version 2):
 //
-//   RUN_DIR/checkpoints/LATEST                         "step-00000010\n": the committed one
-//   RUN_DIR/checkpoints/step-00000010/manifest.json    written last; its presence + LATEST
-//   RUN_DIR/checkpoints/step-00000010/shard-00003.bin  rank 3's range of the flat state
+//   RUN_DIR/checkpoints/LATEST                       "step-00000010\n": the committed one
+//   RUN_DIR/checkpoints/step-00000010/manifest.json  written last; its presence + LATEST
+//   RUN_DIR/checkpoints/chunks/3f/3f2a...e1          content-addressed chunks (chunk_file.hpp)
+//   RUN_DIR/checkpoints/recycled-chunks/             collected chunk files, for overwriting
+//   RUN_DIR/checkpoints/damaged/                     quarantined checkpoints, moved-aside objects
 //
+// Format 1 (still read): step-NNNNNNNN/shard-RRRRR.bin, one flat range per rank.
 // Every file is written to a temporary name, fsync'ed, renamed into place and its
 // directory fsync'ed, so a crash at any point leaves either the old or the new file and
 // never a torn one; until LATEST names a step, that step does not exist for a restore.
+// Nothing found on disk is trusted: see the "damage" section below and docs/SECURITY.md.
 
 #include <chrono>
 #include <cstddef>
@@ -19,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -236,6 +241,9 @@ struct retention_policy {
 /// What a garbage collection did.
 struct gc_result {
   std::vector<int64_t> removed_steps;
+  /// Entries of the chunk store and the recycled files that are not what troupe puts there
+  /// (links, directories, FIFOs, ...): skipped, never followed, deleted or failed on.
+  std::vector<std::string> foreign;
   size_t chunks_kept = 0;
   size_t chunks_removed = 0;   // from the store: deleted, or moved to the recycled files
   size_t chunks_recycled = 0;  // of those, kept as files for the next writes to overwrite
@@ -244,11 +252,15 @@ struct gc_result {
 };
 
 /// Applies `policy` (manifests removed first, durably) and then deletes every chunk that no
-/// remaining committed manifest references, plus chunk temporary files older than
-/// `temp_grace` (those of a writer that died). Chunks a writer is adding right now are not
-/// referenced yet: call this only when no checkpoint of the run is being written (the
+/// remaining committed or quarantined manifest references, plus chunk temporary files older
+/// than `temp_grace` (those of a writer that died). Chunks a writer is adding right now are
+/// not referenced yet: call this only when no checkpoint of the run is being written (the
 /// coordinator does so between checkpoints; `troupe ckpt gc` refuses while a job holds the
-/// run's lock). Throws checkpoint_error, deleting nothing, when a manifest cannot be read.
+/// run's lock). Retention only removes a checkpoint older than a verified one (see
+/// gc_memory::verified), and never the newest verified one: a damaged newer checkpoint never
+/// costs the intact one before it. A committed manifest that cannot be read (other than the
+/// one LATEST names) is damage: its checkpoint is quarantined, and this collection throws
+/// checkpoint_error (corrupt) saying so, deleting nothing; the next one goes on without it.
 gc_result collect_garbage(const std::string& run_dir, const retention_policy& policy,
                           std::chrono::seconds temp_grace);
 
@@ -267,6 +279,13 @@ struct gc_memory {
   /// A writer that overwrites a file allocates no pages or blocks and the collection frees
   /// none, which is most of what a checkpoint of state that changes every step costs.
   size_t recycle_up_to = 0;
+  /// Steps known intact: committed by this process (whose writers deduplicate only against
+  /// chunks known good) or read back whole (a resume's choice). Retention removes only
+  /// checkpoints older than the newest of these; when none is known, a collection verifies
+  /// from the newest committed checkpoint down until one is intact.
+  std::set<int64_t> verified;
+  /// The chunks each quarantined checkpoint references, by its directory, read once.
+  std::map<std::string, std::vector<chunk_key>> quarantined;
   /// Records the chunks `m` references, as committed.
   void remember(const manifest& m);
 };
@@ -323,7 +342,59 @@ class chunk_store_lock {
 struct problem {
   std::string path;     ///< the file at fault
   std::string message;  ///< what is wrong with it and which tensors it holds
+  error_kind kind = error_kind::corrupt;
 };
+
+// ---- damage: found, moved aside, never deleted -----------------------------------------
+//
+// The run directory is input like any other: a checkpoint found damaged is moved to
+// RUN_DIR/checkpoints/damaged/step-NNNNNNNN-REASON, so that replaying its step commits a fresh
+// one and LATEST never names it, and whatever lies in the way of a write (a damaged chunk, a
+// link or a directory under a chunk's name, a file where a folder belongs) is moved to
+// RUN_DIR/checkpoints/damaged/objects/. Only a process holding the run lock moves checkpoints
+// (a job, `troupe ckpt scrub`); writers move single objects.
+
+/// Whether an error of `kind` says the data is damaged. A refusal by the OS, a newer format
+/// or another machine's byte order say nothing against it and quarantine nothing.
+bool is_damage(error_kind kind);
+/// A short name of what is wrong, for a quarantined checkpoint's directory name.
+std::string damage_reason(error_kind kind);
+/// Whether any of `problems` is damage (see is_damage).
+bool any_damage(const std::vector<problem>& problems);
+
+/// Moves committed checkpoint `step` (its whole directory) to
+/// RUN_DIR/checkpoints/damaged/step-NNNNNNNN-REASON (with -2, -3, ... when taken), durably, and
+/// returns the new path. The chunks it references stay while it is there (garbage collection
+/// keeps them); `troupe ckpt ls` lists it. Throws checkpoint_error (io).
+std::string quarantine_checkpoint(const std::string& run_dir, int64_t step,
+                                  std::string_view reason);
+
+/// A quarantined checkpoint.
+struct quarantined_checkpoint {
+  int64_t step = 0;
+  std::string reason;
+  std::string path;
+};
+/// The quarantined checkpoints, by step (then name).
+std::vector<quarantined_checkpoint> list_quarantined(const std::string& run_dir);
+
+/// Moves whatever `path` names (never followed: a link moves as a link) to
+/// RUN_DIR/checkpoints/damaged/objects/NAME.REASON.PID.N and returns the new path. Throws
+/// checkpoint_error (io) when it cannot be moved.
+std::string move_aside(const std::string& run_dir, const std::filesystem::path& path,
+                       std::string_view reason);
+
+/// Makes `dir`, at or below RUN_DIR/checkpoints, a real directory, each folder on the way
+/// included: a missing one is created (its parent fsync'ed when `durable`), and anything else
+/// lying there (a link, a file) is moved aside first. RUN_DIR/checkpoints itself is never
+/// moved: a link there is refused (checkpoint_error, io). Returns the new paths of what was
+/// moved aside.
+std::vector<std::string> make_real_directory(const std::string& run_dir,
+                                             const std::filesystem::path& dir, bool durable);
+
+/// Points LATEST at `step` durably, or removes it (durably) when `step` is nullopt. A non-file
+/// in LATEST's place is moved aside first.
+void point_latest_at(const std::string& run_dir, std::optional<int64_t> step);
 
 /// Reads back every object of committed checkpoint `step` (manifest, and every chunk or shard
 /// with its hash) and lists each damaged one; empty when the checkpoint is intact.

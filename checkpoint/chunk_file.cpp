@@ -9,8 +9,12 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
@@ -73,11 +77,19 @@ fs::path path_of(const std::string& run_dir, const chunk_key& key) {
   return root(run_dir) / name.substr(0, 2) / name;
 }
 
-std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes) {
+uint16_t native_byte_order() {
+  static_assert(std::endian::native == std::endian::little ||
+                std::endian::native == std::endian::big);
+  return std::endian::native == std::endian::little ? little_endian_tag : big_endian_tag;
+}
+
+std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes,
+                                      uint16_t byte_order) {
   std::vector<unsigned char> h(header_bytes, 0);
   std::memcpy(h.data(), chunk_magic.data(), chunk_magic.size());
   le::put(h.data() + 8, format, 4);
-  le::put(h.data() + 12, raw_encoding, 4);
+  le::put(h.data() + 12, raw_encoding, 2);
+  le::put(h.data() + 14, byte_order, 2);
   le::put(h.data() + 16, raw_bytes, 8);
   le::put(h.data() + 24, raw_bytes, 8);
   le::put(h.data() + 32, key.high, 8);
@@ -113,12 +125,28 @@ uint64_t check_header(const unsigned char* data, size_t size, const chunk_key& k
     io::fail(error_kind::bad_magic, path, "does not start with the TRPCHNK magic" + hint);
   }
   const uint64_t version = le::get(data + 8, 4);
-  if (version != format) {
+  if (version != 1 && version != format) {
     io::fail(version > format ? error_kind::unsupported_version : error_kind::corrupt, path,
-             "has chunk format " + std::to_string(version) + "; this build reads format " +
+             "has chunk format " + std::to_string(version) + "; this build reads formats 1 and " +
                  std::to_string(format) + hint);
   }
-  const uint64_t encoding = le::get(data + 12, 4);
+  // Format 1: a u32 encoding and, from the only machines that wrote it, little-endian floats.
+  const uint64_t encoding = version == 1 ? le::get(data + 12, 4) : le::get(data + 12, 2);
+  const uint64_t order = version == 1 ? little_endian_tag : le::get(data + 14, 2);
+  if (order != little_endian_tag && order != big_endian_tag) {
+    io::fail(error_kind::corrupt, path,
+             "names an unknown payload byte order " + std::to_string(order) +
+                 " (1 = little endian, 2 = big endian)" + hint);
+  }
+  if (order != native_byte_order()) {
+    const auto name = [](uint64_t o) { return o == little_endian_tag ? "little" : "big"; };
+    io::fail(error_kind::wrong_endianness, path,
+             std::string("holds its floats in ") + name(order) +
+                 "-endian byte order, and this machine is " + name(native_byte_order()) +
+                 "-endian; troupe does not convert chunks (each is named by the hash of its "
+                 "bytes). Restore this checkpoint on a " +
+                 name(order) + "-endian machine (" + context + ").");
+  }
   const uint64_t raw_bytes = le::get(data + 16, 8);
   const uint64_t stored_bytes = le::get(data + 24, 8);
   const chunk_key named{le::get(data + 32, 8), le::get(data + 40, 8)};
@@ -176,9 +204,12 @@ std::vector<float> decode_range(const unsigned char* data, size_t size, const ch
 void read_range_into(const std::string& run_dir, const chunk_key& key, size_t min_floats,
                      size_t max_floats, const std::string& context, std::vector<float>& out) {
   const fs::path path = path_of(run_dir, key);
-  io::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // No link is followed, and a FIFO planted under a chunk's name cannot block the open.
+  io::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT) io::fail(error_kind::missing, path, "is missing" + hint_for(context));
+    if (errno == ELOOP)
+      io::fail(error_kind::corrupt, path, "is a symbolic link, not a chunk" + hint_for(context));
     io::fail_errno(path, "opening", errno);
   }
   struct stat st {};
@@ -205,6 +236,7 @@ void read_range_into(const std::string& run_dir, const chunk_key& key, size_t mi
   out.resize(bytes / sizeof(float));
   pread_all(out.data(), bytes, static_cast<off_t>(header_bytes));
   check_payload(out.data(), bytes, key, path, context);
+  known_good::add(run_dir, key);
 }
 
 std::vector<float> read(const std::string& run_dir, const chunk_key& key, size_t expected_floats,
@@ -218,6 +250,105 @@ std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, 
   read_range_into(run_dir, key, min_floats, max_floats, context, out);
   return out;
 }
+
+stored_chunk check_stored(const std::string& run_dir, const chunk_key& key,
+                          std::span<const unsigned char> payload, bool drop_cache) {
+  using state = stored_chunk::state;
+  const fs::path path = path_of(run_dir, key);
+  const auto damaged = [](std::string why) { return stored_chunk{state::damaged, std::move(why)}; };
+  io::unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return {};
+    if (errno == ELOOP) return damaged("a symbolic link lies under the chunk's name");
+    if (errno == EIO) return damaged("reading it fails with an I/O error");
+    io::fail_errno(path, "opening a stored chunk to check it", errno);
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) io::fail_errno(path, "stat", errno);
+  if (!S_ISREG(st.st_mode))
+    return damaged("it is not a regular file (a directory, FIFO or device)");
+  const uint64_t expected = header_bytes + payload.size();
+  if (static_cast<uint64_t>(st.st_size) != expected)
+    return damaged("it is " + std::to_string(st.st_size) + " bytes, not the " +
+                   std::to_string(expected) + " the chunk takes");
+  if (drop_cache) {
+    // The pages a write just made are clean after the flush; dropping them makes the reads
+    // below come from the disk.
+    (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  }
+  // Compared a block at a time: no buffer the size of a chunk to fault in per check.
+  thread_local std::vector<unsigned char> block(size_t{1} << 16);
+  const auto read_at = [&](size_t bytes, off_t at) -> bool {
+    size_t got = 0;
+    while (got < bytes) {
+      const ssize_t n =
+          ::pread(fd.get(), block.data() + got, bytes - got, at + static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  if (!read_at(header_bytes, 0)) return damaged("its header cannot be read");
+  const std::vector<unsigned char> want = header_for(key, payload.size());
+  if (std::memcmp(block.data(), want.data(), header_bytes) != 0) {
+    // A format 1 header of the same chunk is as good (written before format 2).
+    try {
+      (void)check_header(block.data(), static_cast<size_t>(st.st_size), key,
+                         payload.size() / sizeof(float), payload.size() / sizeof(float), path,
+                         "a stored copy of the chunk being written");
+    } catch (const checkpoint_error& e) {
+      return damaged(std::string("its header is wrong: ") + e.what());
+    }
+  }
+  for (size_t done = 0; done < payload.size();) {
+    const size_t n = std::min(block.size(), payload.size() - done);
+    if (!read_at(n, static_cast<off_t>(header_bytes + done)))
+      return damaged("it cannot be read to its end");
+    if (std::memcmp(block.data(), payload.data() + done, n) != 0)
+      return damaged("its bytes differ from the chunk's content (bit rot, a torn copy or an edit)");
+    done += n;
+  }
+  return {state::good, {}, expected};
+}
+
+namespace known_good {
+namespace {
+struct registry {
+  std::mutex mutex;
+  std::map<std::string, std::set<chunk_key>, std::less<>> by_run;
+};
+registry& the_registry() {
+  static registry r;
+  return r;
+}
+}  // namespace
+
+bool contains(const std::string& run_dir, const chunk_key& key) {
+  registry& r = the_registry();
+  const std::lock_guard lock(r.mutex);
+  const auto it = r.by_run.find(run_dir);
+  return it != r.by_run.end() && it->second.contains(key);
+}
+
+void add(const std::string& run_dir, const chunk_key& key) {
+  registry& r = the_registry();
+  const std::lock_guard lock(r.mutex);
+  r.by_run[run_dir].insert(key);
+}
+
+void forget(const std::string& run_dir, const chunk_key& key) {
+  registry& r = the_registry();
+  const std::lock_guard lock(r.mutex);
+  if (const auto it = r.by_run.find(run_dir); it != r.by_run.end()) it->second.erase(key);
+}
+
+void forget_all(const std::string& run_dir) {
+  registry& r = the_registry();
+  const std::lock_guard lock(r.mutex);
+  r.by_run.erase(run_dir);
+}
+}  // namespace known_good
 
 }  // namespace chunk_file
 }  // namespace troupe::ckpt

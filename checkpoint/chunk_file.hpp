@@ -5,15 +5,22 @@
 //
 //   RUN_DIR/checkpoints/chunks/3f/3f2a...e1   (32 hex digits; the first two name the folder)
 //
-// A chunk file is a 48-byte header followed by the payload (little endian):
-//   0 magic "TRPCHNK\0"  8 format u32 (1)  12 encoding u32 (0 = raw floats)
+// A chunk file is a 48-byte header followed by the payload. The header's integers are little
+// endian on every machine; the payload's floats are in the writer's byte order, which the
+// header records (format 2):
+//   0 magic "TRPCHNK\0"  8 format u32 (2)  12 encoding u16 (0 = raw float32)
+//  14 payload byte order u16 (1 = little endian, 2 = big endian)
 //  16 raw_bytes u64  24 stored_bytes u64  32 key high u64  40 key low u64
+// Format 1 had a u32 encoding at 12 and no byte order; only little-endian machines wrote it,
+// so it reads as little endian. A reader refuses a payload in the other byte order (a chunk's
+// name is the hash of its bytes as stored, so converting would orphan every name).
 
 #include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +44,13 @@ chunk_key key_of(const void* data, size_t bytes);
 namespace chunk_file {
 
 inline constexpr size_t header_bytes = 48;
-inline constexpr uint32_t format = 1;
+inline constexpr uint32_t format = 2;
 inline constexpr uint32_t raw_encoding = 0;
+/// The byte order tags of a format 2 header.
+inline constexpr uint16_t little_endian_tag = 1;
+inline constexpr uint16_t big_endian_tag = 2;
+/// This machine's tag.
+uint16_t native_byte_order();
 
 /// RUN_DIR/checkpoints/chunks
 std::filesystem::path root(const std::string& run_dir);
@@ -49,8 +61,10 @@ std::filesystem::path path_of(const std::string& run_dir, const chunk_key& key);
 /// the key it held; none is referenced, and each is overwritten before it is named again).
 std::filesystem::path recycled_root(const std::string& run_dir);
 
-/// The header of a raw chunk of `raw_bytes` named `key`.
-std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes);
+/// The header of a raw chunk of `raw_bytes` named `key`, in this machine's byte order (or
+/// `byte_order`, for tests of a reader that meets the other one).
+std::vector<unsigned char> header_for(const chunk_key& key, uint64_t raw_bytes,
+                                      uint16_t byte_order = native_byte_order());
 
 /// Decodes and verifies a chunk file's bytes: header fields, the size it promises, and the
 /// payload's hash against `key`; the result holds exactly `expected_floats` floats. Throws
@@ -75,6 +89,37 @@ void read_range_into(const std::string& run_dir, const chunk_key& key, size_t mi
 /// Reads and decodes a chunk of `min_floats` to `max_floats` floats (see decode_range).
 std::vector<float> read_range(const std::string& run_dir, const chunk_key& key, size_t min_floats,
                               size_t max_floats, const std::string& context);
+
+/// What lies under a chunk's name, as a writer about to deduplicate against it finds it.
+struct stored_chunk {
+  enum class state : uint8_t { absent, good, damaged };
+  state what = state::absent;
+  std::string why;     ///< damaged: what is wrong with it
+  uint64_t bytes = 0;  ///< good: the file's size
+};
+
+/// Checks what `run_dir` holds under the name of chunk `key` against `payload`, the bytes that
+/// chunk is: good only for a regular file whose header names `key`, this machine's byte
+/// order and the payload's size, followed by exactly those bytes. A link, a directory, a
+/// device or a FIFO is damaged, never followed or opened for long. `drop_cache` first
+/// evicts the file's cached pages, so that the bytes compared come from the disk (read-back
+/// after a write). Throws checkpoint_error (io) only when the OS refuses the read for a
+/// reason that says nothing about the file (EIO included: that is damage, reported so).
+stored_chunk check_stored(const std::string& run_dir, const chunk_key& key,
+                          std::span<const unsigned char> payload, bool drop_cache = false);
+
+/// The chunks this process knows to be intact in a run directory: written by it, or read back
+/// and checked against their names (a restore, a writer's first use). A writer deduplicates
+/// against these without reading them again, and against nothing else unchecked: a file's
+/// existence is no proof of its content. Thread-safe; process-wide.
+namespace known_good {
+bool contains(const std::string& run_dir, const chunk_key& key);
+void add(const std::string& run_dir, const chunk_key& key);
+void forget(const std::string& run_dir, const chunk_key& key);
+/// Forgets every chunk of `run_dir`: what another process may have changed since is checked
+/// again before it is trusted (and tests start as a fresh process would).
+void forget_all(const std::string& run_dir);
+}  // namespace known_good
 
 }  // namespace chunk_file
 }  // namespace troupe::ckpt

@@ -12,12 +12,16 @@
 #include <system_error>
 #include <utility>
 
+#include "runtime/sys/printable.hpp"
+
 namespace troupe::ckpt::io {
 
 namespace fs = std::filesystem;
 
 void fail(error_kind kind, const fs::path& path, const std::string& what) {
-  throw checkpoint_error(kind, path.string(), "checkpoint: " + path.string() + ": " + what);
+  // A path found in a run directory may hold any bytes but '/' and NUL.
+  throw checkpoint_error(kind, path.string(),
+                         "checkpoint: " + sys::printable(path.string()) + ": " + what);
 }
 
 void fail_errno(const fs::path& path, std::string_view operation, int err) {
@@ -153,12 +157,18 @@ void write_file_atomically(const fs::path& final_path, std::string_view content)
 }
 
 std::vector<unsigned char> read_file(const fs::path& path) {
-  unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // Never through a link, and a FIFO cannot block the open.
+  unique_fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT) {
       fail(error_kind::missing, path,
            "does not exist. The checkpoint is incomplete (deleted, or copied without this "
            "file); restore the file or restore from an earlier checkpoint.");
+    }
+    if (errno == ELOOP) {
+      fail(error_kind::corrupt, path,
+           "is a symbolic link; troupe does not follow links inside a run directory. Put the "
+           "file itself there, or run `troupe ckpt scrub` on the run directory.");
     }
     fail_errno(path, "opening", errno);
   }

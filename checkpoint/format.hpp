@@ -44,6 +44,12 @@ inline std::filesystem::path step_dir(const std::string& run_dir, int64_t step) 
   return checkpoints_dir(run_dir) / step_dir_name(step);
 }
 
+/// RUN_DIR/checkpoints/damaged: quarantined checkpoints (step-NNNNNNNN-REASON) and, under
+/// objects/, whatever was moved out of the way of a write. Nothing there is ever deleted.
+inline std::filesystem::path damaged_dir(const std::string& run_dir) {
+  return checkpoints_dir(run_dir) / "damaged";
+}
+
 /// "shard-00003.bin"
 std::string shard_file_name(int rank);
 

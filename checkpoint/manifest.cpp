@@ -24,6 +24,7 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/hash.hpp"
 #include "checkpoint/manifest_fields.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::ckpt {
 
@@ -78,7 +79,7 @@ manifest from_json(std::string_view text, const fs::path& where) {
     doc = doc_json::parse(text.begin(), text.end(), shallow);
   } catch (const doc_json::exception& e) {  // malformed text, or a number no double holds
     io::fail(error_kind::corrupt, where,
-             std::string("is not valid JSON (") + e.what() +
+             std::string("is not valid JSON (") + sys::printable(e.what(), 256) +
                  "); it was damaged or written partially by a tool other than troupe. Restore "
                  "it from a copy or restore from an earlier checkpoint.");
   }

@@ -22,6 +22,7 @@
 
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/manifest_fields.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::ckpt::manifest_json {
 
@@ -345,7 +346,8 @@ std::vector<saved_piece> decode_pieces(std::string_view text) {
       out.push_back(std::move(s));
     }
   } catch (const doc_json::exception& e) {
-    io::fail(error_kind::corrupt, where, std::string("does not parse: ") + e.what());
+    io::fail(error_kind::corrupt, where,
+             std::string("does not parse: ") + sys::printable(e.what(), 256));
   }
   return out;
 }

@@ -85,6 +85,10 @@ struct shard_report {
   size_t chunks_written = 0;
   size_t chunks_deduplicated = 0;
   double write_s = 0;
+  /// What the write found in the store and dealt with, for the rank's log: a damaged chunk
+  /// moved aside and written again, something foreign skipped in the recycled files.
+  std::vector<std::string> notes;
+  size_t chunks_repaired = 0;  ///< stored copies found damaged, moved aside and rewritten
 };
 
 /// Persists snapshots. write() returns only when every chunk it reports is durable; it
@@ -112,10 +116,18 @@ struct fs_writer_options {
   /// written at idle priority, are written by the writer's thread alone.
   size_t share_from_bytes = size_t{16} << 20;
   unsigned max_helpers = 3;
+  /// Reads every chunk it wrote back from the disk (its cached pages dropped first) and
+  /// compares it with what was written before reporting the write durable
+  /// (--verify-checkpoints after-write).
+  bool verify_after_write = false;
 };
 
 /// The filesystem backend: chunks under RUN_DIR/checkpoints/chunks, each written to a
-/// temporary name, made durable and renamed; a chunk already present is not written again.
+/// temporary name, made durable and renamed. A chunk already stored is not written again when
+/// it is known good: written or checked by this process (chunk_file::known_good), or read back
+/// now and found to hold exactly the bytes it should. Anything else under its name is moved
+/// aside (RUN_DIR/checkpoints/damaged/objects) and the chunk written afresh; no link in the
+/// store or among the recycled files is ever followed.
 std::unique_ptr<shard_writer> make_fs_shard_writer(const std::string& run_dir, size_t chunk_bytes,
                                                    chunk_observer observer = {},
                                                    fs_writer_options options = {});

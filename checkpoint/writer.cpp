@@ -256,7 +256,7 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
       for (const chunk_key& k : p.chunks) {
         if (!seen.insert(k).second) continue;
         const fs::path chunk = chunk_file::path_of(run_dir, k);
-        if (!fs::is_regular_file(chunk, ec)) {
+        if (fs::symlink_status(chunk, ec).type() != fs::file_type::regular) {
           io::fail(error_kind::missing, chunk,
                    "is not on disk though rank " + std::to_string(p.rank) + " reported it for " +
                        p.tensor + "; step " + std::to_string(m.step) +
@@ -264,8 +264,10 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
         }
       }
     }
-    io::make_dirs_durable(dir);
-  } else if (!fs::is_directory(dir, ec)) {
+    // A link or a file planted under the step's name is moved aside: the manifest goes
+    // into a directory of the run's own.
+    (void)make_real_directory(run_dir, dir, true);
+  } else if (fs::symlink_status(dir, ec).type() != fs::file_type::directory) {
     io::fail(error_kind::missing, dir,
              "no shard of step " + std::to_string(m.step) +
                  " was written here, so it cannot be committed; the previous checkpoint stays "
@@ -278,7 +280,12 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
   }
 
   const std::string text = manifest_json::to_json(m);
-  if (fs::exists(manifest_path, ec)) {
+  fs::file_type found = fs::symlink_status(manifest_path, ec).type();
+  if (found != fs::file_type::not_found && found != fs::file_type::regular) {
+    (void)move_aside(run_dir, manifest_path, "not-a-manifest");  // a link, a directory, ...
+    found = fs::file_type::not_found;
+  }
+  if (found == fs::file_type::regular) {
     // A retry after a crash between the manifest and LATEST: same content is fine.
     const auto existing = io::read_file(manifest_path);
     if (std::string_view(reinterpret_cast<const char*>(existing.data()), existing.size()) != text) {
@@ -288,8 +295,7 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
     io::write_file_atomically(manifest_path, text);
   }
   // The commit point: once this rename is durable, the step is the checkpoint to restore.
-  io::write_file_atomically(format::checkpoints_dir(run_dir) / format::latest_name,
-                            format::step_dir_name(m.step) + "\n");
+  point_latest_at(run_dir, m.step);
 }
 
 }  // namespace troupe::ckpt

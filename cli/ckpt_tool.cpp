@@ -22,6 +22,7 @@
 #include "checkpoint/format.hpp"
 #include "cli/ckpt_common.hpp"
 #include "cli/options.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::cli {
 namespace ckpt_tool {
@@ -270,6 +271,23 @@ int cmd_ls(const std::string& run_dir) {
         "frees them)\n",
         static_cast<unsigned long long>(spare_files), human(spare_bytes).c_str());
   }
+  const auto quarantined = ckpt::list_quarantined(run_dir);
+  if (!quarantined.empty()) {
+    std::printf("quarantined (%s; kept, never deleted):\n",
+                ckpt::format::damaged_dir(run_dir).c_str());
+    std::vector<row> q = {{"step", "why", "where"}};
+    for (const auto& c : quarantined)
+      q.push_back({std::to_string(c.step), c.reason, sys::printable(c.path)});
+    print_table(q, "  ");
+  }
+  size_t moved = 0;
+  for (const auto& f : fs::directory_iterator(ckpt::format::damaged_dir(run_dir) / "objects", ec)) {
+    (void)f;
+    ++moved;
+  }
+  if (moved > 0)
+    std::printf("moved out of a write's way: %zu object%s in %s\n", moved, moved == 1 ? "" : "s",
+                (ckpt::format::damaged_dir(run_dir) / "objects").c_str());
   return rc;
 }
 
@@ -364,6 +382,109 @@ int cmd_gc(const std::string& run_dir, size_t keep_last, int64_t keep_every) {
   return 0;
 }
 
+// ---- scrub -------------------------------------------------------------------------------
+
+// Entries of the chunk store and the recycled files that troupe did not put there.
+std::vector<std::string> foreign_entries(const std::string& run_dir) {
+  std::vector<std::string> out;
+  const auto type_of = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::symlink_status(p, ec).type();
+  };
+  const auto scan = [&](const fs::path& folder, bool chunk_names) {
+    std::error_code ec;
+    for (const auto& f : fs::directory_iterator(folder, ec)) {
+      const std::string name = f.path().filename().string();
+      if (type_of(f.path()) != fs::file_type::regular)
+        out.push_back(f.path().string() + " is not a regular file");
+      else if (chunk_names && !chunk_key::from_hex(name) && name.find(".tmp.") == std::string::npos)
+        out.push_back(f.path().string() + " is not a chunk");
+    }
+  };
+  const fs::path root = ckpt::chunk_file::root(run_dir);
+  std::error_code ec;
+  for (const auto& folder : fs::directory_iterator(root, ec)) {
+    if (type_of(folder.path()) == fs::file_type::directory)
+      scan(folder.path(), true);
+    else
+      out.push_back(folder.path().string() + " is not a directory");
+  }
+  const fs::path recycled = ckpt::chunk_file::recycled_root(run_dir);
+  const fs::file_type t = type_of(recycled);
+  if (t == fs::file_type::directory)
+    scan(recycled, false);
+  else if (t != fs::file_type::not_found)
+    out.push_back(recycled.string() + " is not a directory");
+  return out;
+}
+
+int cmd_scrub(const std::string& run_dir) {
+  auto lock = ckpt::run_lock::try_acquire(run_dir);
+  if (!lock)
+    throw tool_error("a job holds " + run_dir + " (the lock " +
+                     (checkpoints_dir(run_dir) / ".lock").string() +
+                     "); scrub would race its checkpoints. Run it when the job has ended");
+  int rc = 0;
+  const std::vector<int64_t> steps = ckpt::list_committed(run_dir);
+  int64_t latest = -1;  // -1: none (plain integers: GCC 12 misreads optionals here)
+  std::string latest_state;
+  try {
+    latest = ckpt::read_latest_step(run_dir).value_or(-1);
+    if (latest >= 0 && !std::binary_search(steps.begin(), steps.end(), latest))
+      latest_state = "names " + ckpt::format::step_dir_name(latest) + ", which holds no manifest";
+    else if (latest < 0 && !steps.empty())
+      latest_state = "missing although step directories hold manifests";
+  } catch (const ckpt::checkpoint_error& e) {
+    latest_state = std::string("unreadable: ") + e.what();
+  }
+  if (!latest_state.empty()) {
+    std::printf("LATEST: %s\n", sys::printable(latest_state).c_str());
+    rc = 1;
+  }
+  int64_t newest_intact = -1;
+  size_t damaged = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const int64_t step = *it;
+    const auto problems = ckpt::verify_checkpoint(run_dir, step);
+    if (problems.empty()) {
+      std::printf("step %lld: ok\n", static_cast<long long>(step));
+      if (newest_intact < 0 && (latest < 0 || step <= latest)) newest_intact = step;
+      continue;
+    }
+    rc = 1;
+    const std::string what = sys::printable(problems.front().message) +
+                             (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) +
+                                                        " more damaged objects)"
+                                                  : "");
+    if (!ckpt::any_damage(problems)) {
+      std::printf("step %lld: cannot be checked here, left in place: %s\n",
+                  static_cast<long long>(step), what.c_str());
+      continue;
+    }
+    ++damaged;
+    const std::string where =
+        ckpt::quarantine_checkpoint(run_dir, step, ckpt::damage_reason(problems.front().kind));
+    std::printf("step %lld: damaged: %s\n  moved to %s\n", static_cast<long long>(step),
+                what.c_str(), sys::printable(where).c_str());
+  }
+  if (latest != newest_intact || !latest_state.empty()) {
+    ckpt::point_latest_at(
+        run_dir, newest_intact >= 0 ? std::optional<int64_t>(newest_intact) : std::nullopt);
+    if (newest_intact >= 0)
+      std::printf("LATEST: now names %s\n", ckpt::format::step_dir_name(newest_intact).c_str());
+    else
+      std::printf("LATEST: removed: no intact checkpoint is left to name\n");
+  }
+  const std::vector<std::string> foreign = foreign_entries(run_dir);
+  for (const std::string& f : foreign)
+    std::printf("not troupe's, skipped by writers and collections: %s\n",
+                sys::printable(f).c_str());
+  std::printf("scrub of %s: %zu checkpoint%s checked, %zu damaged and quarantined%s\n",
+              checkpoints_dir(run_dir).c_str(), steps.size(), steps.size() == 1 ? "" : "s", damaged,
+              rc ? "" : ": all intact");
+  return rc;
+}
+
 // ---- dispatch ----------------------------------------------------------------------------
 
 int dispatch(const std::vector<std::string>& args) {
@@ -379,7 +500,8 @@ int dispatch(const std::vector<std::string>& args) {
   const std::string help = ckpt_help(sub);
   if (help.empty())
     throw usage_error("troupe ckpt: unknown subcommand '" + sub +
-                      "'; subcommands: ls, inspect, verify, diff, gc (see troupe ckpt --help)");
+                      "'; subcommands: ls, inspect, verify, diff, gc, scrub (see troupe ckpt "
+                      "--help)");
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   for (const auto& a : rest) {
     if (a == "--help" || a == "-h") {
@@ -410,6 +532,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (sub == "inspect") return inspect(run_dir, step);
   if (sub == "verify") return cmd_verify(run_dir, step);
   if (sub == "diff") return diff(run_dir, pair);
+  if (sub == "scrub") return cmd_scrub(run_dir);
   return cmd_gc(run_dir, static_cast<size_t>(keep_last.value_or(0)), keep_every.value_or(0));
 }
 
@@ -419,11 +542,11 @@ int run_ckpt_tool(const std::vector<std::string>& args) {
   try {
     return dispatch(args);
   } catch (const usage_error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s\n", sys::printable_lines(e.what()).c_str());
     return 2;
   } catch (const std::exception& e) {  // checkpoint_error names the file already
     std::fflush(stdout);
-    std::fprintf(stderr, "troupe ckpt: %s\n", e.what());
+    std::fprintf(stderr, "troupe ckpt: %s\n", sys::printable_lines(e.what()).c_str());
     return 1;
   }
 }

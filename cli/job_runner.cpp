@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -22,6 +23,8 @@
 #include "actors/tls_transport.hpp"
 #include "chaos/fault_spec.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "checkpoint/format.hpp"
 #include "cli/progress.hpp"
 #include "monitoring/event_log.hpp"
 #include "monitoring/http_server.hpp"
@@ -32,6 +35,7 @@
 #include "runtime/comm/tcp_signature.hpp"
 #include "runtime/model/gpt.hpp"
 #include "runtime/preflight.hpp"
+#include "runtime/sys/printable.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/planner.hpp"
 
@@ -50,7 +54,14 @@ const monitoring::log_context coordinator_ctx{"coordinator", -1, 0, -1};
 // local ranks, a readable corpus big enough for a batch and the validation estimate, a run
 // directory that can be one, and a checkpoint to resume from.
 void preflight(train_config& cfg, bool launch_local_agent) {
+  // Empty only when --data and the config file left it out: an explicit "" is refused as it is
+  // read (runtime/config.cpp), so that it never means the default corpus.
   if (cfg.data.empty()) cfg.data = TROUPE_DEFAULT_CORPUS;
+  // A run directory too long for the paths written below it fails here, by name, not with a
+  // raw filesystem error halfway through writing the run.
+  check_run_dir_length(fs::absolute(cfg.run_dir).lexically_normal().string());
+  if (!cfg.metrics_token_file.empty())
+    check_path_length(cfg.metrics_token_file, "metrics_token_file", "--metrics-token");
   check_against_host(cfg, launch_local_agent ? cfg.world + cfg.elastic.spares : 0,
                      read_host_facts(cfg));
   // Ranks on different nodes talk over gloo's TCP pairs, signed unless told otherwise.
@@ -109,10 +120,11 @@ void prepare_paths(train_config& cfg) {
   fs::create_directories(cfg.run_dir);
 }
 
-// A damaged checkpoint that --resume passed over, for the event log.
+// A checkpoint (or LATEST) that --resume passed over, for the event log.
 struct passed_over {
   int64_t step = -1;  // -1: LATEST itself
   std::string path, error;
+  std::string quarantined;  // where the damaged checkpoint went; empty when left in place
 };
 
 struct resume_choice {
@@ -120,12 +132,23 @@ struct resume_choice {
   std::string layout;
   int format = 0;
   std::vector<passed_over> fallbacks;
+  std::optional<int64_t> latest_was;  // what LATEST named, when it had to be repaired
+  bool latest_repaired = false;
 };
 
+// The problems of a checkpoint as one line: the first, and how many more.
+std::string first_problem(const std::vector<ckpt::problem>& problems) {
+  return problems.front().message +
+         (problems.size() > 1
+              ? " (and " + std::to_string(problems.size() - 1) + " more damaged objects)"
+              : "");
+}
+
 // The checkpoint a resumed job starts from: the newest committed one that fits this config
-// and reads back intact (every chunk against its hash). A damaged one is reported and passed
-// over for the one before; none left stops the job (exit 1), a checkpoint of another run
-// or model stops it as a usage error (exit 2).
+// and reads back intact (every chunk against its hash). A damaged one is reported, moved to
+// checkpoints/damaged/ (so that the replay of its step commits a fresh one) and passed over
+// for the one before; LATEST is then made to name the one chosen. None left stops the job
+// (exit 1), a checkpoint of another run or model stops it as a usage error (exit 2).
 resume_choice resume_point(const train_config& cfg) {
   // Everything that shapes the math must match; what only says how or how long to run
   // (world size, step budget, ports, paths, cadences) may change between sessions.
@@ -133,8 +156,8 @@ resume_choice resume_point(const train_config& cfg) {
       "/world", "/steps", "/resume", "/run_dir", "/metrics_port", "/metrics_host",
       "/metrics_token_file", "/progress", "/exit_after_step", "/checkpoint_every", "/eval_every",
       "/eval_batches", "/step_timeout_ms", "/bucket_bytes", "/blas_threads", "/data",
-      "/checkpoint_async", "/checkpoint_overlap", "/checkpoint_chunk_kib", "/keep_last",
-      "/keep_every", "/optim/freeze", "/replicate_checkpoints",
+      "/checkpoint_async", "/checkpoint_overlap", "/verify_checkpoints", "/checkpoint_chunk_kib",
+      "/keep_last", "/keep_every", "/optim/freeze", "/replicate_checkpoints",
       // The layout may change too: a checkpoint holds boxes of the single-rank model, which
       // any layout reads back (reshard on restore).
       "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
@@ -148,33 +171,51 @@ resume_choice resume_point(const train_config& cfg) {
       // How the data plane's connections are guarded.
       "/data_plane_auth"};
   resume_choice out;
+  const std::string latest_path = (fs::path(cfg.run_dir) / "checkpoints" / "LATEST").string();
   std::vector<int64_t> candidates = ckpt::list_committed(cfg.run_dir);
   std::optional<int64_t> latest;
   try {
-    if (auto man = ckpt::latest_committed(cfg.run_dir)) latest = man->step;
+    latest = ckpt::read_latest_step(cfg.run_dir);
   } catch (const ckpt::checkpoint_error& e) {
-    // A damaged manifest of the step LATEST names is reported with that step below; only a
-    // damaged LATEST itself is reported on its own.
-    const fs::path at(e.path());
-    const std::string dir = at.parent_path().filename().string();
-    if (at.filename() == "manifest.json" && dir.rfind("step-", 0) == 0)
-      latest = std::stoll(dir.substr(5));
-    else
-      out.fallbacks.push_back({-1, e.path(), e.what()});
+    out.fallbacks.push_back({-1, e.path(), e.what(), ""});
   }
+  // LATEST is the commit record; without it nothing is known committed, and that is said.
+  if (!latest && out.fallbacks.empty() && !candidates.empty())
+    out.fallbacks.push_back(
+        {-1, latest_path,
+         "checkpoint: " + latest_path +
+             ": is missing although step directories hold manifests, so no checkpoint is known "
+             "committed; taking the newest one that reads back intact",
+         ""});
+  if (latest && !std::binary_search(candidates.begin(), candidates.end(), *latest))
+    out.fallbacks.push_back({-1, latest_path,
+                             "checkpoint: " + latest_path + ": names " +
+                                 ckpt::format::step_dir_name(*latest) +
+                                 ", which holds no manifest; taking the newest one before it "
+                                 "that reads back intact",
+                             ""});
   if (candidates.empty() && out.fallbacks.empty())
     throw config_error(
         "resume: no committed checkpoint in " + cfg.run_dir +
         "/checkpoints; run without --resume to start fresh, or point --run-dir at the run");
+  const auto quarantine = [&](int64_t step, ckpt::error_kind kind) -> std::string {
+    return ckpt::is_damage(kind)
+               ? ckpt::quarantine_checkpoint(cfg.run_dir, step, ckpt::damage_reason(kind))
+               : std::string();
+  };
   // Newest first, never past what LATEST names (a newer manifest was never committed).
   std::sort(candidates.rbegin(), candidates.rend());
+  std::vector<int64_t> uncommitted;
   for (int64_t step : candidates) {
-    if (latest && step > *latest) continue;
+    if (latest && step > *latest) {
+      uncommitted.push_back(step);
+      continue;
+    }
     ckpt::manifest man;
     try {
       man = ckpt::read_manifest(cfg.run_dir, step);
     } catch (const ckpt::checkpoint_error& e) {
-      out.fallbacks.push_back({step, e.path(), e.what()});
+      out.fallbacks.push_back({step, e.path(), e.what(), quarantine(step, e.kind())});
       continue;
     }
     try {
@@ -184,12 +225,12 @@ resume_choice resume_point(const train_config& cfg) {
     }
     const auto problems = ckpt::verify_checkpoint(cfg.run_dir, step);
     if (!problems.empty()) {
+      const bool damaged = ckpt::any_damage(problems);
       out.fallbacks.push_back(
-          {step, problems.front().path,
-           problems.front().message +
-               (problems.size() > 1
-                    ? " (and " + std::to_string(problems.size() - 1) + " more damaged objects)"
-                    : "")});
+          {step, problems.front().path, first_problem(problems),
+           damaged ? ckpt::quarantine_checkpoint(cfg.run_dir, step,
+                                                 ckpt::damage_reason(problems.front().kind))
+                   : std::string()});
       continue;
     }
     out.step = man.step;
@@ -198,20 +239,50 @@ resume_choice resume_point(const train_config& cfg) {
     break;
   }
   for (const auto& f : out.fallbacks)
-    std::fprintf(stderr, "troupe: resume: passing over %s: %s\n",
-                 f.step < 0 ? "LATEST" : ("checkpoint step " + std::to_string(f.step)).c_str(),
-                 f.error.c_str());
+    std::fprintf(
+        stderr, "troupe: resume: passing over %s: %s%s\n",
+        f.step < 0 ? "LATEST" : ("checkpoint step " + std::to_string(f.step)).c_str(),
+        sys::printable(f.error).c_str(),
+        f.quarantined.empty()
+            ? ""
+            : ("; moved it to " + sys::printable(f.quarantined) + " (kept, not deleted)").c_str());
+  if (out.format == 0 && latest &&
+      !fs::exists(fs::path(cfg.run_dir) / "checkpoints" / ckpt::format::step_dir_name(*latest)))
+    ckpt::point_latest_at(cfg.run_dir, std::nullopt);  // it must never name a damaged step
   if (out.format == 0)
     throw std::runtime_error("resume: no committed checkpoint in " + cfg.run_dir +
-                             "/checkpoints reads back intact (see above); nothing to resume. "
-                             "Restore the damaged files from a copy, or start a new run.");
+                             "/checkpoints reads back intact (see above; damaged ones are in "
+                             "checkpoints/damaged/); nothing to resume. Restore the damaged files "
+                             "from a copy, or start a new run.");
   if (out.step >= cfg.steps)
     throw config_error("resume: the checkpoint is at step " + std::to_string(out.step) +
                        ", which is not before --steps " + std::to_string(cfg.steps) +
                        "; raise --steps");
+  // Written but never committed (newer than LATEST): out of the way of the replay, which
+  // commits those steps afresh.
+  for (int64_t step : uncommitted) {
+    const std::string where = ckpt::quarantine_checkpoint(cfg.run_dir, step, "never-committed");
+    std::fprintf(stderr,
+                 "troupe: resume: step %lld was written but never committed (newer than LATEST); "
+                 "moved it to %s\n",
+                 static_cast<long long>(step), sys::printable(where).c_str());
+  }
+  // LATEST names what the job resumes from, whatever it said before.
+  if (latest != out.step) {
+    ckpt::point_latest_at(cfg.run_dir, out.step);
+    out.latest_was = latest;
+    out.latest_repaired = true;
+    std::fprintf(stderr, "troupe: resume: LATEST now names %s (it %s)\n",
+                 ckpt::format::step_dir_name(out.step).c_str(),
+                 latest ? ("named " + ckpt::format::step_dir_name(*latest)).c_str()
+                        : "was missing or unreadable");
+  }
   std::fprintf(stderr, "troupe: resuming from checkpoint step %lld (written by %s, format %d)%s\n",
                static_cast<long long>(out.step), out.layout.c_str(), out.format,
-               out.fallbacks.empty() ? "" : ", an earlier one than the newest");
+               std::any_of(out.fallbacks.begin(), out.fallbacks.end(),
+                           [](const passed_over& f) { return f.step >= 0; })
+                   ? ", an earlier one than the newest"
+                   : "");
   return out;
 }
 
@@ -366,10 +437,10 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   }
   const resume_choice resumed = cfg.resume ? resume_point(cfg) : resume_choice{};
   const int64_t start_step = resumed.step;
-  {
-    std::ofstream out(cfg.run_dir + "/config.json");
-    out << nlohmann::json::parse(to_json(cfg)).dump(2) << "\n";
-  }
+  // Replaced by rename, never written through: a link planted in the run directory is not
+  // followed (docs/SECURITY.md).
+  ckpt::io::write_file_atomically(fs::path(cfg.run_dir) / "config.json",
+                                  nlohmann::json::parse(to_json(cfg)).dump(2) + "\n");
 
   auto events = monitoring::event_log::open(cfg.run_dir + "/events.jsonl");
   events.write({{"event", "job_start"},
@@ -385,12 +456,16 @@ int run_job(const job_options& opts, bool launch_local_agent) {
                   {"step", f.step},
                   {"path", f.path},
                   {"error", f.error},
+                  {"quarantined", f.quarantined},
                   {"resumed_step", start_step}});
   if (cfg.resume)
     events.write({{"event", "resume"},
                   {"step", start_step},
                   {"written_by", resumed.layout},
-                  {"format_version", resumed.format}});
+                  {"format_version", resumed.format},
+                  {"latest_repaired", resumed.latest_repaired},
+                  {"latest_was", resumed.latest_was ? nlohmann::json(*resumed.latest_was)
+                                                    : nlohmann::json(nullptr)}});
   // The progress line follows the event stream.
   std::optional<progress_line> progress;
   if (cfg.progress) progress.emplace(start_step);
@@ -455,7 +530,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
                        "); pick another --port");
   }
   const std::string endpoint = opts.listen_host + ":" + std::to_string(*published);
-  { std::ofstream(cfg.run_dir + "/coordinator.addr") << endpoint << "\n"; }
+  ckpt::io::write_file_atomically(fs::path(cfg.run_dir) / "coordinator.addr", endpoint + "\n");
   if (metrics)
     std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", cfg.metrics_host.c_str(),
                  metrics->port());

@@ -77,5 +77,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<unsigned char> file = chunk_file::header_for(key, floats * sizeof(float));
   file.insert(file.end(), data, data + floats * sizeof(float));
   decode(file.data(), file.size(), key, floats, true);
+
+  // One field at a time, changed to a value from the input's last bytes: always refused.
+  struct field {
+    size_t at, width;
+  };
+  static constexpr field fields[] = {{0, 8},  {8, 4},  {12, 2}, {14, 2},
+                                     {16, 8}, {24, 8}, {32, 8}, {40, 8}};
+  uint64_t seed = 0;
+  for (size_t i = 0; i < 8 && i < size; ++i) seed = (seed << 8) | data[size - 1 - i];
+  for (const field& f : fields) {
+    std::vector<unsigned char> changed = file;
+    uint64_t old = 0, now = seed;
+    for (size_t i = 0; i < f.width; ++i) old |= uint64_t{changed[f.at + i]} << (8 * i);
+    if (f.width < 8) now &= (uint64_t{1} << (8 * f.width)) - 1;
+    if (now == old) now ^= 1;
+    for (size_t i = 0; i < f.width; ++i)
+      changed[f.at + i] = static_cast<unsigned char>(now >> (8 * i));
+    try {
+      (void)chunk_file::decode(changed.data(), changed.size(), key, floats, "fuzz/chunk",
+                               "fuzz input, one header field changed");
+    } catch (const checkpoint_error&) {
+      continue;
+    }
+    std::fprintf(stderr, "header field at byte %zu changed from %llu to %llu\n", f.at,
+                 static_cast<unsigned long long>(old), static_cast<unsigned long long>(now));
+    finding("a chunk header with a changed field was accepted");
+  }
   return 0;
 }

@@ -11,6 +11,8 @@
 #include <ctime>
 #include <mutex>
 
+#include "runtime/sys/printable.hpp"
+
 namespace troupe::monitoring {
 
 namespace {
@@ -57,20 +59,47 @@ event_log::event_log(event_log&&) noexcept = default;
 event_log& event_log::operator=(event_log&&) noexcept = default;
 event_log::~event_log() = default;
 
+void event_log::make_printable(nlohmann::json& value) {
+  if (value.is_string()) {
+    auto& text = value.get_ref<std::string&>();
+    text = sys::printable(text, 65536);
+  } else if (value.is_array()) {
+    for (auto& item : value) make_printable(item);
+  } else if (value.is_object()) {
+    nlohmann::json escaped = nlohmann::json::object();
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      make_printable(*it);
+      escaped[sys::printable(it.key(), 256)] = std::move(*it);
+    }
+    value = std::move(escaped);
+  }
+}
+
+std::string event_log::encode(const nlohmann::json& event) {
+  nlohmann::json copy = event;
+  make_printable(copy);
+  return copy.dump();
+}
+
 event_log event_log::open(const std::string& path) {
   auto s = std::make_unique<state>();
   s->path = path;
-  s->fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a link planted in the run directory must not point this process's writes at
+  // another file (docs/SECURITY.md: the run directory is untrusted input).
+  s->fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (s->fd < 0) {
-    throw event_log_error("event log: cannot open '" + path +
-                          "' for appending: " + std::strerror(errno));
+    throw event_log_error(
+        "event log: cannot open '" + sys::printable(path) + "' for appending: " +
+        (errno == ELOOP ? std::string("it is a symbolic link, which troupe does not follow in a "
+                                      "run directory; remove it")
+                        : std::string(std::strerror(errno))));
   }
   // A file that does not end in a newline holds the torn tail of an earlier writer: the first
   // line written ends it, so that the new line is not glued to it.
   struct stat st {};
   char last = '\n';
   if (::fstat(s->fd, &st) == 0 && st.st_size > 0) {
-    const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int reader = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (reader >= 0) {
       if (::pread(reader, &last, 1, st.st_size - 1) != 1) last = '\n';
       ::close(reader);
@@ -93,14 +122,14 @@ void event_log::write(nlohmann::json object) {
   }
   object.erase("ts");
   object.erase("unix_ms");
+  make_printable(object);  // the listener (the console's progress line) sees the same text
   const std::int64_t unix_ms = now_unix_ms();
 
   // Built by hand so that the time comes first on each line, where a reader looks for it;
   // nlohmann::json would sort it among the other keys.
   std::string line =
       "{\"ts\":\"" + format_iso8601_utc(unix_ms) + "\",\"unix_ms\":" + std::to_string(unix_ms);
-  const std::string rest =
-      object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);  // "{...}"
+  const std::string rest = object.dump();  // "{...}", every string printable already
   if (rest.size() > 2) {
     line += ',';
     line.append(rest, 1, rest.size() - 1);

@@ -36,9 +36,16 @@ class event_log {
   ~event_log();
 
   /// Appends `object` with "ts" and "unix_ms" added (replacing fields of those names).
-  /// Throws event_log_error if `object` is not a JSON object or the write fails. Strings that
-  /// are not valid UTF-8 are written with U+FFFD in place of the bad bytes.
+  /// Throws event_log_error if `object` is not a JSON object or the write fails. Every string
+  /// (keys included) is escaped first, as `encode` does.
   void write(nlohmann::json object);
+
+  /// `event` as one line of JSON (no newline), every string and key passed through
+  /// sys::printable: the one encoding of an event wherever it goes (this file, a message
+  /// between threads). Never throws on the content of strings.
+  [[nodiscard]] static std::string encode(const nlohmann::json& event);
+  /// Escapes every string and key of `value` in place, as `encode` does.
+  static void make_printable(nlohmann::json& value);
 
   /// Called with every event after it is written (the progress line and the metrics follow
   /// the event stream this way); at most one listener, replaced by the next call.

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "runtime/sys/printable.hpp"
+
 namespace troupe::monitoring {
 
 namespace {
@@ -87,8 +89,11 @@ std::string format_log_line(level lvl, const log_context& ctx, std::string_view 
     line += level_name(lvl);
     line += ": ";
   }
-  line += msg;
-  if (line.empty() || line.back() != '\n') line += '\n';
+  // Messages carry text from outside (file names, bytes of a damaged file, peers' errors):
+  // one escaping keeps every line one valid UTF-8 line that a terminal only displays.
+  if (!msg.empty() && msg.back() == '\n') msg.remove_suffix(1);
+  line += sys::printable(msg, 16384);
+  line += '\n';
   return line;
 }
 

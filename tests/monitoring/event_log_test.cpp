@@ -3,6 +3,7 @@
 #include "monitoring/event_log.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
@@ -149,13 +150,39 @@ TEST(event_log, errors_are_typed) {
   EXPECT_NO_THROW(moved.write(json::object()));
 }
 
-TEST(event_log, invalid_utf8_is_replaced_not_thrown) {
+TEST(event_log, text_from_outside_is_escaped_never_thrown) {
   testing::temp_dir dir;
   const std::string path = dir.file("e.jsonl");
-  event_log::open(path).write({{"msg", std::string("bad \xff byte")}});
+  // Bytes of a damaged manifest in an error, a control sequence, a key that is not UTF-8:
+  // the line is valid UTF-8 JSON, and the listener (the console) sees the same text.
+  std::string heard;
+  event_log events = event_log::open(path);
+  events.set_listener([&](const json& e) { heard = e.at("msg").get<std::string>(); });
+  events.write({{"msg", std::string("bad \xff byte \x1b[31m")}, {std::string("k\xfe"), 1}});
   const auto lines = read_lines(path);
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(json::parse(lines[0]).at("msg"), "bad \xEF\xBF\xBD byte");
+  const json line = json::parse(lines[0]);
+  EXPECT_EQ(line.at("msg"), "bad \\xff byte \\x1b[31m");
+  EXPECT_EQ(line.at("k\\xfe"), 1);
+  EXPECT_EQ(heard, "bad \\xff byte \\x1b[31m");
+  // What travels between threads as text is encoded the same way, and never throws.
+  EXPECT_EQ(json::parse(event_log::encode({{"error", std::string("\xc3\x28")}})).at("error"),
+            "\\xc3(");
+}
+
+TEST(event_log, a_link_in_its_place_is_not_followed) {
+  testing::temp_dir dir;
+  const std::string target = dir.file("elsewhere");
+  { std::ofstream(target) << "precious\n"; }
+  const std::string path = dir.file("events.jsonl");
+  ASSERT_EQ(::symlink(target.c_str(), path.c_str()), 0);
+  try {
+    event_log::open(path);
+    ADD_FAILURE() << "opened through a symbolic link";
+  } catch (const event_log_error& e) {
+    EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_lines(target), std::vector<std::string>{"precious"});
 }
 
 }  // namespace

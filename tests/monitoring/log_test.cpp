@@ -21,6 +21,11 @@ TEST(log, prefix_carries_only_the_fields_that_are_set) {
       "[troupe agent rank=0 gen=4 step=0] debug: x\n");
 }
 
+TEST(log, a_line_carries_no_control_character_and_only_valid_utf8) {
+  EXPECT_EQ(format_log_line(level::warn, {}, "gone: \xff\x1b[2J\nnext"),
+            "[troupe] warn: gone: \\xff\\x1b[2J\\x0anext\n");
+}
+
 TEST(log, levels_parse_case_insensitively) {
   EXPECT_EQ(parse_level("DEBUG"), level::debug);
   EXPECT_EQ(parse_level("info"), level::info);
