@@ -419,10 +419,11 @@ std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step)
     }
     return out;
   }
-  // Each distinct chunk once, with every tensor that holds it named in the message.
+  // Each distinct chunk once, with the tensors that hold it named in the message (a packed
+  // chunk holds dozens: the first few, and how many more).
   struct use {
     chunk_extent extent{0, SIZE_MAX};  // what every piece that holds it allows
-    std::string holders;
+    std::set<std::string> holders;
   };
   std::map<chunk_key, use> chunks;
   for (const saved_piece& p : m.pieces) {
@@ -431,16 +432,27 @@ std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step)
       auto& entry = chunks[p.chunks[i]];
       entry.extent.min_floats = std::max(entry.extent.min_floats, e.min_floats);
       entry.extent.max_floats = std::min(entry.extent.max_floats, e.max_floats);
-      const std::string holder =
-          std::string(array_names[static_cast<size_t>(p.array)]) + " of " + p.tensor;
-      if (entry.holders.find(holder) == std::string::npos)
-        entry.holders += (entry.holders.empty() ? "" : ", ") + holder;
+      entry.holders.insert(std::string(array_names[static_cast<size_t>(p.array)]) + " of " +
+                           p.tensor);
     }
   }
+  const auto named = [](const std::set<std::string>& holders) {
+    constexpr size_t shown = 3;
+    std::string text;
+    size_t n = 0;
+    for (const std::string& h : holders) {
+      if (n++ == shown) break;
+      text += (text.empty() ? "" : ", ") + h;
+    }
+    if (holders.size() > shown)
+      text += " and " + std::to_string(holders.size() - shown) + " more tensors";
+    return text;
+  };
   for (const auto& [key, info] : chunks) {
     try {
-      (void)chunk_file::read_range(run_dir, key, info.extent.min_floats, info.extent.max_floats,
-                                   "holds " + info.holders + " of step " + std::to_string(step));
+      (void)chunk_file::read_range(
+          run_dir, key, info.extent.min_floats, info.extent.max_floats,
+          "holds " + named(info.holders) + " of step " + std::to_string(step));
     } catch (const checkpoint_error& e) {
       out.push_back({e.path(), e.what(), e.kind()});
     }

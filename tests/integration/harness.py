@@ -139,13 +139,31 @@ class Job:
     def close(self):
         self.kill_all()
         self.log.close()
-        self.tmp.cleanup()
+        try:
+            verify_left_behind(self.run_dir)
+        finally:
+            self.tmp.cleanup()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def verify_left_behind(run_dir):
+    """Every committed checkpoint a job leaves behind must read back intact (issue 24): what a
+    test damages on purpose is quarantined (checkpoints/damaged/) by the next job or scrub,
+    never left committed. Called as each Job closes."""
+    if not os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        return
+    p = subprocess.run([TROUPE, "ckpt", "verify", run_dir], capture_output=True, text=True,
+                       timeout=300)
+    out = p.stdout + p.stderr
+    damaged = [line for line in out.splitlines()
+               if line.startswith("LATEST: damaged") or " problem" in line]
+    if damaged:
+        fail(f"a committed checkpoint left in {run_dir} does not verify:\n{out}")
 
 
 def run_to_end(args, timeout, run_dir=None):
