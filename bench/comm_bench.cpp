@@ -1,7 +1,9 @@
-// comm_bench: forks one process per rank, times each collective over a range of sizes on one
-// or both CPU transports (gloo over loopback TCP, shared memory) and prints nccl-tests'
-// columns (time, algbw, busbw), plus busbw as a fraction of this machine's memcpy bandwidth,
-// the ceiling a single-host transport could reach.
+// comm_bench: forks one process per rank, times each collective over a range of sizes on the
+// CPU transports (gloo over loopback TCP, shared memory, and the hierarchical communicator
+// across simulated nodes) and prints nccl-tests' columns (time, algbw, busbw), plus busbw as a
+// fraction of this machine's memcpy bandwidth, the ceiling a single-host transport could reach.
+// With --node, one invocation per node (network namespace or host) forks only that node's
+// ranks, which meet the others' through a store at a given address.
 #include "bench/comm_bench.hpp"
 
 #include <poll.h>
@@ -20,8 +22,11 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/shm_communicator.hpp"
 #include "runtime/comm/store.hpp"
 
@@ -39,7 +44,30 @@ struct bench_options {
   int batches = 5;
   double batch_seconds = 0.2;
   std::vector<std::string> transports{"tcp"};
+  int nodes = 2;  ///< hier: the ranks are cut into this many simulated nodes, in rank order
+  /// Across real nodes (network namespaces, hosts): this process runs only node `node`'s ranks
+  /// (of `nodes`, cut as node_of says), they meet in the store at `store_host:store_port`
+  /// (served by this process when `serve_store`) and their pairs listen on `bind_host`.
+  /// -1: every rank forked here, a store on loopback.
+  int node = -1;
+  std::string store_host;
+  uint16_t store_port = 0;
+  bool serve_store = false;
+  std::string bind_host = "127.0.0.1";
 };
+
+/// hier: the simulated node of rank r of `size` cut into `nodes` runs of consecutive ranks.
+int node_of(int r, int size, int nodes) { return r * nodes / size; }
+
+/// "HOST:PORT" with a port in 1..65535; throws std::invalid_argument otherwise.
+std::pair<std::string, uint16_t> parse_endpoint(const std::string& v) {
+  const auto colon = v.rfind(':');
+  if (colon == std::string::npos || colon == 0) throw std::invalid_argument(v);
+  size_t pos = 0;
+  const int port = std::stoi(v.substr(colon + 1), &pos);
+  if (pos != v.size() - colon - 1 || port < 1 || port > 65535) throw std::invalid_argument(v);
+  return {v.substr(0, colon), static_cast<uint16_t>(port)};
+}
 
 /// One collective as nccl-tests describes it: how its size counts and the factor that turns
 /// algorithm bandwidth into bus bandwidth (the bytes each rank's link must carry).
@@ -118,8 +146,21 @@ std::optional<bench_options> parse(const std::vector<std::string>& args) {
       } else if (a == "--transport") {
         o.transports = split(v);
         for (const auto& t : o.transports) {
-          if (t != "tcp" && t != "tcp-signed" && t != "shm") throw std::invalid_argument(t);
+          if (t != "tcp" && t != "tcp-signed" && t != "shm" && t != "hier")
+            throw std::invalid_argument(t);
         }
+      } else if (a == "--nodes") {
+        o.nodes = std::stoi(v);
+        if (o.nodes < 2) throw std::invalid_argument(v);
+      } else if (a == "--node") {
+        o.node = std::stoi(v);
+        if (o.node < 0) throw std::invalid_argument(v);
+      } else if (a == "--store" || a == "--serve-store") {
+        std::tie(o.store_host, o.store_port) = parse_endpoint(v);
+        o.serve_store = a == "--serve-store";
+      } else if (a == "--bind") {
+        if (v.empty()) throw std::invalid_argument(v);
+        o.bind_host = v;
       } else if (a == "--batches") {
         o.batches = std::stoi(v);
       } else if (a == "--batch-seconds") {
@@ -146,6 +187,23 @@ std::optional<bench_options> parse(const std::vector<std::string>& args) {
       return std::nullopt;
     }
   }
+  if (std::find(o.transports.begin(), o.transports.end(), "hier") != o.transports.end()) {
+    for (int r : o.ranks) {
+      if (r <= o.nodes) {
+        std::cerr << "comm bench: hier needs more ranks than --nodes (" << o.nodes << "), not " << r
+                  << "\n";
+        return std::nullopt;
+      }
+    }
+  }
+  if ((o.node >= 0) != !o.store_host.empty()) {
+    std::cerr << "comm bench: --node needs --store or --serve-store (and they need --node)\n";
+    return std::nullopt;
+  }
+  if (o.node >= o.nodes) {
+    std::cerr << "comm bench: --node " << o.node << " is not one of --nodes " << o.nodes << "\n";
+    return std::nullopt;
+  }
   if (o.batches < 1 || o.batch_seconds <= 0 || o.min_bytes > o.max_bytes) {
     std::cerr << "comm bench: need --batches >= 1, --batch-seconds > 0, min <= max bytes\n";
     return std::nullopt;
@@ -171,7 +229,9 @@ double memcpy_bandwidth() {
 /// Rank `rank` of `size`: runs every op and size on `transport`; rank 0 prints the rows.
 int run_rank(comm::kv_store& store, int rank, int size, const std::string& transport,
              const bench_options& o, double memcpy_bw) {
-  const comm::comm_identity id{1, "bench", rank, size};
+  // One group name per transport and size: across nodes the groups share one store.
+  const comm::comm_identity id{1, "bench-" + transport + "-" + std::to_string(size), rank, size};
+  const bool across = o.node >= 0;
   // For tuning: TROUPE_BENCH_SHM_CHUNK_KIB, _SINGLE_COPY_KIB (or off), _SPIN_US and _YIELD_US
   // override shm's defaults.
   comm::shm_options shm;
@@ -190,12 +250,29 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
   // (--data-plane-auth tcp-md5); the keys are gone before the first collective, but the
   // kernel keeps segmentation offload off for a socket that ever had one.
   comm::gloo_options gloo;
+  gloo.bind_host = o.bind_host;
   if (transport == "tcp-signed") gloo.pair_key = std::string(32, 'b');
-  auto c = transport == "shm" ? comm::make_shm_communicator(store, id, shm)
-                              : comm::make_gloo_communicator(store, id, gloo);
-  const char* label = transport == "shm"   ? "shm, shared memory"
-                      : transport == "tcp" ? "gloo, loopback TCP"
-                                           : "gloo, loopback TCP, pairs signed while connecting";
+  // hier: each rank a process of its simulated node (TROUPE_NODE, as agents set it), connected
+  // the way a job connects, so the transport is the one a job would get.
+  std::unique_ptr<comm::communicator> c;
+  if (transport == "hier") {
+    ::setenv("TROUPE_NODE", std::to_string(node_of(rank, size, o.nodes)).c_str(), 1);
+    c = comm::make_host_communicator(store, id, gloo);
+  } else if (transport == "shm") {
+    c = comm::make_shm_communicator(store, id, shm);
+  } else {
+    c = comm::make_gloo_communicator(store, id, gloo);
+  }
+  const std::string nodes = std::to_string(o.nodes) + (across ? " nodes" : " simulated nodes");
+  const std::string tcp = across ? "TCP across " + nodes : "loopback TCP";
+  std::string label = "gloo, " + tcp;
+  if (transport == "shm") {
+    label = "shm, shared memory";
+  } else if (transport == "hier") {
+    label = "hier, " + nodes + ": shm inside, TCP across";
+  } else if (transport == "tcp-signed") {
+    label += ", pairs signed while connecting";
+  }
   const comm::op_options op{120s};
   const auto n = static_cast<size_t>(size);
   const size_t top = (o.max_bytes + 3) / 4 * 4 + 4 * n;  // room for rounding up to n parts
@@ -205,9 +282,11 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
   for (const auto& name : o.ops) {
     const op_table& t = *find_op(name);
     if (rank == 0) {
-      std::printf("\n# %s, %d ranks (%s)\n", t.name, size, label);
-      std::printf("# %12s %12s %10s %8s %8s %9s\n", "size(B)", "count(elts)", "time(us)", "algbw",
-                  "busbw", "busbw/cpy");
+      std::printf("\n# %s, %d ranks (%s)\n", t.name, size, label.c_str());
+      // calls: how many times the op ran at this size (warm-up, probe, timed batches), so a
+      // harness that counts a link's bytes can divide them by op.
+      std::printf("# %12s %12s %10s %8s %8s %9s %7s\n", "size(B)", "count(elts)", "time(us)",
+                  "algbw", "busbw", "busbw/cpy", "calls");
     }
     for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
       // Sizes are rounded down to whole floats per rank, as nccl-tests does.
@@ -248,8 +327,8 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
       const double algbw = size_b / secs / 1e9;
       const double busbw = algbw * t.bus_factor(size);
       if (rank == 0) {
-        std::printf("  %12zu %12zu %10.1f %8.3f %8.3f %9.3f\n", count * 4, count, secs * 1e6, algbw,
-                    busbw, busbw * 1e9 / memcpy_bw);
+        std::printf("  %12zu %12zu %10.1f %8.3f %8.3f %9.3f %7d\n", count * 4, count, secs * 1e6,
+                    algbw, busbw, busbw * 1e9 / memcpy_bw, 2 + iters * o.batches);
         std::fflush(stdout);
       }
     }
@@ -261,6 +340,11 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
 /// Forks `size` ranks, serves their store, and waits for all of them (each bounded by a
 /// generous deadline, then killed). Returns 0 if every rank succeeded.
 int run_group(int size, const std::string& transport, const bench_options& o, double memcpy_bw) {
+  // Across nodes only this node's ranks are forked here; the others run in their own.
+  std::vector<int> mine;
+  for (int r = 0; r < size; ++r) {
+    if (o.node < 0 || node_of(r, size, o.nodes) == o.node) mine.push_back(r);
+  }
   std::vector<pid_t> pids;
   std::vector<int> port_pipes;
   auto cleanup = [&] {
@@ -270,7 +354,7 @@ int run_group(int size, const std::string& transport, const bench_options& o, do
     }
     for (int fd : port_pipes) ::close(fd);
   };
-  for (int r = 0; r < size; ++r) {
+  for (int r : mine) {
     int fds[2];
     if (::pipe(fds) != 0) {
       cleanup();
@@ -287,7 +371,8 @@ int run_group(int size, const std::string& transport, const bench_options& o, do
         pollfd pfd{fds[0], POLLIN, 0};
         uint16_t port = 0;
         if (::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &port, sizeof(port)) == sizeof(port)) {
-          auto store = comm::connect_tcp_store("127.0.0.1", port, 30s);
+          const std::string host = o.node >= 0 ? o.store_host : "127.0.0.1";
+          auto store = comm::connect_tcp_store(host, port, 60s);
           rc = run_rank(*store, r, size, transport, o, memcpy_bw);
         }
       } catch (const std::exception& e) {
@@ -305,8 +390,10 @@ int run_group(int size, const std::string& transport, const bench_options& o, do
     pids.push_back(pid);
     port_pipes.push_back(fds[1]);
   }
-  comm::tcp_store_server server("127.0.0.1", 0);
-  const uint16_t port = server.port();
+  // Across nodes the ranks meet in the store at --store (serve_store_process serves it).
+  std::optional<comm::tcp_store_server> server;
+  if (o.node < 0) server.emplace("127.0.0.1", 0);
+  const uint16_t port = o.node < 0 ? server->port() : o.store_port;
   for (int fd : port_pipes) {
     if (::write(fd, &port, sizeof(port)) != sizeof(port)) {
       cleanup();
@@ -330,15 +417,59 @@ int run_group(int size, const std::string& transport, const bench_options& o, do
   return rc;
 }
 
+/// --serve-store: a child process that serves the store of every group at the given address
+/// until killed (or until this process dies). A process, not a thread here: the ranks are
+/// forked from this one, which must stay without threads. Returns its pid, or -1.
+pid_t serve_store_process(const bench_options& o) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::close(fds[0]);
+    char ok = 0;
+    try {
+      comm::tcp_store_server server(o.store_host, o.store_port);
+      ok = 1;
+      (void)!::write(fds[1], &ok, 1);
+      for (;;) ::pause();
+    } catch (const std::exception& e) {
+      std::cerr << "comm bench: cannot serve the store at " << o.store_host << ":" << o.store_port
+                << ": " << e.what() << std::endl;
+    }
+    (void)!::write(fds[1], &ok, 1);
+    ::_exit(1);
+  }
+  ::close(fds[1]);
+  char ok = 0;
+  pollfd pfd{fds[0], POLLIN, 0};
+  const bool up = pid > 0 && ::poll(&pfd, 1, 30000) == 1 && ::read(fds[0], &ok, 1) == 1 && ok;
+  ::close(fds[0]);
+  if (!up && pid > 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+  return up ? pid : -1;
+}
+
 }  // namespace
 
 int run_comm_bench(const std::vector<std::string>& args) {
   const auto o = parse(args);
   if (!o) return 2;
   const double memcpy_bw = memcpy_bandwidth();
-  std::printf("# troupe comm bench: ranks forked on this host; transports:");
+  if (o->node >= 0) {
+    std::printf(
+        "# troupe comm bench: node %d of %d (this process forks its ranks; pairs on %s, "
+        "store at %s:%u); transports:",
+        o->node, o->nodes, o->bind_host.c_str(), o->store_host.c_str(), o->store_port);
+  } else {
+    std::printf("# troupe comm bench: ranks forked on this host; transports:");
+  }
   for (const auto& t : o->transports)
-    std::printf(" %s", t == "shm" ? "shm" : (t + " (gloo)").c_str());
+    std::printf(" %s", t == "shm"    ? "shm"
+                       : t == "hier" ? ("hier (" + std::to_string(o->nodes) + " nodes)").c_str()
+                                     : (t + " (gloo)").c_str());
   std::printf("\n");
   std::printf("# memcpy bandwidth (1 thread, 64 MiB): %.2f GB/s\n", memcpy_bw / 1e9);
   std::printf(
@@ -346,6 +477,8 @@ int run_comm_bench(const std::vector<std::string>& args) {
       "nccl-tests\n",
       o->batches);
   std::fflush(stdout);
+  pid_t store_pid = -1;
+  if (o->serve_store && (store_pid = serve_store_process(*o)) < 0) return 1;
   int rc = 0;
   for (const auto& transport : o->transports) {
     for (int size : o->ranks) {
@@ -355,6 +488,10 @@ int run_comm_bench(const std::vector<std::string>& args) {
         rc = 1;
       }
     }
+  }
+  if (store_pid > 0) {
+    ::kill(store_pid, SIGKILL);
+    ::waitpid(store_pid, nullptr, 0);
   }
   return rc;
 }

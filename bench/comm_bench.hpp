@@ -1,7 +1,7 @@
 #pragma once
 // The collectives benchmark (`troupe bench comm`): nccl-tests-style tables of time, algbw and
-// busbw for the CPU data plane (gloo over TCP, shared memory), with ranks as real processes on
-// this machine.
+// busbw for the CPU data plane (gloo over TCP, shared memory, shm inside simulated nodes and
+// TCP across), with ranks as real processes on this machine.
 
 #include <string>
 #include <vector>
@@ -17,7 +17,20 @@ namespace troupe::bench {
 ///   --min-bytes 4K --max-bytes 256M             sizes, multiplied by 4 each step
 ///   --batches 5                                 timed batches per size; the median is shown
 ///   --batch-seconds 0.2                         about how long one batch runs
-///   --transport tcp                             tcp (gloo), shm, or tcp,shm for both in turn
+///   --transport tcp                             tcp (gloo), tcp-signed, shm, hier, or a list
+///   --nodes 2                                   hier: simulated nodes, consecutive ranks each
+///
+/// Across real nodes (network namespaces or hosts; chaos/netns, bench/cross_node_bench.py),
+/// one invocation per node, each forking only its node's ranks:
+///
+///   --node K                                    this process runs node K's ranks (of --nodes)
+///   --serve-store HOST:PORT | --store HOST:PORT the ranks meet in a store at HOST:PORT, which
+///                                               one node's invocation serves
+///   --bind ADDR                                 address the gloo pairs listen on (default
+///                                               127.0.0.1; across nodes, this node's address)
+///
+/// Each row ends with `calls`, how often the op ran at that size, so that a harness can divide
+/// the bytes it counted on a link by op.
 ///
 /// The ranks are forked from the calling process, which must not have started threads yet
 /// (a CLI entry point before anything else runs is fine); it serves their store meanwhile.

@@ -1,5 +1,5 @@
 // make_host_communicator: one round through the store to learn where every rank runs, then
-// the shm or the gloo backend.
+// the shm, the hierarchical or the gloo backend.
 #include "runtime/comm/host_communicator.hpp"
 
 #include <unistd.h>
@@ -54,7 +54,8 @@ transport_kind choose_transport(const std::vector<std::string>& requested,
     throw comm_error(comm_errc::invalid,
                      "TROUPE_TRANSPORT=shm, but the group's ranks run on more than one host");
   }
-  return transport_kind::tcp;
+  return node_layout::of_hosts(hosts).worth_a_hierarchy() ? transport_kind::hierarchical
+                                                          : transport_kind::tcp;
 }
 
 std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm_identity& id,
@@ -120,7 +121,16 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
         hosts.push_back(nl == std::string::npos ? std::string() : v.substr(nl + 1));
       }
       try {
-        return choose_transport(requested, hosts) == transport_kind::shm ? "shm" : "tcp";
+        switch (choose_transport(requested, hosts)) {
+          case transport_kind::shm:
+            return "shm";
+          case transport_kind::hierarchical:
+            // The layout travels with the verdict: only rank 0 has read every rank's host.
+            return "hier " + node_layout::of_hosts(hosts).to_string();
+          case transport_kind::tcp:
+            break;
+        }
+        return "tcp";
       } catch (const comm_error& e) {
         return std::string("error ") + e.what();
       }
@@ -144,6 +154,22 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
   if (verdict.rfind("shm", 0) == 0)
     throw comm_error(comm_errc::internal,
                      where + ": rank 0 chose shm although this rank asked for tcp");
+  if (verdict.rfind("hier ", 0) == 0) {
+    const node_layout layout = node_layout::parse(verdict.substr(5));
+    if (layout.node_of.size() != static_cast<size_t>(id.size) || !layout.worth_a_hierarchy())
+      throw comm_error(comm_errc::internal,
+                       where + ": rank 0 published a node layout that does not fit the group ('" +
+                           verdict + "')");
+    if (mine == "tcp")
+      throw comm_error(comm_errc::internal,
+                       where + ": rank 0 chose shared memory inside nodes although this rank " +
+                           "asked for tcp");
+    gloo_options g = opts;
+    g.connect_timeout = left();
+    shm_options s;
+    s.cancelled = opts.cancelled;
+    return make_hierarchical_communicator(meet, id, layout, g, s);
+  }
   if (verdict != "tcp")
     throw comm_error(comm_errc::internal,
                      where + ": rank 0 published no transport ('" + verdict + "')");
