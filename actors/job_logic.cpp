@@ -409,6 +409,56 @@ actions job_logic::on_state_report(const state_report& r, logic_time now) {
   return out;
 }
 
+namespace {
+
+// What counts as the same reason twice. A pair signed with another key is never answered: its
+// connecting side sees a timeout, its listening side the kernel's dropped segments; one
+// reason, seen from either side.
+std::string failure_family(const std::string& cause) {
+  return cause == "signature" ? "timed-out" : cause;
+}
+
+}  // namespace
+
+bool job_logic::fails_the_same_way(const reconfigured& r, actions& out) {
+  if (r.error_cause.empty()) {
+    connect_failed_.reset();
+    return false;
+  }
+  const auto space = r.error_cause.find(' ');
+  connect_failure_seen seen{r.generation, r.error_cause.substr(0, space),
+                            space == std::string::npos ? "" : r.error_cause.substr(space + 1)};
+  out.push_back(emit_event{{{"event", "connect_failed"},
+                            {"generation", r.generation},
+                            {"member", r.member},
+                            {"rank", r.rank},
+                            {"cause", seen.cause},
+                            {"address", seen.address},
+                            {"error", r.error}}});
+  // Consecutive: the generation opened because the one before failed this way, and nothing
+  // else (a lost member, a grow) opened another in between. A peer that died or hung is lost
+  // first and opens a generation of its own, so a transient failure never gets here twice.
+  const bool again = connect_failed_ && connect_failed_->generation + 1 == r.generation &&
+                     failure_family(connect_failed_->cause) == failure_family(seen.cause);
+  if (!again) {
+    connect_failed_ = std::move(seen);
+    return false;
+  }
+  const auto& before = *connect_failed_;
+  const std::string causes = before.cause == seen.cause && before.address == seen.address
+                                 ? seen.cause + ": " + seen.address
+                                 : before.cause + ": " + before.address + ", then " +
+                                       (before.cause == seen.cause ? "" : seen.cause + ": ") +
+                                       seen.address;
+  finish(1,
+         "generation " + std::to_string(r.generation) + " could not connect its groups, as " +
+             "generation " + std::to_string(before.generation) + " could not, for the same " +
+             "reason (" + causes + "); a retry would fail again: member " +
+             std::to_string(r.member) + ": " + r.error,
+         out);
+  return true;
+}
+
 actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
   actions out;
   latest_ = std::max(latest_, now);
@@ -418,6 +468,7 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
     return out;
   }
   if (!r.ok) {
+    if (fails_the_same_way(r, out)) return out;
     begin_generation("member " + std::to_string(r.member) + " could not join generation " +
                          std::to_string(r.generation) + ": " + r.error,
                      now, out);
@@ -563,7 +614,7 @@ bool job_logic::checkpoint_wanted(int64_t step) const {
   // A step replayed after a recovery may already have its checkpoint.
   return step > checkpoint_step_ &&
          (checkpoint_due(step, session_last_step(cfg), cfg.checkpoint_every) ||
-          (owed_ && step >= owed_->from));
+          (owed_ && step >= owed_->from) || preempting_);
 }
 
 bool job_logic::previous_checkpoint_blocks(int64_t step) const {
@@ -614,8 +665,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   const int64_t last = session_last_step(cfg);
   // Members waiting to join open a generation at this step boundary; the ranks then hold
   // after applying instead of starting a step the abort would throw away.
-  const bool grow = step < last && grow_wanted();
-  const bool evaluate = evaluation_due(step, last, cfg.eval_every);
+  const bool grow = step < last && !preempting_ && grow_wanted();
+  const bool evaluate = evaluation_due(step, last, cfg.eval_every) && !(preempting_ && step < last);
   commit c{generation_, step, checkpoint_wanted(step), evaluate, 0.0, grow};
   if (c.checkpoint && previous_checkpoint_blocks(step)) {  // checkpoint_overlap skip
     c.checkpoint = false;
@@ -658,6 +709,12 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   if (step >= last) {
     finishing_ = true;
     maybe_finish(out);
+    return;
+  }
+  if (preempting_) {  // this step's checkpoint is the last thing the job does (on_preempt)
+    halting_ = halt{exit_code::requeue, false, step, ""};
+    deadline_ = now + std::chrono::milliseconds(cfg.step_timeout_ms);
+    maybe_halt(now, false, out);
     return;
   }
   handle_stragglers(compute, now, out);

@@ -72,6 +72,10 @@ inline constexpr int done = 0;
 inline constexpr int failed = 1;
 inline constexpr int diverged = 3;           ///< a step diverged (policy stop, or rollbacks spent)
 inline constexpr int checkpoint_failed = 4;  ///< trained, but a checkpoint failed, none later
+/// Stopped early for a scheduler (SIGTERM, SIGUSR1) with a checkpoint of the last committed
+/// step: requeue the job, and --resume continues exactly. EX_TEMPFAIL of sysexits.h; every
+/// other code means "do not requeue".
+inline constexpr int requeue = 75;
 inline constexpr int interrupted = 130;
 }  // namespace exit_code
 
@@ -146,6 +150,11 @@ class job_logic {
   /// Ctrl-C / SIGTERM: no step is committed after this; checkpoints already asked for are
   /// committed first (bounded by the step timeout), then the job ends with exit 130.
   actions on_shutdown(logic_time now);
+  /// SIGTERM / SIGUSR1 (a scheduler wants the nodes back): the next step is committed with a
+  /// checkpoint and is the last; once that checkpoint is committed the job ends with
+  /// exit_code::requeue. Outside training (forming, recovering) it ends at once, and --resume
+  /// continues from the last committed checkpoint. A job already stopping keeps its exit code.
+  actions on_preempt(logic_time now);
 
   job_state state() const { return state_; }
   uint64_t generation() const { return generation_; }
@@ -229,6 +238,10 @@ class job_logic {
   // survivors wrote is not a whole checkpoint), and the next generation owes one in its place.
   void abandon_collections(const std::string& reason, actions& out);
   void all_votes_in(logic_time now, actions& out);
+  // A member could not join the generation being formed. When a group could not connect for
+  // the same class of reason (reconfigured::error_cause) as in the generation before, which
+  // that failure opened, the job ends (true): a retry would fail the same way again.
+  bool fails_the_same_way(const reconfigured& r, actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
   void diverged(int64_t step, const std::string& what, logic_time now, actions& out);
@@ -294,6 +307,13 @@ class job_logic {
   std::string recovery_reason_;
   std::string recovery_cause_;
   int failed_recoveries_ = 0;
+  // The last generation that could not form because a group could not connect.
+  struct connect_failure_seen {
+    uint64_t generation = 0;
+    std::string cause;    // its class: refused, unreachable, timed-out, signature, loopback
+    std::string address;  // the peer address it concerns
+  };
+  std::optional<connect_failure_seen> connect_failed_;
   restore_plan restore_;
   std::map<int32_t, reconfigured> restored_;    // by rank
   std::optional<std::vector<int>> rebalanced_;  // replica micro-batches the next plan must use
@@ -315,6 +335,7 @@ class job_logic {
   logic_time last_commit_{};
   uint64_t stale_ = 0;
   bool ended_ = false;
+  bool preempting_ = false;  // on_preempt: the next committed step checkpoints and is the last
   // divergence, interrupts, failed checkpoints
   std::vector<int64_t> skipped_;
   int rollbacks_ = 0;

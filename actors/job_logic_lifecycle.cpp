@@ -220,6 +220,15 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
     finish(1, what + " before the job formed; check the agent's output for worker errors", out);
     return out;
   }
+  if (preempting_ && (!halting_ || halting_->exit_code == exit_code::requeue)) {
+    // The scheduler is taking the nodes (srun kills its tasks when it gets SIGTERM itself):
+    // nothing to recover for; the last committed checkpoint is what a requeued job resumes.
+    finish(exit_code::requeue,
+           what + " while stopping for the scheduler; " +
+               halt_message(halt{exit_code::requeue, false, committed_, ""}),
+           out);
+    return out;
+  }
   if (state_ == job_state::training && rank < 0 && !finishing_)
     return out;  // an idle spare: nothing to redo
   if (recovery_cause_.empty()) recovery_cause_ = to_string(cause);
@@ -410,6 +419,25 @@ actions job_logic::on_shutdown(logic_time now) {
   return out;
 }
 
+actions job_logic::on_preempt(logic_time now) {
+  actions out;
+  if (ended_ || preempting_) return out;
+  latest_ = std::max(latest_, now);
+  preempting_ = true;
+  out.push_back(emit_event{{{"event", "preempted"},
+                            {"step", committed_},
+                            {"generation", generation_},
+                            {"state", to_string(state_)}}});
+  if (halting_) return out;  // an interrupt or a divergence is stopping the job already
+  if (state_ != job_state::training) {
+    finish(exit_code::requeue, halt_message(halt{exit_code::requeue, false, committed_, ""}), out);
+    return out;
+  }
+  // all_votes_in commits the next step with a checkpoint and halts; a step that was the last
+  // anyway ends the job as done.
+  return out;
+}
+
 void job_logic::diverged(int64_t step, const std::string& what, logic_time now, actions& out) {
   const auto& cfg = params_.cfg;
   const bool roll = cfg.on_divergence == "rollback" && rollbacks_ < cfg.max_rollbacks;
@@ -464,6 +492,11 @@ std::string job_logic::halt_message(const halt& h) const {
   const auto& cfg = params_.cfg;
   if (h.exit_code == exit_code::interrupted)
     return "interrupted after step " + std::to_string(committed_) + "; " + checkpoint_words();
+  if (h.exit_code == exit_code::requeue)
+    return "stopped after step " + std::to_string(committed_) +
+           " for the scheduler (SIGTERM or SIGUSR1); " + checkpoint_words() +
+           (checkpoint_step_ >= 0 ? "; exit 75: requeue the job, --resume continues from there"
+                                  : "; exit 75: requeue the job (it starts from step 0)");
   const std::string step = std::to_string(h.step);
   if (h.rollback)
     return "step " + step + " diverged (" + h.what + "); rolling back to " +

@@ -468,6 +468,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, now(self)));
       },
       [=](shutdown_atom) { run(self, self->state.logic->on_shutdown(now(self))); },
+      [=](preempt_atom) { run(self, self->state.logic->on_preempt(now(self))); },
       [=](resume_atom, int32_t pid) {
         ::kill(pid, SIGCONT);
         emit(self, {{"event", "fault"}, {"what", "continue"}, {"pids", {pid}}});

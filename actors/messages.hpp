@@ -22,6 +22,9 @@ constexpr int32_t protocol_version = auth::protocol_version;
 
 using stop_atom = caf::atom_constant<caf::atom("stop")>;  // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
+/// SIGTERM / SIGUSR1 at the launcher or an agent (a scheduler wants the nodes back): checkpoint
+/// the next step, stop, exit 75 (job_logic::on_preempt).
+using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;  // the launcher awaits the job's end
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
@@ -120,6 +123,11 @@ struct reconfigured {
   uint64_t bytes = 0;         ///< state received (peer) or read (checkpoint)
   double seconds = 0;         ///< building communicators and restoring
   uint64_t memory_bytes = 0;  ///< of `bytes`, read from peers' memory (replicated checkpoints)
+  /// Not ok because a group could not connect: the class of that failure and the peer address
+  /// it concerns, "<class> <address>" (comm::connect_error::cause(), e.g. "unreachable
+  /// 10.1.2.3"); "" for any other failure. A generation that fails to form for the same class
+  /// of reason as the one before is not retried (job_logic).
+  std::string error_cause;
 };
 
 /// Sent by every worker from a thread that compute cannot block, so a hung process (SIGSTOP,
@@ -303,7 +311,7 @@ typename Inspector::result_type inspect(Inspector& f, state_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigured& x) {
   return f(caf::meta::type_name("troupe::reconfigured"), x.generation, x.member, x.rank, x.ok,
-           x.error, x.bytes, x.seconds, x.memory_bytes);
+           x.error, x.bytes, x.seconds, x.memory_bytes, x.error_cause);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {

@@ -18,8 +18,10 @@
 #include "actors/child_process.hpp"
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
+#include "actors/worker_control.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/sys/signal_route.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -65,6 +67,7 @@ std::vector<std::string> worker_command(const agent_state& s, int32_t member) {
   }
   argv.insert(argv.end(), {"--node", std::to_string(s.node), "--join-token",
                            auth::process_credentials().token_path});
+  if (!s.args.advertise.empty()) argv.insert(argv.end(), {"--advertise", s.args.advertise});
   return argv;
 }
 
@@ -141,6 +144,30 @@ void begin_stop(self_ptr self, int exit_code) {
                      stop_atom::value, int32_t{1});
 }
 
+// The coordinator is lost (its connection closed, or no heartbeat from it for fence_after):
+// this node fences itself. Its workers watch the coordinator too and stop on their own, each
+// saying why, without depending on this agent; they get a moment for it, then SIGTERM, then
+// SIGKILL, all within 2 x the heartbeat timeout of the last heartbeat. Nothing is restarted
+// and nothing is reported any more.
+void fence_node(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  const auto timeout =
+      st.coordinator_timeout.count() > 0 ? st.coordinator_timeout : std::chrono::milliseconds(2000);
+  const auto term = timeout / 4, kill = timeout * 3 / 8;
+  monitoring::log(monitoring::level::error, agent_ctx,
+                  why + "; fenced: this node's workers stop on their own, any still running get " +
+                      "SIGTERM in " + std::to_string(term.count()) + " ms, and none is restarted");
+  drop_standby(self);
+  st.exit_code->store(1);
+  st.stopping = true;
+  if (st.workers.empty()) {
+    self->quit();
+    return;
+  }
+  self->delayed_send(self, term, stop_atom::value, int32_t{1});
+  self->delayed_send(self, kill, stop_atom::value, int32_t{2});
+}
+
 caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordinator,
                               std::shared_ptr<std::atomic<int>> exit_code) {
   auto& st = self->state;
@@ -150,11 +177,11 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& dm) {
     if (dm.source != self->state.coordinator.address()) return;
-    if (!self->state.stopping)
-      monitoring::log(
-          monitoring::level::error, agent_ctx,
-          "lost the coordinator (" + self->system().render(dm.reason) + "); stopping the workers");
-    begin_stop(self, self->state.stopping ? self->state.exit_code->load() : 1);
+    if (!self->state.stopping) {
+      fence_node(self, "lost the coordinator (" + self->system().render(dm.reason) + ")");
+      return;
+    }
+    begin_stop(self, self->state.exit_code->load());
   });
 
   char host[256] = "localhost";
@@ -244,12 +271,10 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           return;
         }
         if (!s.stopping && s.coordinator_timeout.count() > 0 &&
-            std::chrono::steady_clock::now() - s.coordinator_seen > s.coordinator_timeout) {
-          monitoring::log(monitoring::level::error, agent_ctx,
-                          "lost the coordinator: no heartbeat from it for " +
-                              std::to_string(s.coordinator_timeout.count()) +
-                              " ms; stopping the workers");
-          begin_stop(self, 1);
+            std::chrono::steady_clock::now() - s.coordinator_seen >
+                fence_after(s.coordinator_timeout)) {
+          fence_node(self, "lost the coordinator: no heartbeat from it for " +
+                               std::to_string(fence_after(s.coordinator_timeout).count()) + " ms");
         }
         self->delayed_send(self, reap_interval, tick_atom::value);
       },
@@ -278,6 +303,7 @@ int run_agent(const agent_args& args) {
   sigaddset(&blocked, SIGTERM);
   sigaddset(&blocked, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &blocked, nullptr);
+  troupe::sys::route_signals({SIGTERM, SIGUSR1});  // from a thread born before main (OpenBLAS)
   system_config cfg;
   cfg.use_network();
   caf::actor_system sys{cfg};
@@ -292,11 +318,25 @@ int run_agent(const agent_args& args) {
   auto code = std::make_shared<std::atomic<int>>(0);
   auto agent = sys.spawn(node_supervisor, args, coordinator, code);
   // SIGTERM (also what the kernel sends when the launching coordinator dies) stops the
-  // workers in order and says why, instead of ending the agent silently.
-  std::thread signals([agent, parent = getppid(), &blocked] {
+  // workers in order and says why, instead of ending the agent silently. Under a scheduler
+  // (preempt_on_signals) SIGTERM and SIGUSR1 are the scheduler's word for the whole job: the
+  // coordinator checkpoints the next step and stops it, and its stop (or its loss) stops us.
+  std::atomic<bool> done{false};
+  std::thread signals([agent, coordinator, parent = getppid(), &blocked, &done,
+                       preempt = args.preempt_on_signals] {
+    troupe::sys::wait_here_for_signals();
     for (;;) {
       int sig = 0;
-      if (sigwait(&blocked, &sig) != 0 || sig == SIGUSR1) return;
+      if (sigwait(&blocked, &sig) != 0 || done) return;
+      if (preempt) {
+        monitoring::log(monitoring::level::warn, agent_ctx,
+                        std::string(sig == SIGTERM ? "SIGTERM" : "SIGUSR1") +
+                            " from the scheduler: asked the coordinator to checkpoint the job "
+                            "and stop it (exit 75)");
+        caf::anon_send(coordinator, preempt_atom::value);
+        continue;
+      }
+      if (sig == SIGUSR1) continue;
       // The kernel's death signal can come before this process is handed to its new parent:
       // give the reparenting a moment to show.
       for (int i = 0; i < 50 && getppid() == parent; ++i)
@@ -309,6 +349,8 @@ int run_agent(const agent_args& args) {
     }
   });
   sys.await_all_actors_done();
+  troupe::sys::stop_waiting_for_signals();
+  done = true;
   pthread_kill(signals.native_handle(), SIGUSR1);
   signals.join();
   return code->load();

@@ -72,6 +72,7 @@ std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
 
 std::optional<loop_result> on_coordinator_down(worker& w, const caf::down_msg& dm) {
   if (dm.source != w.coordinator.address()) return std::nullopt;
+  w.shared->fence();  // nothing this process says may count any more
   return loop_result{loop_end::failed, 0,
                      "lost the coordinator (" + w.self->system().render(dm.reason) + ")"};
 }
@@ -207,8 +208,7 @@ loop_result train(worker& w, int64_t start_step) {
                     op + " of step " + std::to_string(step) + " failed: " + e.what());
     // The coordinator already ended this generation (its abort is here): a vote for it
     // would only be counted as stale, and at many ranks the coordinator has better to do.
-    if (!w.shared->superseded(g.generation))
-      w.self->send(w.coordinator, failed_vote(w, step, op, e));
+    if (!w.shared->superseded(g.generation)) tell_coordinator(w, failed_vote(w, step, op, e));
     return await_decision(w);
   };
   double prev_control = 0, prev_peer_wait = 0, prev_optim = 0;
@@ -246,7 +246,7 @@ loop_result train(worker& w, int64_t start_step) {
       for (const auto& block : load.tokens)
         report.tokens.insert(report.tokens.end(), block.begin(), block.end());
       report.dropped = std::move(load.dropped);
-      w.self->send(w.coordinator, report);
+      tell_coordinator(w, report);
     }
     try {
       engine.reduce(step_opts);
@@ -283,7 +283,7 @@ loop_result train(worker& w, int64_t start_step) {
       vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
       vote.peak_rss_bytes = peak_rss_bytes();
     }
-    w.self->send(w.coordinator, vote);
+    tell_coordinator(w, vote);
 
     auto answer = await_commit(w, step);
     if (auto* end = std::get_if<loop_result>(&answer)) return *end;
@@ -311,7 +311,7 @@ loop_result train(worker& w, int64_t start_step) {
         auto share = engine.evaluate(*w.data);
         eval_done done{g.generation, step, g.rank, share.loss_sum, share.batches};
         done.loss_class = wire_encode(done.loss_sum);
-        w.self->send(w.coordinator, done);
+        tell_coordinator(w, done);
       } catch (const std::exception& e) {
         return fail_step(step + 1, "evaluate", e);
       }
@@ -373,7 +373,7 @@ int serve(worker& w) {
               if (end->then)
                 pending = std::move(end->then);
               else
-                w.self->send(w.coordinator, report_for(w, a.generation));
+                tell_coordinator(w, report_for(w, a.generation));
               end.reset();
             }
           },
@@ -401,7 +401,7 @@ int serve(worker& w) {
       monitoring::log(
           monitoring::level::warn, w.log_ctx(),
           "could not join generation " + std::to_string(r.generation) + ": " + done.error);
-    w.self->send(w.coordinator, done);
+    tell_coordinator(w, done);
     if (!done.ok || r.rank < 0) continue;  // the coordinator decides; a spare waits
     prepare_checkpoints(w);  // while the coordinator gathers the other members' answers
     if (r.source != state_source::self)
@@ -418,7 +418,7 @@ int serve(worker& w) {
         if (result.then)
           pending = std::move(result.then);
         else
-          w.self->send(w.coordinator, report_for(w, result.next_generation));
+          tell_coordinator(w, report_for(w, result.next_generation));
         break;
       case loop_end::stopped:
         if (!result.why.empty()) monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
@@ -491,11 +491,21 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
                   std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));
-    w.store = comm::connect_tcp_store(answer->store_host, static_cast<uint16_t>(answer->store_port),
+    // The store listens where the coordinator does; a coordinator that listens on every
+    // address (--host 0.0.0.0) is reached at the address this worker was given for it.
+    const std::string store_host =
+        answer->store_host == "0.0.0.0" || answer->store_host == "::" || answer->store_host.empty()
+            ? args.coordinator_host
+            : answer->store_host;
+    const auto store_port = static_cast<uint16_t>(answer->store_port);
+    w.store = comm::connect_tcp_store(store_host, store_port,
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
     w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+    // Every listener of this worker (gloo's pairs, its stage link, its checkpoint replica)
+    // binds and advertises this: the node's address toward the coordinator, or the one its
+    // agent was told (--iface, --advertise).
     w.advertise =
-        local_address_toward(answer->store_host, static_cast<uint16_t>(answer->store_port));
+        args.advertise.empty() ? local_address_toward(store_host, store_port) : args.advertise;
     w.faults = chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
                                    w.cfg.elastic.nodes, session_last_step(w.cfg));
     const int c = serve(w);

@@ -18,6 +18,9 @@ struct worker_args {
   /// Start and connect, then read the member id as one line from stdin (an agent's standby
   /// for a worker that dies: the start-up is done before it is needed). End of input: exit 0.
   bool standby = false;
+  /// The address every listener of this worker binds and advertises (checked, from its agent
+  /// or --iface / --advertise); "" = the address of the route toward the coordinator's store.
+  std::string advertise;
 };
 
 /// Runs the worker until the job stops it; returns the process exit code

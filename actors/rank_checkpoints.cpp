@@ -40,6 +40,7 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
   if (!w.checkpointer) {
     const bool synchronous = !w.cfg.checkpoint_async;
     const caf::actor coordinator = w.coordinator;
+    const std::shared_ptr<worker_shared> shared = w.shared;
     checkpoint_replica* replica = w.replica.get();
     ckpt::fs_writer_options options;
     options.verify_after_write = w.cfg.verify_checkpoints == "after-write";
@@ -49,7 +50,7 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
                                    static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
                                    replica ? replica->observer() : ckpt::chunk_observer{}, options),
         *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
-        [coordinator, synchronous, replica, ctx](ckpt::write_outcome o) {
+        [coordinator, shared, synchronous, replica, ctx](ckpt::write_outcome o) {
           // What the write found in the store (a damaged chunk rewritten, something foreign
           // skipped) is said where the rank speaks.
           if (o.report)
@@ -57,7 +58,7 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
               monitoring::log(monitoring::level::warn,
                               {ctx.role, o.meta.rank, o.meta.generation, o.meta.step},
                               "checkpoint: " + note);
-          caf::anon_send(coordinator, report_of(o, synchronous, replica));
+          if (!shared->fenced()) caf::anon_send(coordinator, report_of(o, synchronous, replica));
         });
   }
   return *w.checkpointer;
@@ -76,6 +77,7 @@ void prepare_checkpoints(worker& w) {
 }
 
 void take_checkpoint(worker& w, int64_t step) {
+  if (w.shared->fenced()) return;  // cut off from the coordinator: this process writes nothing
   const bool synchronous = !w.cfg.checkpoint_async;
   ckpt::async_checkpointer& checkpointer = checkpointer_of(w);
   strategies::local_state state = w.current.engine->state();
@@ -93,7 +95,7 @@ void take_checkpoint(worker& w, int64_t step) {
       skipped.ok = false;
       skipped.skipped = true;
       skipped.error = "the previous checkpoint was still being written (checkpoint_overlap skip)";
-      w.self->send(w.coordinator, skipped);
+      tell_coordinator(w, skipped);
       return;
     }
     if (synchronous) checkpointer.wait_idle();
@@ -104,7 +106,7 @@ void take_checkpoint(worker& w, int64_t step) {
     failed.rank = meta.rank;
     failed.ok = false;
     failed.error = std::string("taking the snapshot failed: ") + e.what();
-    w.self->send(w.coordinator, failed);
+    tell_coordinator(w, failed);
   }
 }
 

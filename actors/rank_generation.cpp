@@ -51,6 +51,7 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       };
       comm::interruptible_store store(*w.store, superseded);
       comm::gloo_options gopts;
+      gopts.bind_host = w.advertise;  // the node's address: peers on other hosts connect to it
       gopts.connect_timeout = op_timeout;
       gopts.cancelled = superseded;
       gopts.known_one_host = r.one_host;
@@ -158,6 +159,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
     w.shared->detach();
     out.ok = false;
     out.error = e.what();
+    if (const auto* failed = dynamic_cast<const comm::connect_error*>(&e))
+      out.error_cause = failed->cause();
     out.seconds = seconds_between(started, clock_type::now());
     return out;
   }

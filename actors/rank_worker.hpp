@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/checkpoint_replica.hpp"
@@ -78,6 +79,13 @@ struct worker {
     return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
   }
 };
+
+/// Sends `msg` to the coordinator, unless this process has fenced itself (it lost the
+/// coordinator, worker_shared::fence): then nothing it says may count, and nothing goes out.
+template <class Message>
+void tell_coordinator(worker& w, Message&& msg) {
+  if (!w.shared->fenced()) w.self->send(w.coordinator, std::forward<Message>(msg));
+}
 
 /// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
 reconfigured enter_generation(worker& w, const reconfigure& r);

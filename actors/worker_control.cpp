@@ -1,6 +1,7 @@
 #include "actors/worker_control.hpp"
 
 #include <caf/all.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 
@@ -64,23 +65,40 @@ heartbeat_thread::heartbeat_thread(caf::actor coordinator, int32_t member,
                                    std::chrono::milliseconds interval,
                                    std::chrono::milliseconds coordinator_timeout)
     : thread_([=, this] {
+        using clock = std::chrono::steady_clock;
         std::unique_lock lock(m_);
         shared->coordinator_seen();
+        const auto limit = fence_after(coordinator_timeout);
+        // The silence is checked more often than the beats go out, so the fence falls within
+        // a twentieth of the timeout of its limit.
+        const auto check =
+            std::min(interval, std::max(std::chrono::milliseconds(10), coordinator_timeout / 20));
+        auto next_beat = clock::now();
         while (!stop_) {
-          caf::anon_send(coordinator, heartbeat{member, shared->generation().load(),
-                                                shared->step().load(), tls_rejected_connections()});
+          if (const auto now = clock::now(); now >= next_beat) {
+            caf::anon_send(coordinator,
+                           heartbeat{member, shared->generation().load(), shared->step().load(),
+                                     tls_rejected_connections()});
+            next_beat = now + interval;
+          }
           const double silent = shared->coordinator_silence();
-          if (silent * 1000 > static_cast<double>(coordinator_timeout.count())) {
-            // A hung (or unreachable) coordinator: nobody can commit a step any more.
+          if (silent * 1000 > static_cast<double>(limit.count())) {
+            // Cut off from the coordinator (a partition), or it hung or died: nobody can commit
+            // a step of ours any more, and a live coordinator has replaced us already.
+            shared->fence();
+            char said[64];
+            std::snprintf(said, sizeof said, "%.2f s (limit %.2f s)", silent,
+                          static_cast<double>(limit.count()) / 1000);
             monitoring::log(monitoring::level::error,
                             {"rank", -1, shared->generation().load(), shared->step().load()},
-                            "lost the coordinator: no heartbeat from it for " +
-                                std::to_string(silent).substr(0, 4) +
-                                " s; stopping (resume the job with --resume)");
+                            std::string("lost the coordinator: no heartbeat from it for ") + said +
+                                "; fenced: this worker sends no vote, writes no checkpoint and "
+                                "exits (a live coordinator goes on without it; if the "
+                                "coordinator is gone, resume the job with --resume)");
             shared->abort_older_than(0, true, "the coordinator is gone");
             std::_Exit(1);
           }
-          cv_.wait_for(lock, interval, [this] { return stop_; });
+          cv_.wait_for(lock, check, [this] { return stop_; });
         }
       }) {}
 

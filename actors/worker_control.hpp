@@ -40,6 +40,11 @@ class worker_shared {
   void coordinator_seen();
   /// Seconds since the coordinator was last heard from.
   double coordinator_silence() const;
+  /// This process lost the coordinator: from now on it tells the coordinator nothing (no
+  /// vote, no report) and starts no checkpoint write, and it is about to exit. Whatever it
+  /// would say belongs to a generation that the job, if it still runs, has left.
+  void fence() { fenced_.store(true); }
+  bool fenced() const { return fenced_.load(); }
 
  private:
   std::mutex m_;
@@ -51,7 +56,17 @@ class worker_shared {
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> coordinator_seen_ns_{
       std::chrono::steady_clock::now().time_since_epoch().count()};
+  std::atomic<bool> fenced_{false};
 };
+
+/// How long a worker or an agent goes without the coordinator's heartbeat before it takes the
+/// coordinator for lost and fences itself: half as long again as the coordinator waits for a
+/// silent member (`heartbeat_timeout`). A delay the coordinator sits out never ends a member
+/// from its own side, and a member cut off is gone well within 2 x the timeout; in between,
+/// the coordinator has gone on without it, and the generation number fences what it says.
+inline std::chrono::milliseconds fence_after(std::chrono::milliseconds heartbeat_timeout) {
+  return heartbeat_timeout * 3 / 2;
+}
 
 /// Receives the coordinator's aborts while the rank actor is busy, aborts the collective in
 /// flight and hands the message on to the rank actor, which decides what follows; takes the
@@ -60,8 +75,9 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
                             caf::actor rank);
 
 /// Beats from its own thread, so compute cannot silence it; only a stopped or dead process
-/// is. When the coordinator has been silent for `coordinator_timeout`, the job cannot go on:
-/// it aborts the data plane, says so, and ends the process (exit code 1).
+/// is. When the coordinator has been silent for fence_after(`coordinator_timeout`) (a
+/// partition, or the coordinator hung or gone), this process fences itself: it sends nothing
+/// more, aborts the data plane, says so, and ends (exit code 1), whatever its agent does.
 class heartbeat_thread {
  public:
   heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,

@@ -20,12 +20,14 @@
 #include "actors/connect.hpp"
 #include "actors/job_supervisor.hpp"
 #include "actors/messages.hpp"
+#include "actors/node_address.hpp"
 #include "actors/tls_transport.hpp"
 #include "chaos/fault_spec.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
 #include "cli/progress.hpp"
+#include "cli/scheduler.hpp"
 #include "monitoring/event_log.hpp"
 #include "monitoring/http_server.hpp"
 #include "monitoring/log.hpp"
@@ -36,6 +38,7 @@
 #include "runtime/model/gpt.hpp"
 #include "runtime/preflight.hpp"
 #include "runtime/sys/printable.hpp"
+#include "runtime/sys/signal_route.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/planner.hpp"
 
@@ -64,6 +67,15 @@ void preflight(train_config& cfg, bool launch_local_agent) {
     check_path_length(cfg.metrics_token_file, "metrics_token_file", "--metrics-token");
   check_against_host(cfg, launch_local_agent ? cfg.world + cfg.elastic.spares : 0,
                      read_host_facts(cfg));
+  // The local agents read the node address from the environment (TROUPE_ADVERTISE,
+  // TROUPE_IFACE, GLOO_SOCKET_IFNAME): refused here, before any process starts, if unusable.
+  if (launch_local_agent) {
+    try {
+      actors::resolve_node_address(actors::choose_node_address("", ""));
+    } catch (const actors::node_address_error& e) {
+      throw config_error(std::string("the node address for this job's workers: ") + e.what());
+    }
+  }
   // Ranks on different nodes talk over gloo's TCP pairs, signed unless told otherwise.
   std::string why;
   if (cfg.elastic.nodes > 1 && cfg.data_plane_auth == "tcp-md5" &&
@@ -329,6 +341,8 @@ const char* verdict_of(int exit_code) {
       return "done, but a CHECKPOINT FAILED";
     case actors::exit_code::interrupted:
       return "interrupted";
+    case actors::exit_code::requeue:
+      return "stopped for the scheduler (requeue)";
     default:
       return "FAILED";
   }
@@ -359,6 +373,8 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A library's thread born before main (OpenBLAS) does not block them: handed on from there.
+  troupe::sys::route_signals({SIGINT, SIGTERM, SIGUSR1});
 
   train_config cfg = opts.cfg;
   const strategies::layout_plan plan = plan_job(cfg);
@@ -367,7 +383,24 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   auto layout_doc = nlohmann::json::parse(strategies::to_json(plan));
   layout_doc["describe"] = strategies::describe(plan.shape);
   layout_doc["zero"] = cfg.parallel.zero;
-  preflight(cfg, launch_local_agent);
+  // Under Slurm (--slurm) the coordinator listens on this node's address, and `troupe run`
+  // starts the agents on the allocation's nodes with srun instead of on this machine.
+  const auto& slurm = opts.slurm_job;
+  std::string listen_host = opts.listen_host, rendezvous_host;
+  std::vector<std::string> srun_agents;
+  if (slurm) {
+    if (!opts.host_given) listen_host = slurm_listen_host(*slurm);
+    // Where the agents dial: never the wildcard (--host 0.0.0.0 listens on every address).
+    rendezvous_host = listen_host == "0.0.0.0" ? slurm_listen_host(*slurm) : listen_host;
+    if (launch_local_agent) {
+      srun_agents = srun_agents_command(actors::self_executable(), cfg.elastic.nodes);
+      // Before the job's threads start: the agents srun starts find the run directory (its join
+      // token and rendezvous.json) here, and this coordinator through it.
+      ::setenv("TROUPE_RUN_DIR", fs::absolute(cfg.run_dir).lexically_normal().c_str(), 1);
+      ::unsetenv("TROUPE_COORDINATOR");
+    }
+  }
+  preflight(cfg, launch_local_agent && !slurm);
   monitoring::metrics_registry registry;
   // Every refused connection is counted by listener; the first few are logged with the peer's
   // address, then one line in 500, so a flood cannot flood the console too.
@@ -494,7 +527,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   store_options.on_rejection = [on_rejection](const std::string& peer, const std::string& why) {
     on_rejection("store", peer, why);
   };
-  comm::tcp_store_server store(opts.listen_host, 0, std::move(store_options));
+  comm::tcp_store_server store(listen_host, 0, std::move(store_options));
 
   actors::system_config sys_cfg;
   sys_cfg.use_network();
@@ -503,7 +536,7 @@ int run_job(const job_options& opts, bool launch_local_agent) {
 
   actors::job_setup setup;
   setup.cfg = cfg;
-  setup.store_host = opts.listen_host;
+  setup.store_host = listen_host;
   setup.store_port = store.port();
   setup.start_step = start_step;
   setup.events = &events;
@@ -521,22 +554,45 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   auto supervisor = actors::spawn_job_supervisor(sys, setup);
   self->monitor(supervisor);
 
-  auto published = actors::publish_for_job(sys, supervisor, opts.listen_port, opts.listen_host,
-                                           true, "coordinator");
+  auto published =
+      actors::publish_for_job(sys, supervisor, opts.listen_port, listen_host, true, "coordinator");
   if (!published) {
     caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
-    throw config_error("cannot listen on " + opts.listen_host + ":" +
-                       std::to_string(opts.listen_port) + " (" + sys.render(published.error()) +
-                       "); pick another --port");
+    throw config_error("cannot listen on " + listen_host + ":" + std::to_string(opts.listen_port) +
+                       " (" + sys.render(published.error()) + "); pick another --port");
   }
-  const std::string endpoint = opts.listen_host + ":" + std::to_string(*published);
+  const std::string endpoint = listen_host + ":" + std::to_string(*published);
   ckpt::io::write_file_atomically(fs::path(cfg.run_dir) / "coordinator.addr", endpoint + "\n");
   if (metrics)
     std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", cfg.metrics_host.c_str(),
                  metrics->port());
 
   std::vector<pid_t> agents;
-  if (launch_local_agent) {
+  const int64_t self_pid = getpid();
+  if (slurm) {
+    write_rendezvous(cfg.run_dir, rendezvous{slurm->attempt(), rendezvous_host, *published,
+                                             slurm->node_name, cfg.elastic.nodes, self_pid});
+    std::fprintf(
+        stderr, "troupe: Slurm job %s%s: coordinator on %s at %s:%u (%s)\n", slurm->job_id.c_str(),
+        slurm->restart_count > 0
+            ? (" (restart " + std::to_string(slurm->restart_count) + ")").c_str()
+            : "",
+        slurm->node_name.empty() ? "this node" : slurm->node_name.c_str(), rendezvous_host.c_str(),
+        static_cast<unsigned>(*published), (fs::path(cfg.run_dir) / rendezvous_file_name).c_str());
+  }
+  if (slurm && launch_local_agent) {
+    // One agent per node of the allocation; srun --no-kill keeps the step when a node is lost.
+    std::string words;
+    for (const auto& w : srun_agents) words += (words.empty() ? "" : " ") + w;
+    std::fprintf(stderr, "troupe: starting %d agents: %s\n", cfg.elastic.nodes, words.c_str());
+    agents.push_back(actors::spawn_child(srun_agents, true, SIGTERM));
+  } else if (slurm) {
+    std::printf(
+        "troupe coordinator: listening on %s; start one agent per node with: srun --no-kill "
+        "--ntasks-per-node=1 troupe agent --run-dir %s\n",
+        endpoint.c_str(), cfg.run_dir.c_str());
+    std::fflush(stdout);
+  } else if (launch_local_agent) {
     // One agent per simulated node, each leading its own process group with its workers.
     for (int n = 0; n < cfg.elastic.nodes; ++n)
       agents.push_back(
@@ -551,16 +607,29 @@ int run_job(const job_options& opts, bool launch_local_agent) {
     std::fflush(stdout);
   }
 
+  // SIGINT: stop at the step boundary (exit 130); SIGTERM, SIGUSR1: a scheduler wants the nodes
+  // back, so checkpoint the next step and stop (exit 75, requeue). Under Slurm both of the
+  // latter may come more than once (the batch shell forwards what Slurm also sends every
+  // process of the step): only a Ctrl-C after the first signal kills the job at once.
+  std::atomic<bool> signals_done{false};
   std::thread signal_thread([&] {
+    troupe::sys::wait_here_for_signals();
     int count = 0;
     for (;;) {
       int sig = 0;
-      if (sigwait(&signals, &sig) != 0 || sig == SIGUSR1) return;
-      if (++count == 1) {
+      if (sigwait(&signals, &sig) != 0 || signals_done) return;
+      if (++count == 1 && sig == SIGINT) {
         std::fprintf(stderr,
                      "\ntroupe: stopping the job at the step boundary, after any checkpoint "
                      "being written (press Ctrl-C again to kill it)\n");
         caf::anon_send(supervisor, actors::shutdown_atom::value);
+      } else if (count == 1 || sig != SIGINT) {
+        if (count == 1)
+          std::fprintf(stderr,
+                       "\ntroupe: %s: checkpointing the next step and stopping the job; exit %d "
+                       "asks for a requeue, --resume continues (Ctrl-C kills it at once)\n",
+                       sig == SIGTERM ? "SIGTERM" : "SIGUSR1", actors::exit_code::requeue);
+        caf::anon_send(supervisor, actors::preempt_atom::value);
       } else {
         for (pid_t agent : agents)
           kill(-agent, SIGKILL);  // an agent leads its workers' process group
@@ -591,6 +660,14 @@ int run_job(const job_options& opts, bool launch_local_agent) {
   for (pid_t agent : agents) {
     // The agent stops its workers (they were told to stop) and then exits; give it the
     // time its own grace periods need before taking its whole process group down.
+    if (slurm && !actors::wait_for_exit(agent, std::chrono::seconds(20))) {
+      // srun: two Ctrl-C within a second end the step (its tasks get SIGKILL from Slurm).
+      monitoring::log(monitoring::level::warn, coordinator_ctx,
+                      "the agents' srun did not end in time; cancelling its step");
+      kill(agent, SIGINT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      kill(agent, SIGINT);
+    }
     if (!actors::wait_for_exit(agent, std::chrono::seconds(20))) {
       monitoring::log(monitoring::level::warn, coordinator_ctx,
                       "an agent did not exit in time; killing it");
@@ -598,7 +675,10 @@ int run_job(const job_options& opts, bool launch_local_agent) {
       actors::wait_for_exit(agent, std::chrono::seconds(10));
     }
   }
+  if (slurm) remove_rendezvous(cfg.run_dir, self_pid);
   caf::anon_send_exit(supervisor, caf::exit_reason::user_shutdown);
+  troupe::sys::stop_waiting_for_signals();
+  signals_done = true;
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
   print_summary(cfg, result);

@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "actors/connect.hpp"
+#include "actors/node_address.hpp"
 #include "actors/node_supervisor.hpp"
 #include "actors/rank.hpp"
 #include "bench/comm_bench.hpp"
 #include "cli/ckpt_tool.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
+#include "cli/scheduler.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/preflight.hpp"
 #include "runtime/sys/descriptors.hpp"
@@ -35,13 +37,18 @@ int parse_count(const std::string& command, const std::string& flag, const std::
   }
 }
 
-// Parses `--coordinator HOST:PORT` and `--join-token FILE` (both), `--member M` and `--node N`
-// (workers), `--ranks K` (agents). The join token is loaded at once: this process's credentials.
+// Parses `--coordinator HOST:PORT` and `--join-token FILE` (both), `--iface NAME` or
+// `--advertise ADDR` (both commands; without them the environment) into `advertise`, checked
+// against this host, `--member M` and `--node N` (workers), `--ranks K` and `--run-dir DIR`
+// (agents: with `scheduled`, what the options leave out comes from the scheduler's
+// environment and the run directory, cli/scheduler.hpp). The join token is loaded at once:
+// this process's credentials.
 void parse_member_args(const std::string& command, const std::vector<std::string>& args,
-                       std::string& host, uint16_t& port, int* rank, int* node = nullptr,
-                       int* ranks = nullptr, bool* standby = nullptr) {
+                       std::string& host, uint16_t& port, std::string& advertise, int* rank,
+                       int* node = nullptr, int* ranks = nullptr, bool* standby = nullptr,
+                       troupe::cli::agent_plan* scheduled = nullptr) {
   bool have_endpoint = false;
-  std::string token_path;
+  std::string token_path, iface_flag, advertise_flag, coordinator_text, run_dir_flag;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> std::string {
@@ -55,6 +62,13 @@ void parse_member_args(const std::string& command, const std::vector<std::string
         throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v +
                           "'");
       have_endpoint = true;
+      coordinator_text = v;
+    } else if (a == "--run-dir" && scheduled) {
+      run_dir_flag = value();
+      if (run_dir_flag.empty())
+        throw usage_error(
+            "troupe agent: --run-dir must name the job's run directory, got an "
+            "empty value");
     } else if (a == "--join-token") {
       token_path = value();
       if (token_path.empty())
@@ -62,6 +76,13 @@ void parse_member_args(const std::string& command, const std::vector<std::string
                           ": --join-token must name the job's join token file, got an empty "
                           "value");
       troupe::check_path_length(token_path, "join token", "--join-token");
+    } else if (a == "--iface" || a == "--advertise") {
+      std::string& into = a == "--iface" ? iface_flag : advertise_flag;
+      into = value();
+      if (into.empty())
+        throw usage_error("troupe " + command + ": " + a + " needs " +
+                          (a == "--iface" ? "an interface name" : "an address") +
+                          ", got an empty value");
     } else if ((a == "--member" || a == "--rank") && rank) {
       *rank = parse_count(command, a, value());
     } else if (a == "--node" && node) {
@@ -76,6 +97,15 @@ void parse_member_args(const std::string& command, const std::vector<std::string
                         command + " --help");
     }
   }
+  if (scheduled) {  // agents: the scheduler's environment where the options are silent
+    *scheduled = troupe::cli::plan_agent(coordinator_text, token_path, run_dir_flag,
+                                         troupe::cli::process_environment());
+    if (scheduled->idle) return;
+    host = scheduled->host;
+    port = scheduled->port;
+    token_path = scheduled->token_path;
+    have_endpoint = true;
+  }
   if (!have_endpoint)
     throw usage_error("troupe " + command + ": --coordinator HOST:PORT is required");
   if (standby && *standby && rank && *rank >= 0)
@@ -89,6 +119,13 @@ void parse_member_args(const std::string& command, const std::vector<std::string
   try {
     troupe::auth::set_process_credentials(troupe::auth::load_join_token(token_path));
   } catch (const troupe::auth::credentials_error& e) {
+    throw usage_error("troupe " + command + ": " + e.what());
+  }
+  // Honoured or refused here, before anything starts; never reinterpreted later.
+  try {
+    advertise = troupe::actors::resolve_node_address(
+        troupe::actors::choose_node_address(iface_flag, advertise_flag));
+  } catch (const troupe::actors::node_address_error& e) {
     throw usage_error("troupe " + command + ": " + e.what());
   }
 }
@@ -180,8 +217,14 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
       return 0;
     }
     troupe::actors::agent_args a;
-    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, nullptr, nullptr,
-                      &a.ranks);
+    troupe::cli::agent_plan scheduled;
+    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, a.advertise, nullptr,
+                      nullptr, &a.ranks, nullptr, &scheduled);
+    if (!scheduled.words.empty())
+      std::fprintf(stderr, "troupe agent: %s\n",
+                   troupe::sys::printable_lines(scheduled.words).c_str());
+    if (scheduled.idle) return 0;
+    a.preempt_on_signals = scheduled.under_slurm;
     require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start,
                         "an agent with its workers");
     return troupe::actors::run_agent(a);
@@ -192,8 +235,9 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
       return 0;
     }
     troupe::actors::worker_args w;
-    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, &w.member, &w.node,
-                      nullptr, &w.standby);
+    troupe::cli::guard_worker_signals(troupe::cli::process_environment());
+    parse_member_args(command, args, w.coordinator_host, w.coordinator_port, w.advertise, &w.member,
+                      &w.node, nullptr, &w.standby);
     require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start, "a worker");
     return troupe::actors::run_worker(w);
   }

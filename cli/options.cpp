@@ -1,5 +1,6 @@
 #include "cli/options.hpp"
 
+#include <algorithm>
 #include <map>
 
 namespace troupe::cli {
@@ -61,7 +62,8 @@ const std::map<std::string, std::string>& flag_fields() {
 
 }  // namespace
 
-job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only) {
+job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only,
+                              const env_reader& env) {
   job_options out;
   const std::string command = coordinator_only ? "coordinator" : "run";
   // Split "--flag=value" and find the config file first, so command-line options win.
@@ -76,7 +78,8 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
       has_value = true;
     }
     bool boolean = flag == "--resume" || flag == "--help" || flag == "-h" ||
-                   flag == "--no-progress" || flag == "--replicate-checkpoints";
+                   flag == "--no-progress" || flag == "--replicate-checkpoints" ||
+                   flag == "--slurm";
     if (flag.rfind("-", 0) != 0)
       throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " +
                         command + " --help");
@@ -88,10 +91,22 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     }
     items.emplace_back(flag, value);
   }
+  // `troupe run --slurm` is a coordinator too: it takes --host and --port.
+  bool slurm = false;
+  for (const auto& [flag, value] : items) slurm = slurm || flag == "--slurm";
+  const bool listens = coordinator_only || slurm;
   for (const auto& [flag, value] : items)
     if (flag == "--config") load_config_file(value, out.cfg);
+  const train_config from_file = out.cfg;
+  bool world_given = false, nodes_given = false;
   for (const auto& [flag, value] : items) {
-    if (flag == "--config") continue;
+    world_given =
+        world_given || flag == "--world" || (flag == "--set" && value.rfind("world=", 0) == 0);
+    nodes_given = nodes_given || flag == "--nodes" ||
+                  (flag == "--set" && value.rfind("elastic.nodes=", 0) == 0);
+  }
+  for (const auto& [flag, value] : items) {
+    if (flag == "--config" || flag == "--slurm") continue;
     if (flag == "--help" || flag == "-h") {
       out.help = true;
     } else if (flag == "--resume") {
@@ -107,22 +122,25 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
                           ": --set needs KEY=VALUE (e.g. --set optim.lr=0.001), got '" + value +
                           "'");
       set_config_field(out.cfg, value.substr(0, eq), value.substr(eq + 1));
-    } else if (coordinator_only && flag == "--host") {
+    } else if (listens && flag == "--host") {
       // An empty host would listen on every address: say so, never read "" as the default.
       if (value.empty())
-        throw usage_error(
-            "troupe coordinator: --host must be a host name or address, got an empty value; "
-            "leave it out for 127.0.0.1, or give 0.0.0.0 to listen on every address");
+        throw usage_error("troupe " + command +
+                          ": --host must be a host name or address, got an empty value; "
+                          "leave it out for " +
+                          (slurm ? std::string("this node's address") : "127.0.0.1") +
+                          ", or give 0.0.0.0 to listen on every address");
       out.listen_host = value;
-    } else if (coordinator_only && flag == "--port") {
+      out.host_given = true;
+    } else if (listens && flag == "--port") {
       try {
         size_t used = 0;
         int p = std::stoi(value, &used);
         if (used != value.size() || p < 0 || p > 65535) throw std::out_of_range("port");
         out.listen_port = static_cast<uint16_t>(p);
       } catch (const std::exception&) {
-        throw usage_error("troupe coordinator: --port must be a number in 0..65535, got '" + value +
-                          "'");
+        throw usage_error("troupe " + command + ": --port must be a number in 0..65535, got '" +
+                          value + "'");
       }
     } else if (auto it = flag_fields().find(flag); it != flag_fields().end()) {
       try {
@@ -131,10 +149,38 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
         throw usage_error("troupe " + command + ": bad value for " + flag + ": '" + value + "' (" +
                           e.what() + ")");
       }
+    } else if (flag == "--host" || flag == "--port") {
+      throw usage_error("troupe run: " + flag +
+                        " is an option of the coordinator: troupe coordinator, or troupe run "
+                        "--slurm (whose coordinator the agents of other nodes reach)");
     } else {
       throw usage_error("troupe " + command + ": unknown option '" + flag + "'; see troupe " +
                         command + " --help");
     }
+  }
+  if (slurm && !out.help) {
+    out.slurm_job = read_slurm_env(env);
+    if (!out.slurm_job)
+      throw usage_error("troupe " + command +
+                        " --slurm: not inside a Slurm job (SLURM_JOB_ID is not set); submit it "
+                        "with sbatch (deploy/slurm/troupe.sbatch)");
+    const auto& job = *out.slurm_job;
+    const int have = job.job_num_nodes;
+    // What the allocation says counts where no option (nor the config file) did; an option is
+    // honoured, or refused when the allocation cannot give it.
+    nodes_given = nodes_given || from_file.elastic.nodes != train_config{}.elastic.nodes;
+    world_given = world_given || from_file.world != train_config{}.world;
+    if (have < 1)
+      throw usage_error("troupe " + command +
+                        " --slurm: the Slurm environment names no nodes (SLURM_JOB_NUM_NODES, "
+                        "SLURM_JOB_NODELIST)");
+    if (!nodes_given) out.cfg.elastic.nodes = have;
+    if (out.cfg.elastic.nodes > have)
+      throw usage_error("troupe " + command + " --slurm: --nodes " +
+                        std::to_string(out.cfg.elastic.nodes) + " is more than the " +
+                        std::to_string(have) + " nodes of Slurm job " + job.job_id +
+                        "; one agent runs per node (sbatch --nodes)");
+    if (!world_given) out.cfg.world = out.cfg.elastic.nodes * std::max(1, job.tasks_per_node);
   }
   if (!out.help) validate(out.cfg);
   return out;
@@ -234,11 +280,36 @@ std::string run_help() {
   return std::string(R"(usage: troupe run [options]
 
 Trains a GPT on this machine: starts a coordinator (in this process), one agent and
---world worker processes, shows progress, and ends with a summary. Ctrl-C stops the whole
-job cleanly. Exit codes: 0 done, 1 the job failed, 2 bad usage or config (also a limit on
-open files, `ulimit -n`, too low for the job even at its hard limit), 3 a step diverged
-(see --on-divergence), 4 trained, but a checkpoint failed and none committed after it,
-130 interrupted.
+--world worker processes, shows progress, and ends with a summary. Its agents read
+TROUPE_ADVERTISE, TROUPE_IFACE and GLOO_SOCKET_IFNAME as `troupe agent` does (see troupe
+agent --help); across hosts, use `troupe coordinator` and one `troupe agent` per host, or
+--slurm inside a Slurm job.
+
+Signals: Ctrl-C (SIGINT) stops the job at the step boundary, after any checkpoint being
+written (exit 130); a second Ctrl-C kills every process of the job at once. SIGTERM and
+SIGUSR1 (a scheduler taking the nodes back: Slurm's scancel, preemption, or
+`sbatch --signal=B:USR1@120` before the time limit) commit the next step with a checkpoint
+and stop (exit 75, "requeue me"): --resume continues from exactly that step.
+
+Exit codes: 0 done, 1 the job failed, 2 bad usage or config (also a limit on open files,
+`ulimit -n`, too low for the job even at its hard limit), 3 a step diverged (see
+--on-divergence), 4 trained, but a checkpoint failed and none committed after it, 75 stopped
+for the scheduler with a checkpoint (requeue the job and --resume), 130 interrupted. Only 75
+asks to be requeued.
+
+Under Slurm (deploy/slurm/troupe.sbatch runs it for you):
+  --slurm                the job is this Slurm allocation: the coordinator runs here (the
+                         batch script, on the allocation's first node), listens on this node's
+                         address (the one SLURMD_NODENAME resolves to; --host, TROUPE_ADVERTISE
+                         or TROUPE_IFACE name another), writes RUN_DIR/rendezvous.json, and
+                         starts one agent per node with `srun --no-kill` (a lost node does not
+                         end the step). RUN_DIR must be on a file system every node shares.
+                         --nodes defaults to the allocation's nodes, --world to nodes x
+                         SLURM_NTASKS_PER_NODE (sbatch --ntasks-per-node: ranks per node; 1
+                         when unset); an option or the config file wins, and more nodes than
+                         the allocation holds is refused (exit 2).
+  --host HOST, --port PORT   with --slurm: where the coordinator listens (default this node's
+                         address, any free port)
 
 options:
 )") + job_flags;
@@ -248,23 +319,81 @@ std::string coordinator_help() {
   return std::string(R"(usage: troupe coordinator [options]
 
 Runs the job's coordinator and waits for an agent (`troupe agent --coordinator HOST:PORT`)
-to start the workers. Takes every option of `troupe run`, plus:
-  --host HOST            address to listen on (default 127.0.0.1)
+to start the workers. Takes every option of `troupe run` (signals and exit codes as there:
+SIGTERM and SIGUSR1 checkpoint the next step and exit 75), plus:
+  --host HOST            address to listen on (default 127.0.0.1); across hosts, one the
+                         agents reach (0.0.0.0: every address; workers then reach the store
+                         at the address their agent was given)
   --port PORT            port to listen on; 0 = any free port, printed at start (default 0)
+  --slurm                as `troupe run --slurm`, without starting the agents: listens on this
+                         node's address and writes RUN_DIR/rendezvous.json, where
+                         `srun --no-kill --ntasks-per-node=1 troupe agent --run-dir RUN_DIR`
+                         finds it
 
 options:
 )") + job_flags;
 }
 
+namespace {
+const char* node_address_flags =
+    R"(  --iface NAME       the network interface whose IPv4 address this node's workers bind
+                     and advertise to their peers: every listener they open (gloo's pairs,
+                     pipeline stage links, checkpoint replicas, state transfer)
+  --advertise ADDR   that address itself: an IPv4 address of this host (or a name that
+                     resolves to one)
+                     Without either option, the environment is read: TROUPE_ADVERTISE=ADDR,
+                     TROUPE_IFACE=NAME, then GLOO_SOCKET_IFNAME=NAME (as torchrun reads it;
+                     one interface); empty values count as unset. Without any of them, the
+                     address of this host's route toward the coordinator. An interface that
+                     does not exist, is down or has no IPv4 address, or an address this host
+                     does not hold, is refused (exit 2), never replaced by another.
+)";
+}  // namespace
+
 std::string agent_help() {
-  return R"(usage: troupe agent --coordinator HOST:PORT [--ranks K]
+  return std::string(R"(usage: troupe agent --coordinator HOST:PORT --join-token FILE [--ranks K]
+                    [--iface NAME | --advertise ADDR]
+       srun --no-kill --ntasks-per-node=1 troupe agent [--run-dir RUN_DIR]   (Slurm)
 
 Runs the agent of this node: asks the coordinator which workers to run, starts them as
 worker processes, reports their exits, and stops them when the job ends or the
 coordinator is lost. With --ranks K it joins a running job with K more workers, which the
 job admits at the next step boundary (the layout grows up to --max-ranks; the others wait
-as spares).
-)";
+as spares). Across hosts, start one agent per host, each pointed at the coordinator:
+
+  host A:  troupe coordinator --host 10.0.0.1 --port 29400 --world 4 --nodes 2
+  host B:  troupe agent --coordinator 10.0.0.1:29400 --join-token join.token
+  host C:  troupe agent --coordinator 10.0.0.1:29400 --join-token join.token --iface eth1
+
+options:
+  --coordinator HOST:PORT   where the coordinator listens (it prints this at start)
+  --join-token FILE  the job's join token (the coordinator writes RUN_DIR/join.token; copy
+                     it to this host with mode 0600)
+  --ranks K          offer K workers to a running job (default: this node's share)
+  --run-dir DIR      the job's run directory, on a file system this node shares with the
+                     coordinator's: its join.token stands for --join-token, and under Slurm
+                     its rendezvous.json for --coordinator (default TROUPE_RUN_DIR, then
+                     runs/latest under a scheduler)
+)") + node_address_flags +
+         R"(
+Under a scheduler, what the options leave out comes from the environment; an option given is
+honoured, or refused with exit 2, never replaced:
+  coordinator   --coordinator, else TROUPE_COORDINATOR=HOST:PORT, else (Slurm: SLURM_JOB_ID
+                set) RUN_DIR/rendezvous.json of this job and attempt (SLURM_JOB_ID,
+                SLURM_RESTART_COUNT), written by `troupe run --slurm` or `troupe coordinator
+                --slurm` on the allocation's first node; waited for up to 60 s
+                (TROUPE_AGENT_WAIT_MS=MS sets how long)
+  join token    --join-token, else RUN_DIR/join.token (mode 0600; never on a command line);
+                under a scheduler waited for as long
+  node          SLURM_NODEID of SLURM_STEP_NUM_NODES (Slurm) or JOB_COMPLETION_INDEX (a
+                Kubernetes Indexed Job) names this node in the agent's log; the coordinator
+                numbers nodes as they join. One agent runs per node: a task with SLURM_LOCALID
+                above 0 (srun --ntasks-per-node above 1) and no --coordinator says so and
+                exits 0
+  signals       under Slurm, SIGTERM and SIGUSR1 ask the coordinator to checkpoint the next
+                step and stop the job (exit 75) instead of stopping this node's workers, and
+                the workers leave a SIGTERM or SIGUSR1 that does not come from their agent to
+                the coordinator; the coordinator's stop, or its loss, stops them)";
 }
 
 std::string bench_help() {
@@ -284,18 +413,29 @@ options:
   --batches 5            timed batches per size (the median is reported)
   --batch-seconds 0.2    target length of one batch
   --transport tcp,shm    data planes to compare: tcp (gloo), tcp-signed (gloo, pairs connected
-                         with TCP signatures as between nodes), shm (shared memory)
+                         with TCP signatures as between nodes), shm (shared memory), hier
+                         (shm inside simulated nodes, gloo across: what a job spanning
+                         nodes gets)
+  --nodes 2              hier: how many simulated nodes the ranks are cut into
+
+across real nodes (network namespaces or hosts), one `troupe bench comm` per node:
+  --node K               run only node K's ranks (0-based; consecutive ranks per node)
+  --serve-store H:P      serve the ranks' store at H:P (one node does), or
+  --store H:P            meet the other nodes' ranks in the store at H:P
+  --bind ADDR            address the data plane's pairs listen on (this node's address)
 )";
 }
 
 std::string worker_help() {
-  return R"(usage: troupe worker --coordinator HOST:PORT --join-token FILE (--member M | --standby)
-                     [--node N]
+  return std::string(
+             R"(usage: troupe worker --coordinator HOST:PORT --join-token FILE (--member M | --standby)
+                     [--node N] [--iface NAME | --advertise ADDR]
 
-One rank of a job. Agents start workers; run one by hand only to debug.
+One rank of a job. Agents start workers (passing on their --iface/--advertise as the
+address it names); run one by hand only to debug.
   --standby   start, connect and wait: the member id comes as one line on stdin (an agent
               keeps one standby ready to replace a worker that dies; end of input: exit)
-)";
+)") + node_address_flags;
 }
 
 std::string ckpt_help(const std::string& subcommand) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/cluster_env.hpp"
 #include "runtime/config.hpp"
 
 namespace troupe::cli {
@@ -20,13 +21,20 @@ class usage_error : public std::runtime_error {
 struct job_options {
   train_config cfg;
   bool help = false;
-  std::string listen_host = "127.0.0.1";  ///< coordinator only
-  uint16_t listen_port = 0;               ///< coordinator only; 0 = any free port
+  std::string listen_host = "127.0.0.1";  ///< coordinator, or run --slurm
+  uint16_t listen_port = 0;               ///< coordinator, or run --slurm; 0 = any free port
+  bool host_given = false;                ///< --host was given (else --slurm picks the address)
+  /// --slurm: the job runs in this Slurm allocation (slurm_job says which); the coordinator
+  /// listens on this node's address and writes RUN_DIR/rendezvous.json for the agents, and
+  /// `troupe run` starts them with `srun --no-kill`, one per node.
+  std::optional<slurm_env> slurm_job;
 };
 
-/// Applies `--config FILE` first, then every other option in order, then validates.
+/// Applies `--config FILE` first, then every other option in order, then (--slurm) what the
+/// Slurm allocation says where no option did, then validates.
 /// Throws usage_error (bad option) or config_error (bad value or combination).
-job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only);
+job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only,
+                              const env_reader& env = process_environment());
 
 std::string run_help();
 std::string coordinator_help();

@@ -17,6 +17,7 @@ packages=(
   cppzmq-dev libzmq3-dev
   libgtest-dev
   prometheus            # promtool + the real server the tests scrape with
+  slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   bible-kjv             # renders the default corpus (King James Bible, public domain)
   python3
 )
@@ -36,3 +37,6 @@ if ((${#missing[@]})); then
 fi
 # The distribution's prometheus package enables its own service; the tests start their
 # own servers on free ports, so it is not needed (and may not even run in a container).
+# So do munge, slurmctld and slurmd: tests/integration/slurm_test.py starts daemons of its own
+# (its own munge key and socket, slurm.conf, spool and state in a temporary directory) and
+# leaves the system's alone.

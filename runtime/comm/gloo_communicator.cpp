@@ -1,15 +1,28 @@
 // gloo_communicator: the collectives are written here over gloo's unbound buffers, not taken
 // from gloo's algorithm classes, because every wait must be bounded by the op's deadline and
 // cancellable from another thread (gloo's AllreduceRing blocked on a hung peer is not).
-// This file holds the all-reduce, broadcast, barrier and the two ring phases other ops reuse.
+// This file holds the all-reduce, broadcast, barrier and the two ring phases other ops reuse,
+// and the connect: gloo's full mesh, bounded by one deadline, cancellable, and explained
+// (which peer at which address could not be reached, and why) when it fails.
 #include "runtime/comm/gloo_communicator.hpp"
 
+#include <arpa/inet.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
+#include <string_view>
+#include <thread>
 
 #include "runtime/comm/gloo_communicator_impl.hpp"
 #include "runtime/comm/gloo_store.hpp"
@@ -268,11 +281,64 @@ void ignore_sigpipe() {
   });
 }
 
+std::string host_text(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  const void* raw =
+      a.ss_family == AF_INET
+          ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in&>(a).sin_addr)
+          : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr);
+  if ((a.ss_family != AF_INET && a.ss_family != AF_INET6) ||
+      ::inet_ntop(a.ss_family, raw, text, sizeof text) == nullptr)
+    return "an address of family " + std::to_string(a.ss_family);
+  return text;
+}
+
+std::string address_text(const sockaddr_storage& a) {
+  const uint16_t port = a.ss_family == AF_INET
+                            ? ntohs(reinterpret_cast<const sockaddr_in&>(a).sin_port)
+                            : ntohs(reinterpret_cast<const sockaddr_in6&>(a).sin6_port);
+  return a.ss_family == AF_INET6 ? "[" + host_text(a) + "]:" + std::to_string(port)
+                                 : host_text(a) + ":" + std::to_string(port);
+}
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&x) || (IN6_IS_ADDR_V4MAPPED(&x) && x.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+/// Whether `host` (the address the pairs listen on) is a loopback address.
+bool host_is_loopback(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  sockaddr_storage a{};
+  std::memcpy(&a, found->ai_addr, std::min<size_t>(found->ai_addrlen, sizeof a));
+  ::freeaddrinfo(found);
+  return is_loopback(a);
+}
+
+/// What make_gloo_communicator learns while gloo connects the pairs, to explain a failure:
+/// every peer's pair address for this rank, and which peer gloo connects now.
+struct connect_progress {
+  std::map<int, sockaddr_storage> peer_address;  // peer rank -> its pair's address for us
+  int current = -1;  // the peer whose addresses gloo read last: it connects that pair next
+};
+
 /// gloo publishes under "<rank>" the listening addresses of that rank's pairs, one
-/// tcp::Address after another (a sockaddr_storage and a sequence number each); connects to
-/// them are the ones to sign.
-void allow_pair_addresses(tcp_signature_scope& signing, const comm_identity& id,
-                          const std::string& key, const std::vector<char>& value) {
+/// tcp::Address after another (a sockaddr_storage and a sequence number each), in the order
+/// of the ranks it pairs with; gloo reads a peer's just before it connects their pair.
+/// Connects to them are the ones to sign; a loopback address on one side of a pair and not on
+/// the other can never connect (the ranks are on different hosts), so it fails at once.
+void on_pair_addresses(connect_progress& progress, tcp_signature_scope* signing,
+                       const comm_identity& id, bool loopback_here, const std::string& bind_host,
+                       const std::string& where, const std::string& key,
+                       const std::vector<char>& value) {
   if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos) return;
   constexpr size_t entry = sizeof(sockaddr_storage) + sizeof(ssize_t);
   if (value.size() != entry * static_cast<size_t>(id.size - 1)) {
@@ -281,14 +347,175 @@ void allow_pair_addresses(tcp_signature_scope& signing, const comm_identity& id,
                          key + ", expected " + std::to_string(entry * (id.size - 1)) +
                          " (a gloo whose address format troupe does not know)");
   }
+  const int peer = std::stoi(key);
+  if (peer < 0 || peer >= id.size || peer == id.rank) return;
   for (size_t at = 0; at < value.size(); at += entry) {
     sockaddr_storage address;
     std::memcpy(&address, value.data() + at, sizeof(address));
-    signing.allow_peer(address);
+    if (signing) signing->allow_peer(address);
+  }
+  const size_t mine = static_cast<size_t>(id.rank > peer ? id.rank - 1 : id.rank);
+  sockaddr_storage address;
+  std::memcpy(&address, value.data() + mine * entry, sizeof(address));
+  progress.peer_address[peer] = address;
+  progress.current = peer;
+  if (is_loopback(address) != loopback_here) {
+    const std::string them = "rank " + key + " listens on " + address_text(address);
+    throw connect_error(
+        comm_errc::invalid, connect_failure::loopback, host_text(address),
+        where + ": " + them + " and this rank on " + bind_host +
+            ": one of them is a loopback address, which a rank on another host cannot reach; "
+            "start that node's agent with --iface NAME or --advertise ADDR (or have it reach "
+            "the coordinator by an address the other hosts use)");
   }
 }
 
+/// Ends the pairs' connect from a thread of its own: once `cancelled` says so, or at the
+/// deadline (gloo waits for each pair in turn, each wait as long as the whole deadline).
+class connect_guard {
+ public:
+  enum class ended : uint8_t { no, cancelled, deadline };
+
+  connect_guard(connect_watch& watch, cancel_check cancelled, clock_type::time_point deadline)
+      : watch_(watch), cancelled_(std::move(cancelled)), deadline_(deadline) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~connect_guard() { stop(); }
+  connect_guard(const connect_guard&) = delete;
+  connect_guard& operator=(const connect_guard&) = delete;
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  ended why() const { return why_.load(); }
+
+ private:
+  void run() {
+    constexpr auto poll = std::chrono::milliseconds(20);
+    std::unique_lock<std::mutex> lock(m_);
+    while (!done_) {
+      if (cancelled_ && cancelled_()) {
+        why_ = ended::cancelled;
+      } else if (clock_type::now() >= deadline_) {
+        why_ = ended::deadline;
+      } else {
+        cv_.wait_until(lock, std::min(clock_type::now() + poll, deadline_));
+        continue;
+      }
+      watch_.interrupt();
+      return;
+    }
+  }
+
+  connect_watch& watch_;
+  cancel_check cancelled_;
+  clock_type::time_point deadline_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::atomic<ended> why_{ended::no};
+  std::thread thread_;
+};
+
+/// The errno a failed pair connect ended with: what connect() said at once, or what gloo
+/// quotes from SO_ERROR ("connect [addr]:port: Connection refused"); 0 if neither.
+int connect_errno_of(std::string_view what, const connect_watch& watch,
+                     const sockaddr_storage* peer) {
+  if (peer != nullptr) {
+    if (const int e = watch.connect_errno(*peer)) return e;
+  }
+  if (what.find("connect") == std::string_view::npos) return 0;
+  for (const int e : {ECONNREFUSED, ENETUNREACH, EHOSTUNREACH, EACCES, EPERM, ETIMEDOUT})
+    if (what.find(std::strerror(e)) != std::string_view::npos) return e;
+  return 0;
+}
+
+/// Throws the comm_error for gloo's failure to connect a pair: the peer, its address and why.
+[[noreturn]] void throw_connect_failure(const std::string& where, std::string_view what,
+                                        const connect_progress& progress,
+                                        const connect_watch& watch, connect_guard::ended ended,
+                                        bool signed_pairs, long signature_drops_before,
+                                        const gloo_options& opts, bool late) {
+  const auto known = progress.peer_address.find(progress.current);
+  const sockaddr_storage* peer = known != progress.peer_address.end() ? &known->second : nullptr;
+  const std::string host = peer ? host_text(*peer) : std::string("an unknown address");
+  const std::string who =
+      peer ? "rank " + std::to_string(known->first) + " at " + address_text(*peer)
+           : std::string("a peer");
+  if (ended == connect_guard::ended::cancelled)
+    throw comm_error(comm_errc::aborted,
+                     where + ": a newer generation began while connecting to " + who);
+  const int err = connect_errno_of(what, watch, peer);
+  if (ended != connect_guard::ended::deadline && err == ECONNREFUSED)
+    throw connect_error(comm_errc::peer_lost, connect_failure::refused, host,
+                        where + ": " + who +
+                            " refused the connection (Connection refused: nothing listens "
+                            "there; its process is gone, or it listens on another address)");
+  if (ended != connect_guard::ended::deadline &&
+      (err == ENETUNREACH || err == EHOSTUNREACH || err == EACCES || err == EPERM))
+    throw connect_error(comm_errc::peer_lost, connect_failure::unreachable, host,
+                        where + ": cannot reach " + who + " (" + std::strerror(err) +
+                            "): check the address that node advertises (troupe agent "
+                            "--iface NAME or --advertise ADDR) and the routes between the "
+                            "nodes");
+  late = late || ended == connect_guard::ended::deadline || err == ETIMEDOUT ||
+         what.find("imeout") != std::string_view::npos;
+  if (!late)
+    throw comm_error(comm_errc::peer_lost,
+                     where + ": " + std::string(what) + (peer ? " (" + who + ")" : ""));
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f s",
+                std::chrono::duration<double>(opts.connect_timeout).count());
+  const long drops = signed_pairs ? tcp_signature_drops() : -1;
+  if (signed_pairs && signature_drops_before >= 0 && drops > signature_drops_before)
+    throw connect_error(
+        comm_errc::timeout, connect_failure::signature, host,
+        where + ": no connection with " + who + " within " + seconds + ": this host dropped " +
+            std::to_string(drops - signature_drops_before) +
+            " TCP segments signed with another key, or not signed, meanwhile (a process "
+            "without this job's key, or of another job, is at that address)");
+  const std::string signed_too =
+      signed_pairs ? "; or its pairs are signed with another job's key" : "";
+  if (peer && watch.connected_to(*peer))
+    throw connect_error(comm_errc::timeout, connect_failure::timed_out, host,
+                        where + ": no answer from " + who + " within " + seconds +
+                            " (timed out: that address routes nowhere from this host, or a "
+                            "firewall drops the connection" +
+                            signed_too + ")");
+  throw connect_error(comm_errc::timeout, connect_failure::timed_out, host,
+                      where + ": " + who + " did not connect to this rank, which listens on " +
+                          opts.bind_host + ", within " + seconds + " (timed out: it cannot reach " +
+                          opts.bind_host + ", or it is gone" + signed_too + ")");
+}
+
 }  // namespace
+
+const char* to_string(connect_failure f) {
+  switch (f) {
+    case connect_failure::refused:
+      return "refused";
+    case connect_failure::unreachable:
+      return "unreachable";
+    case connect_failure::timed_out:
+      return "timed-out";
+    case connect_failure::signature:
+      return "signature";
+    case connect_failure::loopback:
+      return "loopback";
+  }
+  return "unknown";
+}
+
+void rethrow_with_context(const comm_error& e, const std::string& context) {
+  if (const auto* failed = dynamic_cast<const connect_error*>(&e))
+    throw connect_error(failed->code(), failed->why(), failed->address(), context + e.what());
+  throw comm_error(e.code(), context + e.what());
+}
 
 std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm_identity& id,
                                                      const gloo_options& opts) {
@@ -304,6 +531,13 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
   ignore_sigpipe();
   const auto deadline = clock_type::now() + opts.connect_timeout;
   std::optional<tcp_signature_scope> signing;
+  // Kept outside the try: a failure is explained with what they saw.
+  connect_progress progress;
+  std::optional<connect_watch> watch;
+  std::optional<connect_guard> guard;
+  long signature_drops_before = -1;
+  const bool loopback_here = host_is_loopback(opts.bind_host);
+  auto ended = [&] { return guard ? guard->why() : connect_guard::ended::no; };
   try {
     prefix_store scoped(store, "g" + std::to_string(id.generation) + "/" + id.group);
     gloo::transport::tcp::attr attr;
@@ -315,19 +549,48 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
         throw comm_error(comm_errc::invalid, where + ": the pair key has over 80 bytes");
       }
       signing.emplace(opts.pair_key);
+      signature_drops_before = tcp_signature_drops();
     }
     gloo_store_adapter rendezvous(scoped, deadline, [&](const std::string& key, const auto& v) {
-      if (signing) allow_pair_addresses(*signing, id, key, v);
+      on_pair_addresses(progress, signing ? &*signing : nullptr, id, loopback_here, opts.bind_host,
+                        where, key, v);
     });
     auto context = std::make_shared<gloo::rendezvous::Context>(id.rank, id.size);
-    // gloo waits five times its timeout for a pair to connect; the store waits are bounded
-    // by the adapter's deadline instead.
+    // gloo waits five times its timeout for a pair to connect, each pair in turn; the guard
+    // ends the whole connect at the deadline, and the store waits end there too (adapter).
     context->setTimeout(std::max(std::chrono::milliseconds(1), opts.connect_timeout / 5));
+    watch.emplace();
+    guard.emplace(*watch, opts.cancelled, deadline);
     context->connectFullMesh(rendezvous, device);
+    guard->stop();
+    if (guard->why() != connect_guard::ended::no) {
+      // Interrupted just as the last pair connected: the pairs are whole, but say what the
+      // guard saw, as the caller expects.
+      if (guard->why() == connect_guard::ended::cancelled)
+        throw comm_error(comm_errc::aborted,
+                         where + ": a newer generation began while the pairs connected");
+    }
+    guard.reset();
+    watch.reset();
     if (signing) {
       // Every pair is connected; drop the keys (signing each data segment would cost most of
       // the bandwidth), then wait until every rank has, so no signed segment meets an
-      // unsigned socket or the other way round.
+      // unsigned socket or the other way round. Before that, every rank waits until what it
+      // sent while connecting is acknowledged, and for every other rank to have: on a lossy
+      // link a segment resent after its sender dropped the keys (or an acknowledgement sent
+      // after its receiver did) is dropped by the side that still signs, forever.
+      if (!signing->await_acknowledged(deadline, opts.cancelled)) {
+        if (opts.cancelled && opts.cancelled())
+          throw comm_error(comm_errc::aborted,
+                           where + ": a newer generation began while the pairs connected");
+        throw comm_error(comm_errc::timeout, where + ": " + signing->error());
+      }
+      scoped.set_string("acknowledged/" + std::to_string(id.rank), "1");
+      std::vector<std::string> acknowledged;
+      for (int j = 0; j < id.size; ++j) acknowledged.push_back("acknowledged/" + std::to_string(j));
+      scoped.wait(acknowledged, std::max(std::chrono::milliseconds(1),
+                                         std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             deadline - clock_type::now())));
       if (!signing->unsign_connections()) {
         throw comm_error(comm_errc::internal, where + ": " + signing->error());
       }
@@ -344,21 +607,20 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
   } catch (const comm_error&) {
     throw;
   } catch (const store_error& e) {
+    if (ended() == connect_guard::ended::cancelled)
+      throw comm_error(comm_errc::aborted,
+                       where + ": a newer generation began while connecting: " + e.what());
     throw as_connect_error(e, where);
   } catch (const gloo::IoException& e) {
-    const std::string_view what(e.what());
-    const bool late = clock_type::now() >= deadline ||
-                      what.find("imeout") != std::string_view::npos ||
-                      what.find("Timed out") != std::string_view::npos;
-    std::string why = where + ": " + e.what();
     if (signing && !signing->error().empty()) {
-      throw comm_error(comm_errc::invalid, why + " (" + signing->error() + ")");
+      throw comm_error(comm_errc::invalid, where + ": " + e.what() + " (" + signing->error() + ")");
     }
-    if (late && signing)
-      why +=
-          " (pairs are signed: a process signing with another job's key, "
-          "or none, is never answered)";
-    throw comm_error(late ? comm_errc::timeout : comm_errc::peer_lost, why);
+    if (guard) guard->stop();
+    if (watch) {
+      throw_connect_failure(where, e.what(), progress, *watch, ended(), signing.has_value(),
+                            signature_drops_before, opts, clock_type::now() >= deadline);
+    }
+    throw comm_error(comm_errc::peer_lost, where + ": " + e.what());
   } catch (const std::exception& e) {
     throw comm_error(comm_errc::internal, where + ": " + e.what());
   }

@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/comm/store.hpp"
@@ -15,14 +17,16 @@ namespace troupe::comm {
 /// How a gloo communicator connects and moves data. Every knob has its default here.
 struct gloo_options {
   /// Address the transport pairs listen on; peers connect to it, so it must be reachable from
-  /// them (127.0.0.1 is enough when every rank is on this machine).
+  /// them (127.0.0.1 is enough when every rank is on this machine; a worker passes its node's
+  /// address, actors/node_address.hpp). Ranks of one group must not mix loopback and other
+  /// addresses: such a group fails at once (connect_failure::loopback).
   std::string bind_host = "127.0.0.1";
   /// Bound on the whole rendezvous: waiting for every rank's address in the store and
   /// connecting every pair.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(30)};
-  /// While connecting through make_host_communicator: once this returns true (a newer
-  /// generation was opened), its store waits give up within ~50 ms (comm_errc::aborted).
-  /// Empty: never.
+  /// While connecting: once this returns true (a newer generation was opened), the connect
+  /// gives up within ~50 ms (comm_errc::aborted), whether it waits in the store or for a pair
+  /// (make_gloo_communicator asks it from a thread of its own). Empty: never.
   cancel_check cancelled;
   /// For make_host_communicator: the caller knows that every rank of the group runs on this
   /// host and that none asked for tcp (the coordinator saw it for the whole generation), so
@@ -45,13 +49,47 @@ struct gloo_options {
   std::string pair_key;
 };
 
+/// Why a group could not connect its pairs, as a class that stays the same when the same
+/// thing fails again (the coordinator does not retry forever what will fail the same way).
+enum class connect_failure : uint8_t {
+  refused,      ///< the peer's host answered, but nothing listens at the peer's address
+  unreachable,  ///< no route from this host to the peer's address
+  timed_out,    ///< no answer within the connect deadline (from either side of a pair)
+  signature,    ///< the kernel dropped segments signed with another key, or with none
+  loopback,     ///< one side of a pair listens on a loopback address, the other does not
+};
+const char* to_string(connect_failure f);
+
+/// A group that could not connect: the comm_error, with the class of the failure and the
+/// peer's address it concerns (the host, without a port). The message names the address
+/// with its port, the peer's rank and what to check.
+class connect_error : public comm_error {
+ public:
+  connect_error(comm_errc code, connect_failure why, std::string address, const std::string& what)
+      : comm_error(code, what), why_(why), address_(std::move(address)) {}
+  connect_failure why() const { return why_; }
+  const std::string& address() const { return address_; }
+  /// "<class> <address>", e.g. "unreachable 10.1.2.3" (reconfigured::error_cause).
+  std::string cause() const { return std::string(to_string(why_)) + " " + address_; }
+
+ private:
+  connect_failure why_;
+  std::string address_;
+};
+
+/// Throws `e` again with `context` put before its message, keeping its type: a connect_error
+/// stays one (its class and address are what the coordinator compares), so a communicator
+/// that connects gloo groups underneath can say which of them failed without losing why.
+[[noreturn]] void rethrow_with_context(const comm_error& e, const std::string& context);
+
 /// Connects rank `id.rank` of group `id.group`, generation `id.generation`, through `store`
 /// and returns its communicator. Every rank of the group must call this with the same group,
 /// generation and size. Keys live under "g<generation>/<group>/", so a new generation never
 /// sees an older one's keys; one (generation, group) must be created only once per store.
-/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout (or, with
-/// a pair_key, a peer signs with another key), peer_lost if a peer's connection fails, invalid
-/// for a bad identity, or a pair_key this kernel cannot sign with.
+/// Throws comm_error: timeout if not every rank arrives within opts.connect_timeout, aborted
+/// when opts.cancelled says so, invalid for a bad identity or a pair_key this kernel cannot
+/// sign with; a pair that cannot connect throws connect_error (refused, unreachable, timed out
+/// or signed with another key), within opts.connect_timeout of the call.
 /// All ranks must call the same collectives in the same order with the same sizes and roots;
 /// ranks that disagree wait for each other until the deadline (comm_errc::timeout).
 /// Side effect: SIGPIPE is ignored in this process if it was at its default (gloo writes to

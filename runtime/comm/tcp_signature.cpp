@@ -2,22 +2,29 @@
 // through interposed bind() and connect().
 #include "runtime/comm/tcp_signature.hpp"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+#include <thread>
 
 namespace troupe::comm {
 namespace {
 
 thread_local tcp_signature_scope* current_scope = nullptr;
+thread_local connect_watch* current_watch = nullptr;
 
 bool is_inet(int family) { return family == AF_INET || family == AF_INET6; }
 
@@ -151,22 +158,14 @@ void tcp_signature_scope::on_connect(int fd, const sockaddr* address, socklen_t 
   errno = saved;
 }
 
-bool tcp_signature_scope::unsign_connections() {
-  auto unsign = [](int fd) {
-    sockaddr_storage peer{};
-    socklen_t length = sizeof(peer);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
-      set_key(fd, peer, {}, false);  // ENOENT: no key for it (not one of ours)
-    }
-  };
-  for (int fd : connected_) unsign(fd);
-  connected_.clear();
+bool tcp_signature_scope::signed_connections(std::vector<int>& out) {
+  out = connected_;
   if (bound_.empty()) return true;
   // Connections accepted on a signed listener inherit its key; gloo accepted them on its own
   // thread and keeps their descriptors to itself, so find them by their local address.
   DIR* dir = opendir("/proc/self/fd");
   if (dir == nullptr) {
-    error_ = std::string("cannot list /proc/self/fd to unsign accepted connections: ") +
+    error_ = std::string("cannot list /proc/self/fd to find the accepted connections: ") +
              std::strerror(errno);
     return false;
   }
@@ -182,19 +181,164 @@ bool tcp_signature_scope::unsign_connections() {
     }
     for (const auto& b : bound_) {
       if (same_endpoint(b, local)) {
-        unsign(static_cast<int>(fd));
+        out.push_back(static_cast<int>(fd));
         break;
       }
     }
   }
   closedir(dir);
+  return true;
+}
+
+bool tcp_signature_scope::unsign_connections() {
+  std::vector<int> fds;
+  if (!signed_connections(fds)) return false;
+  for (int fd : fds) {
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) == 0) {
+      set_key(fd, peer, {}, false);  // ENOENT: no key for it (not one of ours)
+    }
+  }
+  connected_.clear();
   bound_.clear();
   return true;
+}
+
+bool tcp_signature_scope::await_acknowledged(std::chrono::steady_clock::time_point deadline,
+                                             const std::function<bool()>& stop) {
+  std::vector<int> fds;
+  if (!signed_connections(fds)) return false;
+  auto pause = std::chrono::microseconds(100);
+  for (;;) {
+    int waiting = -1, unacknowledged = 0;
+    for (int fd : fds) {
+      int queued = 0;  // bytes not yet acknowledged by the peer (or not yet sent)
+      if (ioctl(fd, SIOCOUTQ, &queued) == 0 && queued > 0) {
+        waiting = fd;
+        unacknowledged = queued;
+        break;
+      }
+    }
+    if (waiting < 0) return true;
+    if (stop && stop()) {
+      error_ = "stopped while waiting for the peers to acknowledge the connects";
+      return false;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      sockaddr_storage peer{};
+      socklen_t length = sizeof(peer);
+      std::string to = "a peer";
+      char host[INET6_ADDRSTRLEN] = "";
+      if (getpeername(waiting, reinterpret_cast<sockaddr*>(&peer), &length) == 0 &&
+          inet_ntop(
+              peer.ss_family,
+              peer.ss_family == AF_INET
+                  ? static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(peer).sin_addr)
+                  : static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(peer).sin6_addr),
+              host, sizeof host) != nullptr)
+        to = host;
+      error_ = std::to_string(unacknowledged) + " bytes sent to " + to +
+               " while connecting were never acknowledged";
+      return false;
+    }
+    std::this_thread::sleep_for(pause);  // the peers' kernels acknowledge without us
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+  }
+}
+
+connect_watch::connect_watch() {
+  if (current_watch != nullptr)
+    throw std::logic_error("connect_watch: this thread already holds one");
+  current_watch = this;
+}
+
+connect_watch::~connect_watch() { current_watch = nullptr; }
+
+void connect_watch::on_bind(int fd) {
+  if (!is_tcp_socket(fd)) return;
+  socket_entry e;
+  e.fd = fd;
+  socklen_t length = sizeof(e.local);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&e.local), &length) != 0) return;
+  std::lock_guard<std::mutex> lock(m_);
+  sockets_.push_back(e);
+}
+
+void connect_watch::on_connect(int fd, const sockaddr* address, socklen_t length, int error) {
+  if (address == nullptr || !is_inet(address->sa_family) || !is_tcp_socket(fd)) return;
+  target t;
+  t.address = copy_address(address, length);
+  t.error = error == EINPROGRESS ? 0 : error;
+  socket_entry e;
+  e.fd = fd;
+  socklen_t local_length = sizeof(e.local);
+  const bool bound = getsockname(fd, reinterpret_cast<sockaddr*>(&e.local), &local_length) == 0;
+  std::lock_guard<std::mutex> lock(m_);
+  targets_.push_back(t);
+  if (bound && t.error == 0) sockets_.push_back(e);
+}
+
+bool connect_watch::connected_to(const sockaddr_storage& address) const {
+  std::lock_guard<std::mutex> lock(m_);
+  for (const auto& t : targets_)
+    if (same_endpoint(t.address, address)) return true;
+  return false;
+}
+
+int connect_watch::connect_errno(const sockaddr_storage& address) const {
+  std::lock_guard<std::mutex> lock(m_);
+  for (auto t = targets_.rbegin(); t != targets_.rend(); ++t)
+    if (same_endpoint(t->address, address)) return t->error;
+  return 0;
+}
+
+void connect_watch::interrupt() {
+  interrupted_ = true;
+  std::lock_guard<std::mutex> lock(m_);
+  const int saved = errno;
+  for (const auto& e : sockets_) {
+    // Only the socket recorded: the same local address, still listening or connecting. A
+    // descriptor gloo closed and the process reused for anything else fails these checks.
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    if (!is_tcp_socket(e.fd) ||
+        getsockname(e.fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+        !same_endpoint(local, e.local))
+      continue;
+    tcp_info info{};
+    socklen_t info_length = sizeof(info);
+    if (getsockopt(e.fd, IPPROTO_TCP, TCP_INFO, &info, &info_length) != 0) continue;
+    if (info.tcpi_state == TCP_LISTEN || info.tcpi_state == TCP_SYN_SENT)
+      ::shutdown(e.fd, SHUT_RDWR);  // wakes gloo's loop: accept() or SO_ERROR then fail
+  }
+  errno = saved;
+}
+
+long tcp_signature_drops() {
+  std::ifstream in("/proc/net/netstat");
+  std::string names, values;
+  while (std::getline(in, names) && std::getline(in, values)) {
+    if (names.rfind("TcpExt:", 0) != 0) continue;
+    std::istringstream n(names), v(values);
+    std::string name, value;
+    long sum = 0;
+    int found = 0;
+    while (n >> name && v >> value) {
+      if (name == "TCPMD5NotFound" || name == "TCPMD5Unexpected" || name == "TCPMD5Failure") {
+        sum += std::strtol(value.c_str(), nullptr, 10);
+        ++found;
+      }
+    }
+    return found > 0 ? sum : -1;
+  }
+  return -1;
 }
 
 }  // namespace troupe::comm
 
 using troupe::comm::current_scope;
+using troupe::comm::current_watch;
 
 // The interposed C library functions. The executable defines them, so the dynamic linker
 // resolves libgloo's (and every other library's) calls here; they forward to the C library's.
@@ -205,6 +349,11 @@ extern "C" int bind(int fd, const struct sockaddr* address, socklen_t length) __
   if (scope != nullptr) scope->on_bind(fd, address, length);
   const int rv = real(fd, address, length);
   if (rv == 0 && scope != nullptr) scope->after_bind(fd);
+  if (rv == 0 && current_watch != nullptr) {
+    const int saved = errno;
+    current_watch->on_bind(fd);
+    errno = saved;
+  }
   return rv;
 }
 
@@ -212,5 +361,11 @@ extern "C" int connect(int fd, const struct sockaddr* address, socklen_t length)
   static const auto real =
       troupe::comm::next_symbol<int (*)(int, const sockaddr*, socklen_t)>("connect");
   if (auto* scope = current_scope) scope->on_connect(fd, address, length);
-  return real(fd, address, length);
+  const int rv = real(fd, address, length);
+  if (auto* watch = current_watch) {
+    const int saved = errno;
+    watch->on_connect(fd, address, length, rv == 0 ? 0 : saved);
+    errno = saved;
+  }
+  return rv;
 }

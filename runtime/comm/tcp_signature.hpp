@@ -11,10 +11,16 @@
 //
 // Gloo creates and connects its sockets inside connectFullMesh() with no way to reach them,
 // so this file interposes the C library's bind() and connect() for the whole process: they
-// call through unchanged unless the calling thread holds a tcp_signature_scope.
+// call through unchanged unless the calling thread holds a tcp_signature_scope or a
+// connect_watch (which records those sockets, so that a connect can be ended from another
+// thread and a failed one explained).
 
 #include <sys/socket.h>
 
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,6 +52,15 @@ class tcp_signature_scope {
   /// keys stay, and the peers' unsigned segments would be dropped.
   bool unsign_connections();
 
+  /// Waits until the peers have acknowledged every byte sent on the connections made under
+  /// the scope (each send queue is empty), or until `deadline` or `stop()` (false; error()
+  /// says which connection still waits). Every side of a group does this, and then waits for
+  /// the others to have done it, before unsign_connections(): a segment lost on the way is
+  /// resent after its sender's keys are gone, unsigned, and a peer that still signs drops it
+  /// (and the other way round), so the pair never finishes connecting on a lossy network.
+  bool await_acknowledged(std::chrono::steady_clock::time_point deadline,
+                          const std::function<bool()>& stop = {});
+
   /// The first failure to sign a socket ("" when none), so that a connect error can be
   /// explained: bind() fails with this errno when the kernel refuses the key.
   const std::string& error() const { return error_; }
@@ -60,11 +75,60 @@ class tcp_signature_scope {
   std::vector<sockaddr_storage> peers_;  // members' listening addresses
   std::vector<sockaddr_storage> bound_;  // local addresses this thread bound, signed
   std::vector<int> connected_;           // sockets this thread connected, signed
-  int signed_unbound_fd_ = -1;           // signed by on_bind, waiting for after_bind
+  // Those and the connections accepted on the sockets in bound_ (found by their local
+  // address: gloo accepts on its own thread); false when /proc/self/fd cannot be listed.
+  bool signed_connections(std::vector<int>& out);
+  int signed_unbound_fd_ = -1;  // signed by on_bind, waiting for after_bind
   std::string error_;
 };
 
 /// The scope the calling thread holds, or nullptr.
 tcp_signature_scope* current_tcp_signature_scope();
+
+/// While alive, records the TCP sockets the calling thread binds and the addresses it connects
+/// them to (gloo makes a pair's sockets on the thread that connects the group). Another thread
+/// may then end the connect at once: interrupt() shuts down every recorded socket that still
+/// listens or still connects, which wakes gloo's loop with an error for its pair (gloo's own
+/// wait for a pair cannot be cancelled). One watch per thread at a time; not copyable.
+class connect_watch {
+ public:
+  connect_watch();
+  ~connect_watch();
+  connect_watch(const connect_watch&) = delete;
+  connect_watch& operator=(const connect_watch&) = delete;
+
+  /// From any thread. Sockets already connected are left alone.
+  void interrupt();
+  bool interrupted() const { return interrupted_.load(); }
+  /// Whether this thread called connect() to `address` under the watch: it was the connecting
+  /// side of that pair (gloo's lower address listens, the higher one connects).
+  bool connected_to(const sockaddr_storage& address) const;
+  /// The errno with which connect() to `address` failed at once (ENETUNREACH, ...); 0 when it
+  /// did not (it went on in the background, or was never called).
+  int connect_errno(const sockaddr_storage& address) const;
+
+  // Called by the interposed functions.
+  void on_bind(int fd);
+  void on_connect(int fd, const sockaddr* address, socklen_t length, int error);
+
+ private:
+  struct socket_entry {
+    int fd = -1;
+    sockaddr_storage local{};  // so that a descriptor number reused since is never touched
+  };
+  struct target {
+    sockaddr_storage address{};
+    int error = 0;
+  };
+  mutable std::mutex m_;
+  std::vector<socket_entry> sockets_;
+  std::vector<target> targets_;
+  std::atomic<bool> interrupted_{false};
+};
+
+/// The kernel's count of TCP segments it dropped for a missing, unexpected or wrong TCP-MD5
+/// signature in this network namespace (/proc/net/netstat); -1 when it cannot be read. A rise
+/// while a signed group connects means a peer signs with another key, or none.
+long tcp_signature_drops();
 
 }  // namespace troupe::comm

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "runtime/comm/communicator.hpp"
@@ -442,6 +443,139 @@ TEST_P(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotT
   EXPECT_EQ(h.logic().state(), job_state::training);
   EXPECT_FALSE(has_event(again, "training_started"));
   EXPECT_FALSE(has_event(reformed, "training_started"));
+}
+
+// A member that cannot join generation `g` because a group could not connect, with the cause
+// its connect_error gave ("" for another kind of failure).
+reconfigured could_not_join(uint64_t g, int32_t member, const std::string& cause,
+                            const std::string& error = "could not connect") {
+  reconfigured r;
+  r.generation = g;
+  r.member = member;
+  r.rank = member;
+  r.ok = false;
+  r.error = error;
+  r.error_cause = cause;
+  return r;
+}
+
+// Issue 25: a generation that cannot connect its groups for the same reason as the one before
+// (which its failure opened) is not retried until the recoveries run out: the job ends with
+// exit 1 naming the cause once, one connect deadline after the first failure.
+TEST_P(JobLogicTest, AGroupThatCannotConnectTheSameWayTwiceEndsTheJobNamingTheCause) {
+  auto cfg = small_config(2);
+  logic_harness h(cfg);
+  h.join(0);
+  ASSERT_EQ(all_of<send_reconfigure>(h.join(1)).size(), 2u);
+  const auto first = h.now();
+  auto a = h.logic().on_reconfigured(
+      could_not_join(1, 1, "unreachable 10.9.9.9",
+                     "gloo connect: cannot reach rank 0 at 10.9.9.9:4100 (Network is unreachable)"),
+      h.now());
+  EXPECT_TRUE(has_event(a, "connect_failed"));
+  EXPECT_TRUE(all_of<finish_job>(a).empty()) << "one failure may be transient: it is retried";
+  ASSERT_EQ(h.logic().generation(), 2u);
+  ASSERT_EQ(all_of<send_reconfigure>(h.report_all(0)).size(), 2u);
+  h.advance(std::chrono::milliseconds(cfg.step_timeout_ms));  // the next connect's deadline
+  a = h.logic().on_reconfigured(
+      could_not_join(2, 0, "unreachable 10.9.9.9",
+                     "gloo connect: cannot reach rank 0 at 10.9.9.9:4107 (Network is unreachable)"),
+      h.now());
+  const auto ends = all_of<finish_job>(a);
+  ASSERT_EQ(ends.size(), 1u);
+  EXPECT_EQ(ends[0].exit_code, exit_code::failed);
+  EXPECT_NE(ends[0].message.find("unreachable: 10.9.9.9"), std::string::npos) << ends[0].message;
+  EXPECT_NE(ends[0].message.find("10.9.9.9:4107"), std::string::npos) << ends[0].message;
+  EXPECT_NE(ends[0].message.find("same reason"), std::string::npos) << ends[0].message;
+  EXPECT_EQ(h.logic().state(), job_state::failed);
+  EXPECT_LE(h.now() - first, std::chrono::milliseconds(2 * cfg.step_timeout_ms));
+  EXPECT_TRUE(all_of<send_reconfigure>(a).empty()) << "no further generation is tried";
+}
+
+// The class is what repeats, not the address or port: a peer whose pairs time out is named by
+// each side with its own view (the peer it waited for), and ports change every generation.
+TEST_P(JobLogicTest, TheSameClassOfConnectFailureFromAnotherSideStillEndsTheJob) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  h.join(1);
+  h.logic().on_reconfigured(could_not_join(1, 1, "timed-out 10.0.0.2"), h.now());
+  h.report_all(0);
+  h.advance(10s);
+  auto a = h.logic().on_reconfigured(could_not_join(2, 0, "timed-out 10.0.0.3"), h.now());
+  ASSERT_EQ(all_of<finish_job>(a).size(), 1u);
+  EXPECT_NE(all_of<finish_job>(a)[0].message.find("timed-out: 10.0.0.2, then 10.0.0.3"),
+            std::string::npos)
+      << all_of<finish_job>(a)[0].message;
+}
+
+// A pair signed with another job's key: its listening side sees the kernel drop the segments,
+// its connecting side only a timeout. Either side may report first; it is one reason.
+TEST_P(JobLogicTest, ASignatureMismatchSeenFromEitherSideIsOneReason) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  h.join(1);
+  h.logic().on_reconfigured(could_not_join(1, 0, "signature 10.0.0.3"), h.now());
+  h.report_all(0);
+  auto a = h.logic().on_reconfigured(could_not_join(2, 1, "timed-out 10.0.0.2"), h.now());
+  ASSERT_EQ(all_of<finish_job>(a).size(), 1u);
+  EXPECT_NE(all_of<finish_job>(a)[0].message.find("signature: 10.0.0.3, then timed-out: 10.0.0.2"),
+            std::string::npos)
+      << all_of<finish_job>(a)[0].message;
+}
+
+TEST_P(JobLogicTest, ConnectFailuresForDifferentReasonsAreRetried) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  h.join(1);
+  h.logic().on_reconfigured(could_not_join(1, 1, "refused 10.0.0.2"), h.now());
+  h.report_all(0);
+  auto a = h.logic().on_reconfigured(could_not_join(2, 1, "timed-out 10.0.0.2"), h.now());
+  EXPECT_TRUE(all_of<finish_job>(a).empty());
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+  EXPECT_EQ(h.logic().generation(), 3u);
+  // And the generation after forms and trains: nothing of the failures is held against it.
+  h.report_all(0);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+}
+
+// Only consecutive generations count: one that failed otherwise (a state that could not be
+// restored, say) in between breaks the run, as does a member lost in between (a peer that
+// died mid-connect is lost and opens a generation of its own, without it).
+TEST_P(JobLogicTest, SameCauseFailuresThatAreNotConsecutiveAreRetried) {
+  logic_harness h(small_config(4));
+  for (int m = 0; m < 4; ++m) h.join(m);
+  h.logic().on_reconfigured(could_not_join(1, 1, "refused 10.0.0.2"), h.now());
+  h.report_all(0);
+  h.logic().on_reconfigured(could_not_join(2, 1, "", "checkpoint damaged"), h.now());
+  h.report_all(0);
+  auto a = h.logic().on_reconfigured(could_not_join(3, 1, "refused 10.0.0.2"), h.now());
+  EXPECT_TRUE(all_of<finish_job>(a).empty()) << "generation 2 failed otherwise";
+  ASSERT_EQ(h.logic().generation(), 4u);
+  h.report_all(0);
+  h.lose(3, loss_cause::exit, "killed by signal 9");  // opens generation 5 without member 3
+  ASSERT_EQ(h.logic().generation(), 5u);
+  h.report_all(0);
+  a = h.logic().on_reconfigured(could_not_join(5, 1, "refused 10.0.0.2"), h.now());
+  EXPECT_TRUE(all_of<finish_job>(a).empty()) << "a member was lost in between";
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+}
+
+// Failures without a cause keep the old bound: max_failed_recoveries recoveries in a row
+// without a committed step.
+TEST_P(JobLogicTest, FailuresWithoutACauseAreRetriedUpToTheRecoveryBudget) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  h.join(1);
+  actions a;
+  int generation = 1;
+  for (; generation <= 10 && all_of<finish_job>(a).empty(); ++generation) {
+    a = h.logic().on_reconfigured(could_not_join(generation, 1, "", "restore failed"), h.now());
+    h.report_all(0);
+  }
+  ASSERT_EQ(all_of<finish_job>(a).size(), 1u);
+  EXPECT_EQ(generation - 1, 6) << "5 recoveries, then the sixth failure ends it";
+  EXPECT_NE(all_of<finish_job>(a)[0].message.find("gave up after 5 recoveries"), std::string::npos);
 }
 
 TEST_P(JobLogicTest, SecondFailureDuringRecoveryOpensAnotherGeneration) {
@@ -1163,6 +1297,79 @@ TEST_P(JobLogicTest, InterruptCommitsNoFurtherStepButWaitsForTheCheckpointBeingW
   EXPECT_NE(end[0].message.find("checkpoint is step 5"), std::string::npos) << end[0].message;
 }
 
+// Issue 25 (Slurm): SIGTERM / SIGUSR1 commit the next step with a checkpoint and end with exit
+// 75 (requeue) once it is committed; --resume then continues from exactly that step.
+TEST_P(JobLogicTest, PreemptCheckpointsTheNextStepAndEndsWithTheRequeueCode) {
+  {
+    logic_harness h(small_config(2));
+    h.form();
+    h.step(1);
+    h.step(2);
+    auto a = h.logic().on_preempt(h.now());
+    EXPECT_TRUE(has_event(a, "preempted"));
+    EXPECT_TRUE(all_of<finish_job>(a).empty()) << "the next step is still to be checkpointed";
+    auto next = h.step(3);
+    auto commits = all_of<send_commit>(next);
+    ASSERT_EQ(commits.size(), 2u);
+    EXPECT_TRUE(commits[0].msg.checkpoint) << "step 3 is not a checkpoint step but must be saved";
+    EXPECT_FALSE(commits[0].msg.hold);
+    EXPECT_TRUE(all_of<finish_job>(next).empty()) << "its checkpoint is being written";
+    EXPECT_TRUE(all_of<send_commit>(h.step(4)).empty()) << "no step after the preempted one";
+    auto end = all_of<finish_job>(write_checkpoint(h, 3));
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::requeue);
+    EXPECT_EQ(h.logic().committed(), 3);
+    EXPECT_EQ(h.logic().last_checkpoint_step(), 3);
+    EXPECT_NE(end[0].message.find("checkpoint is step 3"), std::string::npos) << end[0].message;
+    EXPECT_TRUE(h.logic().on_preempt(h.now()).empty()) << "the job has ended";
+  }
+  {  // before training: at once, with whatever is committed
+    logic_harness h(small_config(2));
+    auto end = all_of<finish_job>(h.logic().on_preempt(h.now()));
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::requeue);
+  }
+  {  // an interrupt already stopping the job keeps its exit code
+    logic_harness h(small_config(2));
+    h.form();
+    for (int s = 1; s <= 5; ++s) h.step(s);
+    h.logic().on_shutdown(h.now());
+    EXPECT_TRUE(all_of<finish_job>(h.logic().on_preempt(h.now())).empty());
+    auto end = all_of<finish_job>(write_checkpoint(h, 5));
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::interrupted);
+  }
+  {  // ranks lost while stopping (Slurm's srun kills its tasks on SIGTERM): no recovery, exit
+     // 75 with the last committed checkpoint
+    logic_harness h(small_config(2));
+    h.form();
+    for (int s = 1; s <= 5; ++s) h.step(s);
+    write_checkpoint(h, 5);
+    h.step(6);
+    h.logic().on_preempt(h.now());
+    auto a = h.logic().on_member_lost(1, loss_cause::exit, "killed by signal 9", h.now());
+    auto end = all_of<finish_job>(a);
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::requeue);
+    EXPECT_TRUE(all_of<send_reconfigure>(a).empty()) << "no new generation";
+    EXPECT_NE(end[0].message.find("checkpoint is step 5"), std::string::npos) << end[0].message;
+  }
+  {  // the last step of the session ends the job as done: nothing to requeue
+    auto cfg = small_config(2);
+    cfg.steps = 3;
+    logic_harness h(cfg);
+    h.form();
+    h.step(1);
+    h.step(2);
+    h.logic().on_preempt(h.now());
+    h.step(3);
+    evaluate_all(h, 3);
+    auto end = all_of<finish_job>(write_checkpoint(h, 3));
+    ASSERT_EQ(end.size(), 1u);
+    EXPECT_EQ(end[0].exit_code, exit_code::done);
+  }
+}
+
 TEST_P(JobLogicTest, FailedCheckpointWithoutALaterOneEndsWithExit4) {
   auto cfg = small_config(2);
   cfg.steps = 10;
@@ -1756,6 +1963,175 @@ TEST(JobLogicPlanWithAbortTest, RecoveriesThatCannotKnowWhatMembersHoldAskForRep
     auto a = h.lose(h.logic().member_of_rank(2), loss_cause::exit, "killed by signal 9");
     ASSERT_EQ(all_of<send_abort>(a).size(), 3u);
     for (const auto& x : all_of<send_abort>(a)) EXPECT_TRUE(x.msg.then.empty());
+  }
+}
+
+// A node cut off from the coordinator (issue 25): its two members fall silent together, are
+// lost at the heartbeat timeout, and the job goes on without them. When the link heals, what
+// they sent meanwhile arrives: votes, shares of a checkpoint, a validation share, a report and
+// an acknowledgement of generations the job has left, and heartbeats. Each is counted as
+// stale and changes nothing; a heartbeat is answered with a final abort. The node's workers
+// come back only as new processes, admitted as new members by a grow.
+TEST_P(JobLogicTest, APartitionedNodeIsLostAndNothingItSaysAfterTheHealCounts) {
+  auto cfg = small_config(4);
+  logic_harness h(cfg, 0, /*max_ranks=*/4);
+  for (int32_t m = 0; m < 4; ++m) h.join(m, nullptr, /*node=*/m / 2);
+  h.settle_reconfigure();
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  for (int64_t s = 1; s <= 3; ++s) h.step(s);
+  ASSERT_EQ(h.logic().committed(), 3);
+  const uint64_t before = h.logic().generation();
+  std::map<int32_t, int32_t> rank_of;  // in the generation the cut interrupts
+  for (const auto& m : h.logic().members()) rank_of[m.id] = m.rank;
+  // Member 3's last heartbeat came a little before member 2's.
+  h.advance(100ms);
+  for (int32_t m : {0, 1, 2}) h.logic().on_heartbeat(heartbeat{m, before, 3}, h.now());
+  const auto cut = h.now();
+
+  // The cut: members 2 and 3 (node 1) fall silent; members 0 and 1 beat on. Both are lost at
+  // the heartbeat timeout, not earlier, and the job does not end.
+  std::set<int32_t> lost;
+  actions after_cut;
+  for (int i = 0; i < 40 && lost.size() < 2; ++i) {
+    h.advance(100ms);
+    for (int32_t m : {0, 1})
+      h.logic().on_heartbeat(heartbeat{m, h.logic().generation(), 3}, h.now());
+    auto a = h.tick();
+    after_cut.insert(after_cut.end(), a.begin(), a.end());
+    for (const auto& e : all_of<emit_event>(a)) {
+      if (e.event["event"] != "rank_lost") continue;
+      EXPECT_EQ(e.event["cause"], "hang");
+      EXPECT_EQ(e.event["node"], 1);
+      EXPECT_GE(h.now() - cut, 2000ms - 100ms) << "lost before the heartbeat timeout";
+      lost.insert(e.event["member"].get<int32_t>());
+    }
+  }
+  ASSERT_EQ(lost, (std::set<int32_t>{2, 3}));
+  EXPECT_TRUE(all_of<finish_job>(after_cut).empty());
+  EXPECT_TRUE(all_of<send_commit>(after_cut).empty());
+  // The survivors report what they hold (the generation being formed began during another
+  // recovery, so it asks them), and form it.
+  ASSERT_EQ(h.logic().state(), job_state::recovering);
+  actions formed;
+  for (int32_t m : {0, 1}) {
+    state_report r;
+    r.generation = h.logic().generation();
+    r.member = m;
+    r.held_generation = before;
+    r.held_rank = rank_of[m];
+    r.held_step = 3;
+    auto a = h.logic().on_state_report(r, h.now());
+    formed.insert(formed.end(), a.begin(), a.end());
+  }
+  const auto shrink = all_of<send_reconfigure>(formed);
+  ASSERT_EQ(shrink.size(), 2u);
+  for (const auto& rc : shrink) {
+    EXPECT_LT(rc.member, 2);
+    reconfigured done;
+    done.generation = rc.msg.generation;
+    done.member = rc.member;
+    done.rank = rc.msg.rank;
+    h.logic().on_reconfigured(done, h.now());
+  }
+  ASSERT_EQ(h.logic().state(), job_state::training);
+  ASSERT_EQ(h.logic().world(), 2) << "the job goes on on node 0";
+  const uint64_t now_gen = h.logic().generation();
+  ASSERT_GT(now_gen, before);
+  h.step(4);
+  ASSERT_EQ(h.logic().committed(), 4);
+
+  // The heal: everything the cut-off members sent arrives late, for generations the job left.
+  const uint64_t stale_before = h.logic().stale_messages();
+  std::vector<actions> late;
+  for (int32_t rank : {2, 3}) {
+    step_done v;
+    v.generation = before;
+    v.step = 4;
+    v.rank = rank;
+    v.loss_sum = 4.0;
+    v.tokens = 2;
+    late.push_back(h.logic().on_vote(v, h.now()));
+    step_done next = v;
+    next.step = 5;  // a vote for the step the live ranks train now
+    late.push_back(h.logic().on_vote(next, h.now()));
+    shard_written w;
+    w.generation = before;
+    w.step = 5;
+    w.rank = rank;
+    w.pieces_json = "[]";
+    late.push_back(h.logic().on_shard_written(w, h.now()));
+    late.push_back(h.logic().on_eval_done(eval_done{before, 5, rank, 1.0, 1}, h.now()));
+  }
+  for (int32_t member : {2, 3}) {
+    state_report r;
+    r.generation = before + 1;  // the abort of the first loss may have reached them
+    r.member = member;
+    r.held_generation = before;
+    r.held_rank = member;
+    r.held_step = 3;
+    late.push_back(h.logic().on_state_report(r, h.now()));
+    reconfigured done;
+    done.generation = before + 1;
+    done.member = member;
+    done.rank = member;
+    late.push_back(h.logic().on_reconfigured(done, h.now()));
+  }
+  size_t count = 0;
+  for (const auto& a : late) {
+    ++count;
+    EXPECT_TRUE(has_event(a, "stale_message")) << "message " << count;
+    EXPECT_TRUE(all_of<send_commit>(a).empty()) << "message " << count << " committed a step";
+    EXPECT_TRUE(all_of<commit_checkpoint>(a).empty()) << "message " << count;
+    EXPECT_TRUE(all_of<send_reconfigure>(a).empty() && all_of<send_abort>(a).empty())
+        << "message " << count << " opened a generation";
+  }
+  auto beat = h.logic().on_heartbeat(heartbeat{2, before, 3}, h.now());
+  EXPECT_TRUE(has_event(beat, "stale_message"));
+  const auto go = all_of<send_abort>(beat);
+  ASSERT_EQ(go.size(), 1u);
+  EXPECT_EQ(go[0].member, 2);
+  EXPECT_TRUE(go[0].msg.final) << "an evicted member is told to go";
+  EXPECT_EQ(h.logic().stale_messages(), stale_before + late.size() + 1);
+  EXPECT_EQ(h.logic().generation(), now_gen);
+  EXPECT_EQ(h.logic().committed(), 4);
+  EXPECT_EQ(h.logic().world(), 2);
+
+  // New processes on node 1 join as new members and are admitted by a grow at a step
+  // boundary: they hold nothing, so their state comes from the ranks that have it.
+  h.join(2, nullptr, 1);
+  h.join(3, nullptr, 1);
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  auto boundary = h.step(5);
+  ASSERT_EQ(h.logic().committed(), 5);
+  ASSERT_EQ(h.logic().state(), job_state::recovering) << "a grow at the step boundary";
+  std::vector<reconfigure> placed;
+  for (const auto& a : all_of<send_abort>(boundary))
+    for (const auto& r : a.msg.then) placed.push_back(r);
+  if (placed.empty()) {  // the report round: the old members hold their state, the new nothing
+    for (const auto& m : h.logic().members()) {
+      if (!m.live) continue;
+      state_report r;
+      r.generation = h.logic().generation();
+      r.member = m.id;
+      if (m.id < 2) {
+        r.held_generation = now_gen;
+        r.held_rank = m.rank;
+        r.held_step = 5;
+      }
+      for (const auto& rc : all_of<send_reconfigure>(h.logic().on_state_report(r, h.now())))
+        placed.push_back(rc.msg);
+    }
+  }
+  ASSERT_EQ(placed.size(), 4u);
+  for (const auto& r : placed) {
+    EXPECT_GT(r.generation, now_gen);
+    EXPECT_EQ(r.world, 4);
+    EXPECT_EQ(r.start_step, 5);
+    if (r.member >= 2) {
+      EXPECT_EQ(r.source, state_source::peer) << "member " << r.member << " holds nothing";
+    } else {
+      EXPECT_EQ(r.source, state_source::self);
+    }
   }
 }
 

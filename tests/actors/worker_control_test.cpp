@@ -1,12 +1,21 @@
 // What a worker's control path remembers of the coordinator's aborts: a member forming a
-// generation gives up once an abort for a newer one (or a final one) has come.
+// generation gives up once an abort for a newer one (or a final one) has come; and how a
+// worker cut off from the coordinator fences itself and ends, on its own.
 
 #include "actors/worker_control.hpp"
 
 #include <gtest/gtest.h>
 
+#include <caf/all.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
 namespace troupe::actors {
 namespace {
+
+using namespace std::chrono_literals;
 
 TEST(WorkerShared, AGenerationIsSupersededByAnAbortForANewerOneOnly) {
   worker_shared shared;
@@ -26,6 +35,60 @@ TEST(WorkerShared, AGenerationIsSupersededByAnAbortForANewerOneOnly) {
   shared.abort_older_than(0, true, "the job ended");
   EXPECT_TRUE(shared.superseded(5));
   EXPECT_TRUE(shared.superseded(1000));
+}
+
+TEST(WorkerShared, AFencedProcessSaysSo) {
+  worker_shared shared;
+  EXPECT_FALSE(shared.fenced());
+  shared.fence();
+  EXPECT_TRUE(shared.fenced());
+}
+
+// A member fences itself later than the coordinator gives up on it (a delay the coordinator
+// sits out never ends a member from its own side), and is gone within 2 x the timeout: its
+// own check runs every twentieth of the timeout, and its agent's SIGKILL follows 3/8 of the
+// timeout after the fence (actors/node_supervisor.cpp).
+TEST(FenceAfter, FallsBetweenTheCoordinatorsVerdictAndTwiceTheHeartbeatTimeout) {
+  for (auto timeout : {100ms, 2000ms, 5000ms}) {
+    const auto fence = fence_after(timeout);
+    EXPECT_GT(fence, timeout);
+    EXPECT_LT(fence + timeout / 20, 2 * timeout);
+    EXPECT_LT(fence + timeout * 3 / 8, 2 * timeout);
+  }
+}
+
+// The heartbeat thread of a worker whose coordinator falls silent: while the coordinator
+// beats, the process lives on past the fence limit; once it stops, the process ends (exit 1)
+// within the limit and a check, saying that it lost the coordinator and fenced itself. It
+// does so on its own: no agent, no step loop, nothing else in the process helps.
+TEST(HeartbeatThreadDeathTest, FencesAndEndsTheProcessWhenTheCoordinatorFallsSilent) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  constexpr auto timeout = 200ms;  // fence at 300 ms
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EXIT(
+      {
+        caf::actor_system_config cfg;
+        caf::actor_system sys{cfg};
+        auto coordinator = sys.spawn([]() -> caf::behavior { return {[](const heartbeat&) {}}; });
+        auto shared = std::make_shared<worker_shared>();
+        heartbeat_thread beats(coordinator, 7, shared, 50ms, timeout);
+        // The coordinator beats for twice the fence limit: nothing happens.
+        for (auto until = std::chrono::steady_clock::now() + 600ms;
+             std::chrono::steady_clock::now() < until;) {
+          shared->coordinator_seen();
+          std::this_thread::sleep_for(20ms);
+        }
+        if (shared->fenced()) std::_Exit(3);
+        // Then it falls silent: the heartbeat thread ends the process.
+        std::this_thread::sleep_for(2 * timeout + 500ms);
+        std::_Exit(0);  // not reached
+      },
+      ::testing::ExitedWithCode(1),
+      "lost the coordinator: no heartbeat from it for 0\\.3.*fenced: this worker sends no vote, "
+      "writes no checkpoint and exits");
+  const auto took = std::chrono::steady_clock::now() - start;
+  // 600 ms of beats, the fence at 300 ms and a check of 10 ms, plus starting the process.
+  EXPECT_LT(took, 600ms + 2 * timeout + 1500ms);
 }
 
 }  // namespace

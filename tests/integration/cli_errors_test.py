@@ -10,13 +10,14 @@ import time
 from harness import SMALL_MODEL, TROUPE, Job, fail, main, wait_until
 
 
-def run(args):
-    p = subprocess.run([TROUPE] + args, capture_output=True, text=True, timeout=60)
+def run(args, env=None):
+    p = subprocess.run([TROUPE] + args, capture_output=True, text=True, timeout=60,
+                       env=None if env is None else {**os.environ, **env})
     return p.returncode, p.stdout + p.stderr
 
 
-def expect_usage_error(args, *needles):
-    code, out = run(args)
+def expect_usage_error(args, *needles, env=None):
+    code, out = run(args, env)
     if code != 2:
         fail(f"{args}: expected exit code 2, got {code}:\n{out}")
     for n in needles:
@@ -138,6 +139,14 @@ def test():
         expect_usage_error(["coordinator", "--host", ""] + fresh, "--host", "empty")
         expect_usage_error(["agent", "--coordinator", "127.0.0.1:5", "--join-token", ""],
                            "--join-token", "empty")
+        # Issue 25: the node address the workers bind is honoured or refused, never replaced;
+        # `troupe run` checks what its agents will read from the environment before it starts.
+        for flag in ("--iface", "--advertise"):
+            expect_usage_error(["agent", "--coordinator", "127.0.0.1:5", flag, ""], flag, "empty")
+        expect_usage_error(["run"] + fresh, "GLOO_SOCKET_IFNAME=nosuch0", "no interface",
+                           env={"GLOO_SOCKET_IFNAME": "nosuch0"})
+        expect_usage_error(["run"] + fresh, "TROUPE_ADVERTISE=198.51.100.77", "not an address of this host",
+                           env={"TROUPE_ADVERTISE": "198.51.100.77"})
         # Paths too long for the kernel are refused by option before anything is written (a
         # 5,000-byte --run-dir used to end with exit 1 and a raw filesystem error).
         deep = os.path.join(tmp, "/".join(["d" * 200] * 25))
@@ -156,6 +165,37 @@ def test():
         if os.listdir(tmp) != [n for n in os.listdir(tmp) if n.endswith(".json")]:
             fail(f"a refused run wrote something: {sorted(os.listdir(tmp))}")
         expect_usage_error(["agent"], "--coordinator")
+        # Issue 25, schedulers: the environment fills in what the options leave out; an option
+        # or variable that is wrong is refused by name (exit 2) before anything starts.
+        expect_usage_error(["run", "--slurm"] + fresh, "--slurm", "SLURM_JOB_ID")
+        expect_usage_error(["run", "--host", "10.0.0.1"] + fresh, "--host", "--slurm")
+        slurm_step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NODEID": "0",
+                      "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "node[1-2]"}
+        expect_usage_error(["agent"], "SLURM_NODEID", env={**slurm_step, "SLURM_NODEID": "one"})
+        expect_usage_error(["agent"], "SLURM_JOB_NODELIST",
+                           env={**slurm_step, "SLURM_JOB_NODELIST": "node[2-1]"})
+        expect_usage_error(["agent"], "TROUPE_COORDINATOR", "HOST:PORT",
+                           env={**slurm_step, "TROUPE_COORDINATOR": "nohost"})
+        expect_usage_error(["agent"], "JOB_COMPLETION_INDEX", "TROUPE_COORDINATOR",
+                           env={"JOB_COMPLETION_INDEX": "3"})
+        expect_usage_error(["agent", "--coordinator", "127.0.0.1:5", "--run-dir", ""], "--run-dir")
+        # One agent per node: srun --ntasks-per-node=2 starts a second task, which says so and
+        # leaves (exit 0) instead of starting a second set of workers.
+        code, out = run(["agent"], env={**slurm_step, "SLURM_LOCALID": "1"})
+        if code != 0 or "SLURM_LOCALID 1" not in out or "one agent per node" not in out:
+            fail(f"a second Slurm task on a node: expected exit 0 saying why, got {code}:\n{out}")
+        # The rendezvous of another job (or an earlier attempt) is never taken for this one's.
+        stale = os.path.join(tmp, "stale-run")
+        os.makedirs(stale)
+        with open(os.path.join(stale, "rendezvous.json"), "w") as f:
+            json.dump({"job": "slurm:6.0", "host": "127.0.0.1", "port": 5, "node": "node1",
+                       "nodes": 2, "pid": 1}, f)
+        start = time.monotonic()
+        code, out = run(["agent", "--run-dir", stale],
+                        env={**slurm_step, "TROUPE_AGENT_WAIT_MS": "500"})
+        if code != 1 or "slurm:6.0" not in out or "slurm:7.0" not in out or \
+                time.monotonic() - start > 10:
+            fail(f"a stale rendezvous.json: expected exit 1 naming both jobs, got {code}:\n{out}")
         expect_usage_error(["agent", "--coordinator", "nohost"], "HOST:PORT")
         expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--member", "x"], "--member")
         expect_usage_error(["worker", "--coordinator", "127.0.0.1:5", "--member", "1", "--standby",

@@ -1,5 +1,6 @@
 """The coordinator lost: killed (kill -9, injected at step 15) or hung (SIGSTOP). Every worker
-and agent notices within the heartbeat timeout, exits with a clear message and leaves no
+and agent notices (a hung one within 1.5 x the heartbeat timeout, when it fences itself),
+exits with a clear message and leaves no
 process and no shared-memory segment behind; `troupe run --resume` then continues from the
 last committed checkpoint and trains exactly the model of an uninterrupted run."""
 

@@ -238,7 +238,8 @@ inline int expect_lost_all_to_all(comm::kv_store& store, int rank, int size) {
 
 /// All-reduces of values whose float sums depend on the order of addition: every rank must
 /// get the same bits (each publishes a hash of its result and compares the others'), and on
-/// shm, which promises rank order 0..size-1, exactly the sum a reference takes in that order.
+/// shm, which promises rank order 0..size-1, exactly the sum a reference takes in that order
+/// (on hier, the order hierarchical_communicator.hpp promises: nodes' sums in node order).
 inline int bitwise_all_reduce(comm::kv_store& store, int rank, int size) {
   auto c = connect(store, {1, "world", rank, size});
   auto input = [](int r, size_t n) {
@@ -266,6 +267,26 @@ inline int bitwise_all_reduce(comm::kv_store& store, int rank, int size) {
         if (std::memcmp(want.data(), v.data(), count * sizeof(float)) != 0) {
           return report(rank, "all_reduce of " + std::to_string(count) +
                                   " is not the rank-order sum bit for bit");
+        }
+      }
+      if (backend() == "hier" && size > 2) {
+        // Each node's sum in rank order, then those in node order (test_node_of: node 0 holds
+        // the even ranks, node 1 the odd ones).
+        std::vector<float> want(count, 0.0f);
+        for (int node = 0; node < 2; ++node) {
+          auto part = input(node, count);
+          for (int r = node + 2; r < size; r += 2) {
+            const auto other = input(r, count);
+            for (size_t i = 0; i < count; ++i) part[i] += other[i];
+          }
+          for (size_t i = 0; i < count; ++i) want[i] = node == 0 ? part[i] : want[i] + part[i];
+        }
+        if (op == comm::reduce_op::average) {
+          for (auto& x : want) x /= static_cast<float>(size);
+        }
+        if (std::memcmp(want.data(), v.data(), count * sizeof(float)) != 0) {
+          return report(rank, "all_reduce of " + std::to_string(count) +
+                                  " is not the node-order sum bit for bit");
         }
       }
       uint64_t hash = 1469598103934665603ull;  // FNV-1a over the result's bytes

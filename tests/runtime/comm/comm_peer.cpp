@@ -22,6 +22,7 @@
 #include "tests/runtime/comm/backend.hpp"
 #include "tests/runtime/comm/child_process.hpp"
 #include "tests/runtime/comm/collective_scenarios.hpp"
+#include "tests/runtime/comm/hierarchical_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
 
 using namespace troupe;
@@ -254,6 +255,10 @@ const std::map<std::string, int (*)(comm::kv_store&, int, int)> set_scenarios{
     {"crossed_tags", test::crossed_tags},
     {"expect_lost_all_to_all", test::expect_lost_all_to_all},
     {"bitwise", test::bitwise_all_reduce},
+    {"hier_exact", test::hier_exact},
+    {"hier_bytes", test::hier_bytes},
+    {"hier_until_lost", test::hier_until_lost},
+    {"hier_park", test::hier_park},
 };
 
 int serve() {

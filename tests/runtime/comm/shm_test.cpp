@@ -377,7 +377,9 @@ TEST(host_transport, shm_when_every_rank_is_on_this_host_unless_tcp_is_asked_for
   const std::vector<std::string> same{"a 1", "a 1", "a 1"};
   const std::vector<std::string> mixed{"a 1", "b 2", "a 1"};
   EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, same), transport_kind::shm);
-  EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, mixed), transport_kind::tcp);
+  // Across hosts, with two ranks on one: shm inside the host, TCP between (hierarchical).
+  EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, mixed), transport_kind::hierarchical);
+  EXPECT_EQ(choose_transport({"auto", "auto", "auto"}, {"a 1", "b 2", "c 3"}), transport_kind::tcp);
   EXPECT_EQ(choose_transport({"auto", "tcp", "auto"}, same), transport_kind::tcp);
   EXPECT_EQ(choose_transport({"shm", "auto", "shm"}, same), transport_kind::shm);
   EXPECT_EQ(choose_transport({"shm", "tcp", "auto"}, mixed), transport_kind::tcp);

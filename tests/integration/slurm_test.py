@@ -1,0 +1,355 @@
+"""Issue 25, test 6: troupe under a real Slurm. Debian's slurmctld, slurmd and munge run across
+network namespaces on this machine (chaos/netns/slurm_cluster.py: munged with its own key and
+socket, slurmctld in the coordinator's namespace, one slurmd per node namespace, each with its
+own hostname and a hosts file bind-mounted in a private mount namespace), started and stopped
+here. Every job is `sbatch deploy/slurm/troupe.sbatch`, the script users submit: the coordinator
+runs in the batch script on node1 (`troupe run --slurm`), one agent per node comes from
+`srun --no-kill`, and the agents find the coordinator and the join token through the shared
+run directory.
+
+(a) 2 nodes x 2 ranks train exactly what one host trains with the same reduction order
+    (`troupe run --world 4 --nodes 2`): every step's loss, and the final parameters bit-equal.
+(b) node2's link cut at step 15: the job shrinks to node1's ranks and finishes (Slurm marks
+    node2 DOWN later; neither the job nor the step end), exactly: bit-equal to one host running
+    4 ranks up to the step the shrunk generation started from and 2 ranks from its checkpoint.
+(c) Preempted three times, each attempt requeued by the script (exit 75) and released at once
+    (Slurm holds a requeued job back 120 s): `scancel --batch --signal=USR1` (what
+    `#SBATCH --signal=B:USR1@120` sends before the time limit: the batch shell alone, which
+    passes it on to troupe) and `scancel --signal=TERM` (every task of the steps: the agents
+    pass it on to the coordinator, the workers leave it to it) each commit the next step with a
+    checkpoint and lose no rank; `scancel --full --signal=TERM` (every process, srun included,
+    as cancellation, preemption and the time limit do; srun answers with SIGKILL to its tasks)
+    stops with whatever checkpoint wins the race. The fourth attempt (SLURM_RESTART_COUNT 3)
+    finishes, bit-equal to an uninterrupted run.
+
+(d) A plain `scancel`: troupe still stops with 75 and a checkpoint, but the script does not
+    requeue a job Slurm is cancelling; a second `sbatch` with the same run directory resumes it,
+    exactly.
+
+Every daemon and process is stopped by pid (Slurm's, then everything in the namespaces), also
+when a part fails. Needs root, namespaces and `slurmctld slurmd slurm-client munge`; Skipped
+(exit 77) otherwise."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness import (SMALL_MODEL, TROUPE, checkpoint_param_diff, fail, main, read_events,
+                     relative_difference, run_ok, step_losses)
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "chaos", "netns"))
+import cluster as netns  # noqa: E402
+import slurm_cluster  # noqa: E402
+
+SBATCH = os.path.join(REPO, "deploy", "slurm", "troupe.sbatch")
+COMMON = SMALL_MODEL + ["--metrics-port", "0", "--step-timeout-ms", "30000"]
+SHORT = COMMON + ["--steps", "30", "--checkpoint-every", "10"]
+STEPS_LONG = 200
+LONG = COMMON + ["--steps", str(STEPS_LONG), "--checkpoint-every", "50",
+                 "--heartbeat-timeout-ms", "2000"]
+REQUEUE_CODE = 75
+
+
+def one_host(name, args, run_dir):
+    """The same job on this host, agents as simulated nodes: the reference."""
+    return step_losses(run_ok(name, args + ["--world", "4", "--nodes", "2"], run_dir, timeout=300))
+
+
+class SlurmJobs:
+    def __init__(self, slurm, cluster, tmp):
+        self.s = slurm
+        self.c = cluster
+        self.tmp = tmp
+
+    def submit(self, name, run_dir, args):
+        out = os.path.join(self.tmp, f"job-{name}-%j.out")
+        job = self.s.sbatch(SBATCH, ["--nodes=2", "--ntasks-per-node=2", f"--job-name={name}",
+                                     f"--output={out}", f"--chdir={self.tmp}"], args,
+                            env={"TROUPE": TROUPE, "TROUPE_RUN_DIR": run_dir})
+        return job, out.replace("%j", job)
+
+    def output(self, path):
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return "(no output)"
+
+    def wait_done(self, name, job, out, timeout):
+        try:
+            return self.s.wait_done(job, timeout)
+        except slurm_cluster.SlurmError as e:
+            fail(f"{name}: {e}\n--- job output\n{self.output(out)[-6000:]}\n--- slurmctld\n"
+                 f"{self.s.log('slurmctld')[-3000:]}")
+
+    def wait_step(self, name, run_dir, step, job, out, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [e["step"] for e in read_events(run_dir) if e.get("event") == "step"]
+            if done and max(done) >= step:
+                return max(done)
+            info = self.s.job(job)
+            if info.get("JobState") not in ("PENDING", "RUNNING", "CONFIGURING", None):
+                fail(f"{name}: the job ended ({info.get('JobState')}) before step {step}:\n"
+                     f"{self.output(out)[-6000:]}")
+            if time.monotonic() > deadline:
+                fail(f"{name}: step {step} not committed within {timeout}s:\n"
+                     f"{self.output(out)[-6000:]}")
+            time.sleep(0.05)
+
+
+def check_exact(name, ref, ref_dir, losses, run_dir, steps):
+    if sorted(losses) != list(range(1, steps + 1)):
+        fail(f"{name}: committed steps {sorted(losses)[:5]}..{sorted(losses)[-5:]}, expected "
+             f"1..{steps}")
+    worst = max(relative_difference(ref[s], losses[s]) for s in losses)
+    params = checkpoint_param_diff(ref_dir, run_dir)
+    print(f"{name}: against one host (same reduction order): loss {worst:.1e}, parameters "
+          f"{params:.1e}", flush=True)
+    # The loss of a step is a float64 sum of the ranks' votes in arrival order: 1e-12 leaves
+    # that order free; the model must be the same to the last bit.
+    if worst > 1e-12 or params != 0.0:
+        fail(f"{name}: differs from one host: loss by {worst:.2e}, parameters by {params:.2e} "
+             "(expected bit-equal)")
+
+
+def part_a(jobs, tmp, ref, ref_dir):
+    name = "a-two-nodes"
+    run_dir = os.path.join(tmp, name)
+    t0 = time.monotonic()
+    job, out = jobs.submit(name, run_dir, SHORT)
+    info = jobs.wait_done(name, job, out, 120)
+    took = time.monotonic() - t0
+    text = jobs.output(out)
+    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
+        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n{text[-6000:]}")
+    events = read_events(run_dir)
+    hosts = sorted({e["host"] for e in events if e.get("event") == "agent_joined"})
+    rank_hosts = sorted({e["host"] for e in events if e.get("event") == "rank_joined"})
+    if hosts != ["node1", "node2"] or rank_hosts != ["node1", "node2"]:
+        fail(f"{name}: agents on {hosts}, ranks on {rank_hosts}; expected node1 and node2:\n{text}")
+    for words in ("coordinator on node1", "--no-kill", "SLURM_NODEID 0 of 2", "SLURM_NODEID 1 of 2",
+                  "rendezvous.json"):
+        if words not in text:
+            fail(f"{name}: '{words}' is not in the job's output:\n{text}")
+    if os.path.exists(os.path.join(run_dir, "rendezvous.json")):
+        fail(f"{name}: the coordinator left its rendezvous.json behind")
+    mode = os.stat(os.path.join(run_dir, "join.token")).st_mode & 0o777
+    if mode != 0o600:
+        fail(f"{name}: join.token has mode {oct(mode)}, expected 0600")
+    check_exact(name, ref, ref_dir, step_losses(events), run_dir, 30)
+    print(f"{name}: job {job} COMPLETED in {took:.1f}s (sbatch to end), agents on {hosts}",
+          flush=True)
+
+
+def part_b(jobs, tmp, ref):
+    name = "b-node-cut"
+    run_dir = os.path.join(tmp, name)
+    job, out = jobs.submit(name, run_dir, LONG)
+    at = jobs.wait_step(name, run_dir, 15, job, out)
+    cut = jobs.c.cut("n2")
+    t_cut = time.monotonic()
+    print(f"{name}: cut node2's link at step {at}", flush=True)
+    info = jobs.wait_done(name, job, out, 150)
+    took = time.monotonic() - t_cut
+    text = jobs.output(out)
+    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
+        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n{text[-6000:]}")
+    events = read_events(run_dir)
+    lost = [e for e in events if e.get("event") == "rank_lost"]
+    shrunk = [e for e in events if e.get("event") == "generation" and e.get("number", 0) > 1]
+    if len(lost) < 2 or not shrunk or shrunk[-1].get("world") != 2:
+        fail(f"{name}: expected node2's two ranks lost and a generation of world 2; lost {lost}, "
+             f"generations {shrunk}:\n{text[-6000:]}")
+    # The shrunk generation trained from the step the survivors held: one host trains the same
+    # when it runs 4 ranks to that step and resumes its checkpoint on 2 (one node's ranks).
+    resumed_at = shrunk[-1]["start_step"]
+    ref_dir = os.path.join(tmp, f"ref-shrunk-at-{resumed_at}")
+    run_ok(f"one host, 4 ranks to step {resumed_at}",
+           LONG + ["--world", "4", "--nodes", "2", "--exit-after-step", str(resumed_at)], ref_dir)
+    run_ok(f"one host, 2 ranks from step {resumed_at}", LONG + ["--world", "2", "--resume"],
+           ref_dir)
+    check_exact(name, step_losses(read_events(ref_dir)), ref_dir, step_losses(events), run_dir,
+                STEPS_LONG)
+    losses = step_losses(events)
+    drift = max(relative_difference(ref[s], losses[s]) for s in losses)
+    states = jobs.s.node_states()
+    print(f"{name}: node2's ranks lost ({', '.join(sorted({e.get('cause', '?') for e in lost}))}), "
+          f"generation {shrunk[-1]['number']} on {shrunk[-1]['world']} ranks from step {resumed_at} "
+          f"(recovery {shrunk[-1].get('recovery_s', 0):.2f}s); job COMPLETED {took:.1f}s after the "
+          f"cut; against the uninterrupted 4-rank run the losses drift by up to {drift:.1e} "
+          f"(float32 reassociation); Slurm now says {states}", flush=True)
+    cut.revert()
+    # node2 back for the next part: DOWN (not responding) until told, or until it answers again.
+    deadline = time.monotonic() + 60
+    while not jobs.s.node_states().get("node2", "").startswith("idle"):
+        jobs.s.scontrol("update", "nodename=node2", "state=resume", check=False)
+        if time.monotonic() > deadline:
+            fail(f"{name}: node2 not idle again after the heal: {jobs.s.node_states()}")
+        time.sleep(0.5)
+
+
+def preempt(jobs, name, job, out, run_dir, at_least, how, restarts, expect_words=(),
+            strict=True):
+    """Signals the running attempt once it committed step `at_least` (`how`: scancel options),
+    then checks that it stopped with exit 75 and that the job requeued itself, and (`strict`)
+    that no rank was lost and its last committed step is checkpointed; releases it. Returns
+    the step the next attempt resumes from (the last committed checkpoint)."""
+    at = jobs.wait_step(name, run_dir, at_least, job, out)
+    t_signal = time.monotonic()
+    subprocess.run(["scancel"] + how + [job], env=jobs.s.env(), check=True, capture_output=True,
+                   timeout=30)
+    # The attempt ends with 75 and requeues itself; Slurm holds a requeued job back (BeginTime
+    # +120 s): the test releases it at once rather than wait for that policy.
+    deadline = time.monotonic() + 90
+    while True:
+        info = jobs.s.job(job)
+        if info.get("Restarts") == str(restarts) and info.get("JobState") == "PENDING":
+            break
+        if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')} instead of "
+                 f"requeueing itself after `scancel {' '.join(how)}`:\n{jobs.output(out)[-6000:]}")
+        if time.monotonic() > deadline:
+            fail(f"{name}: job {job} not requeued within 90s after `scancel {' '.join(how)}` "
+                 f"({info.get('JobState')}):\n{jobs.output(out)[-6000:]}")
+        time.sleep(0.1)
+    stopped = time.monotonic() - t_signal
+    attempt = read_events(run_dir)
+    starts = [i for i, e in enumerate(attempt) if e.get("event") == "job_start"]
+    if len(starts) != restarts:
+        fail(f"{name}: {len(starts)} job starts in events.jsonl, expected {restarts}")
+    attempt = attempt[starts[-1]:]
+    preempted = [e for e in attempt if e.get("event") == "preempted"]
+    ended = [e for e in attempt if e.get("event") in ("job_done", "job_failed")]
+    checkpoints = [e["step"] for e in attempt if e.get("event") == "checkpoint"]
+    if not preempted or not ended or ended[-1].get("exit_code") != REQUEUE_CODE:
+        fail(f"{name}: expected a preempted event and exit {REQUEUE_CODE} after `scancel "
+             f"{' '.join(how)}`; got {preempted} {ended}:\n{jobs.output(out)[-6000:]}")
+    lost = [e for e in attempt if e.get("event") in ("rank_lost", "worker_exited")]
+    if strict and lost:
+        fail(f"{name}: ranks were lost while the job stopped for the scheduler: {lost}\n"
+             f"{jobs.output(out)[-6000:]}")
+    last_step = max(e["step"] for e in attempt if e.get("event") == "step")
+    if strict and (not checkpoints or max(checkpoints) != last_step or last_step <= at):
+        fail(f"{name}: the last committed step {last_step} (signal at step {at}) is not the last "
+             f"checkpoint {checkpoints}")
+    resume_at = max(checkpoints) if checkpoints else attempt[0].get("start_step", 0)
+    text = jobs.output(out)
+    if text.count(f"troupe exited with code {REQUEUE_CODE}") != restarts or \
+            text.count(f"requeued job {job}") != restarts:
+        fail(f"{name}: the job's output does not show {restarts} exits with {REQUEUE_CODE} and "
+             f"requeues:\n{text[-6000:]}")
+    for words in expect_words:
+        if words not in text:
+            fail(f"{name}: '{words}' is not in the job's output:\n{text[-6000:]}")
+    print(f"{name}: `scancel {' '.join(how)}` at step {at}: stopped after step {last_step} with "
+          f"checkpoint step {resume_at} and exit {REQUEUE_CODE}"
+          f"{f' ({len(lost)} ranks lost first)' if lost else ''}; requeued {stopped:.1f}s after "
+          "the signal", flush=True)
+    jobs.s.scontrol("update", f"jobid={job}", "StartTime=now")
+    return resume_at
+
+
+def part_c(jobs, tmp, ref, ref_dir):
+    name = "c-preempt"
+    run_dir = os.path.join(tmp, name)
+    job, out = jobs.submit(name, run_dir, LONG)
+    # What `#SBATCH --signal=B:USR1@120` sends before the time limit: the batch shell alone,
+    # which passes it on to troupe.
+    first = preempt(jobs, name, job, out, run_dir, 20, ["--batch", "--signal=USR1"], 1)
+    # What `--signal=TERM@120` (no B:) and `scancel --signal=TERM` send: every task of the
+    # steps, the agents and their workers. The agents pass it on to the coordinator, the workers
+    # leave it to the coordinator: no rank is lost, the job stops with its checkpoint.
+    second = preempt(jobs, name, job, out, run_dir, first + 20, ["--signal=TERM"], 2,
+                     ["SIGTERM from the scheduler: asked the coordinator",
+                      "troupe worker: SIGTERM from the scheduler: left to the coordinator"])
+    # What cancellation, preemption and the time limit send: SIGTERM to every process of the
+    # job, srun included, which kills its tasks at once (SIGKILL). Best effort: the next step's
+    # checkpoint if it wins the race, else the last one committed; exit 75 either way.
+    third = preempt(jobs, name, job, out, run_dir, second + 20, ["--full", "--signal=TERM"], 3,
+                    strict=False)
+    t_resume = time.monotonic()
+    info = jobs.wait_done(name, job, out, 150)
+    text = jobs.output(out)
+    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0" or \
+            info.get("Restarts") != "3":
+        fail(f"{name}: the requeued job ended {info.get('JobState')} {info.get('ExitCode')} "
+             f"(restarts {info.get('Restarts')}):\n{text[-6000:]}")
+    events = read_events(run_dir)
+    starts = [(e.get("resume"), e.get("start_step")) for e in events
+              if e.get("event") == "job_start"]
+    if starts != [(False, 0), (True, first), (True, second), (True, third)]:
+        fail(f"{name}: job starts (resume, start step) {starts}; expected a fresh start, then "
+             f"resumes from steps {first}, {second} and {third}")
+    for words in ("restart 1", "restart 2", "restart 3"):
+        if words not in text:
+            fail(f"{name}: no requeued attempt says '{words}':\n{text[-4000:]}")
+    check_exact(name, ref, ref_dir, step_losses(events), run_dir, STEPS_LONG)
+    print(f"{name}: the job resumed from steps {first}, {second} and {third} and finished "
+          f"{time.monotonic() - t_resume:.1f}s after its last release", flush=True)
+
+
+def part_d(jobs, tmp, ref, ref_dir):
+    name = "d-cancel"
+    run_dir = os.path.join(tmp, name)
+    job, out = jobs.submit(name, run_dir, LONG)
+    at = jobs.wait_step(name, run_dir, 20, job, out)
+    subprocess.run(["scancel", job], env=jobs.s.env(), check=True, capture_output=True,
+                   timeout=30)
+    info = jobs.wait_done(name, job, out, 60)
+    text = jobs.output(out)
+    if info.get("JobState") != "CANCELLED" or info.get("Restarts") != "0":
+        fail(f"{name}: a cancelled job must stay cancelled: {info.get('JobState')}, restarts "
+             f"{info.get('Restarts')}:\n{text[-6000:]}")
+    events = read_events(run_dir)
+    ended = [e for e in events if e.get("event") in ("job_done", "job_failed")]
+    checkpoints = [e["step"] for e in events if e.get("event") == "checkpoint"]
+    for words in (f"troupe exited with code {REQUEUE_CODE}", "not requeued"):
+        if words not in text:
+            fail(f"{name}: '{words}' is not in the job's output:\n{text[-6000:]}")
+    if not ended or ended[-1].get("exit_code") != REQUEUE_CODE or not checkpoints:
+        fail(f"{name}: expected exit {REQUEUE_CODE} with a checkpoint after scancel; got "
+             f"{ended}, checkpoints {checkpoints}")
+    # A second submission with the same run directory resumes it.
+    again, out2 = jobs.submit(name + "-again", run_dir, LONG)
+    info = jobs.wait_done(name, again, out2, 120)
+    if info.get("JobState") != "COMPLETED":
+        fail(f"{name}: the second submission ended {info.get('JobState')}:\n"
+             f"{jobs.output(out2)[-6000:]}")
+    events = read_events(run_dir)
+    starts = [(e.get("resume"), e.get("start_step")) for e in events
+              if e.get("event") == "job_start"]
+    if starts != [(False, 0), (True, max(checkpoints))]:
+        fail(f"{name}: job starts {starts}, expected a resume from step {max(checkpoints)}")
+    check_exact(name, ref, ref_dir, step_losses(events), run_dir, STEPS_LONG)
+    print(f"{name}: scancel at step {at}: CANCELLED, not requeued, exit {REQUEUE_CODE} with "
+          f"checkpoint step {max(checkpoints)}; a second sbatch resumed from it", flush=True)
+
+
+def test():
+    with tempfile.TemporaryDirectory(prefix="troupe-slurm-", dir="/tmp") as tmp:
+        t0 = time.monotonic()
+        short_ref_dir = os.path.join(tmp, "ref-short")
+        short_ref = one_host("one host, 30 steps", SHORT, short_ref_dir)
+        long_ref_dir = os.path.join(tmp, "ref-long")
+        long_ref = one_host(f"one host, {STEPS_LONG} steps", LONG, long_ref_dir)
+        print(f"references on one host: {time.monotonic() - t0:.1f}s", flush=True)
+        with netns.Cluster(nodes=2, verbose=False) as c, \
+                slurm_cluster.Slurm(c, os.path.join(tmp, "slurm")) as s:
+            jobs = SlurmJobs(s, c, tmp)
+            for part in (lambda: part_a(jobs, tmp, short_ref, short_ref_dir),
+                         lambda: part_b(jobs, tmp, long_ref),
+                         lambda: part_c(jobs, tmp, long_ref, long_ref_dir),
+                         lambda: part_d(jobs, tmp, long_ref, long_ref_dir)):
+                started = time.monotonic()
+                part()
+                print(f"  ({time.monotonic() - started:.1f}s)", flush=True)
+        print(f"total {time.monotonic() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    slurm_cluster.require_slurm()  # exit 77 (Skipped) without root, namespaces or Slurm
+    main(test)
