@@ -13,6 +13,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import troupe_events  # noqa: E402  (one reader of events.jsonl for the tests and the benchmarks)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "chaos",
+                                "netns"))
+from host import pid_alive  # noqa: E402,F401  (the netns harness's; the tests import it from here)
 
 TROUPE = os.environ.get("TROUPE_BIN", "")
 SMALL_MODEL = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32",
@@ -42,21 +45,6 @@ def wait_until(predicate, timeout, what):
             fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(pause)
         pause = min(pause * 2, 0.25)
-
-
-def pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def read_events_file(path):
@@ -196,32 +184,56 @@ def relative_difference(a, b):
     return abs(a - b) / max(abs(a), abs(b), 1e-30)
 
 
+SKIPPED = 77  # the SKIP_RETURN_CODE of every test in CMakeLists.txt: CTest says "Skipped"
+_skipped = []
+
+
+def skip(reason):
+    """Records that a part of the test cannot run on this machine, and goes on: main() then
+    exits 77 (Skipped, never Passed) unless something failed."""
+    print(f"SKIP: {reason}", flush=True)
+    _skipped.append(reason)
+
+
 def main(test):
     """Runs `test()` and prints a plain closing line that CTest logs show."""
     try:
         test()
     except SystemExit as e:
-        if e.code not in (0, None):
+        if e.code == SKIPPED:
+            print("0 passed, 0 failed, 1 skipped", flush=True)
+        elif e.code not in (0, None):
             print("0 passed, 1 failed", flush=True)
         raise
+    if _skipped:
+        print(f"0 passed, 0 failed, 1 skipped (not run here: {'; '.join(_skipped)})", flush=True)
+        sys.exit(SKIPPED)
     print("1 passed, 0 failed", flush=True)
     sys.exit(0)
+
+
+def socket_inodes(pid):
+    """The inodes of the sockets `pid` holds, as /proc/net/tcp names them (none where its file
+    descriptors cannot be read: it has exited)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
 
 
 def listening_ports(pids):
     """TCP ports in LISTEN state whose socket any of `pids` holds."""
     inodes = set()
     for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            pass
+        inodes |= socket_inodes(pid)
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:

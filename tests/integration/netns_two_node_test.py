@@ -19,7 +19,8 @@ import tempfile
 import threading
 import time
 
-from harness import SMALL_MODEL, TROUPE, checkpoint_param_diff, fail, main, relative_difference, run_ok, step_losses
+from harness import (SMALL_MODEL, TROUPE, checkpoint_param_diff, fail, main, relative_difference, run_ok,
+                     socket_inodes, step_losses)
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "chaos", "netns"))
@@ -48,16 +49,8 @@ def _address(hex_address):
 def sockets_of(pid):
     """(state, local host, local port, remote host) of each TCP socket `pid` holds, read in its
     own network namespace (/proc/<pid>/net/tcp is the table of the process's namespace)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-    except OSError:
+    inodes = socket_inodes(pid)
+    if not inodes:
         return []
     out = []
     for table in ("tcp", "tcp6"):
