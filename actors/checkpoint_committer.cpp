@@ -9,7 +9,8 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "monitoring/event_log.hpp"
+#include "actors/job/events.hpp"
+#include "checkpoint/format.hpp"
 
 namespace troupe::actors {
 
@@ -84,10 +85,9 @@ void checkpoint_committer::do_commit(const ckpt::manifest& m) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(m.step));
   caf::anon_send(reply_to_, ckpt_done_atom::value, m.step,
-                 error.empty() ? run_dir_ + "/checkpoints/" + name : std::string(), error);
+                 error.empty() ? ckpt::format::step_dir(run_dir_, m.step).string() : std::string(),
+                 error);
 }
 
 void checkpoint_committer::do_collect(const gc_job& g) {
@@ -120,9 +120,9 @@ void checkpoint_committer::do_collect(const gc_job& g) {
              {"seconds",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()}};
   } catch (const std::exception& e) {
-    event = {{"event", "checkpoint_gc_failed"}, {"error", e.what()}};
+    event = events::to_json(events::checkpoint_gc_failed{e.what()});
   }
-  caf::anon_send(reply_to_, ckpt_gc_atom::value, monitoring::event_log::encode(event));
+  caf::anon_send(reply_to_, ckpt_gc_atom::value, gc_event{std::move(event)});
 }
 
 }  // namespace troupe::actors

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -23,8 +24,14 @@ namespace troupe::actors {
 
 /// (ckpt_done_atom, step, path, error): a manifest committed (error empty) or not.
 using ckpt_done_atom = caf::atom_constant<caf::atom("ckptdone")>;
-/// (ckpt_gc_atom, json): what a garbage collection removed.
+/// (ckpt_gc_atom, gc_event): what a garbage collection removed.
 using ckpt_gc_atom = caf::atom_constant<caf::atom("ckptgc")>;
+
+/// A checkpoint_gc or checkpoint_gc_failed event for the job's log, handed from the
+/// committer's thread to the supervisor as a value (it never leaves the process).
+struct gc_event {
+  nlohmann::json event;
+};
 
 class checkpoint_committer {
  public:
@@ -74,3 +81,5 @@ class checkpoint_committer {
 };
 
 }  // namespace troupe::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::gc_event)

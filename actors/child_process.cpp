@@ -77,13 +77,4 @@ std::optional<exit_status> wait_for_exit(pid_t pid, std::chrono::milliseconds ti
   }
 }
 
-exit_status stop_child(pid_t pid, std::chrono::milliseconds grace) {
-  if (auto s = try_reap(pid)) return *s;
-  kill(pid, SIGTERM);
-  if (auto s = wait_for_exit(pid, grace)) return *s;
-  kill(pid, SIGKILL);
-  if (auto s = wait_for_exit(pid, std::chrono::seconds(10))) return *s;
-  return exit_status{0, SIGKILL};
-}
-
 }  // namespace troupe::actors

@@ -34,8 +34,4 @@ std::optional<exit_status> try_reap(pid_t pid);
 /// Waits until `pid` ends or `timeout` passes.
 std::optional<exit_status> wait_for_exit(pid_t pid, std::chrono::milliseconds timeout);
 
-/// SIGTERM, then SIGKILL after `grace`, then reaps. Safe on a pid already reaped by the
-/// caller only if `pid` is not reused in between, so callers forget pids once reaped.
-exit_status stop_child(pid_t pid, std::chrono::milliseconds grace);
-
 }  // namespace troupe::actors

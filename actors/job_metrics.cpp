@@ -68,50 +68,51 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
           &r.add_counter_family("troupe_rejected_connections_total", rejected_connections_help)
                .with({{"listener", "stage"}})) {}
 
-void job_metrics::observe(const nlohmann::json& e) {
-  const std::string what = e.value("event", "");
-  if (what == "step") {
-    steps->inc();
-    tokens->inc(e.value("tokens", 0.0));
-    loss->set(e.value("loss", 0.0));
-    tokens_per_s->set(e.value("tokens_per_s", 0.0));
-    step->set(e.value("step", 0.0));
-    lr->set(e.value("lr", 0.0));
-    compute_s->set(e.value("compute_s", 0.0));
-    comm_s->set(e.value("comm_s", 0.0));
-    control_s->set(e.value("control_s", 0.0));
-    step_seconds->observe(e.value("step_s", 0.0));
-  } else if (what == "state") {
-    state->set(e.value("value", 0.0));
-  } else if (what == "generation") {
-    world->set(e.value("world", 0.0));
-    generation->set(e.value("number", 0.0));
-    step->set(e.value("start_step", 0.0));
-    const std::string cause = e.value("cause", std::string());
-    if (e.value("number", 0) > 1 && cause != "grow" && cause != "rebalance") {
-      recoveries->with({{"cause", e.value("cause", std::string("other"))}}).inc();
-      recovery_seconds->observe(e.value("recovery_s", 0.0));
-    }
-  } else if (what == "rank_lost") {
-    ranks_lost->inc();
-  } else if (what == "stale_message") {
-    stale->inc();
-  } else if (what == "checkpoint") {
-    checkpoints->inc();
-    ckpt_stall->observe(e.value("stall_s", 0.0));
-    ckpt_write->observe(e.value("write_s", 0.0));
-    ckpt_bytes_written->inc(e.value("bytes_written", 0.0));
-    ckpt_bytes_deduplicated->inc(e.value("bytes_deduplicated", 0.0));
-    ckpt_last_step->set(e.value("step", 0.0));
-    ckpt_snapshot_bytes->set(e.value("snapshot_buffer_bytes", 0.0));
-  } else if (what == "checkpoint_failed") {
-    ckpt_failures->inc();
-  } else if (what == "diverged") {
-    divergences->inc();
-    if (e.value("action", std::string()) == "rollback") rollbacks->inc();
-  } else if (what == "validation") {
-    val_loss->set(e.value("val_loss", 0.0));
-  }
+void job_metrics::observe(const events::job_event& event) {
+  using namespace events;
+  std::visit(overloaded{
+                 [this](const events::step& e) {
+                   steps->inc();
+                   tokens->inc(static_cast<double>(e.tokens));
+                   loss->set(e.loss);
+                   tokens_per_s->set(e.tokens_per_s);
+                   step->set(static_cast<double>(e.step));
+                   lr->set(e.lr);
+                   compute_s->set(e.compute_s);
+                   comm_s->set(e.comm_s);
+                   control_s->set(e.control_s);
+                   step_seconds->observe(e.step_s);
+                 },
+                 [this](const events::state& e) { state->set(e.value); },
+                 [this](const events::generation& e) {
+                   world->set(e.world);
+                   generation->set(static_cast<double>(e.number));
+                   step->set(static_cast<double>(e.start_step));
+                   if (e.number > 1 && e.cause != "grow" && e.cause != "rebalance") {
+                     recoveries->with({{"cause", e.cause}}).inc();
+                     recovery_seconds->observe(e.recovery_s);
+                   }
+                 },
+                 [this](const rank_lost&) { ranks_lost->inc(); },
+                 [this](const stale_message&) { stale->inc(); },
+                 [this](const events::checkpoint& e) {
+                   checkpoints->inc();
+                   ckpt_stall->observe(e.stall_s);
+                   ckpt_write->observe(e.write_s);
+                   ckpt_bytes_written->inc(static_cast<double>(e.bytes_written));
+                   ckpt_bytes_deduplicated->inc(static_cast<double>(e.bytes_deduplicated));
+                   ckpt_last_step->set(static_cast<double>(e.step));
+                   ckpt_snapshot_bytes->set(static_cast<double>(e.snapshot_buffer_bytes));
+                 },
+                 [this](const checkpoint_failed&) { ckpt_failures->inc(); },
+                 [this](const diverged& e) {
+                   divergences->inc();
+                   if (e.action == "rollback") rollbacks->inc();
+                 },
+                 [this](const validation& e) { val_loss->set(e.val_loss); },
+                 [](const auto&) {},
+             },
+             event);
 }
 
 }  // namespace troupe::actors

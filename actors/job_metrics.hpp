@@ -1,8 +1,7 @@
 #pragma once
 // The coordinator's Prometheus metrics, registered once and updated from the job's event stream.
 
-#include <nlohmann/json.hpp>
-
+#include "actors/job/events.hpp"
 #include "monitoring/metrics.hpp"
 
 namespace troupe::actors {
@@ -45,8 +44,8 @@ struct job_metrics {
   /// Registers every metric in `registry`, which must outlive this.
   explicit job_metrics(monitoring::metrics_registry& registry);
 
-  /// Updates the metrics that `event` (one events.jsonl object) changes.
-  void observe(const nlohmann::json& event);
+  /// Updates the metrics that `event` changes.
+  void observe(const events::job_event& event);
 };
 
 }  // namespace troupe::actors

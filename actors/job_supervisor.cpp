@@ -14,10 +14,14 @@
 
 #include "actors/checkpoint_committer.hpp"
 #include "actors/expert_group.hpp"
+#include "actors/job/events.hpp"
 #include "actors/job_metrics.hpp"
+#include "chaos/hooks.hpp"
+#include "chaos/schedule.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/sys/run_paths.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/state_layout.hpp"
 
@@ -38,10 +42,8 @@ struct supervisor_state {
   std::optional<job_logic> logic;
   std::optional<job_metrics> metrics;
   std::map<int32_t, member_handles> members;
-  std::vector<caf::actor> agents;
-  std::vector<int32_t> agent_pids;  // by node
-  size_t next_fault = 0;
-  int next_member = 0;
+  std::vector<caf::actor> agents;  // by node
+  chaos::fault_schedule faults;    // setup.faults, each fired once as its step begins
   bool result_sent = false;
   logic_time started{};
   logic_time training_started{};
@@ -71,36 +73,52 @@ monitoring::log_context ctx(self_ptr self) {
   return {"coordinator", -1, l.generation(), l.committed()};
 }
 
+// What the console says of an event, beyond the progress line.
+void say(self_ptr self, const events::job_event& event) {
+  using namespace events;
+  std::visit(
+      overloaded{
+          [self](const checkpoint_failed& e) {
+            const int64_t kept = self->state.logic->last_checkpoint_step();
+            monitoring::log(monitoring::level::error, ctx(self),
+                            "checkpoint of step " + std::to_string(e.step) + " failed: " + e.error +
+                                "; training goes on, " +
+                                (kept >= 0 ? "the last committed checkpoint stays (step " +
+                                                 std::to_string(kept) + ")"
+                                           : std::string("no checkpoint is committed yet")));
+          },
+          [self](const checkpoint_abandoned& e) {
+            monitoring::log(monitoring::level::warn, ctx(self),
+                            "checkpoint of step " + std::to_string(e.step) +
+                                " abandoned: " + e.reason + "; " + e.then);
+          },
+          [self](const checkpoint_gc_failed& e) {
+            monitoring::log(monitoring::level::warn, ctx(self),
+                            "checkpoint garbage collection: " + e.error);
+          },
+          [self](const diverged& e) {
+            monitoring::log(
+                monitoring::level::error, ctx(self),
+                "step " + std::to_string(e.step) + " diverged: " + e.what + "; " +
+                    (e.action == "rollback" ? "rolling back to the last committed checkpoint"
+                                            : "stopping (--on-divergence " + e.policy + ")"));
+          },
+          [](const auto&) {},
+      },
+      event);
+}
+
 void emit(self_ptr self, const json& event) {
   auto& st = self->state;
-  st.metrics->observe(event);
-  // Never silent: what the job could not save, and a step it refused, also go to the console
-  // (events.jsonl may be on the very disk that is full).
-  const std::string what = event.value("event", "");
-  if (what == "checkpoint_failed") {
-    const int64_t kept = st.logic->last_checkpoint_step();
-    monitoring::log(
-        monitoring::level::error, ctx(self),
-        "checkpoint of step " + std::to_string(event.value("step", int64_t{-1})) +
-            " failed: " + event.value("error", std::string()) + "; training goes on, " +
-            (kept >= 0 ? "the last committed checkpoint stays (step " + std::to_string(kept) + ")"
-                       : std::string("no checkpoint is committed yet")));
-  } else if (what == "checkpoint_abandoned") {
-    monitoring::log(monitoring::level::warn, ctx(self),
-                    "checkpoint of step " + std::to_string(event.value("step", int64_t{-1})) +
-                        " abandoned: " + event.value("reason", std::string()) + "; " +
-                        event.value("then", std::string()));
-  } else if (what == "checkpoint_gc_failed") {
-    monitoring::log(monitoring::level::warn, ctx(self),
-                    "checkpoint garbage collection: " + event.value("error", std::string()));
-  } else if (what == "diverged") {
-    monitoring::log(
-        monitoring::level::error, ctx(self),
-        "step " + std::to_string(event.value("step", int64_t{-1})) +
-            " diverged: " + event.value("what", std::string()) + "; " +
-            (event.value("action", std::string()) == "rollback"
-                 ? "rolling back to the last committed checkpoint"
-                 : "stopping (--on-divergence " + event.value("policy", std::string()) + ")"));
+  try {
+    const events::job_event typed = events::from_json(event);
+    st.metrics->observe(typed);
+    // Never silent: what the job could not save, and a step it refused, also go to the
+    // console (events.jsonl may be on the very disk that is full).
+    say(self, typed);
+  } catch (const json::exception& e) {  // a producer's bug: events_test holds every kind
+    monitoring::log(monitoring::level::error, ctx(self),
+                    "event " + event.value("event", std::string()) + ": " + e.what());
   }
   if (st.setup.events) {
     try {
@@ -138,6 +156,7 @@ void send_result(self_ptr self, const finish_job& f) {
                          : 0;
   res.wall_s = std::chrono::duration<double>(now(self) - st.started).count();
   res.last_checkpoint = l.last_checkpoint_path();
+  res.world = l.world();
   monitoring::log(f.exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
                   f.exit_code == 0 ? "job done: " + f.message : "job failed: " + f.message);
   self->send(st.setup.listener, result_atom::value, res);
@@ -153,7 +172,7 @@ void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   m.step = c.step;
   m.world = c.world;
   m.seed = cfg.seed;
-  m.config_json = to_json(cfg);
+  m.config_json = to_json(cfg).dump();
   m.tensors = st.manifest_tensors;
   m.global_numel = st.global_numel;
   m.adam_t = c.adam_t;
@@ -232,7 +251,7 @@ void run(self_ptr self, actions todo) {
 
 // An injected fault as events.jsonl shows it: the spec's fields and the processes it hit.
 json fault_event(const chaos::fault& f, const std::vector<int32_t>& pids) {
-  json e = json::parse(chaos::to_json(f));
+  json e = chaos::to_json(f);
   e["event"] = "fault";
   e["pids"] = pids;
   return e;
@@ -242,37 +261,25 @@ json fault_event(const chaos::fault& f, const std::vector<int32_t>& pids) {
 void inject_faults(self_ptr self) {
   auto& st = self->state;
   const auto& l = *st.logic;
-  while (st.next_fault < st.setup.faults.size() && l.state() == job_state::training &&
-         st.setup.faults[st.next_fault].step <= l.committed() + 1) {
-    const auto& f = st.setup.faults[st.next_fault++];
-    if (f.kind == chaos::fault_action::slow) continue;  // the rank slows itself down
-    if (f.kind == chaos::fault_action::diverge) {       // the rank poisons its own loss
-      emit(self, fault_event(f, {}));
-      continue;
-    }
-    if (f.target == chaos::fault_target::coordinator) {
+  if (l.state() != job_state::training) return;
+  // chaos/ says what each due fault does; this carries it out.
+  for (const chaos::fault_firing& x : st.faults.take_due(l.committed() + 1)) {
+    using action = chaos::fault_firing::action;
+    if (x.what == action::announce) {  // the rank carries it out itself
+      emit(self, fault_event(x.fault, {}));
+    } else if (x.what == action::kill_coordinator) {
       // The coordinator dies here, as if its machine did: every member must notice.
-      emit(self, fault_event(f, {getpid()}));
-      ::kill(getpid(), SIGKILL);
-    }
-    std::vector<int32_t> pids;
-    if (f.target == chaos::fault_target::rank) {
-      // A random schedule may name a rank the shrunken world no longer has.
-      const int rank = f.id < l.world() ? f.id : f.id % std::max(1, l.world());
-      for (const auto& m : l.members())
-        if (m.live && m.rank == rank) pids.push_back(m.pid);
+      emit(self, fault_event(x.fault, {getpid()}));
+      ::kill(getpid(), x.signal);
     } else {
-      if (static_cast<size_t>(f.id) < st.agent_pids.size())
-        pids.push_back(st.agent_pids[static_cast<size_t>(f.id)]);
-      for (const auto& m : l.members())
-        if (m.live && m.node == f.id) pids.push_back(m.pid);
+      const std::vector<int32_t> pids = l.fault_victims(x.fault);
+      for (int32_t pid : pids)
+        if (pid > 0) ::kill(pid, x.signal);
+      emit(self, fault_event(x.fault, pids));
+      if (x.continue_after.count() > 0)
+        for (int32_t pid : pids)
+          self->delayed_send(self, x.continue_after, resume_atom::value, pid);
     }
-    const int sig = f.kind == chaos::fault_action::kill ? SIGKILL : SIGSTOP;
-    for (int32_t pid : pids)
-      if (pid > 0) ::kill(pid, sig);
-    emit(self, fault_event(f, pids));
-    if (f.kind == chaos::fault_action::stop && f.duration.count() > 0)
-      for (int32_t pid : pids) self->delayed_send(self, f.duration, resume_atom::value, pid);
   }
 }
 
@@ -297,22 +304,14 @@ int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
 caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
+  st.faults = chaos::fault_schedule(st.setup.faults);
+  chaos::install_hooks_from_environment();
   st.started = now(self);
   st.metrics.emplace(*st.setup.metrics);
-  job_params p;
-  p.cfg = st.setup.cfg;
-  p.start_step = st.setup.start_step;
-  p.checkpoint_step = st.setup.start_step > 0 ? st.setup.start_step : -1;
-  p.members = st.setup.plan.shape.world() + st.setup.spares;
-  p.plan = st.setup.plan;
-  p.bounds = st.setup.bounds;
+  job_params p =
+      make_job_params(st.setup.cfg, st.setup.plan, st.setup.start_step, st.setup.skipped_steps);
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
-  p.heartbeat_timeout = std::chrono::milliseconds(st.setup.heartbeat_timeout_ms);
-  p.straggler_policy = st.setup.straggler_policy;
-  p.replacement_wait = std::chrono::milliseconds(st.setup.cfg.elastic.replacement_wait_ms);
-  p.max_restarts = st.setup.cfg.elastic.max_restarts;
-  p.skipped_steps = st.setup.skipped_steps;
-  st.logic.emplace(p, now(self));
+  st.logic.emplace(std::move(p), now(self));
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
   st.metrics->state->set(0);
@@ -346,9 +345,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       auto& a = s.agents[node];
       if (a && dm.source == a.address()) {
         a = nullptr;
-        if (!s.result_sent)
-          emit(self, {{"event", "agent_lost"}, {"reason", self->system().render(dm.reason)}});
-        run(self, s.logic->on_agent_lost(static_cast<int>(node), now(self)));
+        run(self, s.logic->on_agent_lost(static_cast<int>(node), self->system().render(dm.reason),
+                                         now(self)));
         return;
       }
     }
@@ -363,41 +361,13 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](const agent_hello& h) -> launch_plan {
         auto& s = self->state;
         launch_plan plan;
-        plan.generation = s.logic->generation();
-        if (h.protocol != protocol_version) {
-          plan.error = "protocol version " + std::to_string(h.protocol) + " != coordinator's " +
-                       std::to_string(protocol_version) + "; run the same troupe build everywhere";
-          return plan;
-        }
-        if (s.logic->state() == job_state::done || s.logic->state() == job_state::failed) {
-          plan.error = "the job is over";
-          return plan;
-        }
-        const int first_members = s.setup.plan.shape.world() + s.setup.spares;
-        const int node = static_cast<int>(s.agents.size());
-        int count = h.slots;
-        if (node < s.setup.nodes && count == 0) {
-          // The first agents share the first members: node i takes its slice.
-          const int per = first_members / s.setup.nodes, extra = first_members % s.setup.nodes;
-          count = per + (node < extra ? 1 : 0);
-        } else if (count <= 0) {
-          plan.error = "this job already has its " + std::to_string(s.setup.nodes) +
-                       " agents; pass --ranks K to add K workers";
-          return plan;
-        }
+        auto todo = s.logic->on_agent_joined(h, plan);
+        if (!plan.error.empty()) return plan;
+        // The logic numbers nodes in the order agents are admitted, as `agents` holds them.
         auto agent = caf::actor_cast<caf::actor>(self->current_sender());
         s.agents.push_back(agent);
-        s.agent_pids.push_back(h.pid);
         self->monitor(agent);
-        plan.node = node;
-        plan.max_restarts = s.setup.cfg.elastic.max_restarts;
-        plan.heartbeat_timeout_ms = s.setup.heartbeat_timeout_ms;
-        for (int i = 0; i < count; ++i) plan.members.push_back(s.next_member++);
-        emit(self, {{"event", "agent_joined"},
-                    {"host", h.host},
-                    {"pid", h.pid},
-                    {"node", node},
-                    {"members", plan.members}});
+        run(self, std::move(todo));
         return plan;
       },
       [=](const hello& h) -> welcome {
@@ -418,10 +388,9 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
           return w;
         }
         self->monitor(sender);
-        w.config_json = to_json(s.setup.cfg);
+        w.config_json = to_json(s.setup.cfg).dump();
         w.store_host = s.setup.store_host;
         w.store_port = s.setup.store_port;
-        w.heartbeat_interval_ms = std::max(50, s.setup.heartbeat_timeout_ms / 5);
         // A reconfigure among these may reach the member before this answer; it waits in the
         // member's mailbox until the answer is in.
         run(self, std::move(todo));
@@ -450,23 +419,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       },
       [=](const shard_written& w) { run(self, self->state.logic->on_shard_written(w, now(self))); },
       [=](const eval_done& e) { run(self, self->state.logic->on_eval_done(e, now(self))); },
-      [=](const worker_exited& w) {
-        auto& s = self->state;
-        emit(self, {{"event", "worker_exited"},
-                    {"member", w.member},
-                    {"pid", w.pid},
-                    {"exit_code", w.exit_code},
-                    {"signal", w.signal}});
-        bool same_process = false;
-        for (const auto& m : s.logic->members())
-          if (m.id == w.member && m.pid == w.pid) same_process = true;
-        if (!same_process) return;  // an earlier process of a restarted member
-        std::string why = w.signal ? "process " + std::to_string(w.pid) + " killed by signal " +
-                                         std::to_string(w.signal)
-                                   : "process " + std::to_string(w.pid) + " exited with code " +
-                                         std::to_string(w.exit_code);
-        run(self, s.logic->on_member_lost(w.member, loss_cause::exit, why, now(self)));
-      },
+      [=](const worker_exited& w) { run(self, self->state.logic->on_worker_exited(w, now(self))); },
       [=](shutdown_atom) { run(self, self->state.logic->on_shutdown(now(self))); },
       [=](preempt_atom) { run(self, self->state.logic->on_preempt(now(self))); },
       [=](resume_atom, int32_t pid) {
@@ -476,7 +429,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](ckpt_done_atom, int64_t step, const std::string& path, const std::string& error) {
         on_committed(self, step, path, error);
       },
-      [=](ckpt_gc_atom, const std::string& event) { emit(self, json::parse(event)); },
+      [=](ckpt_gc_atom, const gc_event& gc) { emit(self, gc.event); },
       [=](tick_atom) {
         auto& s = self->state;
         run(self, s.logic->on_tick(now(self)));
@@ -497,7 +450,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
 }  // namespace
 
 std::vector<int64_t> load_skipped_batches(const std::string& run_dir) {
-  const std::filesystem::path path = std::filesystem::path(run_dir) / "skipped_batches.json";
+  const std::filesystem::path path = run_paths::skipped_batches(run_dir);
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return {};
   const auto bytes = ckpt::io::read_file(path);
@@ -516,8 +469,7 @@ std::vector<int64_t> load_skipped_batches(const std::string& run_dir) {
 
 void save_skipped_batches(const std::string& run_dir, const std::vector<int64_t>& steps) {
   const json doc = {{"skipped_steps", steps}};
-  ckpt::io::write_file_atomically(std::filesystem::path(run_dir) / "skipped_batches.json",
-                                  doc.dump() + "\n");
+  ckpt::io::write_file_atomically(run_paths::skipped_batches(run_dir), doc.dump() + "\n");
 }
 
 caf::actor spawn_job_supervisor(caf::actor_system& sys, job_setup setup) {

@@ -21,7 +21,8 @@
 namespace troupe::actors {
 
 /// What the coordinator process hands its job_supervisor. The event log and the metrics
-/// registry belong to the coordinator process and outlive the actor.
+/// registry belong to the coordinator process and outlive the actor. Every setting of the job
+/// is in `cfg`; the logic's parameters are derived from it (make_job_params).
 struct job_setup {
   train_config cfg;
   std::string store_host;
@@ -29,14 +30,9 @@ struct job_setup {
   int64_t start_step = 0;  ///< steps already committed (resume)
   monitoring::event_log* events = nullptr;
   monitoring::metrics_registry* metrics = nullptr;
-  caf::actor listener;           ///< receives (result_atom, job_result) at the end
-  int form_timeout_ms = 60000;   ///< every first member must have joined by then
-  strategies::layout_plan plan;  ///< the planner's plan for the first generation
-  int nodes = 1;                 ///< agents that share the first members
-  int spares = 0;                ///< started idle workers beyond the plan's world
-  strategies::elastic_bounds bounds;
-  int heartbeat_timeout_ms = 2000;
-  std::string straggler_policy = "warn";
+  caf::actor listener;                  ///< receives (result_atom, job_result) at the end
+  int form_timeout_ms = 60000;          ///< every first member must have joined by then
+  strategies::layout_plan plan;         ///< the planner's plan for the first generation
   std::chrono::milliseconds tick{100};  ///< how often deadlines are checked
   std::vector<chaos::fault> faults;     ///< injected when their step begins (same machine)
   std::vector<int64_t> skipped_steps;   ///< batches skipped by earlier sessions (resume)

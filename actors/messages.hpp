@@ -285,6 +285,7 @@ struct job_result {
   double tokens_per_s = 0;
   double wall_s = 0;
   std::string last_checkpoint;
+  int32_t world = 0;  ///< ranks of the job's last generation (lost ranks shrink it); 0 = none
 };
 
 template <class Inspector>
@@ -372,7 +373,7 @@ typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_result& x) {
   return f(caf::meta::type_name("troupe::job_result"), x.exit_code, x.message, x.steps_done,
-           x.final_loss, x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint);
+           x.final_loss, x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint, x.world);
 }
 
 /// The actor-system config every troupe process uses: registers the message types

@@ -23,7 +23,7 @@
 #include "actors/rank_worker.hpp"
 #include "actors/stage.hpp"
 #include "actors/worker_control.hpp"
-#include "chaos/fault_spec.hpp"
+#include "chaos/schedule.hpp"
 #include "checkpoint/async_checkpointer.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
@@ -219,13 +219,14 @@ loop_result train(worker& w, int64_t start_step) {
     const double cpu0 = thread_cpu_seconds();
     grad_result gr;
     const int64_t position = data_position(step, w.skipped_steps);
+    const chaos::step_injection injected = w.faults.on_step_begin(g.rank, step, position);
     try {
       if (g.stage) g.stage->begin_step(step);
       gr = engine.compute(*w.data, position);
       // An injected straggler: this rank's compute takes `factor` times as long, burning CPU
       // as slow hardware would.
-      if (const double slow = chaos::slowdown(w.faults, g.rank, step); slow > 1.0) {
-        const double extra = (slow - 1.0) * (thread_cpu_seconds() - cpu0);
+      if (injected.slowdown > 1.0) {
+        const double extra = (injected.slowdown - 1.0) * (thread_cpu_seconds() - cpu0);
         for (const double until = thread_cpu_seconds() + extra; thread_cpu_seconds() < until;) {
         }
       }
@@ -263,7 +264,7 @@ loop_result train(worker& w, int64_t start_step) {
       vote.tokens = gr.tokens;
     }
     vote.grad_norm = engine.local_grad_norm();
-    if (chaos::diverges(w.faults, g.rank, step, position)) {
+    if (injected.diverge) {
       // An injected bad batch: the coordinator must refuse to commit this step.
       monitoring::log(monitoring::level::warn, w.log_ctx(),
                       "fault: the batch of step " + std::to_string(step) + " diverges (NaN loss)");
@@ -506,8 +507,9 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     // agent was told (--iface, --advertise).
     w.advertise =
         args.advertise.empty() ? local_address_toward(store_host, store_port) : args.advertise;
-    w.faults = chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
-                                   w.cfg.elastic.nodes, session_last_step(w.cfg));
+    w.faults = chaos::fault_schedule(
+        chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
+                            w.cfg.elastic.nodes, session_last_step(w.cfg)));
     const int c = serve(w);
     w.shared->detach();
     w.current = {};

@@ -17,7 +17,7 @@
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
 #include "actors/worker_control.hpp"
-#include "chaos/fault_spec.hpp"
+#include "chaos/schedule.hpp"
 #include "checkpoint/async_checkpointer.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/comm/store.hpp"
@@ -64,7 +64,7 @@ struct worker {
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
   std::optional<byte_dataset> data;
-  std::vector<chaos::fault> faults;     // injected slowdowns apply here
+  chaos::fault_schedule faults;         // asked at each step what to inject
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;
   std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)

@@ -15,7 +15,7 @@ Build the baseline once:
   cmake -S /var/tmp/troupe-baseline -B /var/tmp/troupe-baseline/build -G Ninja \\
         -DCMAKE_BUILD_TYPE=RelWithDebInfo && ninja -C /var/tmp/troupe-baseline/build troupe
 Usage: bench/auth_bench.py --baseline /var/tmp/troupe-baseline/build/cli/troupe [--runs 5]
-Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
+Prints one line per figure; docs/benchmarks/hardening.md records them with this command."""
 
 import argparse
 import os

@@ -17,7 +17,7 @@
             back from the disk (its cached pages dropped) before the commit
 
 Usage: bench/checkpoint_bench.py [--runs 5] [--build build] [--dir /var/tmp/troupe-bench]
-Prints one line per figure; docs/BENCHMARKS.md records them with this command."""
+Prints one line per figure; docs/benchmarks/checkpoints.md records them with this command."""
 
 import argparse
 import os

@@ -389,7 +389,7 @@ bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t 
   return false;
 }
 
-std::string to_json(const fault& f) {
+nlohmann::json to_json(const fault& f) {
   nlohmann::json j = {{"what", kind_name(f.kind)},
                       {"target", target_name(f.target)},
                       {"id", f.id},
@@ -397,8 +397,7 @@ std::string to_json(const fault& f) {
   if (f.kind == fault_kind::stop && f.duration.count() > 0) j["for_ms"] = f.duration.count();
   if (f.kind == fault_kind::slow) j["factor"] = f.factor;
   j["spec"] = f.spec;
-  // A hand-made fault may carry any bytes in spec; replace, never throw.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return j;
 }
 
 }  // namespace troupe::chaos

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,6 @@ namespace troupe::chaos {
 /// What is done to the target: kill -9, SIGSTOP (and SIGCONT later), slowed compute, or a
 /// poisoned loss (the batch of one step makes training diverge).
 enum class fault_kind { kill, stop, slow, diverge };
-/// The earlier name of fault_kind; callers still use it.
-using fault_action = fault_kind;
 /// Whom it is done to: one worker rank, a node's agent with all its workers, or the coordinator.
 enum class fault_target { rank, node, coordinator };
 
@@ -64,7 +63,8 @@ double slowdown(const std::vector<fault>& faults, int rank, int64_t step);
 bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t data_position);
 
 /// The fault as JSON for events.jsonl: {"what":"kill","target":"rank","id":1,"step":8,...}, with
-/// "for_ms" for a stop that is continued and "factor" for a slow.
-std::string to_json(const fault& f);
+/// "for_ms" for a stop that is continued and "factor" for a slow. The spec is kept as given
+/// (a hand-made one may hold any bytes): the event log escapes what it writes.
+nlohmann::json to_json(const fault& f);
 
 }  // namespace troupe::chaos

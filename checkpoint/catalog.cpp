@@ -1,10 +1,7 @@
-// Which checkpoints a run directory holds: LATEST, the manifests, and retention.
-
-#include <unistd.h>
+// Which checkpoints a run directory holds: LATEST and the manifests (retention is
+// collect_garbage, maintenance.cpp).
 
 #include <algorithm>
-#include <cerrno>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -13,6 +10,7 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/manifest.hpp"
 #include "runtime/sys/printable.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt {
 
@@ -33,7 +31,7 @@ std::string list_for_message(const std::vector<int64_t>& steps) {
 }  // namespace
 
 std::optional<int64_t> read_latest_step(const std::string& run_dir) {
-  const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
+  const fs::path latest = run_paths::latest(run_dir);
   std::error_code ec;
   if (fs::symlink_status(latest, ec).type() == fs::file_type::not_found) return std::nullopt;
   const auto raw = io::read_file(latest);
@@ -78,7 +76,7 @@ manifest read_manifest(const std::string& run_dir, int64_t step) {
 std::optional<manifest> latest_committed(const std::string& run_dir) {
   const std::optional<int64_t> step = read_latest_step(run_dir);
   if (!step) return std::nullopt;
-  const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
+  const fs::path latest = run_paths::latest(run_dir);
   const fs::path dir = format::step_dir(run_dir, *step);
   std::error_code ec;
   const auto fix = [&] {
@@ -101,7 +99,7 @@ std::optional<manifest> latest_committed(const std::string& run_dir) {
 std::vector<int64_t> list_committed(const std::string& run_dir) {
   std::vector<int64_t> steps;
   std::error_code ec;
-  const fs::path root = format::checkpoints_dir(run_dir);
+  const fs::path root = run_paths::checkpoints(run_dir);
   if (!fs::is_directory(root, ec)) return steps;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
     const auto step = format::parse_step_dir_name(entry.path().filename().string());
@@ -117,46 +115,6 @@ std::vector<int64_t> list_committed(const std::string& run_dir) {
   if (ec) io::fail_errno(root, "listing", ec.value());
   std::sort(steps.begin(), steps.end());
   return steps;
-}
-
-std::vector<int64_t> prune_checkpoints(const std::string& run_dir, size_t keep_last) {
-  std::vector<int64_t> removed;
-  // Without a readable LATEST nothing is known to be safe to delete.
-  const std::optional<int64_t> latest = read_latest_step(run_dir);
-  if (!latest) return removed;
-
-  const std::vector<int64_t> committed = list_committed(run_dir);
-  std::set<int64_t> keep(
-      committed.end() - static_cast<std::ptrdiff_t>(std::min(keep_last, committed.size())),
-      committed.end());
-  keep.insert(*latest);
-
-  const fs::path root = format::checkpoints_dir(run_dir);
-  std::vector<std::pair<int64_t, fs::path>> victims;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
-    const auto step = format::parse_step_dir_name(entry.path().filename().string());
-    // Newer than LATEST: possibly being written or committed right now; never touch.
-    if (!step || *step >= *latest || keep.contains(*step)) continue;
-    victims.emplace_back(*step, entry.path());
-  }
-  if (ec) io::fail_errno(root, "listing", ec.value());
-  std::sort(victims.begin(), victims.end());
-
-  for (const auto& [step, dir] : victims) {
-    // Uncommit first, durably: a crash midway then leaves only an ignored directory.
-    const fs::path manifest_path = dir / format::manifest_name;
-    if (::unlink(manifest_path.c_str()) == 0) {
-      io::fsync_dir(dir);
-    } else if (errno != ENOENT) {
-      io::fail_errno(manifest_path, "removing", errno);
-    }
-    fs::remove_all(dir, ec);
-    if (ec) io::fail_errno(dir, "removing", ec.value());
-    removed.push_back(step);
-  }
-  if (!removed.empty()) io::fsync_dir(root);
-  return removed;
 }
 
 }  // namespace troupe::ckpt

@@ -3,7 +3,7 @@
 // the coordinator commits a manifest once every rank's chunks are durable, and a restore reads
 // and verifies back what any world size and layout needs.
 //
-// On disk (format_version 2):
+// On disk, as ranks write it (manifest format_version 2, chunk format 2):
 //
 //   RUN_DIR/checkpoints/LATEST                       "step-00000010\n": the committed one
 //   RUN_DIR/checkpoints/step-00000010/manifest.json  written last; its presence + LATEST
@@ -11,7 +11,16 @@
 //   RUN_DIR/checkpoints/recycled-chunks/             collected chunk files, for overwriting
 //   RUN_DIR/checkpoints/damaged/                     quarantined checkpoints, moved-aside objects
 //
-// Format 1 (still read): step-NNNNNNNN/shard-RRRRR.bin, one flat range per rank.
+// The manifest (manifest_v2.cpp has its schema) lists the single-rank model's tensors and,
+// for each state array (params, exp_avg, exp_avg_sq) and tensor, the boxes that tile it, each
+// with the chunks that hold its floats; besides step, world, seed, AdamW's step count, the
+// chunk size, the layout that wrote it and the job config, sealed by manifest_hash. A chunk
+// file is a 48-byte header (magic, chunk format, encoding, the payload's byte order, sizes,
+// its key) and the raw floats; its name is the XXH3-128 of those floats (chunk_file.hpp).
+//
+// Format 1 (one flat shard per rank, step-NNNNNNNN/shard-RRRRR.bin, format.hpp) is still
+// read; no rank writes it any more (write_shard is kept for the tests of that reader).
+//
 // Every file is written to a temporary name, fsync'ed, renamed into place and its
 // directory fsync'ed, so a crash at any point leaves either the old or the new file and
 // never a torn one; until LATEST names a step, that step does not exist for a restore.
@@ -22,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <span>
@@ -38,7 +48,8 @@ namespace troupe::ckpt {
 /// The newest manifest format this build writes and reads. Version 2 (chunked, per-box)
 /// is what ranks write; version 1 (one flat shard file per rank) still loads.
 inline constexpr int format_version = 2;
-/// The format of version 1 shard files and manifests (write_shard, load_full_state).
+/// Format 1: its shard files and manifests (read by load_full_state; written by write_shard,
+/// which only tests call).
 inline constexpr int shard_format_version = 1;
 
 /// A contiguous slice [offset, offset + count) of the global flat state.
@@ -48,13 +59,13 @@ struct shard_range {
   friend bool operator==(const shard_range&, const shard_range&) = default;
 };
 
-/// The slice that `rank` of `world` owns in data parallelism: a balanced split of
+/// Format 1: the slice that `rank` of `world` owns in data parallelism: a balanced split of
 /// `global_numel` where the first `global_numel % world` ranks take one extra element.
 /// Throws checkpoint_error (invalid_argument) unless 0 <= rank < world.
 shard_range owned_range(size_t global_numel, int rank, int world);
 
-/// What one rank writes: its slice of the flat parameters and AdamW moments, plus the
-/// scalar state needed to continue the run bit-for-bit.
+/// Format 1: what one rank wrote, its slice of the flat parameters and AdamW moments plus
+/// the scalar state needed to continue the run bit-for-bit.
 struct shard_state {
   int rank = 0;
   int world = 1;
@@ -67,7 +78,7 @@ struct shard_state {
   std::vector<float> params, exp_avg, exp_avg_sq;  ///< each range.count long
 };
 
-/// One committed shard as the manifest records it.
+/// Format 1: one committed shard as the manifest records it.
 struct shard_entry {
   int rank = 0;
   std::string file;    ///< name inside the step directory, e.g. "shard-00003.bin"
@@ -77,8 +88,8 @@ struct shard_entry {
   friend bool operator==(const shard_entry&, const shard_entry&) = default;
 };
 
-/// Where one named tensor lives in the global flat layout; what a restore needs to
-/// re-slice it for another layout (tensor or pipeline parallelism) later.
+/// Where one named tensor of the single-rank model lives in the global flat layout, and its
+/// shape: what lets a restore cut any layout's boxes out of any other layout's.
 struct tensor_entry {
   std::string name;            ///< e.g. "h.0.attn.c_attn.weight"
   std::vector<int64_t> shape;  ///< global shape; numel = product (1 for a scalar)
@@ -90,7 +101,7 @@ struct tensor_entry {
 struct manifest {
   int format_version = ckpt::format_version;
   int64_t step = 0;
-  int world = 1;  ///< world size that wrote the shards
+  int world = 1;  ///< the world that wrote it (pieces' ranks, or format 1's shards)
   size_t global_numel = 0;
   uint64_t seed = 0;
   std::string config_json;            ///< the job config, verbatim
@@ -134,14 +145,16 @@ class checkpoint_error : public std::runtime_error {
   std::string path_;
 };
 
-/// Writes RUN_DIR/checkpoints/step-NNNNNNNN/shard-RRRRR.bin durably (temp name, fsync,
-/// rename, directory fsync) and returns the entry the coordinator puts in the manifest.
+/// Format 1, for tests only (ranks write format 2 through a shard_writer, shard_writer.hpp):
+/// writes RUN_DIR/checkpoints/step-NNNNNNNN/shard-RRRRR.bin durably (temp name, fsync,
+/// rename, directory fsync) and returns the entry a format 1 manifest lists.
 /// Throws checkpoint_error: invalid_argument on inconsistent state, already_committed if
 /// that step already has a manifest, io if the disk refuses.
 shard_entry write_shard(const std::string& run_dir, const shard_state& state);
 
-/// Coordinator side, after every rank reported its entry: checks the manifest (ranks,
-/// ranges tile the layout, each shard file exists with its recorded size), writes
+/// Coordinator side, after every rank reported its pieces: checks the manifest (format 2:
+/// the pieces of each array and tensor tile it, and every chunk they name is a regular file;
+/// format 1: the ranges tile the layout and each shard file has its recorded size), writes
 /// manifest.json durably, then points LATEST at the step atomically. Only after LATEST is
 /// renamed into place is the checkpoint committed. Re-committing an identical manifest
 /// (a retry after a crash) is allowed; a different one for a committed step is not.
@@ -168,14 +181,16 @@ struct full_state {
   int64_t step = 0;
   int64_t adam_t = 0;
   uint64_t seed = 0;
-  uint64_t rng_state = 0;                          ///< rank 0's RNG state
-  std::vector<uint64_t> rank_rng_states;           ///< every writing rank's, indexed by old rank
+  uint64_t rng_state = 0;                 ///< format 1: rank 0's RNG state; format 2: the seed
+  std::vector<uint64_t> rank_rng_states;  ///< format 1: every writing rank's, by old rank
   std::vector<float> params, exp_avg, exp_avg_sq;  ///< each global_numel long
 };
 
-/// Reads every shard of `m`, verifies size, header (magic, version, byte order, rank,
-/// world, step) and every body byte against its hash, and assembles the full state.
-/// Independent of the world size that will use it. Reads both formats.
+/// Reads the whole of checkpoint `m` and assembles the full state, independent of the world
+/// size that will use it. Format 2: every chunk, checked against its key (restore_into with
+/// full_state_map); it records no RNG state, so rng_state is the seed. Format 1: every
+/// shard, its size, header (magic, version, byte order, rank, world, step) and every body
+/// byte checked against its hash.
 full_state load_full_state(const std::string& run_dir, const manifest& m);
 
 /// What a restore read.
@@ -211,25 +226,17 @@ std::vector<saved_piece> decode_pieces(std::string_view json);
 /// The state map of the single-rank model that `m` describes (every tensor whole).
 state_map full_state_map(const manifest& m);
 
-/// Re-slices a checkpoint for `rank` of a new `world`: reads (and verifies) only the
-/// shards that overlap that rank's owned_range. The result can be written again as is.
-shard_state load_owned(const std::string& run_dir, const manifest& m, int rank, int world);
-
-/// The part of `full` that `rank` of `world` owns, as a shard ready for write_shard.
+/// Format 1, for tests: the part of `full` that `rank` of `world` owns, as a shard ready for
+/// write_shard.
 shard_state slice_state(const full_state& full, int rank, int world);
 
 /// Throws checkpoint_error (incompatible) unless `m` belongs to this run: the same
-/// global_numel and the same config, compared as JSON values (key order and whitespace
-/// do not matter). Keys listed in `ignored` (JSON pointers such as "/world" or "/steps")
-/// may differ, e.g. those an elastic restart or a longer schedule changes on purpose.
-void require_compatible(const manifest& m, std::string_view config_json, size_t global_numel,
+/// global_numel and the same config (runtime/config.hpp to_json), compared as JSON values
+/// (key order and whitespace do not matter). Keys listed in `ignored` (JSON pointers such as
+/// "/world" or "/steps") may differ, e.g. those an elastic restart or a longer schedule
+/// changes on purpose.
+void require_compatible(const manifest& m, const nlohmann::json& config, size_t global_numel,
                         std::span<const std::string> ignored = {});
-
-/// Deletes all but the newest `keep_last` committed checkpoints (never the one LATEST
-/// names), and abandoned step directories older than LATEST. Each victim's manifest is
-/// removed first, so a crash midway leaves at worst an uncommitted directory. Returns
-/// the steps removed.
-std::vector<int64_t> prune_checkpoints(const std::string& run_dir, size_t keep_last);
 
 /// Which committed checkpoints retention keeps: the newest keep_last (0 = all of them), every
 /// step that is a multiple of keep_every (0 = none), and always the one LATEST names.

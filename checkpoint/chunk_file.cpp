@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/little_endian.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt {
 
@@ -66,11 +67,9 @@ chunk_key key_of(const void* data, size_t bytes) {
 
 namespace chunk_file {
 
-fs::path root(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints" / "chunks"; }
+fs::path root(const std::string& run_dir) { return run_paths::chunks(run_dir); }
 
-fs::path recycled_root(const std::string& run_dir) {
-  return fs::path(run_dir) / "checkpoints" / "recycled-chunks";
-}
+fs::path recycled_root(const std::string& run_dir) { return run_paths::recycled_chunks(run_dir); }
 
 fs::path path_of(const std::string& run_dir, const chunk_key& key) {
   const std::string name = key.hex();

@@ -18,20 +18,16 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/hash.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt::format {
 
 // ---- names -------------------------------------------------------------------------------
 
-inline constexpr std::string_view checkpoints_dir_name = "checkpoints";
-inline constexpr std::string_view latest_name = "LATEST";
+// The run directory's own names (checkpoints/, LATEST, damaged/, the locks) are in
+// runtime/sys/run_paths.hpp; these are the names inside a checkpoint.
 inline constexpr std::string_view manifest_name = "manifest.json";
 inline constexpr std::string_view manifest_kind = "troupe-checkpoint-manifest";
-
-/// RUN_DIR/checkpoints
-inline std::filesystem::path checkpoints_dir(const std::string& run_dir) {
-  return std::filesystem::path(run_dir) / checkpoints_dir_name;
-}
 
 /// "step-00000010": zero padded so that names sort by step for humans and `ls`.
 std::string step_dir_name(int64_t step);
@@ -41,13 +37,7 @@ std::optional<int64_t> parse_step_dir_name(std::string_view name);
 
 /// RUN_DIR/checkpoints/step-NNNNNNNN
 inline std::filesystem::path step_dir(const std::string& run_dir, int64_t step) {
-  return checkpoints_dir(run_dir) / step_dir_name(step);
-}
-
-/// RUN_DIR/checkpoints/damaged: quarantined checkpoints (step-NNNNNNNN-REASON) and, under
-/// objects/, whatever was moved out of the way of a write. Nothing there is ever deleted.
-inline std::filesystem::path damaged_dir(const std::string& run_dir) {
-  return checkpoints_dir(run_dir) / "damaged";
+  return run_paths::checkpoints(run_dir) / step_dir_name(step);
 }
 
 /// "shard-00003.bin"

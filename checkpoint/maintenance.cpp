@@ -14,6 +14,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/manifest.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt {
 
@@ -66,7 +67,7 @@ std::vector<int64_t> prune_by_policy(const std::string& run_dir, const retention
     if (ec) io::fail_errno(dir, "removing", ec.value());
     removed.push_back(s);
   }
-  if (!removed.empty()) io::fsync_dir(format::checkpoints_dir(run_dir));
+  if (!removed.empty()) io::fsync_dir(run_paths::checkpoints(run_dir));
   return removed;
 }
 
@@ -297,7 +298,7 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
     }
   }
   if (!unreadable.empty())
-    io::fail(error_kind::corrupt, format::checkpoints_dir(run_dir),
+    io::fail(error_kind::corrupt, run_paths::checkpoints(run_dir),
              "garbage collection met unreadable manifests and deleted nothing: " + unreadable +
                  ". Those checkpoints are quarantined (troupe ckpt ls lists them); the next "
                  "collection goes on without them.");
@@ -329,9 +330,8 @@ gc_result collect_garbage(const std::string& run_dir, const retention_policy& po
 }
 
 std::optional<run_lock> run_lock::try_acquire(const std::string& run_dir) {
-  const fs::path dir = format::checkpoints_dir(run_dir);
-  io::make_dirs_durable(dir);
-  const fs::path path = dir / ".lock";
+  io::make_dirs_durable(run_paths::checkpoints(run_dir));
+  const fs::path path = run_paths::run_lock(run_dir);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) io::fail_errno(path, "creating the lock file", errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -343,9 +343,8 @@ std::optional<run_lock> run_lock::try_acquire(const std::string& run_dir) {
 
 namespace {
 int open_chunk_lock(const std::string& run_dir) {
-  const fs::path dir = format::checkpoints_dir(run_dir);
-  io::make_dirs_durable(dir);
-  const fs::path path = dir / ".chunks.lock";
+  io::make_dirs_durable(run_paths::checkpoints(run_dir));
+  const fs::path path = run_paths::chunk_store_lock(run_dir);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   if (fd < 0) io::fail_errno(path, "creating the lock file", errno);
   return fd;
@@ -358,7 +357,7 @@ chunk_store_lock chunk_store_lock::shared(const std::string& run_dir) {
     if (errno == EINTR) continue;
     const int err = errno;
     ::close(fd);
-    io::fail_errno(format::checkpoints_dir(run_dir) / ".chunks.lock", "locking", err);
+    io::fail_errno(run_paths::chunk_store_lock(run_dir), "locking", err);
   }
   return chunk_store_lock(fd);
 }
@@ -394,7 +393,7 @@ std::vector<std::string> remove_stale_temp_files(const std::string& run_dir, con
   };
   std::error_code ec;
   for (const auto& f : fs::directory_iterator(run_dir, ec)) remove(f);
-  const fs::path root = format::checkpoints_dir(run_dir);
+  const fs::path root = run_paths::checkpoints(run_dir);
   for (auto it = fs::recursive_directory_iterator(
            root, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec))

@@ -1,4 +1,6 @@
-// The manifest's JSON schema, its validation, and the same-run check of a restore.
+// The manifest's JSON form (dispatching on format_version: manifest_v2.cpp holds version 2,
+// the one ranks write), the schema and validation of version 1, which only old checkpoints
+// have, and the same-run check of a restore.
 //
 // Schema of format_version 1 (every key required, no others read):
 //
@@ -10,8 +12,10 @@
 //                    "offset": uint, "count": uint } ... ],
 //     "manifest_hash": 16 hex digits }
 //
-// manifest_hash seals the manifest itself: trp64 of the compact JSON dump (no spaces, keys
-// in file order) of the document without that key. Any edit, by a disk or a person, shows.
+// manifest_hash seals the manifest itself, in both versions: trp64 of the compact JSON dump
+// (no spaces, keys in file order) of the document without that key. Any edit, by a disk or a
+// person, shows. Version 2 names its chunk hash "xxh3-128" in hash_algorithm; version 1's
+// shard hashes are trp64.
 
 #include "checkpoint/manifest.hpp"
 
@@ -25,6 +29,7 @@
 #include "checkpoint/hash.hpp"
 #include "checkpoint/manifest_fields.hpp"
 #include "runtime/sys/printable.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt {
 
@@ -260,29 +265,24 @@ bool is_ignored(const std::string& path, std::span<const std::string> ignored) {
 
 }  // namespace
 
-void require_compatible(const manifest& m, std::string_view config_json, size_t global_numel,
-                        std::span<const std::string> ignored) {
-  const fs::path where = fs::path(std::string(format::checkpoints_dir_name)) /
-                         format::step_dir_name(m.step) / format::manifest_name;
+namespace {
+
+fs::path manifest_where(const manifest& m) {
+  return run_paths::checkpoints("") / format::step_dir_name(m.step) / format::manifest_name;
+}
+
+void require_same_model(const manifest& m, size_t global_numel) {
   if (m.global_numel != global_numel) {
-    io::fail(error_kind::incompatible, where,
+    io::fail(error_kind::incompatible, manifest_where(m),
              "holds a flat state of " + std::to_string(m.global_numel) +
                  " floats but this model has " + std::to_string(global_numel) +
                  ": it belongs to a model of another shape. Restore with that model's config "
                  "or use a new run directory.");
   }
-  json saved;
-  json current;
-  try {
-    saved = json::parse(m.config_json);
-    current = json::parse(config_json);
-  } catch (const json::parse_error&) {
-    // Not JSON on one side: only byte equality can vouch for it.
-    if (m.config_json == config_json) return;
-    io::fail(error_kind::incompatible, where,
-             "was written with a different config (not comparable as JSON). Restore with the "
-             "checkpoint's config or use a new run directory.");
-  }
+}
+
+void require_same_config(const manifest& m, const json& saved, const json& current,
+                         std::span<const std::string> ignored) {
   std::string differences;
   size_t shown = 0;
   for (const json& op : json::diff(saved, current)) {
@@ -296,10 +296,26 @@ void require_compatible(const manifest& m, std::string_view config_json, size_t 
                    ", now " + value_at(current, path);
   }
   if (!differences.empty()) {
-    io::fail(error_kind::incompatible, where,
+    io::fail(error_kind::incompatible, manifest_where(m),
              "was written by a run with a different config (" + differences +
                  "). Resume with the checkpoint's config, or start a new run directory.");
   }
+}
+
+}  // namespace
+
+void require_compatible(const manifest& m, const json& config, size_t global_numel,
+                        std::span<const std::string> ignored) {
+  require_same_model(m, global_numel);
+  json saved;
+  try {
+    saved = json::parse(m.config_json);
+  } catch (const json::parse_error&) {
+    io::fail(error_kind::incompatible, manifest_where(m),
+             "was written with a different config (not comparable as JSON). Restore with the "
+             "checkpoint's config or use a new run directory.");
+  }
+  require_same_config(m, saved, config, ignored);
 }
 
 }  // namespace troupe::ckpt

@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::ckpt {
 
@@ -47,8 +48,7 @@ std::string slug(std::string_view text) {
 // Moves a non-directory found where a folder belongs. The folders that hold what is moved
 // aside cannot take it into themselves: those are renamed beside where they were.
 std::string out_of_the_way(const std::string& run_dir, const fs::path& folder) {
-  const fs::path damaged = format::damaged_dir(run_dir);
-  if (folder != damaged && folder != damaged / "objects")
+  if (folder != run_paths::damaged(run_dir) && folder != run_paths::damaged_objects(run_dir))
     return move_aside(run_dir, folder, "not-a-directory");
   for (int n = 0; n < 1000; ++n) {
     const fs::path to = folder.string() + ".not-a-directory." + std::to_string(::getpid()) + "." +
@@ -97,7 +97,7 @@ bool any_damage(const std::vector<problem>& problems) {
 
 std::string move_aside(const std::string& run_dir, const fs::path& path, std::string_view reason) {
   static std::atomic<unsigned> counter{0};
-  const fs::path folder = format::damaged_dir(run_dir) / "objects";
+  const fs::path folder = run_paths::damaged_objects(run_dir);
   (void)make_real_directory(run_dir, folder, false);
   const std::string stem =
       slug(path.filename().string()) + "." + slug(reason) + "." + std::to_string(::getpid()) + ".";
@@ -114,7 +114,7 @@ std::string move_aside(const std::string& run_dir, const fs::path& path, std::st
 
 std::vector<std::string> make_real_directory(const std::string& run_dir, const fs::path& dir,
                                              bool durable) {
-  const fs::path root = format::checkpoints_dir(run_dir);
+  const fs::path root = run_paths::checkpoints(run_dir);
   const fs::path relative = dir.lexically_relative(root);
   if (relative.empty() || *relative.begin() == "..")
     io::fail(error_kind::invalid_argument, dir, "is not inside " + root.string());
@@ -148,14 +148,14 @@ std::vector<std::string> make_real_directory(const std::string& run_dir, const f
 std::string quarantine_checkpoint(const std::string& run_dir, int64_t step,
                                   std::string_view reason) {
   const fs::path from = format::step_dir(run_dir, step);
-  const fs::path folder = format::damaged_dir(run_dir);
+  const fs::path folder = run_paths::damaged(run_dir);
   (void)make_real_directory(run_dir, folder, true);
   const std::string base = format::step_dir_name(step) + "-" + slug(reason);
   for (int n = 1; n < 10000; ++n) {
     const fs::path to = folder / (n == 1 ? base : base + "-" + std::to_string(n));
     if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
       io::fsync_dir(folder);
-      io::fsync_dir(format::checkpoints_dir(run_dir));
+      io::fsync_dir(run_paths::checkpoints(run_dir));
       return to.string();
     }
     if (errno == EEXIST) continue;
@@ -167,7 +167,7 @@ std::string quarantine_checkpoint(const std::string& run_dir, int64_t step,
 std::vector<quarantined_checkpoint> list_quarantined(const std::string& run_dir) {
   std::vector<quarantined_checkpoint> out;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(format::damaged_dir(run_dir), ec)) {
+  for (const fs::directory_entry& e : fs::directory_iterator(run_paths::damaged(run_dir), ec)) {
     const std::string name = e.path().filename().string();
     // step-NNNNNNNN-REASON: the step directory's name, then what was wrong.
     const size_t dash = name.find('-', 5);
@@ -183,7 +183,7 @@ std::vector<quarantined_checkpoint> list_quarantined(const std::string& run_dir)
 }
 
 void point_latest_at(const std::string& run_dir, std::optional<int64_t> step) {
-  const fs::path latest = format::checkpoints_dir(run_dir) / format::latest_name;
+  const fs::path latest = run_paths::latest(run_dir);
   if (what_is(latest) == found::directory) (void)move_aside(run_dir, latest, "not-a-file");
   if (step) {
     io::write_file_atomically(latest, format::step_dir_name(*step) + "\n");

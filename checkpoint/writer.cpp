@@ -18,6 +18,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/manifest.hpp"
+#include "runtime/sys/fault_point.hpp"
 
 namespace troupe::ckpt {
 
@@ -274,10 +275,9 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
                  "LATEST.");
   }
   for (const shard_entry& e : m.shards) check_reported_shard(dir, m, e);
-  if (m.format_version >= 2 && ::getenv("TROUPE_CHAOS_COMMIT_PAUSE_MS") != nullptr) {
-    // Crash-consistency tests kill the coordinator inside this window on purpose.
-    ::usleep(static_cast<useconds_t>(std::atoi(::getenv("TROUPE_CHAOS_COMMIT_PAUSE_MS")) * 1000));
-  }
+  // An injection point: crash-consistency tests hold the commit here (chaos/hooks.hpp) and
+  // kill the coordinator inside this window on purpose.
+  if (m.format_version >= 2) sys::hit(sys::fault_point::checkpoint_before_manifest, m.step);
 
   const std::string text = manifest_json::to_json(m);
   fs::file_type found = fs::symlink_status(manifest_path, ec).type();

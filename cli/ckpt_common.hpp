@@ -23,11 +23,6 @@ class tool_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// RUN_DIR/checkpoints
-std::filesystem::path checkpoints_dir(const std::string& run_dir);
-/// RUN_DIR/checkpoints/step-NNNNNNNN
-std::filesystem::path step_dir(const std::string& run_dir, int64_t step);
-
 /// The step LATEST names; nullopt when there is none. Throws checkpoint_error when damaged.
 std::optional<int64_t> latest_step(const std::string& run_dir);
 /// The same, nullopt when LATEST is damaged too.

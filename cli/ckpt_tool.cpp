@@ -23,6 +23,7 @@
 #include "cli/ckpt_common.hpp"
 #include "cli/options.hpp"
 #include "runtime/sys/printable.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::cli {
 namespace ckpt_tool {
@@ -32,14 +33,6 @@ using ckpt::chunk_key;
 using ckpt::manifest;
 
 // ---- the run directory -------------------------------------------------------------------
-
-fs::path checkpoints_dir(const std::string& run_dir) { return fs::path(run_dir) / "checkpoints"; }
-
-fs::path step_dir(const std::string& run_dir, int64_t step) {
-  char name[40];
-  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
-  return checkpoints_dir(run_dir) / name;
-}
 
 std::optional<int64_t> latest_step(const std::string& run_dir) {
   auto m = ckpt::latest_committed(run_dir);
@@ -191,9 +184,9 @@ void require_checkpoints(const std::string& run_dir) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec))
     throw tool_error(run_dir + " is not a directory; give a job's run directory (its --run-dir)");
-  if (!fs::is_directory(checkpoints_dir(run_dir), ec))
+  if (!fs::is_directory(run_paths::checkpoints(run_dir), ec))
     throw tool_error(
-        run_dir + " has no checkpoints directory (" + checkpoints_dir(run_dir).string() +
+        run_dir + " has no checkpoints directory (" + run_paths::checkpoints(run_dir).string() +
         "): no job has checkpointed there; give a job's run directory (its --run-dir)");
 }
 
@@ -240,7 +233,7 @@ int cmd_ls(const std::string& run_dir) {
     }
   }
   if (steps.empty())
-    std::printf("no committed checkpoints in %s\n", checkpoints_dir(run_dir).c_str());
+    std::printf("no committed checkpoints in %s\n", run_paths::checkpoints(run_dir).c_str());
   else
     print_table(rows);
   for (const auto& d : damaged) std::printf("damaged manifest: %s\n", d.c_str());
@@ -273,21 +266,20 @@ int cmd_ls(const std::string& run_dir) {
   }
   const auto quarantined = ckpt::list_quarantined(run_dir);
   if (!quarantined.empty()) {
-    std::printf("quarantined (%s; kept, never deleted):\n",
-                ckpt::format::damaged_dir(run_dir).c_str());
+    std::printf("quarantined (%s; kept, never deleted):\n", run_paths::damaged(run_dir).c_str());
     std::vector<row> q = {{"step", "why", "where"}};
     for (const auto& c : quarantined)
       q.push_back({std::to_string(c.step), c.reason, sys::printable(c.path)});
     print_table(q, "  ");
   }
   size_t moved = 0;
-  for (const auto& f : fs::directory_iterator(ckpt::format::damaged_dir(run_dir) / "objects", ec)) {
+  for (const auto& f : fs::directory_iterator(run_paths::damaged_objects(run_dir), ec)) {
     (void)f;
     ++moved;
   }
   if (moved > 0)
     std::printf("moved out of a write's way: %zu object%s in %s\n", moved, moved == 1 ? "" : "s",
-                (ckpt::format::damaged_dir(run_dir) / "objects").c_str());
+                run_paths::damaged_objects(run_dir).c_str());
   return rc;
 }
 
@@ -307,7 +299,7 @@ int cmd_verify(const std::string& run_dir, std::optional<int64_t> only) {
             ckpt::format::step_dir_name(committed.front()).c_str());
       } else if (!latest_step(run_dir) && !committed.empty()) {
         std::printf("LATEST: missing: %s does not exist although step directories hold manifests\n",
-                    (checkpoints_dir(run_dir) / "LATEST").c_str());
+                    run_paths::latest(run_dir).c_str());
         rc = 1;
       }
     } catch (const ckpt::checkpoint_error& e) {
@@ -318,7 +310,7 @@ int cmd_verify(const std::string& run_dir, std::optional<int64_t> only) {
   const std::vector<int64_t> steps = only ? std::vector<int64_t>{*only} : committed;
   if (steps.empty()) {
     std::printf("no committed checkpoints in %s: nothing to verify\n",
-                checkpoints_dir(run_dir).c_str());
+                run_paths::checkpoints(run_dir).c_str());
     return 1;
   }
   size_t bad = 0;
@@ -350,12 +342,12 @@ int cmd_gc(const std::string& run_dir, size_t keep_last, int64_t keep_every) {
   auto lock = ckpt::run_lock::try_acquire(run_dir);
   if (!lock)
     throw tool_error("a job holds " + run_dir + " (the lock " +
-                     (checkpoints_dir(run_dir) / ".lock").string() +
+                     run_paths::run_lock(run_dir).string() +
                      "); gc would race its checkpoints. Run it when the job has ended");
   const std::optional<int64_t> latest = latest_step(run_dir);
   if (!latest) {
     std::printf("nothing to collect: %s has no LATEST (no committed checkpoint)\n",
-                checkpoints_dir(run_dir).c_str());
+                run_paths::checkpoints(run_dir).c_str());
     return 0;
   }
   if (keep_last > 0) {  // the policy must keep what LATEST names, or a resume would fail
@@ -371,7 +363,7 @@ int cmd_gc(const std::string& run_dir, size_t keep_last, int64_t keep_every) {
       ckpt::collect_garbage(run_dir, {keep_last, keep_every}, std::chrono::seconds(0));
   std::string removed;
   for (int64_t s : r.removed_steps) removed += (removed.empty() ? "" : ", ") + std::to_string(s);
-  std::printf("gc of %s\n", checkpoints_dir(run_dir).c_str());
+  std::printf("gc of %s\n", run_paths::checkpoints(run_dir).c_str());
   print_table(
       {{"steps removed", removed.empty() ? "none" : removed},
        {"chunks removed", std::to_string(r.chunks_removed)},
@@ -422,7 +414,7 @@ int cmd_scrub(const std::string& run_dir) {
   auto lock = ckpt::run_lock::try_acquire(run_dir);
   if (!lock)
     throw tool_error("a job holds " + run_dir + " (the lock " +
-                     (checkpoints_dir(run_dir) / ".lock").string() +
+                     run_paths::run_lock(run_dir).string() +
                      "); scrub would race its checkpoints. Run it when the job has ended");
   int rc = 0;
   const std::vector<int64_t> steps = ckpt::list_committed(run_dir);
@@ -480,8 +472,8 @@ int cmd_scrub(const std::string& run_dir) {
     std::printf("not troupe's, skipped by writers and collections: %s\n",
                 sys::printable(f).c_str());
   std::printf("scrub of %s: %zu checkpoint%s checked, %zu damaged and quarantined%s\n",
-              checkpoints_dir(run_dir).c_str(), steps.size(), steps.size() == 1 ? "" : "s", damaged,
-              rc ? "" : ": all intact");
+              run_paths::checkpoints(run_dir).c_str(), steps.size(), steps.size() == 1 ? "" : "s",
+              damaged, rc ? "" : ": all intact");
   return rc;
 }
 

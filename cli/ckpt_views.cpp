@@ -8,7 +8,9 @@
 #include <limits>
 #include <tuple>
 
+#include "checkpoint/format.hpp"
 #include "cli/ckpt_common.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::cli::ckpt_tool {
 
@@ -90,11 +92,11 @@ int inspect(const std::string& run_dir, std::optional<int64_t> step) {
     throw tool_error(std::string(e.what()) + " (inspect a step directly with --step N)");
   }
   if (!step && !latest)
-    throw tool_error(checkpoints_dir(run_dir).string() +
+    throw tool_error(run_paths::checkpoints(run_dir).string() +
                      " has no LATEST: nothing committed; pick a step with --step N (see troupe "
                      "ckpt ls)");
   const manifest m = ckpt::read_manifest(run_dir, step ? *step : *latest);
-  std::printf("checkpoint %s%s\n", step_dir(run_dir, m.step).c_str(),
+  std::printf("checkpoint %s%s\n", ckpt::format::step_dir(run_dir, m.step).c_str(),
               latest == m.step ? " (LATEST)" : "");
   std::vector<row> head = {
       {"step", std::to_string(m.step)},
@@ -174,7 +176,7 @@ int diff(const std::string& run_dir, std::optional<std::pair<int64_t, int64_t>> 
   if (!pair) {
     const auto steps = ckpt::list_committed(run_dir);
     if (steps.size() < 2)
-      throw tool_error(checkpoints_dir(run_dir).string() + " holds " +
+      throw tool_error(run_paths::checkpoints(run_dir).string() + " holds " +
                        std::to_string(steps.size()) +
                        " committed checkpoint(s); diff needs two (or name steps A B)");
     pair = {steps[steps.size() - 2], steps.back()};
@@ -184,7 +186,7 @@ int diff(const std::string& run_dir, std::optional<std::pair<int64_t, int64_t>> 
   const std::string name_a = "step " + std::to_string(a.step);
   const std::string name_b = "step " + std::to_string(b.step);
   std::printf("diff of %s (A) and %s (B) in %s\n", name_a.c_str(), name_b.c_str(),
-              checkpoints_dir(run_dir).c_str());
+              run_paths::checkpoints(run_dir).c_str());
   const bool by_chunks = chunked(a) && chunked(b);
   if (by_chunks) {
     chunk_sizes sizes(run_dir);

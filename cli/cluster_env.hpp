@@ -53,7 +53,8 @@ std::optional<slurm_env> read_slurm_env(const env_reader& env);
 std::optional<int> read_completion_index(const env_reader& env);
 
 /// Where a coordinator started under a scheduler listens, written to the shared run directory
-/// once it does (`troupe run --slurm`, `troupe coordinator --slurm`) and removed when it ends.
+/// once it does (`troupe run --slurm`, `troupe coordinator --slurm`) and removed when it ends
+/// (run_paths::rendezvous).
 struct rendezvous {
   std::string job;   ///< slurm_env::attempt() of the job it serves
   std::string host;  ///< the address it listens on (one the agents reach)
@@ -62,7 +63,6 @@ struct rendezvous {
   int nodes = 0;     ///< agents it expects
   int64_t pid = 0;
 };
-inline constexpr const char* rendezvous_file_name = "rendezvous.json";
 std::string to_json(const rendezvous& r);
 /// Parses a rendezvous file's text (at most 4 KiB, every field of the right type). Throws
 /// std::runtime_error saying what is wrong: the file is input like anything in the run

@@ -239,7 +239,7 @@ const char* job_flags =
   --zero 0|1             1 = ZeRO-1: optimizer state sharded over the data-parallel ranks
   --tp N, --pp N, --ep N tensor, pipeline and expert parallel sizes; dp is the rest of the
                          world. The layout planner checks them (and picks them when left
-                         at 1); `troupe run` trains data-parallel layouts so far
+                         at 1), naming the constraint a layout breaks (exit 2)
   --micro-batches M      pipeline micro-batches per step (default batch / micro-batch)
   --schedule gpipe|1f1b  pipeline schedule (default 1f1b)
   --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K

@@ -18,6 +18,7 @@
 #include "cli/options.hpp"
 #include "runtime/config.hpp"
 #include "runtime/preflight.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -62,7 +63,7 @@ void parse_endpoint_or_refuse(const std::string& text, const std::string& from, 
 // The coordinator of this Slurm job's attempt, from RUN_DIR/rendezvous.json, waited for.
 void find_rendezvous(const slurm_env& job, const std::string& run_dir, clock::time_point deadline,
                      int wait_ms, agent_plan& p) {
-  const std::string path = (fs::path(run_dir) / rendezvous_file_name).string();
+  const std::string path = run_paths::rendezvous(run_dir).string();
   std::string why = "it is not there";
   for (;;) {
     std::string problem;
@@ -193,7 +194,7 @@ agent_plan plan_agent(const std::string& coordinator_flag, const std::string& to
     coordinator_from = "TROUPE_COORDINATOR";
   } else if (slurm) {
     find_rendezvous(*slurm, run_dir, deadline, wait_ms, p);
-    coordinator_from = (fs::path(run_dir) / rendezvous_file_name).string();
+    coordinator_from = run_paths::rendezvous(run_dir).string();
   } else if (index) {
     throw usage_error(
         "troupe agent: in a Kubernetes Indexed Job (JOB_COMPLETION_INDEX=" +
@@ -207,7 +208,7 @@ agent_plan plan_agent(const std::string& coordinator_flag, const std::string& to
   if (!token_flag.empty()) {
     p.token_path = token_flag;
   } else if (!run_dir.empty()) {
-    p.token_path = (fs::path(run_dir) / "join.token").string();
+    p.token_path = run_paths::join_token(run_dir).string();
     if (scheduled) wait_for_token(p.token_path, deadline, wait_ms);
   } else {
     throw usage_error(
@@ -266,11 +267,11 @@ std::string slurm_listen_host(const slurm_env& job) {
 }
 
 void write_rendezvous(const std::string& run_dir, const rendezvous& r) {
-  ckpt::io::write_file_atomically(fs::path(run_dir) / rendezvous_file_name, to_json(r));
+  ckpt::io::write_file_atomically(run_paths::rendezvous(run_dir), to_json(r));
 }
 
 void remove_rendezvous(const std::string& run_dir, int64_t pid) {
-  const std::string path = (fs::path(run_dir) / rendezvous_file_name).string();
+  const std::string path = run_paths::rendezvous(run_dir).string();
   std::string why;
   if (auto text = read_small_file(path, why)) {
     try {

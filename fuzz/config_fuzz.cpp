@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/config.hpp"
@@ -24,8 +25,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const troupe::config_error&) {
     // Refused with a message: what the CLI prints before exit 2.
   }
-  const std::string once = troupe::to_json(cfg);
-  const std::string twice = troupe::to_json(troupe::config_from_json(once));
+  const std::string once = troupe::to_json(cfg).dump();
+  const std::string twice = troupe::to_json(troupe::config_from_json(once)).dump();
   if (once != twice) {
     std::fprintf(stderr, "config round trip changed:\n%s\n%s\n", once.c_str(), twice.c_str());
     std::abort();

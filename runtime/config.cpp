@@ -684,7 +684,7 @@ void validate(const train_config& c) {
          {"warn", "rebalance", "evict"});
 }
 
-std::string to_json(const train_config& cfg) {
+json to_json(const train_config& cfg) {
   json out = json::object();
   for (const auto& f : fields()) {
     auto dot = f.name.find('.');
@@ -693,7 +693,7 @@ std::string to_json(const train_config& cfg) {
     else
       out[f.name.substr(0, dot)][f.name.substr(dot + 1)] = f.get(cfg);
   }
-  return out.dump();
+  return out;
 }
 
 train_config config_from_json(const std::string& text) {

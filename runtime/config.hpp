@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -135,9 +136,11 @@ inline int64_t session_last_step(const train_config& c) {
   return c.exit_after_step > 0 ? c.exit_after_step : c.steps;
 }
 
-/// The config as a JSON object (for the run directory and the checkpoint manifest).
-std::string to_json(const train_config& cfg);
-/// Parses what to_json wrote.
+/// The config as a JSON object: every field, sections as nested objects. Written to the run
+/// directory (config.json), the job_start event and the checkpoint manifest, and sent to the
+/// workers as its dump().
+nlohmann::json to_json(const train_config& cfg);
+/// Parses the text of what to_json returned.
 train_config config_from_json(const std::string& text);
 
 }  // namespace troupe

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/sys/run_paths.hpp"
+
 namespace troupe {
 namespace {
 
@@ -82,7 +84,8 @@ void check_run_dir_length(const std::string& absolute_run_dir) {
   check_length(absolute_run_dir, "run_dir", "--run-dir", run_dir_headroom,
                "the files troupe writes below it (such as "
                "checkpoints/chunks/ab/<32 hex digits>.tmp.<pid>.<n>)",
-               16, "the '.prev-<seconds>' suffix an earlier run is moved to");
+               run_paths::archive_suffix_bytes,
+               "the '.prev-<seconds>' suffix an earlier run is moved to");
 }
 
 long descriptors_needed(const train_config& cfg, process_role role) {
@@ -231,7 +234,7 @@ host_facts read_host_facts(const train_config& cfg) {
     throw config_error(
         "data (--data): no corpus given and no default corpus was built; run scripts/setup.sh "
         "or pass --data FILE");
-  // Workers open it by its absolute path (prepare_paths).
+  // Workers open it by its absolute path (cli/job_run_dir.cpp).
   check_path_length(fs::absolute(cfg.data).string(), "data", "--data");
   std::error_code ec;
   const auto status = fs::status(cfg.data, ec);

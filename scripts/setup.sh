@@ -9,10 +9,10 @@ packages=(
   libssl-dev            # the job's credentials and TLS on the control plane
   libgloo-dev           # data plane on CPUs
   libopenblas-dev       # sgemm
-  libcereal-dev         # checkpoint shards
+  libcereal-dev         # format 1 checkpoint shards (still read)
   libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store
   nlohmann-json3-dev    # config files, events.jsonl, manifests
-  libxxhash-dev libzstd-dev   # checkpoint chunks: names (XXH3-128), compression (zstd)
+  libxxhash-dev         # checkpoint chunks: names (XXH3-128)
   clang libclang-rt-14-dev    # libFuzzer + sanitizers: scripts/fuzz.sh, checkpoint_fuzz_smoke
   cppzmq-dev libzmq3-dev
   libgtest-dev
@@ -22,7 +22,8 @@ packages=(
   python3
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine)
+  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine
+             zstd)                # the CLI bench/delta_estimate.py compresses with
 fi
 missing=()
 for p in "${packages[@]}"; do

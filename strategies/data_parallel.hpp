@@ -2,9 +2,9 @@
 // Data parallelism's synchronisation: sums every rank's gradients over the data-parallel
 // group, bucket by bucket, so each rank ends the step with the gradient of the global batch.
 
-#include "runtime/comm/communicator.hpp"
-
 #include <cstddef>
+
+#include "runtime/comm/communicator.hpp"
 
 namespace troupe::strategies {
 
@@ -16,8 +16,8 @@ class gradient_allreducer {
   explicit gradient_allreducer(size_t bucket_bytes);
   /// Sums `grads` (n floats) over `comm`. Throws comm::comm_error on failure; the deadline
   /// in `opts` is for the whole reduction, not per bucket.
-  void all_reduce(comm::communicator& comm, float* grads, size_t n, const comm::op_options& opts) const;
-  size_t bucket_floats() const { return bucket_floats_; }
+  void all_reduce(comm::communicator& comm, float* grads, size_t n,
+                  const comm::op_options& opts) const;
 
  private:
   size_t bucket_floats_;

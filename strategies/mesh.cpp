@@ -1,6 +1,7 @@
 #include "strategies/mesh.hpp"
 
 #include <array>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 
@@ -239,12 +240,22 @@ std::string describe(const layout& l) {
   return out;
 }
 
+namespace {
+// The order string is echoed only when well-formed, so it never needs escaping.
+std::string shown_order(const layout& l) {
+  return parse_order(l.order) ? l.order : std::string("invalid");
+}
+}  // namespace
+
 std::string to_json(const layout& l) {
-  // The order string is echoed only when well-formed, so it never needs escaping.
-  const std::string order = parse_order(l.order) ? l.order : std::string("invalid");
   return "{\"dp\":" + std::to_string(l.dp) + ",\"tp\":" + std::to_string(l.tp) +
          ",\"pp\":" + std::to_string(l.pp) + ",\"ep\":" + std::to_string(l.ep) + ",\"order\":\"" +
-         order + "\",\"name\":\"" + describe(l) + "\"}";
+         shown_order(l) + "\",\"name\":\"" + describe(l) + "\"}";
+}
+
+nlohmann::json layout_doc(const layout& l) {
+  return {{"dp", l.dp},         {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"order", shown_order(l)},
+          {"name", describe(l)}};
 }
 
 }  // namespace troupe::strategies

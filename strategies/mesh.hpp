@@ -15,6 +15,7 @@
 //    the x part of the dp coordinate (size dp / ep).
 //  - Nothing here is global: a new generation builds a new layout and asks again.
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -116,5 +117,7 @@ std::string describe(const layout& l);
 /// The layout as a JSON object: {"dp":2,"tp":2,"pp":2,"ep":1,"order":"tp-ep-dp-pp",
 /// "name":"dp2xtp2xpp2"}.
 std::string to_json(const layout& l);
+/// The same object as a JSON value (for events, which are values until they are written).
+nlohmann::json layout_doc(const layout& l);
 
 }  // namespace troupe::strategies

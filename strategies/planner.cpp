@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <tuple>
@@ -485,6 +486,39 @@ std::string to_json(const layout_plan& p) {
          ",\"micro_batch_size\":" + str(p.micro_batch_size) +
          ",\"micro_batches_per_replica\":" + str(p.micro_batches_per_replica) +
          ",\"replica_micro_batches\":[" + counts + "]," + nums + "}";
+}
+
+namespace {
+// A double as to_json writes it, as a JSON value: null when not finite, and an integer when its
+// shortest form has neither a fraction nor an exponent ("0", not "0.0"), so that it dumps to
+// the same text as to_json's reads back to.
+nlohmann::json number(double x) {
+  if (!std::isfinite(x)) return nullptr;
+  const std::string text = exact(x);
+  if (text.find_first_of(".e") != std::string::npos) return x;
+  int64_t whole = 0;
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), whole);
+  if (r.ec != std::errc()) return x;
+  return whole;
+}
+}  // namespace
+
+nlohmann::json plan_doc(const layout_plan& p, int zero) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : p.stages) stages.push_back({s.first, s.last});
+  return {{"layout", layout_doc(p.shape)},
+          {"spares", p.spares},
+          {"stages", std::move(stages)},
+          {"micro_batches", p.micro_batches},
+          {"micro_batch_size", p.micro_batch_size},
+          {"micro_batches_per_replica", p.micro_batches_per_replica},
+          {"replica_micro_batches", p.replica_micro_batches},
+          {"bubble", number(p.bubble)},
+          {"params_per_rank", number(p.params_per_rank)},
+          {"memory_bytes", number(p.memory_bytes)},
+          {"step_seconds", number(p.step_seconds)},
+          {"describe", describe(p.shape)},
+          {"zero", zero}};
 }
 
 }  // namespace troupe::strategies

@@ -49,6 +49,7 @@
 // plan_from_json (strategies/replan.hpp); to_json writes every double with the fewest digits
 // that read back to the same value, so the round trip gives a plan == the original.
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -146,6 +147,11 @@ layout_plan make_plan(const layout& l, const model_config& model, const plan_con
 /// included), bubble and estimates. Doubles are written in the shortest form that reads back
 /// to the same value (null when not finite), so plan_from_json(to_json(p)) == p.
 std::string to_json(const layout_plan& p);
+
+/// The plan as events.jsonl shows it (job_start's "layout", each generation's "plan"): the
+/// object to_json writes, as a JSON value that dumps to the same numbers, with the layout's
+/// name ("describe") and the ZeRO stage ("zero") added.
+nlohmann::json plan_doc(const layout_plan& p, int zero);
 
 /// Whether the result holds a plan, and accessors that read better than std::get.
 inline bool has_plan(const plan_result& r) { return std::holds_alternative<layout_plan>(r); }

@@ -22,6 +22,4 @@ double clip_tp_gradients(tp_gpt& m, const adamw& opt) {
   return norm;
 }
 
-double evaluate_tp(tp_gpt& m, const byte_dataset& d, const train_config& cfg) { return evaluate_model(m, d, cfg); }
-
 }  // namespace troupe::tensor_parallel

@@ -31,8 +31,4 @@ grad_result compute_tp_gradients(tp_gpt& m, const byte_dataset& d, const train_c
 /// caller can skip the step. Collective over the tp group.
 double clip_tp_gradients(tp_gpt& m, const adamw& opt);
 
-/// runtime/trainer.hpp's evaluate for a shard: the mean validation loss over
-/// cfg.eval_batches micro-batches (the same value on every tp rank). Collective.
-double evaluate_tp(tp_gpt& m, const byte_dataset& d, const train_config& cfg);
-
 }  // namespace troupe::tensor_parallel

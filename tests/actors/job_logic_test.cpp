@@ -1705,7 +1705,7 @@ TEST_P(JobLogicTest, NoWaitWithoutRestartsOrWhenItsAgentIsGone) {
     h.step(1);
     h.lose(h.logic().member_of_rank(0), loss_cause::exit, "killed");
     EXPECT_TRUE(all_of<send_reconfigure>(h.report_all(1)).empty());
-    auto rc = all_of<send_reconfigure>(h.logic().on_agent_lost(0, h.now()));
+    auto rc = all_of<send_reconfigure>(h.logic().on_agent_lost(0, "test", h.now()));
     ASSERT_EQ(rc.size(), 3u);
     EXPECT_EQ(rc[0].msg.world, 3);
   }
@@ -2133,6 +2133,63 @@ TEST_P(JobLogicTest, APartitionedNodeIsLostAndNothingItSaysAfterTheHealCounts) {
       EXPECT_EQ(r.source, state_source::self);
     }
   }
+}
+
+// The decisions the actor used to make: whose exit loses a member, and whom a fault hits.
+TEST(JobLogicMovedDecisionsTest, AWorkerExitLosesItsMemberOnlyForItsCurrentProcess) {
+  logic_harness h(small_config(2));
+  h.form();
+  const int32_t member = h.logic().member_of_rank(1);
+  worker_exited earlier;
+  earlier.member = member;
+  earlier.pid = 55;  // a process of the member before it was restarted
+  earlier.exit_code = 1;
+  auto a = h.logic().on_worker_exited(earlier, h.now());
+  EXPECT_EQ(event_names(a), std::vector<std::string>{"worker_exited"});
+  EXPECT_EQ(h.logic().state(), job_state::training);
+
+  worker_exited w;
+  w.member = member;
+  w.pid = 1000 + member;  // the harness's pid of the member's process
+  w.signal = 9;
+  a = h.logic().on_worker_exited(w, h.now());
+  const auto names = event_names(a);
+  ASSERT_GE(names.size(), 2u);
+  EXPECT_EQ(names[0], "worker_exited");
+  EXPECT_EQ(names[1], "rank_lost");
+  for (const auto& e : all_of<emit_event>(a)) {
+    if (e.event["event"] != "rank_lost") continue;
+    EXPECT_EQ(e.event["reason"], "process " + std::to_string(w.pid) + " killed by signal 9");
+  }
+  EXPECT_EQ(h.logic().state(), job_state::recovering);
+}
+
+TEST(JobLogicMovedDecisionsTest, AFaultHitsTheProcessThatHoldsItsRankNow) {
+  logic_harness h(small_config(4));
+  h.form();
+  chaos::fault f;
+  f.target = chaos::fault_target::rank;
+  f.id = 3;
+  EXPECT_EQ(h.logic().fault_victims(f), std::vector<int32_t>{1000 + h.logic().member_of_rank(3)});
+  h.lose(h.logic().member_of_rank(0), loss_cause::exit, "killed");
+  h.report_all(0);
+  h.settle_reconfigure();
+  ASSERT_EQ(h.logic().world(), 3);
+  // Rank 3 is gone from the shrunken world: a schedule drawn for 4 ranks hits rank 0.
+  EXPECT_EQ(h.logic().fault_victims(f), std::vector<int32_t>{1000 + h.logic().member_of_rank(0)});
+}
+
+TEST(JobLogicMovedDecisionsTest, AnAgentLostIsLoggedUntilTheJobEnds) {
+  logic_harness h(small_config(2));
+  h.form();
+  auto a = h.logic().on_agent_lost(0, "connection closed", h.now());
+  ASSERT_EQ(event_names(a), std::vector<std::string>{"agent_lost"});
+  EXPECT_EQ(all_of<emit_event>(a)[0].event["reason"], "connection closed");
+  h.logic().on_shutdown(h.now());
+  h.advance(20s);
+  h.tick();
+  ASSERT_NE(h.logic().state(), job_state::training);
+  EXPECT_TRUE(h.logic().on_agent_lost(0, "connection closed", h.now()).empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Recovery, JobLogicTest, ::testing::Bool(),

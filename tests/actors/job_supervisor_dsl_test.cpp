@@ -84,7 +84,7 @@ class SupervisorDsl : public ::testing::Test,
     // 100 steps: never reached, so no test needs the final checkpoint's disk work.
     job_setup s = test::small_job_setup(2, 100, dir_, *events_, registry_, listener_);
     s.form_timeout_ms = form_timeout_ms;
-    s.heartbeat_timeout_ms = heartbeat_timeout_ms;
+    s.cfg.elastic.heartbeat_timeout_ms = heartbeat_timeout_ms;
     supervisor_ = spawn_job_supervisor(sys, s);
     // Its first tick, sent to itself at the start, finds nobody to watch; the next one waits
     // on the virtual clock.

@@ -81,8 +81,8 @@ class JobSupervisorTest : public ::testing::Test {
   void start(int world, int steps) {
     job_setup s = test::small_job_setup(world, steps, dir_, *events_, registry_,
                                         caf::actor_cast<caf::actor>(listener_));
-    s.heartbeat_timeout_ms =
-        60000;  // the stand-in members send no heartbeats (job_logic_test covers them)
+    // The stand-in members send no heartbeats (job_logic_test covers them).
+    s.cfg.elastic.heartbeat_timeout_ms = 60000;
     supervisor_ = spawn_job_supervisor(sys_, s);
   }
 

@@ -25,7 +25,6 @@ inline job_setup small_job_setup(int world, int steps, const std::string& run_di
   s.metrics = &metrics;
   s.listener = std::move(listener);
   s.plan = strategies::plan_of(strategies::plan_layout(world, s.cfg));
-  s.bounds.max_ranks = world;
   return s;
 }
 

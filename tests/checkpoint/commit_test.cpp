@@ -156,21 +156,6 @@ TEST(Commit, RanksWriteConcurrently) {
   }
 }
 
-TEST(Retention, KeepsTheNewestAndLatestAndDropsAbandonedDirs) {
-  temp_dir dir;
-  for (int64_t step : {10, 20, 30, 40}) write_checkpoint(dir.str(), make_full(20, step), 2);
-  write_checkpoint(dir.str(), make_full(20, 35), 2, /*commit=*/false);  // abandoned
-  write_checkpoint(dir.str(), make_full(20, 50), 2, /*commit=*/false);  // in progress
-  EXPECT_EQ(prune_checkpoints(dir.str(), 2), (std::vector<int64_t>{10, 20, 35}));
-  EXPECT_EQ(list_committed(dir.str()), (std::vector<int64_t>{30, 40}));
-  EXPECT_TRUE(fs::exists(step_path(dir.str(), 50)));
-  EXPECT_EQ(latest_committed(dir.str())->step, 40);
-  // keep_last 0 still keeps what LATEST names.
-  EXPECT_EQ(prune_checkpoints(dir.str(), 0), (std::vector<int64_t>{30}));
-  EXPECT_EQ(list_committed(dir.str()), (std::vector<int64_t>{40}));
-  EXPECT_NO_THROW(load_full_state(dir.str(), *latest_committed(dir.str())));
-}
-
 TEST(Retention, StaleTemporaryFilesGoAtTheNextStartAndNothingElse) {
   temp_dir dir;
   write_checkpoint(dir.str(), make_full(20, 10), 2);

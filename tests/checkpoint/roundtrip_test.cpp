@@ -10,6 +10,7 @@
 namespace troupe::ckpt {
 namespace {
 
+using nlohmann::json;
 using testing::make_full;
 using testing::temp_dir;
 using testing::write_checkpoint;
@@ -74,13 +75,6 @@ TEST_P(round_trip_by_world, EveryWorldReadsWhatThisWorldWrote) {
   full_state back = load_full_state(dir.str(), *latest);
   expect_same(back, full);
   ASSERT_EQ(back.rank_rng_states.size(), static_cast<size_t>(world));
-
-  for (int new_world = 1; new_world <= 5; ++new_world) {
-    for (int r = 0; r < new_world; ++r) {
-      SCOPED_TRACE("new world " + std::to_string(new_world) + " rank " + std::to_string(r));
-      expect_same(load_owned(dir.str(), *latest, r, new_world), slice_state(full, r, new_world));
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(worlds, round_trip_by_world, ::testing::Values(1, 2, 3));
@@ -94,7 +88,6 @@ TEST(Reshard, WrittenByFourReslicedForThree) {
   for (int r = 0; r < 3; ++r) {
     const shard_state from_full = slice_state(back, r, 3);
     expect_same(from_full, slice_state(full, r, 3));
-    expect_same(load_owned(dir.str(), m, r, 3), from_full);
   }
   // The re-sliced shards are themselves a valid checkpoint of a world of 3.
   full_state later = back;
@@ -109,9 +102,6 @@ TEST(RoundTrip, MoreRanksThanElementsAndEmptyState) {
   write_checkpoint(dir.str(), tiny, 5);  // ranks 3 and 4 own nothing
   const manifest m = *latest_committed(dir.str());
   expect_same(load_full_state(dir.str(), m), tiny);
-  const shard_state empty = load_owned(dir.str(), m, 4, 6);
-  EXPECT_EQ(empty.range.count, 0U);
-  EXPECT_EQ(empty.adam_t, tiny.adam_t);
 
   const full_state none = make_full(0, 2);
   write_checkpoint(dir.str(), none, 2);
@@ -136,7 +126,6 @@ TEST(RoundTrip, RankRngStatesAreKeptPerRank) {
   const full_state back = load_full_state(dir.str(), m);
   EXPECT_EQ(back.rng_state, 1000U);
   EXPECT_EQ(back.rank_rng_states, (std::vector<uint64_t>{1000, 1001}));
-  EXPECT_EQ(load_owned(dir.str(), m, 1, 2).rng_state, 1001U);  // same world: own state
 }
 
 TEST(Manifest, IsReadableJsonWithTensorTableAndConfig) {
@@ -180,7 +169,7 @@ TEST(Compatibility, SameConfigPassesInAnyKeyOrder) {
   m.global_numel = 10;
   m.config_json = testing::test_config;
   EXPECT_NO_THROW(require_compatible(
-      m, R"({"world": 2, "steps": 100, "model": {"n_layer": 2, "d_model": 64}})", 10));
+      m, json::parse(R"({"world": 2, "steps": 100, "model": {"n_layer": 2, "d_model": 64}})"), 10));
 }
 
 TEST(Compatibility, DifferentRunIsRefusedNamingTheKey) {
@@ -191,15 +180,17 @@ TEST(Compatibility, DifferentRunIsRefusedNamingTheKey) {
   m.config_json = testing::test_config;
   testing::expect_error(
       [&] {
-        require_compatible(m, R"({"model":{"d_model":128,"n_layer":2},"steps":100,"world":2})", 10);
+        require_compatible(
+            m, json::parse(R"({"model":{"d_model":128,"n_layer":2},"steps":100,"world":2})"), 10);
       },
       error_kind::incompatible, "/model/d_model was 64, now 128");
-  testing::expect_error([&] { require_compatible(m, testing::test_config, 11); },
+  testing::expect_error([&] { require_compatible(m, json::parse(testing::test_config), 11); },
                         error_kind::incompatible, "11");
   // An elastic restart changes the world and a longer schedule the steps, on purpose.
   const std::vector<std::string> ignored = {"/world", "/steps"};
   EXPECT_NO_THROW(require_compatible(
-      m, R"({"model":{"d_model":64,"n_layer":2},"steps":500,"world":3})", 10, ignored));
+      m, json::parse(R"({"model":{"d_model":64,"n_layer":2},"steps":500,"world":3})"), 10,
+      ignored));
 }
 
 }  // namespace

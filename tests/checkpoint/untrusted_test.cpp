@@ -16,6 +16,7 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/little_endian.hpp"
 #include "checkpoint/shard_writer.hpp"
+#include "runtime/sys/run_paths.hpp"
 #include "test_support.hpp"
 
 namespace troupe::ckpt {
@@ -96,7 +97,7 @@ TEST(UntrustedStore, ADamagedStoredChunkIsMovedAsideAndWrittenAgainNotReused) {
   ASSERT_EQ(again.notes.size(), 1u);
   EXPECT_NE(again.notes[0].find(victim.hex()), std::string::npos) << again.notes[0];
   EXPECT_NO_THROW((void)chunk_file::read(dir.str(), victim, 1024, "w"));
-  EXPECT_EQ(entries_in(format::damaged_dir(dir.str()) / "objects"), 1u) << "moved, not deleted";
+  EXPECT_EQ(entries_in(run_paths::damaged_objects(dir.str())), 1u) << "moved, not deleted";
   commit_manifest(dir.str(), manifest_of(again, 1, 3000, 1024));
   EXPECT_TRUE(verify_checkpoint(dir.str(), 1).empty());
 }
@@ -127,7 +128,7 @@ TEST(UntrustedStore, WhateverLiesUnderAFutureChunksNameIsMovedAside) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "not a chunk");
   commit_manifest(dir.str(), manifest_of(r, 7, 3000, 1024));
   EXPECT_TRUE(verify_checkpoint(dir.str(), 7).empty());
-  EXPECT_EQ(entries_in(format::damaged_dir(dir.str()) / "objects"), 3u);
+  EXPECT_EQ(entries_in(run_paths::damaged_objects(dir.str())), 3u);
 }
 
 TEST(UntrustedStore, AChunkFolderThatIsALinkIsMovedAsideNotWrittenThrough) {
@@ -256,7 +257,7 @@ TEST(UntrustedStore, AQuarantinedCheckpointKeepsItsChunksAndIsListed) {
   const std::string where = quarantine_checkpoint(dir.str(), 2, "corrupt");
   EXPECT_EQ(fs::path(where).filename(), "step-00000002-corrupt");
   EXPECT_EQ(quarantine_checkpoint(dir.str(), 1, "corrupt"),
-            (format::damaged_dir(dir.str()) / "step-00000001-corrupt").string());
+            (run_paths::damaged(dir.str()) / "step-00000001-corrupt").string());
   EXPECT_EQ(list_committed(dir.str()), std::vector<int64_t>{3});
   ASSERT_EQ(list_quarantined(dir.str()).size(), 2u);
   (void)collect_garbage(dir.str(), {1, 0}, std::chrono::seconds(0));
@@ -269,7 +270,7 @@ TEST(UntrustedStore, LatestIsNeverReadOrWrittenThroughALink) {
   one_tensor t(1000);
   commit_manifest(dir.str(), manifest_of(make_fs_shard_writer(dir.str(), 4096)->write(t.at(1, 0)),
                                          1, 1000, 1024));
-  const fs::path latest = format::checkpoints_dir(dir.str()) / "LATEST";
+  const fs::path latest = run_paths::latest(dir.str());
   const fs::path outside = dir.path() / "elsewhere";
   testing::write_text(outside, "step-00000001\n");
   fs::remove(latest);
@@ -340,7 +341,7 @@ TEST(ReadBack, AChunkThatReadsBackDifferentlyFailsTheWrite) {
   testing::expect_error(
       [&] { (void)make_fs_shard_writer(bad.str(), 4096, damage, verify)->write(s); },
       error_kind::corrupt, "reads back differently");
-  EXPECT_EQ(entries_in(format::damaged_dir(bad.str()) / "objects"), 1u);
+  EXPECT_EQ(entries_in(run_paths::damaged_objects(bad.str())), 1u);
 }
 
 }  // namespace

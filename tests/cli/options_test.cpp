@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -113,7 +114,7 @@ TEST(ConfigTest, JsonRoundTrip) {
   c.model.n_layer = 3;
   c.optim.lr = 0.0125;
   c.data = "/some/where.txt";
-  auto back = config_from_json(to_json(c));
+  auto back = config_from_json(to_json(c).dump());
   EXPECT_EQ(back.world, 4);
   EXPECT_EQ(back.model.n_layer, 3);
   EXPECT_DOUBLE_EQ(back.optim.lr, 0.0125);

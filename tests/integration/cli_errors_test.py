@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 import time
 
-from harness import SMALL_MODEL, TROUPE, Job, fail, main, wait_until
+from harness import SMALL_MODEL, TROUPE, Job, fail, main, skip, wait_until
 
 
 def run(args, env=None):
@@ -64,7 +64,7 @@ def descriptor_limits():
         expect_refused("troupe agent", p.returncode, p.stdout + p.stderr, time.monotonic() - start)
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1024:
-        print(f"hard descriptor limit {hard}: the raise is not tested", flush=True)
+        skip(f"hard descriptor limit {hard} (below 1024): the raise is not tested")
         return
     # Soft 16, hard 1024: raised, said, and the job trains.
     with Job(SMALL_MODEL + ["--steps", "2", "--metrics-port", "0"],

@@ -234,7 +234,13 @@ def listening_ports(pids):
     inodes = set()
     for pid in pids:
         inodes |= socket_inodes(pid)
-    ports = set()
+    return sorted({int(cols[1].rsplit(":", 1)[1], 16) for cols in tcp_rows()
+                   if cols[3] == "0A" and cols[9] in inodes})  # 0A: LISTEN
+
+
+def tcp_rows():
+    """The rows of this network namespace's /proc/net/tcp and tcp6, each split into columns
+    (local address, remote address, state, ..., inode at 9)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -242,7 +248,4 @@ def listening_ports(pids):
         except OSError:
             continue
         for row in rows:
-            cols = row.split()
-            if cols[3] == "0A" and cols[9] in inodes:
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return sorted(ports)
+            yield row.split()

@@ -3,12 +3,13 @@ Prometheus server ingests the job's series. Then Ctrl-C (SIGINT) stops the whole
 cleanly: exit code 130, an "interrupted" event, and no process left behind."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import urllib.request
 
-from harness import SMALL_MODEL, Job, fail, free_port, main, wait_until
+from harness import SMALL_MODEL, Job, fail, free_port, main, skip, wait_until
 
 HARNESS = os.path.join(os.path.dirname(__file__), "..", "tools", "prometheus_harness.py")
 SERIES = ["troupe_steps_total", "troupe_loss", "troupe_tokens_per_second", "troupe_world_size",
@@ -26,14 +27,22 @@ def test():
         for name in SERIES:
             if name.encode() not in body:
                 fail(f"{name} missing from /metrics:\n{body.decode()}")
-        check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
-        if check.returncode != 0:
-            fail(f"promtool check metrics failed:\n{check.stdout.decode()}{check.stderr.decode()}")
-        scrape = subprocess.run([sys.executable, HARNESS, "--target", f"127.0.0.1:{port}", "--timeout", "90"]
-                                + [a for s in SERIES for a in ("--expect", s)], capture_output=True, text=True)
-        print(scrape.stdout, scrape.stderr)
-        if scrape.returncode != 0:
-            fail("Prometheus did not ingest the job's series")
+        # Without the tools (the Debian package 'prometheus') these parts are Skipped, not passed.
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+            if check.returncode != 0:
+                fail(f"promtool check metrics failed:\n{check.stdout.decode()}{check.stderr.decode()}")
+        else:
+            skip("promtool not found: the exposition is not checked")
+        if os.environ.get("PROMETHEUS") or shutil.which("prometheus") \
+                or os.access("/usr/bin/prometheus", os.X_OK):  # where the harness looks
+            scrape = subprocess.run([sys.executable, HARNESS, "--target", f"127.0.0.1:{port}", "--timeout", "90"]
+                                    + [a for s in SERIES for a in ("--expect", s)], capture_output=True, text=True)
+            print(scrape.stdout, scrape.stderr)
+            if scrape.returncode != 0:
+                fail("Prometheus did not ingest the job's series")
+        else:
+            skip("prometheus not found: no server scrapes the job")
 
         pids = job.all_pids()
         if len(pids) < 4:

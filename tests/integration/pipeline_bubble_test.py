@@ -6,7 +6,7 @@ stage wait, so the ceiling (10% above the textbook figure) is checked on the bes
 the first: a schedule that serialises the stages (0.5 for p = 2) fails it in every step. The
 floor (half the textbook figure) is checked on the median. A run above the ceiling is measured
 again, up to three runs. The medians, the figures to quote, are bench/pipeline_bubble.py's
-(docs/BENCHMARKS.md, m = 4 and 8). Runs alone (RUN_SERIAL)."""
+(docs/benchmarks/pipeline.md, m = 4 and 8). Runs alone (RUN_SERIAL)."""
 
 import os
 import statistics
@@ -52,8 +52,8 @@ def test():
                   f"(steps 2-10: {each}), {ideal:.4f} ideal ({measured / ideal - 1:+.1%}, best {best / ideal - 1:+.1%})")
             # Below the textbook figure only a loose floor: on some machines (a 2-core Xeon VM,
             # 2026-12-04) half the runs measure about 0.13 instead of 0.20, every step alike, for
-            # a reason not yet found (docs/BENCHMARKS.md); the traces still show the stages
-            # waiting for each other.
+            # a reason not yet found (docs/benchmarks/pipeline.md); the traces still show the
+            # stages waiting for each other.
             if measured < 0.5 * ideal:
                 fail(f"the measured bubble {measured:.4f} is under half of (p-1)/(m+p-1) = {ideal:.4f}: "
                      "the stages barely wait for each other, which 1F1B cannot do")

@@ -42,8 +42,8 @@ def test():
         final = plans[-1]
         if len(plans) < 2 or not final[1] < final[0]:
             fail(f"rebalance: the slowed replica should end with fewer micro-batches: {plans}")
-        # Step times are printed, not asserted: other tests share the cores (docs/BENCHMARKS.md
-        # records the figure from a quiet run).
+        # Step times are printed, not asserted: other tests share the cores
+        # (docs/benchmarks/recovery.md records the figure from a quiet run).
         print(f"rebalance: end step time {late * 1e3:.1f} ms against {warn_late * 1e3:.1f} ms unbalanced")
         reference = run_ok("no fault", args[:-1] + ["warn"], os.path.join(tmp, "reference"))
         ref, got = step_losses(reference), step_losses(events)

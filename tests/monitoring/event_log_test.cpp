@@ -1,11 +1,14 @@
 // The event log writes whole, timestamped JSON lines, appends across reopen, and keeps lines
-// whole under concurrent writers.
+// whole under concurrent writers and when a full disk cuts a write short.
 #include "monitoring/event_log.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -131,6 +134,59 @@ TEST(event_log, a_torn_last_line_is_ended_before_the_next_line) {
   EXPECT_EQ(json::parse(lines[0]).at("n"), 1);
   EXPECT_FALSE(json::accept(lines[1])) << "the torn fragment stays a line of its own";
   EXPECT_EQ(json::parse(lines[2]).at("n"), 2) << "the new line is whole";
+}
+
+// A file-size limit cuts a write short as a full disk does (the bytes that fit land, the
+// write returns fewer), without taking the disk from other tests. SIGXFSZ, which a write
+// that fits nothing at all would raise, is ignored meanwhile.
+class file_size_limit {
+ public:
+  explicit file_size_limit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    rlimit r = saved_;
+    r.rlim_cur = bytes;
+    ok_ = ::setrlimit(RLIMIT_FSIZE, &r) == 0;
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+  }
+  ~file_size_limit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  file_size_limit(const file_size_limit&) = delete;
+  file_size_limit& operator=(const file_size_limit&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  bool ok_ = false;
+  void (*old_handler_)(int) = SIG_DFL;
+};
+
+// A line a full disk cut short is taken back: the file keeps only whole lines, the error
+// says so, and the next line that fits lands whole after the last one.
+TEST(event_log, a_line_the_disk_cut_short_is_taken_back) {
+  testing::temp_dir dir;
+  const std::string path = dir.file("events.jsonl");
+  event_log log = event_log::open(path);
+  log.write({{"n", 1}});
+  const auto whole = std::filesystem::file_size(path);
+  {
+    file_size_limit limit(whole + 10);  // room for 10 bytes of the next line
+    ASSERT_TRUE(limit.ok());
+    try {
+      log.write({{"n", 2}, {"padding", std::string(100, 'x')}});
+      ADD_FAILURE() << "a write the disk cut short did not throw";
+    } catch (const event_log_error& e) {
+      EXPECT_NE(std::string(e.what()).find("the partial line was removed"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(std::filesystem::file_size(path), whole) << "the 10 bytes that fitted were kept";
+  }
+  log.write({{"n", 3}});
+  const auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(json::parse(lines[0]).at("n"), 1);
+  EXPECT_EQ(json::parse(lines[1]).at("n"), 3);
 }
 
 TEST(event_log, errors_are_typed) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -683,6 +684,33 @@ TEST(PlanJson, RoundTripIsExactInEveryField) {
   q = p;
   q.bubble = std::nextafter(p.bubble, 1.0);
   EXPECT_NE(q, p);
+}
+
+// The plan as events show it is to_json's object as a value: the same fields and numbers, the
+// same text when dumped (integral doubles stay "0", not "0.0"), plus its name and ZeRO stage.
+TEST(PlanJson, TheEventDocumentIsToJsonsObject) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto p = ts::make_plan({2, 2, 2, 1}, dense_small(), batch_of(16, 4));
+  std::vector<ts::layout_plan> plans = {p};
+  p.shape.order = "pp-dp-ep-tp";
+  p.bubble = 0;
+  p.params_per_rank = 123456789.123456789;
+  p.memory_bytes = 1e-300;
+  p.step_seconds = nan;
+  plans.push_back(p);
+  p.shape.order = "not-an-order";
+  p.memory_bytes = 4096;
+  p.params_per_rank = 1e20;
+  p.step_seconds = -0.0;
+  plans.push_back(p);
+  for (const auto& plan : plans) {
+    nlohmann::json expected = nlohmann::json::parse(ts::to_json(plan));
+    expected["describe"] = ts::describe(plan.shape);
+    expected["zero"] = 1;
+    const nlohmann::json doc = ts::plan_doc(plan, 1);
+    EXPECT_EQ(doc, expected) << ts::to_json(plan);
+    EXPECT_EQ(doc.dump(), expected.dump());
+  }
 }
 
 TEST(PlanJson, UnevenReplansRoundTrip) {

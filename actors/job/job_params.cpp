@@ -1,0 +1,27 @@
+#include "actors/job/job_params.hpp"
+
+#include <utility>
+
+namespace troupe::actors {
+
+job_params make_job_params(const train_config& cfg, const strategies::layout_plan& plan,
+                           int64_t start_step, std::vector<int64_t> skipped_steps) {
+  using std::chrono::milliseconds;
+  job_params p;
+  p.cfg = cfg;
+  p.start_step = start_step;
+  p.checkpoint_step = start_step > 0 ? start_step : -1;
+  p.members = plan.shape.world() + cfg.elastic.spares;
+  p.nodes = cfg.elastic.nodes;
+  p.plan = plan;
+  p.bounds.min_ranks = cfg.elastic.min_ranks;
+  p.bounds.max_ranks = cfg.elastic.max_ranks > 0 ? cfg.elastic.max_ranks : cfg.world;
+  p.heartbeat_timeout = milliseconds(cfg.elastic.heartbeat_timeout_ms);
+  p.straggler_policy = cfg.elastic.straggler_policy;
+  p.replacement_wait = milliseconds(cfg.elastic.replacement_wait_ms);
+  p.max_restarts = cfg.elastic.max_restarts;
+  p.skipped_steps = std::move(skipped_steps);
+  return p;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,54 @@
+#pragma once
+// What the job's logic is started with: the validated config, the first plan, the bounds of
+// an elastic job and the timeouts of its watchdogs.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/config.hpp"
+#include "strategies/planner.hpp"
+#include "strategies/replan.hpp"
+
+namespace troupe::actors {
+
+/// What the job supervisor is started with.
+struct job_params {
+  train_config cfg;
+  int64_t start_step = 0;        ///< steps already committed (resume)
+  int64_t checkpoint_step = -1;  ///< the newest committed checkpoint (resume), -1 = none
+  int members = 0;               ///< worker processes expected at the start (ranks + spares)
+  int nodes = 1;                 ///< agents that share the first `members` (agent admission)
+  strategies::layout_plan plan;  ///< the plan of the first generation
+  strategies::elastic_bounds bounds;
+  std::chrono::milliseconds form_timeout{60000};
+  std::chrono::milliseconds heartbeat_timeout{2000};
+  std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
+  std::string straggler_policy = "warn";  ///< warn | rebalance | evict
+  int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
+  /// How long a recovery waits for workers that agents are restarting (a crash with restarts
+  /// left), so they take their old places in one generation instead of a shrink and a grow.
+  /// 0 = never wait. Only with max_restarts > 0.
+  std::chrono::milliseconds replacement_wait{0};
+  int max_restarts = 0;  ///< each agent's restart budget, as the agents are told
+  /// Batches skipped after divergences in earlier sessions of this run (resume), one entry
+  /// per skip: see reconfigure::skipped_steps.
+  std::vector<int64_t> skipped_steps;
+  /// A loss in the middle of training sends each member's place in the next generation with
+  /// its abort, without waiting for state reports (see abort_generation::then).
+  bool plan_with_abort = true;
+  /// Such a plan for plain data parallelism on one host keeps the ranks' shared-memory group
+  /// of before, shrunk to the ranks that are left, instead of connecting a new one (see
+  /// reconfigure::shrink_kept).
+  bool shrink_groups = true;
+};
+
+/// The job's parameters, derived from the validated config (`cfg`, with its paths resolved)
+/// and the planner's first plan: the one place where a setting of the config becomes a
+/// parameter of the logic. `start_step`: the checkpoint a resumed job starts from (0: none);
+/// `skipped_steps`: the batches earlier sessions skipped (RUN_DIR/skipped_batches.json).
+job_params make_job_params(const train_config& cfg, const strategies::layout_plan& plan,
+                           int64_t start_step, std::vector<int64_t> skipped_steps);
+
+}  // namespace troupe::actors

@@ -1,0 +1,310 @@
+#include "actors/job/membership.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "actors/job/events.hpp"
+
+namespace troupe::actors {
+
+std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds heartbeat_timeout) {
+  return std::max(std::chrono::milliseconds(50), heartbeat_timeout / 5);
+}
+
+namespace {
+
+double seconds_between(logic_time a, logic_time b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string protocol_mismatch(int32_t theirs) {
+  return "protocol version " + std::to_string(theirs) + " != coordinator's " +
+         std::to_string(protocol_version) + "; run the same troupe build everywhere";
+}
+
+}  // namespace
+
+membership::membership(const job_params& p)
+    : expected_(p.members),
+      nodes_(p.nodes),
+      max_restarts_(p.max_restarts),
+      heartbeat_timeout_(p.heartbeat_timeout) {}
+
+void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
+                             actions& out) {
+  answer.generation = generation_;
+  if (h.protocol != protocol_version) {
+    answer.error = protocol_mismatch(h.protocol);
+    return;
+  }
+  if (job_over) {
+    answer.error = "the job is over";
+    return;
+  }
+  const int node = static_cast<int>(agent_pids_.size());
+  int count = h.slots;
+  if (node < nodes_ && count == 0) {
+    // The first agents share the first members: node i takes its slice.
+    const int per = expected_ / nodes_, extra = expected_ % nodes_;
+    count = per + (node < extra ? 1 : 0);
+  } else if (count <= 0) {
+    answer.error = "this job already has its " + std::to_string(nodes_) +
+                   " agents; pass --ranks K to add K workers";
+    return;
+  }
+  agent_pids_.push_back(h.pid);
+  answer.node = node;
+  answer.max_restarts = max_restarts_;
+  answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
+  for (int i = 0; i < count; ++i) answer.members.push_back(next_member_++);
+  out.push_back(emit_event{{{"event", "agent_joined"},
+                            {"host", h.host},
+                            {"pid", h.pid},
+                            {"node", node},
+                            {"members", answer.members}}});
+}
+
+member_info* membership::admit(const hello& h, bool forming, bool job_over, logic_time now,
+                               welcome& answer, actions& out) {
+  answer.generation = generation_;
+  if (h.protocol != protocol_version) {
+    answer.error = protocol_mismatch(h.protocol);
+    return nullptr;
+  }
+  if (job_over) {
+    answer.error = "the job is over";
+    return nullptr;
+  }
+  if (h.member < 0) {
+    answer.error = "member " + std::to_string(h.member) + " is not a valid member id";
+    return nullptr;
+  }
+  member_info* m = find(h.member);
+  if (m && m->live) {
+    answer.error = "member " + std::to_string(h.member) + " already joined (a duplicate worker)";
+    return nullptr;
+  }
+  if (!m) {
+    members_.push_back(member_info{});
+    m = &members_.back();
+  }
+  *m = member_info{};
+  m->id = h.member;
+  m->node = h.node;
+  m->pid = h.pid;
+  m->host = h.host;
+  m->transport = h.transport;
+  m->last_heartbeat = now;
+  // A member that joins a running job waits idle for the next generation; the current one
+  // (training, or being formed) does not wait for it.
+  m->reported = m->reconfigured = !forming;
+  answer.heartbeat_interval_ms =
+      static_cast<int32_t>(heartbeat_interval(heartbeat_timeout_).count());
+  out.push_back(emit_event{{{"event", "rank_joined"},
+                            {"member", h.member},
+                            {"rank", h.member},
+                            {"pid", h.pid},
+                            {"host", h.host},
+                            {"node", h.node},
+                            {"generation", generation_}}});
+  return m;
+}
+
+std::optional<membership::lost_member> membership::lose(int32_t member, loss_cause cause,
+                                                        const std::string& why, int64_t committed,
+                                                        actions& out) {
+  member_info* m = find(member);
+  if (!m || !m->live) return std::nullopt;
+  m->live = false;
+  const lost_member lost{m->rank, m->node};
+  m->rank = -1;
+  out.push_back(emit_event{events::to_json(events::rank_lost{.rank = lost.rank,
+                                                             .member = member,
+                                                             .node = m->node,
+                                                             .pid = m->pid,
+                                                             .cause = to_string(cause),
+                                                             .reason = why,
+                                                             .step = committed,
+                                                             .generation = generation_})});
+  return lost;
+}
+
+void membership::record_heartbeat(const heartbeat& h, logic_time now, actions& out) {
+  member_info* m = find(h.member);
+  if (!m || !m->live) {
+    // An evicted process that woke up (SIGCONT): its word no longer counts; tell it to go.
+    stale("heartbeat", h.member, h.generation, out);
+    if (m)
+      out.push_back(
+          send_abort{h.member, abort_generation{generation_, "this member was evicted", true, {}}});
+    return;
+  }
+  m->last_heartbeat = now;
+}
+
+std::vector<std::pair<int32_t, std::string>> membership::silent(logic_time now) const {
+  std::vector<std::pair<int32_t, std::string>> out;
+  for (const auto& m : members_) {
+    if (!m.live || now - m.last_heartbeat <= heartbeat_timeout_) continue;
+    out.emplace_back(m.id, "no heartbeat for " +
+                               std::to_string(seconds_between(m.last_heartbeat, now)).substr(0, 4) +
+                               " s (timeout " + std::to_string(heartbeat_timeout_.count()) +
+                               " ms)");
+  }
+  return out;
+}
+
+std::vector<double> membership::heartbeat_ages(logic_time now, int world) const {
+  std::vector<double> ages(static_cast<size_t>(world), 0.0);
+  for (const auto& m : members_)
+    if (m.live && m.rank >= 0 && m.rank < world)
+      ages[static_cast<size_t>(m.rank)] = seconds_between(m.last_heartbeat, now);
+  return ages;
+}
+
+bool membership::current_process(int32_t member, int32_t pid) const {
+  const member_info* m = find(member);
+  return m && m->pid == pid;
+}
+
+std::vector<int32_t> membership::fault_victims(const chaos::fault& f, int world) const {
+  std::vector<int32_t> pids;
+  if (f.target == chaos::fault_target::rank) {
+    // A random schedule may name a rank the shrunken world no longer has.
+    const int rank = f.id < world ? f.id : f.id % std::max(1, world);
+    for (const auto& m : members_)
+      if (m.live && m.rank == rank) pids.push_back(m.pid);
+  } else if (f.target == chaos::fault_target::node) {
+    if (f.id >= 0 && static_cast<size_t>(f.id) < agent_pids_.size())
+      pids.push_back(agent_pids_[static_cast<size_t>(f.id)]);
+    for (const auto& m : members_)
+      if (m.live && m.node == f.id) pids.push_back(m.pid);
+  }
+  return pids;
+}
+
+void membership::stale(const std::string& what, int32_t member, uint64_t message_generation,
+                       actions& out) {
+  ++stale_;
+  out.push_back(emit_event{
+      events::to_json(events::stale_message{what, member, message_generation, generation_})});
+}
+
+void membership::abort_live(const std::string& reason, actions& out) {
+  for (auto& m : members_) {
+    if (!m.live) continue;
+    m.reported = m.reconfigured = false;
+    out.push_back(send_abort{m.id, abort_generation{generation_, reason, false, {}}});
+  }
+}
+
+void membership::all_reported() {
+  for (auto& m : members_) m.reported = true;
+}
+
+void membership::assume_reports(int64_t committed) {
+  for (auto& m : members_) {
+    if (!m.live) continue;
+    m.reported = true;
+    const bool placed = m.rank >= 0;
+    m.held_generation = placed ? generation_ - 1 : 0;
+    m.held_rank = placed ? m.rank : -1;
+    m.held_step = placed ? committed : -1;
+  }
+}
+
+bool membership::report(const state_report& r) {
+  member_info* m = find(r.member);
+  if (!m || m->reported) return false;  // a duplicate, or a member that joined after the abort
+  m->reported = true;
+  m->held_generation = r.held_generation;
+  m->held_rank = r.held_rank;
+  m->held_step = r.held_step;
+  return true;
+}
+
+void membership::place(const restore_plan& plan) {
+  for (auto& m : members_) {
+    m.rank = -1;
+    m.reconfigured = false;
+  }
+  for (size_t r = 0; r < plan.member_of_rank.size(); ++r)
+    if (auto* m = find(plan.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
+}
+
+void membership::mark_reconfigured(int32_t member) {
+  if (auto* m = find(member)) m->reconfigured = true;
+}
+
+bool membership::everyone_reported() const {
+  return std::none_of(members_.begin(), members_.end(),
+                      [](const member_info& m) { return m.live && !m.reported; });
+}
+
+bool membership::everyone_reconfigured() const {
+  return std::none_of(members_.begin(), members_.end(),
+                      [](const member_info& m) { return m.live && !m.reconfigured; });
+}
+
+const member_info* membership::first_unready() const {
+  for (const auto& m : members_)
+    if (m.live && !(m.reported && m.reconfigured)) return &m;
+  return nullptr;
+}
+
+bool membership::ranks_share_one_host() const {
+  std::optional<std::string> host;
+  for (const auto& m : members_) {
+    if (!m.live || m.rank < 0) continue;
+    const auto nl = m.transport.find('\n');
+    if (nl == std::string::npos) return false;
+    const std::string request = m.transport.substr(0, nl), where = m.transport.substr(nl + 1);
+    if ((request != "auto" && request != "shm") || (host && *host != where)) return false;
+    host = where;
+  }
+  return host.has_value();
+}
+
+void membership::stop_all(int exit_code, const std::string& message, actions& out) const {
+  for (const auto& m : members_) {
+    if (!m.live) continue;
+    if (exit_code != 0)
+      out.push_back(send_abort{m.id, abort_generation{generation_, message, true, {}}});
+    out.push_back(send_stop{m.id});
+  }
+}
+
+const member_info* membership::find(int32_t member) const {
+  for (const auto& m : members_)
+    if (m.id == member) return &m;
+  return nullptr;
+}
+
+member_info* membership::find(int32_t member) {
+  return const_cast<member_info*>(std::as_const(*this).find(member));
+}
+
+int32_t membership::member_of_rank(int32_t rank) const {
+  for (const auto& m : members_)
+    if (m.live && m.rank == rank && rank >= 0) return m.id;
+  return -1;
+}
+
+int membership::live_count() const {
+  return static_cast<int>(
+      std::count_if(members_.begin(), members_.end(), [](const member_info& m) { return m.live; }));
+}
+
+int membership::idle_count() const {
+  return static_cast<int>(std::count_if(members_.begin(), members_.end(),
+                                        [](const member_info& m) { return m.live && m.rank < 0; }));
+}
+
+std::vector<member_info> membership::live_members() const {
+  std::vector<member_info> live;
+  for (const auto& m : members_)
+    if (m.live) live.push_back(m);
+  return live;
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,279 @@
+// Step 4 of a job's coordinator: the store and the job supervisor, the agents, the signals
+// that stop or preempt the job, and the wait for its result.
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "actors/child_process.hpp"
+#include "actors/connect.hpp"
+#include "actors/job/events.hpp"
+#include "actors/job_supervisor.hpp"
+#include "checkpoint/durable_io.hpp"
+#include "cli/job_steps.hpp"
+#include "cli/scheduler.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/auth/credentials.hpp"
+#include "runtime/sys/run_paths.hpp"
+#include "runtime/sys/signal_route.hpp"
+
+namespace troupe::cli {
+namespace {
+
+const monitoring::log_context coordinator_ctx{"coordinator", -1, 0, -1};
+
+// The store listens where the coordinator does, so agents on other machines reach it. Only
+// members that prove they hold the job's secret reach it (store_auth::from_process()).
+comm::store_server_options store_options(const job_listeners& listeners) {
+  comm::store_server_options options;
+  options.on_rejection = [on_rejection = listeners.on_rejection()](const std::string& peer,
+                                                                   const std::string& why) {
+    on_rejection("store", peer, why);
+  };
+  return options;
+}
+
+// The progress line follows the event stream.
+void follow_progress(monitoring::event_log& events, progress_line& progress) {
+  events.set_listener([&progress](const nlohmann::json& object) {
+    namespace ev = actors::events;
+    ev::job_event event;
+    try {
+      event = ev::from_json(object);
+    } catch (const nlohmann::json::exception&) {
+      return;  // the coordinator logged it when it emitted the event
+    }
+    std::visit(ev::overloaded{
+                   [&progress](const ev::step& e) {
+                     progress.update(e.step, e.total_steps, e.loss, e.tokens_per_s);
+                   },
+                   [&progress](const ev::validation& e) {
+                     progress.note("step " + std::to_string(e.step) + ": validation loss " +
+                                   format_fixed(e.val_loss, 4));
+                   },
+                   [&progress](const ev::generation& e) {
+                     if (e.number <= 1) return;
+                     progress.note("generation " + std::to_string(e.number) + ": " +
+                                   std::to_string(e.world) + " ranks from step " +
+                                   std::to_string(e.start_step) + " (" + e.reason + ")");
+                   },
+                   [&progress](const ev::job_ended&) { progress.finish(); },
+                   [](const auto&) {},
+               },
+               event);
+  });
+}
+
+// SIGINT: stop at the step boundary (exit 130); SIGTERM, SIGUSR1: a scheduler wants the nodes
+// back, so checkpoint the next step and stop (exit 75, requeue). Under Slurm both of the latter
+// may come more than once (the batch shell forwards what Slurm also sends every process of the
+// step): only a Ctrl-C after the first signal kills the job at once. Watches from its own
+// thread from construction to destruction.
+class signal_watcher {
+ public:
+  signal_watcher(const sigset_t& signals, caf::actor supervisor, const std::vector<pid_t>& agents,
+                 std::string run_dir)
+      : signals_(signals),
+        supervisor_(std::move(supervisor)),
+        agents_(agents),
+        run_dir_(std::move(run_dir)),
+        thread_([this] { watch(); }) {}
+  ~signal_watcher() {
+    troupe::sys::stop_waiting_for_signals();
+    done_ = true;
+    pthread_kill(thread_.native_handle(), SIGUSR1);
+    thread_.join();
+  }
+  signal_watcher(const signal_watcher&) = delete;
+  signal_watcher& operator=(const signal_watcher&) = delete;
+
+ private:
+  void watch() {
+    troupe::sys::wait_here_for_signals();
+    for (int count = 1;; ++count) {
+      int sig = 0;
+      if (sigwait(&signals_, &sig) != 0 || done_) return;
+      if (count == 1 && sig == SIGINT) {
+        std::fprintf(stderr,
+                     "\ntroupe: stopping the job at the step boundary, after any checkpoint "
+                     "being written (press Ctrl-C again to kill it)\n");
+        caf::anon_send(supervisor_, actors::shutdown_atom::value);
+      } else if (count == 1 || sig != SIGINT) {
+        if (count == 1)
+          std::fprintf(stderr,
+                       "\ntroupe: %s: checkpointing the next step and stopping the job; exit %d "
+                       "asks for a requeue, --resume continues (Ctrl-C kills it at once)\n",
+                       sig == SIGTERM ? "SIGTERM" : "SIGUSR1", actors::exit_code::requeue);
+        caf::anon_send(supervisor_, actors::preempt_atom::value);
+      } else {
+        for (pid_t agent : agents_) kill(-agent, SIGKILL);  // an agent leads its workers' group
+        std::fprintf(stderr, "\ntroupe: killed; the committed checkpoint is %s\n",
+                     committed_checkpoint_words(run_dir_).c_str());
+        _exit(actors::exit_code::interrupted);
+      }
+    }
+  }
+
+  const sigset_t signals_;
+  const caf::actor supervisor_;
+  const std::vector<pid_t>& agents_;
+  const std::string run_dir_;
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // last: it starts once everything it reads is set
+};
+
+}  // namespace
+
+job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, run_dir_state& run)
+    : job_(job),
+      listeners_(listeners),
+      store_(job.listen_host, 0, store_options(listeners)),
+      sys_(sys_cfg_.use_network()),
+      self_(sys_) {
+  if (job.cfg.progress) {
+    progress_.emplace(run.start_step);
+    follow_progress(run.events, *progress_);
+  }
+  actors::job_setup setup;
+  setup.cfg = job.cfg;
+  setup.store_host = job.listen_host;
+  setup.store_port = store_.port();
+  setup.start_step = run.start_step;
+  setup.events = &run.events;
+  setup.metrics = &listeners.registry();
+  setup.listener = caf::actor_cast<caf::actor>(self_);
+  setup.plan = job.layout;
+  setup.faults = job.faults;
+  setup.skipped_steps = run.skipped_steps;
+  supervisor_ = actors::spawn_job_supervisor(sys_, std::move(setup));
+  self_->monitor(supervisor_);
+}
+
+actors::job_result job_supervision::run(const sigset_t& signals) {
+  const uint16_t port = publish();
+  const std::string endpoint = job_.listen_host + ":" + std::to_string(port);
+  if (job_.slurm) announce_rendezvous(port);
+  start_agents(endpoint);
+  actors::job_result result;
+  {
+    signal_watcher watcher(signals, supervisor_, agents_, job_.cfg.run_dir);
+    result = wait_for_result();
+    stop_agents();
+    if (job_.slurm) remove_rendezvous(job_.cfg.run_dir, getpid());
+    caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+  }
+  return result;
+}
+
+// The coordinator's endpoint, published for the agents and workers and written to
+// RUN_DIR/coordinator.addr.
+uint16_t job_supervision::publish() {
+  auto published = actors::publish_for_job(sys_, supervisor_, job_.listen_port, job_.listen_host,
+                                           true, "coordinator");
+  if (!published) {
+    caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+    throw config_error("cannot listen on " + job_.listen_host + ":" +
+                       std::to_string(job_.listen_port) + " (" + sys_.render(published.error()) +
+                       "); pick another --port");
+  }
+  const std::string endpoint = job_.listen_host + ":" + std::to_string(*published);
+  ckpt::io::write_file_atomically(run_paths::coordinator_address(job_.cfg.run_dir),
+                                  endpoint + "\n");
+  if (const auto* metrics = listeners_.metrics())
+    std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", job_.cfg.metrics_host.c_str(),
+                 metrics->port());
+  return *published;
+}
+
+// Under Slurm: RUN_DIR/rendezvous.json, where this attempt's agents find the coordinator.
+void job_supervision::announce_rendezvous(uint16_t port) const {
+  const auto& slurm = *job_.slurm;
+  write_rendezvous(job_.cfg.run_dir,
+                   rendezvous{slurm.attempt(), job_.rendezvous_host, port, slurm.node_name,
+                              job_.cfg.elastic.nodes, static_cast<int64_t>(getpid())});
+  std::fprintf(
+      stderr, "troupe: Slurm job %s%s: coordinator on %s at %s:%u (%s)\n", slurm.job_id.c_str(),
+      slurm.restart_count > 0 ? (" (restart " + std::to_string(slurm.restart_count) + ")").c_str()
+                              : "",
+      slurm.node_name.empty() ? "this node" : slurm.node_name.c_str(), job_.rendezvous_host.c_str(),
+      static_cast<unsigned>(port), run_paths::rendezvous(job_.cfg.run_dir).c_str());
+}
+
+// The agents: started here (`troupe run`: one per simulated node, or one srun for the Slurm
+// allocation's nodes), or asked for on stdout (`troupe coordinator`).
+void job_supervision::start_agents(const std::string& endpoint) {
+  const auto& token = auth::process_credentials().token_path;
+  if (job_.slurm && job_.launch_local_agent) {
+    // One agent per node of the allocation; srun --no-kill keeps the step when a node is lost.
+    std::string words;
+    for (const auto& w : job_.srun_agents) words += (words.empty() ? "" : " ") + w;
+    std::fprintf(stderr, "troupe: starting %d agents: %s\n", job_.cfg.elastic.nodes, words.c_str());
+    agents_.push_back(actors::spawn_child(job_.srun_agents, true, SIGTERM));
+  } else if (job_.slurm) {
+    std::printf(
+        "troupe coordinator: listening on %s; start one agent per node with: srun --no-kill "
+        "--ntasks-per-node=1 troupe agent --run-dir %s\n",
+        endpoint.c_str(), job_.cfg.run_dir.c_str());
+    std::fflush(stdout);
+  } else if (job_.launch_local_agent) {
+    // One agent per simulated node, each leading its own process group with its workers.
+    for (int n = 0; n < job_.cfg.elastic.nodes; ++n)
+      agents_.push_back(actors::spawn_child(
+          {actors::self_executable(), "agent", "--coordinator", endpoint, "--join-token", token},
+          true, SIGTERM));
+  } else {
+    std::printf(
+        "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s "
+        "--join-token %s\n",
+        endpoint.c_str(), endpoint.c_str(), token.c_str());
+    std::fflush(stdout);
+  }
+}
+
+actors::job_result job_supervision::wait_for_result() {
+  actors::job_result result;
+  bool done = false;
+  while (!done) {
+    self_->receive(
+        [&](actors::result_atom, actors::job_result& r) {
+          result = std::move(r);
+          done = true;
+        },
+        [&](caf::down_msg& dm) {
+          if (dm.source != supervisor_.address()) return;
+          result.exit_code = 1;
+          result.message =
+              "the job supervisor stopped unexpectedly (" + sys_.render(dm.reason) + ")";
+          done = true;
+        });
+  }
+  return result;
+}
+
+void job_supervision::stop_agents() {
+  for (pid_t agent : agents_) {
+    // The agent stops its workers (they were told to stop) and then exits; give it the
+    // time its own grace periods need before taking its whole process group down.
+    if (job_.slurm && !actors::wait_for_exit(agent, std::chrono::seconds(20))) {
+      // srun: two Ctrl-C within a second end the step (its tasks get SIGKILL from Slurm).
+      monitoring::log(monitoring::level::warn, coordinator_ctx,
+                      "the agents' srun did not end in time; cancelling its step");
+      kill(agent, SIGINT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      kill(agent, SIGINT);
+    }
+    if (!actors::wait_for_exit(agent, std::chrono::seconds(20))) {
+      monitoring::log(monitoring::level::warn, coordinator_ctx,
+                      "an agent did not exit in time; killing it");
+      kill(-agent, SIGKILL);
+      actors::wait_for_exit(agent, std::chrono::seconds(10));
+    }
+  }
+}
+
+}  // namespace troupe::cli
