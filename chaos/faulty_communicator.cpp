@@ -50,6 +50,13 @@ std::optional<fault_plan> parse_fault_plan(const std::string& text) {
       throw std::invalid_argument("fault plan '" + text + "': unknown part '" + part + "'");
     }
   }
+  // A delay of nothing would run the job unharmed while the test believes it was slowed.
+  if (plan.kind == comm_fault::delay && plan.delay.count() <= 0)
+    throw std::invalid_argument(
+        "fault plan '" + text +
+        "': a delay needs a positive delay:MS, e.g. delay@1,every,delay:250");
+  if (plan.kind != comm_fault::delay && plan.delay.count() != 0)
+    throw std::invalid_argument("fault plan '" + text + "': delay:MS belongs to a delay fault");
   return plan;
 }
 

@@ -33,7 +33,8 @@ struct fault_plan {
   std::chrono::milliseconds delay{0};
 };
 
-/// Parses "fail@3", "hang@10", "delay@1+every:250ms" style plans (kind@call[,every][,delay:MS]).
+/// Parses "fail@3", "hang@10", "delay@1,every,delay:250" style plans
+/// (kind@call[,every][,delay:MS]; a delay needs delay:MS above 0, the others take none).
 /// Returns nullopt for an empty string; throws std::invalid_argument naming the bad part.
 std::optional<fault_plan> parse_fault_plan(const std::string& text);
 

@@ -31,6 +31,9 @@ TEST(FaultPlanTest, Parses) {
   EXPECT_THROW(parse_fault_plan("fail@x"), std::invalid_argument);
   EXPECT_THROW(parse_fault_plan("fail@0"), std::invalid_argument);
   EXPECT_THROW(parse_fault_plan("fail@1,sometimes"), std::invalid_argument);
+  EXPECT_THROW(parse_fault_plan("delay@1,every"), std::invalid_argument);  // delays nothing
+  EXPECT_THROW(parse_fault_plan("delay@1,delay:0"), std::invalid_argument);
+  EXPECT_THROW(parse_fault_plan("fail@1,delay:5"), std::invalid_argument);
 }
 
 class FaultyCommunicatorTest : public ::testing::Test {

@@ -11,7 +11,9 @@ import tempfile
 from netns_common import check, netns, step, wait_until
 
 TROUPE = os.environ.get("TROUPE_BIN", "")
-SMALL = ["--world", "4", "--steps", "5", "--layers", "2", "--heads", "2", "--d-model", "32",
+# Enough steps that the job still runs while its processes are examined; closing the cluster
+# ends it (5 steps could finish before the pids were read).
+SMALL = ["--world", "4", "--steps", "100000", "--layers", "2", "--heads", "2", "--d-model", "32",
          "--context", "32", "--batch", "8", "--micro-batch", "2", "--eval-every", "0",
          "--no-progress", "--metrics-port", "0"]
 
