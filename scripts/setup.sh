@@ -17,6 +17,7 @@ packages=(
   cppzmq-dev libzmq3-dev
   libgtest-dev
   prometheus            # promtool + the real server the tests scrape with
+  etcd-server etcd-client   # a real etcd 3.4 for tests/runtime/etcd (coordinator HA)
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   bible-kjv             # renders the default corpus (King James Bible, public domain)
   python3
