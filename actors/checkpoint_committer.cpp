@@ -93,7 +93,7 @@ void checkpoint_committer::do_commit(const ckpt::manifest& m) {
 void checkpoint_committer::do_collect(const gc_job& g) {
   // A writer that started after the ticket holds (or will wait for) the chunk store lock;
   // one that already finished changed the request count. Either way: not now.
-  nlohmann::json event;
+  events::job_event event;
   try {
     const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
     if (!lock || requests_.load() != g.ticket) return;
@@ -110,17 +110,17 @@ void checkpoint_committer::do_collect(const gc_job& g) {
     for (const std::string& f : gc.foreign)
       if (foreign_reported_.insert(f).second && foreign.size() < 32) foreign.push_back(f);
     if (gc.removed_steps.empty() && gc.chunks_removed == 0 && foreign.empty()) return;
-    event = {{"event", "checkpoint_gc"},
-             {"foreign", foreign},
-             {"removed_steps", gc.removed_steps},
-             {"chunks_removed", gc.chunks_removed},
-             {"chunks_recycled", gc.chunks_recycled},
-             {"chunks_kept", gc.chunks_kept},
-             {"bytes_freed", gc.bytes_freed},
-             {"seconds",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()}};
+    event = events::checkpoint_gc{
+        .foreign = std::move(foreign),
+        .removed_steps = gc.removed_steps,
+        .chunks_removed = gc.chunks_removed,
+        .chunks_recycled = gc.chunks_recycled,
+        .chunks_kept = gc.chunks_kept,
+        .bytes_freed = gc.bytes_freed,
+        .seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count()};
   } catch (const std::exception& e) {
-    event = events::to_json(events::checkpoint_gc_failed{e.what()});
+    event = events::checkpoint_gc_failed{e.what()};
   }
   caf::anon_send(reply_to_, ckpt_gc_atom::value, gc_event{std::move(event)});
 }

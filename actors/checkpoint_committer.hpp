@@ -17,6 +17,7 @@
 #include <thread>
 #include <variant>
 
+#include "actors/job/events.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "runtime/sys/idle_priority.hpp"
 
@@ -30,7 +31,7 @@ using ckpt_gc_atom = caf::atom_constant<caf::atom("ckptgc")>;
 /// A checkpoint_gc or checkpoint_gc_failed event for the job's log, handed from the
 /// committer's thread to the supervisor as a value (it never leaves the process).
 struct gc_event {
-  nlohmann::json event;
+  events::job_event event;
 };
 
 class checkpoint_committer {

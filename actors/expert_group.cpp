@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "actors/job/events.hpp"
+
 namespace troupe::actors {
 
 std::optional<expert_load_report> expert_load_tally::add(const expert_load_report& r) {
@@ -65,18 +67,16 @@ void publish(self_ptr self, const expert_load_report& r) {
   for (size_t b = 0; b < r.dropped.size() && b < st.dropped_total.size(); ++b)
     st.dropped_total[b]->inc(static_cast<double>(r.dropped[b]));
   if (!st.setup.events) return;
-  nlohmann::json tokens = nlohmann::json::array();
+  events::expert_load load{.step = r.step,
+                           .generation = r.generation,
+                           .experts = r.experts,
+                           .top_k = st.setup.top_k,
+                           .tokens = {},
+                           .dropped = r.dropped};
   for (size_t b = 0; b < r.dropped.size(); ++b)
-    tokens.push_back(
-        std::vector<int64_t>(r.tokens.begin() + static_cast<std::ptrdiff_t>(b * E),
-                             r.tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * E)));
-  st.setup.events->write({{"event", "expert_load"},
-                          {"step", r.step},
-                          {"generation", r.generation},
-                          {"experts", r.experts},
-                          {"top_k", st.setup.top_k},
-                          {"tokens", tokens},
-                          {"dropped", r.dropped}});
+    load.tokens.emplace_back(r.tokens.begin() + static_cast<std::ptrdiff_t>(b * E),
+                             r.tokens.begin() + static_cast<std::ptrdiff_t>((b + 1) * E));
+  st.setup.events->write(events::to_json(load));
 }
 
 caf::behavior expert_group(self_ptr self, expert_group_setup setup) {
@@ -119,7 +119,7 @@ caf::behavior expert_group(self_ptr self, expert_group_setup setup) {
         } catch (const std::exception& e) {
           if (self->state.setup.events)
             self->state.setup.events->write(
-                {{"event", "expert_load_rejected"}, {"rank", r.rank}, {"error", e.what()}});
+                events::to_json(events::expert_load_rejected{r.rank, e.what()}));
         }
       },
       [=](caf::get_atom) { return self->state.latest; },

@@ -40,12 +40,12 @@ std::vector<int32_t> job_logic::fault_victims(const chaos::fault& f) const {
 
 void job_logic::set_state(job_state s, actions& out, const std::string& why) {
   if (s == state_) return;
-  out.push_back(emit_event{events::to_json(events::state{.from = to_string(state_),
-                                                         .to = to_string(s),
-                                                         .value = static_cast<int>(s),
-                                                         .generation = generation(),
-                                                         .step = committed(),
-                                                         .reason = why})});
+  out.push_back(emit_event{events::state{.from = to_string(state_),
+                                         .to = to_string(s),
+                                         .value = static_cast<int>(s),
+                                         .generation = generation(),
+                                         .step = committed(),
+                                         .reason = why}});
   state_ = s;
 }
 
@@ -67,13 +67,63 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
     // It takes its old place.
     if (replacements_.held() && replacements_.awaited() == 0) plan_generation(now, out);
   }
-  if (state_ == job_state::forming && members_.live_count() == params_.members) {
-    members_.open_first_generation();
-    generations_.begin_recovery("start", now);
-    members_.all_reported();
-    plan_generation(now, out);
+  if (state_ == job_state::forming) {
+    never_joined_.erase(h.member);  // restarted after all, against the prediction
+    maybe_open_first_generation(now, out);
   }
   return out;
+}
+
+int job_logic::first_members_pending() const {
+  int pending = 0;
+  for (int32_t m = 0; m < members_.expected(); ++m) {
+    const member_info* info = members_.find(m);
+    if (!(info && info->live) && !never_joined_.contains(m)) ++pending;
+  }
+  return pending;
+}
+
+std::string job_logic::missing_members(bool gone_only) const {
+  std::string words;
+  for (int32_t m = 0; m < members_.expected(); ++m) {
+    const member_info* info = members_.find(m);
+    if (info && info->live) continue;
+    const auto gone = never_joined_.find(m);
+    if (gone_only && gone == never_joined_.end()) continue;
+    words += (words.empty() ? "member " : ", member ") + std::to_string(m) +
+             (gone != never_joined_.end()   ? " (" + gone->second + " before it joined)"
+              : members_.launched_on(m) < 0 ? " (no agent was told to start it)"
+                                            : " (not joined)");
+  }
+  return words;
+}
+
+void job_logic::maybe_open_first_generation(logic_time now, actions& out) {
+  if (state_ != job_state::forming || ended_) return;
+  const int live = members_.live_count();
+  const int gone = static_cast<int>(never_joined_.size());
+  const int min_ranks = std::max(1, params_.bounds.min_ranks);
+  if (gone > 0 && live + first_members_pending() < min_ranks) {
+    // Waiting for the join deadline would not change the answer.
+    finish(1,
+           "at most " + std::to_string(live + first_members_pending()) + " of " +
+               std::to_string(params_.members) + " workers can join, fewer than --min-ranks " +
+               std::to_string(min_ranks) + ": " + missing_members(true) +
+               "; check the agent's output for the worker's error, then run again (with "
+               "--max-restarts N an agent restarts such a worker; a lower --min-ranks starts "
+               "the job without it)",
+           out);
+    return;
+  }
+  if (live + gone != params_.members) return;
+  std::string reason = "start";
+  if (gone > 0)
+    reason = "start without " + missing_members() + "; " + std::to_string(live) + " of " +
+             std::to_string(params_.members) + " workers joined";
+  members_.open_first_generation();
+  generations_.begin_recovery(reason, now);
+  members_.all_reported();
+  plan_generation(now, out);
 }
 
 actions job_logic::on_heartbeat(const heartbeat& h, logic_time now) {
@@ -158,8 +208,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   commit c{generation(), step, checkpoints_.wanted(step, preempting), evaluate, 0.0, grow};
   if (c.checkpoint && previous_checkpoint_blocks(step)) {  // checkpoint_overlap skip
     c.checkpoint = false;
-    out.push_back(emit_event{events::to_json(events::checkpoint_skipped{
-        step, "the previous checkpoint was not committed yet (checkpoint_overlap skip)"})});
+    out.push_back(emit_event{events::checkpoint_skipped{
+        step, "the previous checkpoint was not committed yet (checkpoint_overlap skip)"}});
   }
   for (const auto& m : members()) {
     if (!m.live || m.rank < 0) continue;
@@ -168,7 +218,7 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   }
   if (c.checkpoint) checkpoints_.start(step, w);
   if (c.evaluate) steps_.expect_validation(step);
-  out.push_back(emit_event{events::to_json(
+  out.push_back(emit_event{
       events::step{.step = step,
                    .loss = loss,
                    .lr = v.lr,
@@ -181,7 +231,7 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
                    .comm_s = v.comm_s / w,
                    .control_s = v.control_s / w,
                    .peer_wait_s = v.peer_wait_s / w,
-                   .total_steps = cfg.steps})});
+                   .total_steps = cfg.steps}});
   deadline_ = now + std::chrono::milliseconds(2LL * cfg.step_timeout_ms);
   if (step >= last) {
     stopping_.finish_training();
@@ -209,9 +259,13 @@ void job_logic::handle_stragglers(const std::vector<double>& compute_s, logic_ti
     generations_.set_cause("straggler");
     const int32_t member = member_of_rank(verdict.rank);
     if (members_.find(member)) {
-      auto more = on_member_lost(member, loss_cause::straggler,
-                                 "compute " + std::to_string(verdict.factor) + "x the median", now);
+      const std::string why = "compute " + std::to_string(verdict.factor) + "x the median";
+      auto more = on_member_lost(member, loss_cause::straggler, why, now);
       out.insert(out.end(), more.begin(), more.end());
+      // Told to go at once: left alone, the process would only fence itself once the
+      // coordinator's silence outlasted its bound, holding its node's memory until then.
+      out.push_back(
+          send_abort{member, abort_generation{generation(), evicted_reason(why), true, {}}});
     }
   } else if (verdict.what == kind::rebalance) {
     generations_.set_cause("rebalance");
@@ -271,7 +325,7 @@ actions job_logic::on_shutdown(logic_time now) {
   actions out;
   if (ended_) return out;
   latest_ = std::max(latest_, now);
-  out.push_back(emit_event{events::to_json(events::interrupted{committed(), generation()})});
+  out.push_back(emit_event{events::interrupted{committed(), generation()}});
   const halt stop{exit_code::interrupted, false, committed(), ""};
   if (state_ != job_state::training) {
     finish(stop.exit_code, words(stop), out);
@@ -290,8 +344,7 @@ actions job_logic::on_preempt(logic_time now) {
   if (ended_ || stopping_.preempting()) return out;
   latest_ = std::max(latest_, now);
   stopping_.preempt();
-  out.push_back(
-      emit_event{events::to_json(events::preempted{committed(), generation(), to_string(state_)})});
+  out.push_back(emit_event{events::preempted{committed(), generation(), to_string(state_)}});
   if (stopping_.halting()) return out;  // an interrupt or a divergence is stopping the job
   if (state_ != job_state::training) {
     finish(exit_code::requeue, words(halt{exit_code::requeue, false, committed(), ""}), out);
@@ -346,8 +399,7 @@ void job_logic::finish(int exit_code, const std::string& message, actions& out) 
   ended_ = true;
   set_state(exit_code == 0 ? job_state::done : job_state::failed, out, message);
   members_.stop_all(exit_code, message, out);
-  out.push_back(emit_event{
-      events::to_json(events::job_ended{exit_code, message, committed(), generation()})});
+  out.push_back(emit_event{events::job_ended{exit_code, message, committed(), generation()}});
   out.push_back(finish_job{exit_code, message});
 }
 

@@ -22,7 +22,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/job/checkpoint_collection.hpp"
@@ -57,15 +60,22 @@ class job_logic {
   actions on_eval_done(const eval_done& e, logic_time now);
   actions on_member_lost(int32_t member, loss_cause cause, const std::string& why, logic_time now);
   /// A worker process ended, as its agent saw it: logged, and its member is lost when it was
-  /// the member's current process (not an earlier one that was restarted).
+  /// the member's current process (not an earlier one that was restarted). A first member
+  /// whose process dies before it joined is waited for when its agent restarts it; otherwise
+  /// the job forms without it while --min-ranks allows, and fails naming it when not.
   actions on_worker_exited(const worker_exited& w, logic_time now);
   actions on_state_report(const state_report& r, logic_time now);
   actions on_reconfigured(const reconfigured& r, logic_time now);
   actions on_heartbeat(const heartbeat& h, logic_time now);
   /// An agent is gone (`why`): it restarts no worker any more.
   actions on_agent_lost(int node, const std::string& why, logic_time now);
-  /// Deadlines: forming, heartbeats, the settle window, recovery, the step watchdog.
+  /// Deadlines: forming, heartbeats, the settle window, recovery, the step watchdog. A tick
+  /// that comes stall_gap or more after the one before means the coordinator itself did not
+  /// run: every member's heartbeat clock restarts (and a recovery's deadline moves by the gap)
+  /// instead of the members being evicted for the coordinator's own silence.
   actions on_tick(logic_time now);
+  /// The newest such stall of the coordinator not taken yet (0 if none); taking it clears it.
+  std::chrono::milliseconds take_stall() { return std::exchange(stall_, {}); }
   /// Ctrl-C / SIGTERM: no step is committed after this; checkpoints already asked for are
   /// committed first (bounded by the step timeout), then the job ends with exit 130.
   actions on_shutdown(logic_time now);
@@ -138,6 +148,13 @@ class job_logic {
   bool take_halt(actions& out);
   void maybe_finish(actions& out);
   void finish(int exit_code, const std::string& message, actions& out);
+  // Forming: the first generation opens once every first member has joined or is known never
+  // to join (its process died before it joined, and no agent restarts it).
+  void maybe_open_first_generation(logic_time now, actions& out);
+  // The first members neither joined nor known gone, and the words naming the missing ones
+  // (or only those known gone).
+  int first_members_pending() const;
+  std::string missing_members(bool gone_only = false) const;
 
   job_params params_;
   membership members_;
@@ -152,6 +169,12 @@ class job_logic {
   bool ended_ = false;
   logic_time deadline_{};  // forming, recovery, or the step watchdog
   logic_time latest_{};    // the newest time an event carried
+  std::optional<logic_time> last_tick_;
+  std::chrono::milliseconds stall_{0};  // the newest stall of the coordinator, until taken
+  // First members whose process ended before they joined and that no agent restarts, with
+  // how each ended; and the restarts each node's agent has spent on such processes.
+  std::map<int32_t, std::string> never_joined_;
+  std::map<int32_t, int> prejoin_restarts_;
 };
 
 }  // namespace troupe::actors

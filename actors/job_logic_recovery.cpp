@@ -40,8 +40,27 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
 }
 
 actions job_logic::on_worker_exited(const worker_exited& w, logic_time now) {
-  actions out{emit_event{events::to_json(events::worker_exited{
-      .member = w.member, .pid = w.pid, .exit_code = w.exit_code, .signal = w.signal})}};
+  actions out{emit_event{events::worker_exited{
+      .member = w.member, .pid = w.pid, .exit_code = w.exit_code, .signal = w.signal}}};
+  if (state_ == job_state::forming && !ended_ && !members_.find(w.member) && w.member >= 0 &&
+      w.member < members_.expected()) {
+    // A first member whose process ended before it joined. Its agent restarts a process that
+    // died while it has restarts left (the same count the agent keeps); the restart joins
+    // like any other. Otherwise the job will not see this member: form without it if the
+    // others are enough, or fail now, naming it.
+    const int32_t node = members_.launched_on(w.member);
+    const bool died = w.signal != 0 || w.exit_code != 0;
+    if (died && node >= 0 && prejoin_restarts_[node] < params_.max_restarts) {
+      ++prejoin_restarts_[node];
+      return out;
+    }
+    never_joined_[w.member] = w.signal ? "its process " + std::to_string(w.pid) +
+                                             " was killed by signal " + std::to_string(w.signal)
+                                       : "its process " + std::to_string(w.pid) +
+                                             " exited with code " + std::to_string(w.exit_code);
+    maybe_open_first_generation(now, out);
+    return out;
+  }
   if (!members_.current_process(w.member, w.pid)) return out;  // an earlier, restarted process
   const std::string why =
       w.signal
@@ -54,7 +73,7 @@ actions job_logic::on_worker_exited(const worker_exited& w, logic_time now) {
 
 actions job_logic::on_agent_lost(int node, const std::string& why, logic_time now) {
   actions out;
-  if (!ended_) out.push_back(emit_event{events::to_json(events::agent_lost{why})});
+  if (!ended_) out.push_back(emit_event{events::agent_lost{why}});
   replacements_.agent_lost(node);
   if (replacements_.held() && replacements_.awaited() == 0 && !ended_) plan_generation(now, out);
   return out;
@@ -64,6 +83,15 @@ actions job_logic::on_tick(logic_time now) {
   actions out;
   if (ended_) return out;
   latest_ = std::max(latest_, now);
+  if (last_tick_ && params_.stall_gap.count() > 0 && now - *last_tick_ >= params_.stall_gap) {
+    // This process did not run between the two ticks (SIGSTOP, a stalled VM): whatever the
+    // members sent meanwhile waits unread, so their silence is the coordinator's own.
+    const auto gap = now - *last_tick_;
+    stall_ = std::chrono::duration_cast<std::chrono::milliseconds>(gap);
+    members_.restart_heartbeat_clocks(now);
+    if (state_ == job_state::recovering) deadline_ += gap;  // reports wait unread too
+  }
+  last_tick_ = now;
   const auto& cfg = params_.cfg;
   if (state_ == job_state::forming) {
     if (now >= deadline_)
@@ -71,7 +99,9 @@ actions job_logic::on_tick(logic_time now) {
              "only " + std::to_string(members_.live_count()) + " of " +
                  std::to_string(params_.members) + " workers joined within " +
                  std::to_string(params_.form_timeout.count() / 1000) +
-                 " s; check the agent's output for worker errors",
+                 " s (--join-timeout-ms); missing: " + missing_members() +
+                 "; check the agent's output for worker errors, or raise --join-timeout-ms if "
+                 "workers start that slowly",
              out);
     return out;
   }

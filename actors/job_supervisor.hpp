@@ -7,8 +7,10 @@
 #include <caf/actor_system.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "actors/job/events.hpp"
 #include "actors/job_logic.hpp"
 #include "actors/messages.hpp"
 #include "chaos/fault_spec.hpp"
@@ -30,6 +32,8 @@ struct job_setup {
   int64_t start_step = 0;  ///< steps already committed (resume)
   monitoring::event_log* events = nullptr;
   monitoring::metrics_registry* metrics = nullptr;
+  /// Told every event the job emits, typed, on the supervisor's thread, before it is written.
+  std::function<void(const events::job_event&)> on_event;
   caf::actor listener;                  ///< receives (result_atom, job_result) at the end
   int form_timeout_ms = 60000;          ///< every first member must have joined by then
   strategies::layout_plan plan;         ///< the planner's plan for the first generation

@@ -8,6 +8,7 @@
 #include <caf/meta/type_name.hpp>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/auth/credentials.hpp"
@@ -152,9 +153,9 @@ struct agent_hello {
 struct launch_plan {
   uint64_t generation = 0;
   int32_t node = 0;
-  std::vector<int32_t> members;      ///< members this agent must start
-  int32_t max_restarts = 0;          ///< times this agent may restart a worker that died
-  int32_t heartbeat_timeout_ms = 0;  ///< a coordinator silent this long is gone
+  std::vector<int32_t> members;        ///< members this agent must start
+  int32_t max_restarts = 0;            ///< times this agent may restart a worker that died
+  int32_t coordinator_timeout_ms = 0;  ///< a coordinator silent this long is gone
   std::string error;
 };
 
@@ -212,6 +213,13 @@ struct abort_generation {
   bool final = false;             ///< the job is ending: exit instead of reporting
   std::vector<reconfigure> then;  ///< empty, or this member's reconfigure for `generation`
 };
+
+/// The reason of a final abort_generation sent to one evicted member (the job goes on): the
+/// worker recognises the prefix and exits 0, so that its agent does not restart it.
+inline constexpr std::string_view evicted_prefix = "evicted: ";
+inline std::string evicted_reason(const std::string& why) {
+  return std::string(evicted_prefix) + why + "; the job goes on without this member";
+}
 
 /// A rank's share of a checkpoint is durable on disk (or was skipped, or failed).
 struct shard_written {
@@ -326,7 +334,7 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
-           x.max_restarts, x.heartbeat_timeout_ms, x.error);
+           x.max_restarts, x.coordinator_timeout_ms, x.error);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -144,16 +145,17 @@ void begin_stop(self_ptr self, int exit_code) {
                      stop_atom::value, int32_t{1});
 }
 
-// The coordinator is lost (its connection closed, or no heartbeat from it for fence_after):
-// this node fences itself. Its workers watch the coordinator too and stop on their own, each
-// saying why, without depending on this agent; they get a moment for it, then SIGTERM, then
-// SIGKILL, all within 2 x the heartbeat timeout of the last heartbeat. Nothing is restarted
-// and nothing is reported any more.
+// The coordinator is lost (its connection closed, or no heartbeat from it for the coordinator
+// timeout): this node fences itself. Its workers watch the coordinator too and stop on their
+// own, each saying why, without depending on this agent, by the same timeout; the moment they
+// get for it is short (a quarter of the timeout, at most a second), then SIGTERM, then
+// SIGKILL half as long again later. Nothing is restarted and nothing is reported any more.
 void fence_node(self_ptr self, const std::string& why) {
   auto& st = self->state;
   const auto timeout =
       st.coordinator_timeout.count() > 0 ? st.coordinator_timeout : std::chrono::milliseconds(2000);
-  const auto term = timeout / 4, kill = timeout * 3 / 8;
+  const auto term = std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1));
+  const auto kill = term * 3 / 2;
   monitoring::log(monitoring::level::error, agent_ctx,
                   why + "; fenced: this node's workers stop on their own, any still running get " +
                       "SIGTERM in " + std::to_string(term.count()) + " ms, and none is restarted");
@@ -202,7 +204,7 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
             // across).
             ::setenv("TROUPE_NODE", std::to_string(plan.node).c_str(), 1);
             s.restarts_left = plan.max_restarts;
-            s.coordinator_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
+            s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
             s.coordinator_seen = std::chrono::steady_clock::now();
             s.exe = self_executable();
             s.endpoint = s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
@@ -271,10 +273,10 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           return;
         }
         if (!s.stopping && s.coordinator_timeout.count() > 0 &&
-            std::chrono::steady_clock::now() - s.coordinator_seen >
-                fence_after(s.coordinator_timeout)) {
+            std::chrono::steady_clock::now() - s.coordinator_seen > s.coordinator_timeout) {
           fence_node(self, "lost the coordinator: no heartbeat from it for " +
-                               std::to_string(fence_after(s.coordinator_timeout).count()) + " ms");
+                               std::to_string(s.coordinator_timeout.count()) +
+                               " ms (--coordinator-timeout-ms)");
         }
         self->delayed_send(self, reap_interval, tick_atom::value);
       },

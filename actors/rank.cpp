@@ -61,6 +61,8 @@ double thread_cpu_seconds() {
 // What a control message means for the step loop: nothing, or the loop's end.
 std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
   w.newest_generation = std::max(w.newest_generation, a.generation);
+  if (a.final && a.reason.starts_with(evicted_prefix))
+    return loop_result{loop_end::stopped, 0, a.reason};
   if (a.final) return loop_result{loop_end::stopped, 0, "the job ended: " + a.reason};
   if (a.generation > w.current.generation) {
     loop_result end{loop_end::aborted, a.generation, a.reason};
@@ -422,6 +424,10 @@ int serve(worker& w) {
           tell_coordinator(w, report_for(w, result.next_generation));
         break;
       case loop_end::stopped:
+        if (result.why.starts_with(evicted_prefix)) {  // told to go: not a failure to restart
+          monitoring::log(monitoring::level::warn, w.log_ctx(), result.why);
+          return 0;
+        }
         if (!result.why.empty()) monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
         return result.why.empty() ? 0 : 1;
       case loop_end::failed:
@@ -491,7 +497,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.unwritten_heap = forming ? 0 : 2 * engine;
     beats.emplace(coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
-                  std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms));
+                  std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)));
     // The store listens where the coordinator does; a coordinator that listens on every
     // address (--host 0.0.0.0) is reached at the address this worker was given for it.
     const std::string store_host =

@@ -68,7 +68,7 @@ heartbeat_thread::heartbeat_thread(caf::actor coordinator, int32_t member,
         using clock = std::chrono::steady_clock;
         std::unique_lock lock(m_);
         shared->coordinator_seen();
-        const auto limit = fence_after(coordinator_timeout);
+        const auto limit = coordinator_timeout;
         // The silence is checked more often than the beats go out, so the fence falls within
         // a twentieth of the timeout of its limit.
         const auto check =

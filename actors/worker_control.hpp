@@ -60,13 +60,12 @@ class worker_shared {
 };
 
 /// How long a worker or an agent goes without the coordinator's heartbeat before it takes the
-/// coordinator for lost and fences itself: half as long again as the coordinator waits for a
-/// silent member (`heartbeat_timeout`). A delay the coordinator sits out never ends a member
-/// from its own side, and a member cut off is gone well within 2 x the timeout; in between,
-/// the coordinator has gone on without it, and the generation number fences what it says.
-inline std::chrono::milliseconds fence_after(std::chrono::milliseconds heartbeat_timeout) {
-  return heartbeat_timeout * 3 / 2;
-}
+/// coordinator for lost and fences itself is the job's coordinator timeout
+/// (`coordinator_timeout_ms(elastic_config)`), which validation keeps longer than the time the
+/// coordinator waits for a silent member (`heartbeat_timeout`): a delay the coordinator sits out
+/// never ends a member from its own side, and a pause of the coordinator itself shorter than it
+/// costs only the pause. In between, the coordinator has gone on without a cut-off member, and
+/// the generation number fences what it says.
 
 /// Receives the coordinator's aborts while the rank actor is busy, aborts the collective in
 /// flight and hands the message on to the rank actor, which decides what follows; takes the
@@ -75,7 +74,7 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
                             caf::actor rank);
 
 /// Beats from its own thread, so compute cannot silence it; only a stopped or dead process
-/// is. When the coordinator has been silent for fence_after(`coordinator_timeout`) (a
+/// is. When the coordinator has been silent for longer than `coordinator_timeout` (a
 /// partition, or the coordinator hung or gone), this process fences itself: it sends nothing
 /// more, aborts the data plane, says so, and ends (exit code 1), whatever its agent does.
 class heartbeat_thread {

@@ -30,11 +30,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_elastic import batch_offsets  # noqa: E402
-from torch_gpt import GPT, learning_rate  # noqa: E402
+from torch_ddp_common import build, train_step, wrap  # noqa: E402
+from torch_gpt import add_model_args  # noqa: E402
 
 
 def main():
@@ -45,15 +44,7 @@ def main():
     ap.add_argument("--master", required=True, help="HOST:PORT of rank 0's store")
     ap.add_argument("--data", required=True)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--batch", type=int, default=16, help="global batch (windows per step)")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--seed", type=int, default=1337)
+    add_model_args(ap, layers=4, heads=4, d_model=128, context=64, warmup=20)
     ap.add_argument("--timeout-s", type=float, default=120)
     ap.add_argument("--out", required=True, help="this rank's timings (JSON)")
     args = ap.parse_args()
@@ -67,21 +58,10 @@ def main():
     init_s = time.perf_counter() - t_init
     if args.batch % (args.world * args.micro_batch):
         sys.exit(f"--batch {args.batch} must be a multiple of world x micro-batch")
-    share = args.batch // args.world
 
     data = np.memmap(args.data, dtype=np.uint8, mode="r")
-    T = args.context
-    limit = len(data) - T - 1
-    torch.manual_seed(args.seed)
-    model = GPT(args.layers, args.heads, args.d_model, T)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    # gloo cannot broadcast the bool causal-mask buffer; it is a constant on every rank.
-    DDP._set_params_and_buffers_to_ignore_for_model(model, ["mask"])
-    ddp = DDP(model, broadcast_buffers=False)
+    model, opt = build(args)
+    ddp = wrap(model)
     last_ready = [0.0]
 
     def timed_allreduce(state, bucket):
@@ -93,33 +73,17 @@ def main():
     steps = []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(step - 1, args.steps, args.lr, args.warmup, 0.1)
-        opt.zero_grad(set_to_none=True)
-        mine = batch_offsets(args.seed, step, args.batch, limit)[
-            args.rank * share:(args.rank + 1) * share]
-        chunks = [mine[i:i + args.micro_batch] for i in range(0, share, args.micro_batch)]
-        comm_s = 0.0
-        for i, chunk in enumerate(chunks):
-            window = torch.from_numpy(np.stack([data[o:o + T + 1] for o in chunk]).astype(np.int64))
-            weight = len(chunk) / share
-            if i + 1 < len(chunks):
-                with ddp.no_sync():
-                    (ddp(window[:, :-1], window[:, 1:]) * weight).backward()
-            else:
-                loss = ddp(window[:, :-1], window[:, 1:])
-                (loss * weight).backward()
-                comm_s = time.perf_counter() - last_ready[0]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        steps.append({"t0": t0, "comm_s": comm_s})
+        waited = []
+        train_step(ddp, model, opt, data, args, step, args.rank, args.world,
+                   after_backward=lambda: waited.append(time.perf_counter() - last_ready[0]))
+        steps.append({"t0": t0, "comm_s": waited[0] if waited else 0.0})
     end = time.perf_counter()
     for i, s in enumerate(steps):
         s["step_s"] = (steps[i + 1]["t0"] if i + 1 < len(steps) else end) - s["t0"]
         del s["t0"]
     with open(args.out + ".tmp", "w") as f:  # renamed: a reader never sees half of it
         json.dump({"rank": args.rank, "world": args.world, "init_s": init_s,
-                   "tokens_per_step": args.batch * T, "torch": torch.__version__,
+                   "tokens_per_step": args.batch * args.context, "torch": torch.__version__,
                    "steps": steps}, f)
     os.replace(args.out + ".tmp", args.out)
     # Every rank is done once all pass this barrier; then leave without

@@ -41,10 +41,10 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import GPT, learning_rate  # noqa: E402
+from torch_ddp_common import build, train_step, wrap  # noqa: E402
+from torch_gpt import add_model_args  # noqa: E402
 
 
 def now_ms():
@@ -76,25 +76,11 @@ def save_checkpoint(ckpt_dir, step, model, opt):
         os.remove(old)
 
 
-def batch_offsets(seed, step, batch, limit):
-    """The global batch of window offsets for one step; the same for every rank and every run."""
-    rng = np.random.default_rng(seed * 1_000_003 + step)
-    return rng.integers(0, limit, size=batch)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="corpus file, read as raw bytes")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--batch", type=int, default=16, help="global batch (windows per step)")
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--d-model", type=int, default=32)
-    ap.add_argument("--context", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=1337)
+    add_model_args(ap, layers=2, heads=2, d_model=32, context=32, warmup=5)
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--log", required=True, help="JSON-lines event log")
@@ -108,20 +94,10 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         sys.exit(f"--batch {args.batch} is not a multiple of the world size {world}")
-    share = args.batch // world  # windows per rank per step
     os.makedirs(args.ckpt_dir, exist_ok=True)
 
     data = np.memmap(args.data, dtype=np.uint8, mode="r")
-    T = args.context
-    limit = len(data) - T - 1
-
-    torch.manual_seed(args.seed)  # same init everywhere (DDP also broadcasts rank 0's)
-    model = GPT(args.layers, args.heads, args.d_model, T)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    model, opt = build(args)  # the same init everywhere (DDP also broadcasts rank 0's)
 
     # Every rank loads the same file: the old group is gone before a new one starts, so the
     # directory cannot change under us.
@@ -132,10 +108,7 @@ def main():
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         resume_step = state["step"]
-    # gloo cannot broadcast the bool causal-mask buffer ("Invalid scalar type"); it is a
-    # constant, identical on every rank, so DDP is told to leave it alone.
-    DDP._set_params_and_buffers_to_ignore_for_model(model, ["mask"])
-    ddp = DDP(model, broadcast_buffers=False)
+    ddp = wrap(model)
 
     if rank == 0:
         append_json(args.log, {"event": "start", "unix_ms": now_ms(), "restart": restart,
@@ -146,28 +119,7 @@ def main():
             append_json(args.log, {"event": "kill", "step": step, "rank": rank, "unix_ms": now_ms()})
             os.kill(os.getpid(), signal.SIGKILL)
 
-        for g in opt.param_groups:
-            g["lr"] = learning_rate(step - 1, args.steps, args.lr, args.warmup, 0.1)
-        opt.zero_grad(set_to_none=True)
-
-        mine = batch_offsets(args.seed, step, args.batch, limit)[rank * share:(rank + 1) * share]
-        chunks = [mine[i:i + args.micro_batch] for i in range(0, share, args.micro_batch)]
-        loss_sum = 0.0
-        for i, chunk in enumerate(chunks):
-            window = torch.from_numpy(np.stack([data[o:o + T + 1] for o in chunk]).astype(np.int64))
-            # Each micro-batch is weighted by its share of this rank's windows; DDP then averages
-            # over ranks, giving the mean over the global batch. Only the last one all-reduces.
-            weight = len(chunk) / share
-            if i + 1 < len(chunks):
-                with ddp.no_sync():
-                    loss = ddp(window[:, :-1], window[:, 1:])
-                    (loss * weight).backward()
-            else:
-                loss = ddp(window[:, :-1], window[:, 1:])
-                (loss * weight).backward()
-            loss_sum += loss.item() * weight
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss_sum = train_step(ddp, model, opt, data, args, step, rank, world)
 
         if rank == 0:
             if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:

@@ -79,35 +79,47 @@ def learning_rate(step, total, lr, warmup, min_ratio):
     return floor + 0.5 * (lr - floor) * (1 + math.cos(math.pi * progress))
 
 
+def add_model_args(ap, layers=4, heads=4, d_model=128, context=64, warmup=20):
+    """The options of the model and its optimizer, as troupe's; defaults differ between the
+    benchmarks."""
+    ap.add_argument("--batch", type=int, default=16, help="global batch (windows per step)")
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--heads", type=int, default=heads)
+    ap.add_argument("--d-model", type=int, default=d_model)
+    ap.add_argument("--context", type=int, default=context)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--seed", type=int, default=1337)
+
+
+def adamw(model, lr):
+    """AdamW as troupe configures it: weight decay on matrices only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), eps=1e-8)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", required=True)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", type=int, default=5, help="warm-up steps not timed")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--context", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=20)
+    add_model_args(ap)
     ap.add_argument("--print-every", type=int, default=0)
     args = ap.parse_args()
 
     torch.set_num_threads(1)
-    torch.manual_seed(1337)
+    torch.manual_seed(args.seed)
     data = np.fromfile(args.data, dtype=np.uint8)
     train = torch.from_numpy(data[: int(len(data) * 0.95)].astype(np.int64))
     T = args.context
     model = GPT(args.layers, args.heads, args.d_model, T)
     print(f"model: {sum(p.numel() for p in model.parameters())} parameters", flush=True)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    rng = np.random.default_rng(1337)
+    opt = adamw(model, args.lr)
+    rng = np.random.default_rng(args.seed)
     micro_steps = args.batch // args.micro_batch
     start = None
     for step in range(args.steps):

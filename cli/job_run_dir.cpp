@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/job/events.hpp"
 #include "actors/job_supervisor.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "cli/job_steps.hpp"
@@ -94,29 +95,27 @@ monitoring::event_log open_events(const job_plan& job, const nlohmann::json& con
                                   const resume_choice& resumed) {
   const train_config& cfg = job.cfg;
   auto events = monitoring::event_log::open(run_paths::events(cfg.run_dir).string());
-  events.write({{"event", "job_start"},
-                {"world", cfg.world},
-                {"steps", cfg.steps},
-                {"resume", cfg.resume},
-                {"start_step", resumed.step},
-                {"config", config},
-                {"pid", getpid()},
-                {"layout", strategies::plan_doc(job.layout, cfg.parallel.zero)}});
+  namespace ev = actors::events;
+  events.write(
+      ev::to_json(ev::job_start{.world = cfg.world,
+                                .steps = cfg.steps,
+                                .resume = cfg.resume,
+                                .start_step = resumed.step,
+                                .config = config,
+                                .pid = getpid(),
+                                .layout = strategies::plan_doc(job.layout, cfg.parallel.zero)}));
   for (const auto& f : resumed.fallbacks)
-    events.write({{"event", "checkpoint_fallback"},
-                  {"step", f.step},
-                  {"path", f.path},
-                  {"error", f.error},
-                  {"quarantined", f.quarantined},
-                  {"resumed_step", resumed.step}});
+    events.write(ev::to_json(ev::checkpoint_fallback{.step = f.step,
+                                                     .path = f.path,
+                                                     .error = f.error,
+                                                     .quarantined = f.quarantined,
+                                                     .resumed_step = resumed.step}));
   if (cfg.resume)
-    events.write({{"event", "resume"},
-                  {"step", resumed.step},
-                  {"written_by", resumed.layout},
-                  {"format_version", resumed.format},
-                  {"latest_repaired", resumed.latest_repaired},
-                  {"latest_was", resumed.latest_was ? nlohmann::json(*resumed.latest_was)
-                                                    : nlohmann::json(nullptr)}});
+    events.write(ev::to_json(ev::resume{.step = resumed.step,
+                                        .written_by = resumed.layout,
+                                        .format_version = resumed.format,
+                                        .latest_repaired = resumed.latest_repaired,
+                                        .latest_was = {resumed.latest_was}}));
   return events;
 }
 

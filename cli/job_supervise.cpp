@@ -39,15 +39,9 @@ comm::store_server_options store_options(const job_listeners& listeners) {
 }
 
 // The progress line follows the event stream.
-void follow_progress(monitoring::event_log& events, progress_line& progress) {
-  events.set_listener([&progress](const nlohmann::json& object) {
+void follow_progress(actors::job_setup& setup, progress_line& progress) {
+  setup.on_event = [&progress](const actors::events::job_event& event) {
     namespace ev = actors::events;
-    ev::job_event event;
-    try {
-      event = ev::from_json(object);
-    } catch (const nlohmann::json::exception&) {
-      return;  // the coordinator logged it when it emitted the event
-    }
     std::visit(ev::overloaded{
                    [&progress](const ev::step& e) {
                      progress.update(e.step, e.total_steps, e.loss, e.tokens_per_s);
@@ -66,7 +60,7 @@ void follow_progress(monitoring::event_log& events, progress_line& progress) {
                    [](const auto&) {},
                },
                event);
-  });
+  };
 }
 
 // SIGINT: stop at the step boundary (exit 130); SIGTERM, SIGUSR1: a scheduler wants the nodes
@@ -135,12 +129,13 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
       store_(job.listen_host, 0, store_options(listeners)),
       sys_(sys_cfg_.use_network()),
       self_(sys_) {
+  actors::job_setup setup;
   if (job.cfg.progress) {
     progress_.emplace(run.start_step);
-    follow_progress(run.events, *progress_);
+    follow_progress(setup, *progress_);
   }
-  actors::job_setup setup;
   setup.cfg = job.cfg;
+  setup.form_timeout_ms = job.cfg.elastic.join_timeout_ms;
   setup.store_host = job.listen_host;
   setup.store_port = store_.port();
   setup.start_step = run.start_step;

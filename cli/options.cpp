@@ -50,6 +50,8 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--spares", "elastic.spares"},
       {"--max-restarts", "elastic.max_restarts"},
       {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
+      {"--coordinator-timeout-ms", "elastic.coordinator_timeout_ms"},
+      {"--join-timeout-ms", "elastic.join_timeout_ms"},
       {"--replacement-wait-ms", "elastic.replacement_wait_ms"},
       {"--straggler-policy", "elastic.straggler_policy"},
       {"--fault", "elastic.faults"},
@@ -263,6 +265,13 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --spares K             K started, idle workers that take a lost rank's place (default 0)
   --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
+  --coordinator-timeout-ms MS workers and agents wait this long for a silent coordinator before
+                         they fence themselves and exit; a coordinator paused for less (SIGSTOP,
+                         a VM stall) costs only the pause. Must be longer than the heartbeat
+                         timeout (default 5 x --heartbeat-timeout-ms)
+  --join-timeout-ms MS   every first worker must join within this; a worker that dies before
+                         it joins is restarted (--max-restarts) or left out while --min-ranks
+                         allows, else the job fails naming it (default 60000)
   --replacement-wait-ms MS    with --max-restarts: a recovery waits this long for a crashed
                          worker's restart, which takes its old place (default 1000; 0 = shrink at once)
   --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "runtime/sys/printable.hpp"
+
 namespace troupe::cli {
 
 std::string format_fixed(double v, int digits) {
@@ -38,14 +40,17 @@ std::string format_rate(double r) {
 }
 
 progress_line::progress_line(int64_t start_step)
-    : start_step_(start_step), tty_(isatty(STDERR_FILENO) != 0),
-      started_(std::chrono::steady_clock::now()), last_print_(started_) {}
+    : start_step_(start_step),
+      tty_(isatty(STDERR_FILENO) != 0),
+      started_(std::chrono::steady_clock::now()),
+      last_print_(started_) {}
 
 void progress_line::update(int64_t step, int64_t total, double loss, double tokens_per_s) {
   using namespace std::chrono;
   double elapsed = duration<double>(steady_clock::now() - started_).count();
   int64_t done = step - start_step_;
-  double eta = done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total - step) : NAN;
+  double eta =
+      done > 0 ? elapsed / static_cast<double>(done) * static_cast<double>(total - step) : NAN;
   std::string line = "step " + std::to_string(step) + "/" + std::to_string(total) + " | loss " +
                      format_fixed(loss, 4) + " | " + format_rate(tokens_per_s) + " tok/s | ETA " +
                      format_duration(eta);
@@ -70,7 +75,10 @@ void progress_line::draw(const std::string& line, bool force) {
   }
 }
 
-void progress_line::note(const std::string& text) {
+void progress_line::note(const std::string& raw) {
+  // A note can quote what a process or a peer said (a generation's reason): never let its
+  // bytes steer the terminal.
+  const std::string text = sys::printable(raw);
   if (tty_ && open_) {
     std::fprintf(stderr, "\r\033[K%s\n%s", text.c_str(), last_line_.c_str());
   } else {

@@ -28,7 +28,6 @@ struct event_log::state {
   std::string path;
   int fd = -1;  // O_APPEND: every write lands whole at the end, whoever else appends
   std::mutex mutex;
-  std::function<void(const nlohmann::json&)> listener;
   bool torn = false;  // a short write left part of a line that could not be taken back
 
   ~state() {
@@ -122,7 +121,7 @@ void event_log::write(nlohmann::json object) {
   }
   object.erase("ts");
   object.erase("unix_ms");
-  make_printable(object);  // the listener (the console's progress line) sees the same text
+  make_printable(object);
   const std::int64_t unix_ms = now_unix_ms();
 
   // Built by hand so that the time comes first on each line, where a reader looks for it;
@@ -138,7 +137,6 @@ void event_log::write(nlohmann::json object) {
   }
   line += '\n';
 
-  std::function<void(const nlohmann::json&)> listener;
   {
     std::lock_guard lock(state_->mutex);
     // After a torn line that stayed in the file, end it first: it becomes a line of its own
@@ -167,15 +165,7 @@ void event_log::write(nlohmann::json object) {
           (state_->torn ? "the partial line stays" : "the partial line was removed"));
     }
     state_->torn = false;
-    listener = state_->listener;
   }
-  if (listener) listener(object);
-}
-
-void event_log::set_listener(std::function<void(const nlohmann::json&)> listener) {
-  if (!state_) throw event_log_error("event log: set_listener() on a moved-from event_log");
-  std::lock_guard lock(state_->mutex);
-  state_->listener = std::move(listener);
 }
 
 }  // namespace troupe::monitoring

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -46,10 +45,6 @@ class event_log {
   [[nodiscard]] static std::string encode(const nlohmann::json& event);
   /// Escapes every string and key of `value` in place, as `encode` does.
   static void make_printable(nlohmann::json& value);
-
-  /// Called with every event after it is written (the progress line and the metrics follow
-  /// the event stream this way); at most one listener, replaced by the next call.
-  void set_listener(std::function<void(const nlohmann::json&)> listener);
 
   /// The path given to open().
   [[nodiscard]] const std::string& path() const;

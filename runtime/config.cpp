@@ -238,6 +238,10 @@ const std::vector<field>& fields() {
       make_field("elastic.max_restarts", &train_config::elastic, &elastic_config::max_restarts),
       make_field("elastic.heartbeat_timeout_ms", &train_config::elastic,
                  &elastic_config::heartbeat_timeout_ms),
+      make_field("elastic.coordinator_timeout_ms", &train_config::elastic,
+                 &elastic_config::coordinator_timeout_ms),
+      make_field("elastic.join_timeout_ms", &train_config::elastic,
+                 &elastic_config::join_timeout_ms),
       make_field("elastic.replacement_wait_ms", &train_config::elastic,
                  &elastic_config::replacement_wait_ms),
       section_string_field("elastic.straggler_policy", &train_config::elastic,
@@ -679,9 +683,25 @@ void validate(const train_config& c) {
               std::to_string(e.max_ranks));
   int_in(e.heartbeat_timeout_ms, "elastic.heartbeat_timeout_ms", "--heartbeat-timeout-ms", 100,
          3600000);
+  // Both ways the same bound would make a stopped coordinator and its members give up on
+  // each other at once: the members must outwait the coordinator's own verdict on them.
+  require(e.coordinator_timeout_ms == 0 || (e.coordinator_timeout_ms > e.heartbeat_timeout_ms &&
+                                            e.coordinator_timeout_ms <= 18000000),
+          "config: elastic.coordinator_timeout_ms (--coordinator-timeout-ms) must be longer than "
+          "elastic.heartbeat_timeout_ms (--heartbeat-timeout-ms, " +
+              std::to_string(e.heartbeat_timeout_ms) +
+              " ms), at most 5 h, or 0 for 5 x the heartbeat timeout: workers and agents must "
+              "wait for a silent coordinator longer than it waits for them; got " +
+              std::to_string(e.coordinator_timeout_ms));
+  int_in(e.join_timeout_ms, "elastic.join_timeout_ms", "--join-timeout-ms", 1000, 86400000,
+         " (1 s to 24 h)");
   int_in(e.replacement_wait_ms, "elastic.replacement_wait_ms", "--replacement-wait-ms", 0, 600000);
   one_of(e.straggler_policy, "elastic.straggler_policy", "--straggler-policy",
          {"warn", "rebalance", "evict"});
+}
+
+int coordinator_timeout_ms(const elastic_config& e) {
+  return e.coordinator_timeout_ms > 0 ? e.coordinator_timeout_ms : 5 * e.heartbeat_timeout_ms;
 }
 
 json to_json(const train_config& cfg) {

@@ -44,6 +44,13 @@ struct elastic_config {
   int spares = 0;                   ///< started idle workers that replace a lost rank
   int max_restarts = 0;             ///< times each agent restarts a worker that died (it rejoins)
   int heartbeat_timeout_ms = 2000;  ///< a worker silent this long is lost (hang)
+  /// How long workers and agents wait for a silent coordinator before they fence themselves;
+  /// 0 = 5 x heartbeat_timeout_ms. Longer than the coordinator waits for them, so that a pause
+  /// of the coordinator (SIGSTOP, a VM stall) shorter than this costs only the pause.
+  int coordinator_timeout_ms = 0;
+  /// Every first worker must have joined this long after the coordinator started; one that
+  /// died before it joined is replaced by its agent's restart or left out (--min-ranks).
+  int join_timeout_ms = 60000;
   /// With max_restarts: how long a recovery waits for a crashed worker's restart to rejoin
   /// (one generation at the old world instead of a shrink and a grow); 0 = never waits.
   int replacement_wait_ms = 1000;
@@ -110,6 +117,9 @@ struct train_config {
   /// drops a stranger's (runtime/comm/tcp_signature.hpp); `none` accepts whoever connects first.
   std::string data_plane_auth = "tcp-md5";
 };
+
+/// The coordinator timeout in effect: coordinator_timeout_ms, or its default when 0.
+int coordinator_timeout_ms(const elastic_config& e);
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.
 class config_error : public std::runtime_error {

@@ -37,8 +37,7 @@ void checkpoint_collection::abandon(const std::string& reason, uint64_t next, ac
     if (!c.ok) {
       // A rank had already failed to write its share: that failure counts as any other,
       // and the next checkpoint due makes up for it as it would have.
-      out.push_back(
-          emit_event{events::to_json(events::checkpoint_failed{step, c.failed, c.error})});
+      out.push_back(emit_event{events::checkpoint_failed{step, c.failed, c.error}});
       failed(step, c.error);
       continue;
     }
@@ -51,7 +50,7 @@ void checkpoint_collection::abandon(const std::string& reason, uint64_t next, ac
       owed_ = owed_checkpoint{step, replaces};
     else
       owed_->from = std::min(owed_->from, step);
-    out.push_back(emit_event{events::to_json(events::checkpoint_abandoned{
+    out.push_back(emit_event{events::checkpoint_abandoned{
         .step = step,
         .generation = next - 1,
         .ranks_reported = c.in,
@@ -60,7 +59,7 @@ void checkpoint_collection::abandon(const std::string& reason, uint64_t next, ac
                   " ended before every rank reported its share: " + reason,
         .retake_from = owed_->from,
         .then = "the first step from " + std::to_string(owed_->from) +
-                " that the job commits takes a checkpoint in its place"})});
+                " that the job commits takes a checkpoint in its place"}});
   }
   collecting_.clear();
 }
@@ -111,13 +110,12 @@ checkpoint_collection::share_outcome checkpoint_collection::add_share(const shar
     return share_outcome::awaited;
   }
   if (!done.ok) {
-    out.push_back(
-        emit_event{events::to_json(events::checkpoint_failed{w.step, done.failed, done.error})});
+    out.push_back(emit_event{events::checkpoint_failed{w.step, done.failed, done.error}});
     failed(w.step, done.error);
   }
   if (done.skipped && done.ok) {
-    out.push_back(emit_event{events::to_json(events::checkpoint_skipped{
-        w.step, "a rank was still writing the previous checkpoint (checkpoint_overlap skip)"})});
+    out.push_back(emit_event{events::checkpoint_skipped{
+        w.step, "a rank was still writing the previous checkpoint (checkpoint_overlap skip)"}});
     // A checkpoint in place of an abandoned one is still owed: usually the survivors were
     // still writing their shares of the abandoned one. The next committed step tries again.
     if (done.commit.replaces >= 0 && !owed_) owed_ = owed_checkpoint{w.step, done.commit.replaces};
@@ -130,8 +128,7 @@ void checkpoint_collection::committed(const commit_checkpoint& c, const std::str
   const int64_t step = c.step;
   committing_ = std::max(0, committing_ - 1);
   if (!error.empty()) {
-    out.push_back(
-        emit_event{events::to_json(events::checkpoint_failed{step, std::nullopt, error})});
+    out.push_back(emit_event{events::checkpoint_failed{step, std::nullopt, error}});
     failed(step, error);
     return;
   }
@@ -141,7 +138,7 @@ void checkpoint_collection::committed(const commit_checkpoint& c, const std::str
     failed_step_ = -1;
     failed_error_.clear();
   }
-  out.push_back(emit_event{events::to_json(events::checkpoint{
+  out.push_back(emit_event{events::checkpoint{
       .step = step,
       .path = path,
       .generation = generation,
@@ -152,7 +149,7 @@ void checkpoint_collection::committed(const commit_checkpoint& c, const std::str
       .snapshot_buffer_bytes = c.snapshot_buffer_bytes,
       .replicated_bytes = c.replicated_bytes,
       // the abandoned checkpoint's step
-      .replaces = c.replaces >= 0 ? std::optional<int64_t>(c.replaces) : std::nullopt})});
+      .replaces = c.replaces >= 0 ? std::optional<int64_t>(c.replaces) : std::nullopt}});
 }
 
 std::string checkpoint_collection::words() const {

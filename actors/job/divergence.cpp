@@ -46,15 +46,15 @@ bool divergence::decide(int64_t step, const std::string& what, uint64_t generati
     skipped_.insert(std::upper_bound(skipped_.begin(), skipped_.end(), step), step);
     out.push_back(record_skipped{skipped_});
   }
-  out.push_back(emit_event{events::to_json(events::diverged{.step = step,
-                                                            .generation = generation,
-                                                            .what = what,
-                                                            .policy = policy_,
-                                                            .action = roll ? "rollback" : "stop",
-                                                            .rollbacks = rollbacks_,
-                                                            .max_rollbacks = max_rollbacks_,
-                                                            .committed_step = committed,
-                                                            .skipped_steps = skipped_})});
+  out.push_back(emit_event{events::diverged{.step = step,
+                                            .generation = generation,
+                                            .what = what,
+                                            .policy = policy_,
+                                            .action = roll ? "rollback" : "stop",
+                                            .rollbacks = rollbacks_,
+                                            .max_rollbacks = max_rollbacks_,
+                                            .committed_step = committed,
+                                            .skipped_steps = skipped_}});
   return roll;
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "actors/job/events.hpp"
+#include "runtime/comm/host_communicator.hpp"
 #include "strategies/mesh.hpp"
 
 namespace troupe::actors {
@@ -16,6 +17,45 @@ using nlohmann::json;
 // reason, seen from either side.
 std::string failure_family(const std::string& cause) {
   return cause == "signature" ? "timed-out" : cause;
+}
+
+// The transport a group of all the generation's ranks picks (comm::choose_transport). Each
+// member told the coordinator its request and its host when it joined (hello::transport): the
+// very inputs the group's rank 0 decides from, so the coordinator names the choice without
+// asking anyone. Smaller groups (tp, pp) decide the same way over their own ranks.
+events::transport data_plane(const membership& members, int world) {
+  events::transport t;
+  t.world = world;
+  std::vector<std::string> requested(static_cast<size_t>(world), "auto"),
+      hosts(static_cast<size_t>(world));
+  for (const auto& m : members.members()) {
+    if (!m.live || m.rank < 0 || m.rank >= world) continue;
+    const auto nl = m.transport.find('\n');
+    requested[static_cast<size_t>(m.rank)] = m.transport.substr(0, nl);
+    hosts[static_cast<size_t>(m.rank)] =
+        nl == std::string::npos ? std::string() : m.transport.substr(nl + 1);
+  }
+  const auto layout = comm::node_layout::of_hosts(hosts);
+  t.nodes = layout.nodes();
+  for (int n = 0; n < t.nodes; ++n)
+    t.ranks_per_node = std::max(t.ranks_per_node, static_cast<int>(layout.members(n).size()));
+  try {
+    switch (comm::choose_transport(requested, hosts)) {
+      case comm::transport_kind::shm:
+        t.backend = "shm";
+        break;
+      case comm::transport_kind::hierarchical:
+        t.backend = "hierarchical";
+        break;
+      case comm::transport_kind::tcp:
+        t.backend = "tcp";
+        break;
+    }
+  } catch (const comm::comm_error&) {
+    // shm asked for across hosts: the group refuses to connect, and connect_failed says why.
+    t.backend = "invalid";
+  }
+  return t;
 }
 
 }  // namespace
@@ -43,7 +83,8 @@ void generation_plan::begin_recovery(const std::string& reason, logic_time now) 
 
 strategies::plan_result generation_plan::next(
     uint64_t generation, int live, const std::optional<std::vector<int>>& rebalanced) const {
-  if (generation <= 1) return plan_;
+  // The first plan, unless a first member never joined and the job forms without it.
+  if (generation <= 1 && live >= plan_.shape.world()) return plan_;
   auto planned = replan_(plan_, live);
   if (!strategies::has_plan(planned)) return planned;
   strategies::layout_plan next = strategies::plan_of(planned);
@@ -67,6 +108,7 @@ void generation_plan::reconfigures(const membership& members, const std::vector<
                                    actions& out) {
   const std::string plan_json = strategies::to_json(plan_);
   one_host_ = members.ranks_share_one_host();
+  transport_ = data_plane(members, world());
   for (const auto& m : members.members()) {
     if (!m.live) continue;
     reconfigure msg;
@@ -104,13 +146,12 @@ std::optional<std::string> generation_plan::connect_failure(const reconfigured& 
   const auto space = r.error_cause.find(' ');
   connect_failure_seen seen{r.generation, r.error_cause.substr(0, space),
                             space == std::string::npos ? "" : r.error_cause.substr(space + 1)};
-  out.push_back(emit_event{{{"event", "connect_failed"},
-                            {"generation", r.generation},
-                            {"member", r.member},
-                            {"rank", r.rank},
-                            {"cause", seen.cause},
-                            {"address", seen.address},
-                            {"error", r.error}}});
+  out.push_back(emit_event{events::connect_failed{.generation = r.generation,
+                                                  .member = r.member,
+                                                  .rank = r.rank,
+                                                  .cause = seen.cause,
+                                                  .address = seen.address,
+                                                  .error = r.error}});
   // Consecutive: the generation opened because the one before failed this way, and nothing
   // else (a lost member, a grow) opened another in between. A peer that died or hung is lost
   // first and opens a generation of its own, so a transient failure never gets here twice.
@@ -137,36 +178,46 @@ void generation_plan::formed(uint64_t generation, int spares, int64_t committed,
   const double took = std::chrono::duration<double>(now - started_).count();
   for (const auto& [rank, done] : restored_) {
     const auto source = restore_.source[static_cast<size_t>(rank)];
-    json piece = {{"event", "restored"},       {"rank", rank},
-                  {"member", done.member},     {"generation", generation},
-                  {"from", to_string(source)}, {"bytes", done.bytes},
-                  {"seconds", done.seconds},   {"step", restore_.start_step}};
-    if (done.memory_bytes > 0) piece["from_memory_bytes"] = done.memory_bytes;
-    if (source == state_source::peer)
-      piece["peer_rank"] = restore_.source_rank[static_cast<size_t>(rank)];
-    if (source == state_source::checkpoint) piece["checkpoint_step"] = restore_.start_step;
+    const size_t r = static_cast<size_t>(rank);
+    events::restored piece{
+        .rank = rank,
+        .member = done.member,
+        .generation = generation,
+        .from = to_string(source),
+        .bytes = done.bytes,
+        .seconds = done.seconds,
+        .step = restore_.start_step,
+        .from_memory_bytes =
+            done.memory_bytes > 0 ? std::optional<uint64_t>(done.memory_bytes) : std::nullopt,
+        .peer_rank = source == state_source::peer ? std::optional<int32_t>(restore_.source_rank[r])
+                                                  : std::nullopt,
+        .checkpoint_step = source == state_source::checkpoint
+                               ? std::optional<int64_t>(restore_.start_step)
+                               : std::nullopt};
     out.push_back(emit_event{std::move(piece)});
   }
-  out.push_back(
-      emit_event{events::to_json(events::generation{.number = generation,
-                                                    .world = world(),
-                                                    .spares = spares,
-                                                    .plan = strategies::plan_doc(plan_, zero_),
-                                                    .reason = reason_,
-                                                    .cause = cause_,
-                                                    .start_step = restore_.start_step,
-                                                    .planned_with_abort = planned_with_abort_,
-                                                    .shrunk = shrunk_,
-                                                    .recovery_s = generation > 1 ? took : 0.0})});
+  out.push_back(emit_event{events::generation{.number = generation,
+                                              .world = world(),
+                                              .spares = spares,
+                                              .plan = strategies::plan_doc(plan_, zero_),
+                                              .reason = reason_,
+                                              .cause = cause_,
+                                              .start_step = restore_.start_step,
+                                              .planned_with_abort = planned_with_abort_,
+                                              .shrunk = shrunk_,
+                                              .recovery_s = generation > 1 ? took : 0.0}});
+  transport_.generation = generation;
+  transport_.shrunk = shrunk_;
+  out.push_back(emit_event{transport_});
   // The first generation that forms starts training; under load that may be generation 2
   // or later, when a member was lost while the first one connected.
   if (!training_announced_) {
     training_announced_ = true;
-    out.push_back(emit_event{{{"event", "training_started"},
-                              {"world", world()},
-                              {"generation", generation},
-                              {"start_step", committed},
-                              {"layout", strategies::plan_doc(plan_, zero_)}}});
+    out.push_back(
+        emit_event{events::training_started{.world = world(),
+                                            .generation = generation,
+                                            .start_step = committed,
+                                            .layout = strategies::plan_doc(plan_, zero_)}});
   }
   cause_.clear();
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/job/events.hpp"
 #include "actors/job/job_actions.hpp"
 #include "actors/job/job_params.hpp"
 #include "actors/job/membership.hpp"
@@ -109,6 +110,7 @@ class generation_plan {
   restore_plan restore_;
   std::map<int32_t, reconfigured> restored_;  // by rank
   bool one_host_ = false;
+  events::transport transport_;  // the current generation's, from its reconfigures
   bool planned_with_abort_ = false;
   bool shrunk_ = false;
   bool training_announced_ = false;  // training_started was logged

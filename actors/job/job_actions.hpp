@@ -9,6 +9,7 @@
 #include <variant>
 #include <vector>
 
+#include "actors/job/events.hpp"
 #include "actors/messages.hpp"
 #include "checkpoint/checkpoint.hpp"
 
@@ -51,8 +52,10 @@ struct send_reconfigure {
 struct send_stop {
   int32_t member;
 };
+/// Log an event: the supervisor serialises it once, where it writes events.jsonl, and hands the
+/// typed event to the metrics and the console.
 struct emit_event {
-  nlohmann::json event;
+  events::job_event event;
 };
 /// Write the manifest of a checkpoint whose pieces are all durable; answer with
 /// on_checkpoint_committed.

@@ -24,6 +24,14 @@ struct job_params {
   strategies::elastic_bounds bounds;
   std::chrono::milliseconds form_timeout{60000};
   std::chrono::milliseconds heartbeat_timeout{2000};
+  /// How long agents (launch_plan) and workers wait for a silent coordinator.
+  std::chrono::milliseconds coordinator_timeout{10000};
+  /// A clock tick this much later than the one before means the coordinator itself did not run
+  /// (stopped, or its machine stalled): the members' silence over that gap is its own, so their
+  /// heartbeat clocks restart instead of evicting them. 0 = never assumed (the logic's tests
+  /// move their clock in jumps); make_job_params takes half the heartbeat timeout, since a
+  /// member beats five times per timeout and a shorter gap cannot age a beat past it.
+  std::chrono::milliseconds stall_gap{0};
   std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step

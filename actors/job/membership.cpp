@@ -28,7 +28,8 @@ membership::membership(const job_params& p)
     : expected_(p.members),
       nodes_(p.nodes),
       max_restarts_(p.max_restarts),
-      heartbeat_timeout_(p.heartbeat_timeout) {}
+      heartbeat_timeout_(p.heartbeat_timeout),
+      coordinator_timeout_(p.coordinator_timeout) {}
 
 void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
                              actions& out) {
@@ -55,13 +56,13 @@ void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& a
   agent_pids_.push_back(h.pid);
   answer.node = node;
   answer.max_restarts = max_restarts_;
-  answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
-  for (int i = 0; i < count; ++i) answer.members.push_back(next_member_++);
-  out.push_back(emit_event{{{"event", "agent_joined"},
-                            {"host", h.host},
-                            {"pid", h.pid},
-                            {"node", node},
-                            {"members", answer.members}}});
+  answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
+  for (int i = 0; i < count; ++i) {
+    launched_on_.resize(static_cast<size_t>(next_member_) + 1, -1);
+    launched_on_[static_cast<size_t>(next_member_)] = node;
+    answer.members.push_back(next_member_++);
+  }
+  out.push_back(emit_event{events::agent_joined{h.host, h.pid, node, answer.members}});
 }
 
 member_info* membership::admit(const hello& h, bool forming, bool job_over, logic_time now,
@@ -100,13 +101,12 @@ member_info* membership::admit(const hello& h, bool forming, bool job_over, logi
   m->reported = m->reconfigured = !forming;
   answer.heartbeat_interval_ms =
       static_cast<int32_t>(heartbeat_interval(heartbeat_timeout_).count());
-  out.push_back(emit_event{{{"event", "rank_joined"},
-                            {"member", h.member},
-                            {"rank", h.member},
-                            {"pid", h.pid},
-                            {"host", h.host},
-                            {"node", h.node},
-                            {"generation", generation_}}});
+  out.push_back(emit_event{events::rank_joined{.member = h.member,
+                                               .rank = h.member,
+                                               .pid = h.pid,
+                                               .host = h.host,
+                                               .node = h.node,
+                                               .generation = generation_}});
   return m;
 }
 
@@ -118,14 +118,14 @@ std::optional<membership::lost_member> membership::lose(int32_t member, loss_cau
   m->live = false;
   const lost_member lost{m->rank, m->node};
   m->rank = -1;
-  out.push_back(emit_event{events::to_json(events::rank_lost{.rank = lost.rank,
-                                                             .member = member,
-                                                             .node = m->node,
-                                                             .pid = m->pid,
-                                                             .cause = to_string(cause),
-                                                             .reason = why,
-                                                             .step = committed,
-                                                             .generation = generation_})});
+  out.push_back(emit_event{events::rank_lost{.rank = lost.rank,
+                                             .member = member,
+                                             .node = m->node,
+                                             .pid = m->pid,
+                                             .cause = to_string(cause),
+                                             .reason = why,
+                                             .step = committed,
+                                             .generation = generation_}});
   return lost;
 }
 
@@ -140,6 +140,16 @@ void membership::record_heartbeat(const heartbeat& h, logic_time now, actions& o
     return;
   }
   m->last_heartbeat = now;
+}
+
+void membership::restart_heartbeat_clocks(logic_time now) {
+  for (auto& m : members_)
+    if (m.live) m.last_heartbeat = std::max(m.last_heartbeat, now);
+}
+
+int32_t membership::launched_on(int32_t member) const {
+  if (member < 0 || static_cast<size_t>(member) >= launched_on_.size()) return -1;
+  return launched_on_[static_cast<size_t>(member)];
 }
 
 std::vector<std::pair<int32_t, std::string>> membership::silent(logic_time now) const {
@@ -186,8 +196,7 @@ std::vector<int32_t> membership::fault_victims(const chaos::fault& f, int world)
 void membership::stale(const std::string& what, int32_t member, uint64_t message_generation,
                        actions& out) {
   ++stale_;
-  out.push_back(emit_event{
-      events::to_json(events::stale_message{what, member, message_generation, generation_})});
+  out.push_back(emit_event{events::stale_message{what, member, message_generation, generation_}});
 }
 
 void membership::abort_live(const std::string& reason, actions& out) {

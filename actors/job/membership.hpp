@@ -58,10 +58,18 @@ class membership {
   /// A member's heartbeat. One from a process that was evicted (a SIGSTOPped worker that woke
   /// up) no longer counts: it is stale, and the process is told to go.
   void record_heartbeat(const heartbeat& h, logic_time now, actions& out);
+  /// Every live member's heartbeat clock starts again at `now`: the coordinator itself did
+  /// not run for a while, so their silence over that time says nothing about them.
+  void restart_heartbeat_clocks(logic_time now);
   /// Members silent longer than the heartbeat timeout, each with the words of its loss.
   std::vector<std::pair<int32_t, std::string>> silent(logic_time now) const;
   /// Seconds since each placed rank's last heartbeat (index = rank).
   std::vector<double> heartbeat_ages(logic_time now, int world) const;
+
+  /// The node whose agent was told to start `member`, -1 if no agent was.
+  int32_t launched_on(int32_t member) const;
+  /// The members the first agents were told to start (0 .. members - 1).
+  int expected() const { return expected_; }
 
   /// Whether `pid` is the process of `member` the job knows (not an earlier one it restarted).
   bool current_process(int32_t member, int32_t pid) const;
@@ -112,10 +120,12 @@ class membership {
   int nodes_ = 1;
   int max_restarts_ = 0;
   std::chrono::milliseconds heartbeat_timeout_;
+  std::chrono::milliseconds coordinator_timeout_;
   uint64_t generation_ = 0;
   std::vector<member_info> members_;
-  std::vector<int32_t> agent_pids_;  // by node
-  int32_t next_member_ = 0;          // the id the next agent's first worker gets
+  std::vector<int32_t> agent_pids_;   // by node
+  std::vector<int32_t> launched_on_;  // by member: the node told to start it
+  int32_t next_member_ = 0;           // the id the next agent's first worker gets
   uint64_t stale_ = 0;
 };
 

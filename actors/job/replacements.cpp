@@ -50,12 +50,11 @@ bool replacements::worth_waiting(const strategies::layout_plan& plan, int live,
 
 void replacements::hold(uint64_t generation, logic_time now, actions& out) {
   if (!held_)
-    out.push_back(emit_event{
-        {{"event", "replacement_wait"},
-         {"generation", generation},
-         {"workers", awaited()},
-         {"wait_ms",
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now).count()}}});
+    out.push_back(emit_event{events::replacement_wait{
+        .generation = generation,
+        .workers = awaited(),
+        .wait_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now).count()}});
   held_ = true;
 }
 

@@ -53,13 +53,12 @@ void step_commit::count(const step_done& v, int world, uint64_t generation, logi
   p.peer_wait_s += v.peer_wait_s;
   if (p.diverged.empty()) p.diverged = vote_divergence(v.rank, loss_sum, v.tokens, grad_norm);
   if (v.optim_state_bytes > 0)
-    out.push_back(emit_event{{{"event", "memory"},
-                              {"rank", v.rank},
-                              {"step", v.step},
-                              {"generation", generation},
-                              {"optimizer_state_bytes", v.optim_state_bytes},
-                              {"peak_rss_bytes", v.peak_rss_bytes},
-                              {"zero", zero_}}});
+    out.push_back(emit_event{events::memory{.rank = v.rank,
+                                            .step = v.step,
+                                            .generation = generation,
+                                            .optimizer_state_bytes = v.optim_state_bytes,
+                                            .peak_rss_bytes = v.peak_rss_bytes,
+                                            .zero = zero_}});
 }
 
 void step_commit::fail(const step_done& v, logic_time now) {
@@ -119,7 +118,7 @@ bool step_commit::add_validation(const eval_done& e, int world, uint64_t generat
   eval_batches_ += e.batches;
   if (++evals_in_ < world) return false;
   last_val_ = eval_sum_ / static_cast<double>(std::max<int64_t>(eval_batches_, 1));
-  out.push_back(emit_event{events::to_json(events::validation{eval_step_, last_val_, generation})});
+  out.push_back(emit_event{events::validation{eval_step_, last_val_, generation}});
   eval_step_ = -1;
   return true;
 }

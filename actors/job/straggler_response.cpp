@@ -50,13 +50,12 @@ straggler_response::verdict straggler_response::observe(const std::vector<double
     const auto r = static_cast<size_t>(v.rank);
     if (r >= flagged_.size() || flagged_[r]) continue;
     flagged_[r] = true;
-    out.push_back(emit_event{{{"event", "straggler"},
-                              {"rank", v.rank},
-                              {"member", members.member_of_rank(v.rank)},
-                              {"factor", v.factor},
-                              {"generation", members.generation()},
-                              {"step", committed},
-                              {"policy", policy_}}});
+    out.push_back(emit_event{events::straggler{.rank = v.rank,
+                                               .member = members.member_of_rank(v.rank),
+                                               .factor = v.factor,
+                                               .generation = members.generation(),
+                                               .step = committed,
+                                               .policy = policy_}});
     if (policy_ == "evict") return {verdict::kind::evict, v.rank, v.factor};
     if (policy_ == "rebalance" && plan.shape.dp > 1) {
       // Replica speeds from the smoothed scores of their ranks; the global batch and the

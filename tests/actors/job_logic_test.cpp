@@ -31,7 +31,7 @@ std::vector<T> all_of(const actions& a) {
 
 std::vector<std::string> event_names(const actions& a) {
   std::vector<std::string> out;
-  for (const auto& e : all_of<emit_event>(a)) out.push_back(e.event.value("event", ""));
+  for (const auto& e : all_of<emit_event>(a)) out.push_back(events::kind(e.event));
   return out;
 }
 
@@ -116,6 +116,13 @@ class logic_harness {
   // A member is lost now; what its recovery sends is remembered.
   actions lose(int32_t member, loss_cause cause, const std::string& why) {
     auto a = logic_->on_member_lost(member, cause, why, now_);
+    remember(a);
+    return a;
+  }
+
+  // An agent reports a worker's exit now; what follows from it is remembered.
+  actions exited(const worker_exited& w) {
+    auto a = logic_->on_worker_exited(w, now_);
     remember(a);
     return a;
   }
@@ -355,15 +362,37 @@ TEST_P(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
   EXPECT_EQ(h.logic().state(), job_state::training);
   bool saw = false;
   for (const auto& e : all_of<emit_event>(done))
-    if (e.event["event"] == "generation") {
+    if (events::kind(e.event) == "generation") {
       saw = true;
-      EXPECT_EQ(e.event["world"], 3);
-      EXPECT_EQ(e.event["cause"], "exit");
-      EXPECT_NEAR(e.event["recovery_s"].get<double>(), 0.15, 1e-9);
+      EXPECT_EQ(std::get<events::generation>(e.event).world, 3);
+      EXPECT_EQ(std::get<events::generation>(e.event).cause, "exit");
+      EXPECT_NEAR(std::get<events::generation>(e.event).recovery_s, 0.15, 1e-9);
     }
   EXPECT_TRUE(saw);
   // Training goes on at step 4 with three voters.
   EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
+}
+
+// Steps of `world` ranks, one of them (`slow`) computing `slow_s` where the others take 0.1 s,
+// until the job leaves training (a straggler response) or 40 steps; what they caused.
+actions vote_with_a_slow_rank(logic_harness& h, int world, int slow, double slow_s) {
+  actions out;
+  for (int64_t step = 1; step <= 40 && h.logic().state() == job_state::training; ++step) {
+    for (int r = 0; r < world; ++r) {
+      step_done v;
+      v.generation = h.logic().generation();
+      v.step = step;
+      v.rank = r;
+      v.loss_sum = 4.0;
+      v.tokens = 2;
+      v.compute_s = r == slow ? slow_s : 0.1;
+      v.compute_cpu_s = v.compute_s;
+      auto a = h.vote(v);
+      out.insert(out.end(), a.begin(), a.end());
+    }
+    h.advance(100ms);
+  }
+  return out;
 }
 
 TEST_P(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
@@ -383,22 +412,7 @@ TEST_P(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
     if (strategies::coords_of(shape, r).dp == 3) slow = r;
   ASSERT_GE(slow, 0);
 
-  actions rebalanced;
-  for (int64_t step = 1; step <= 40 && h.logic().state() == job_state::training; ++step) {
-    for (int r = 0; r < 4; ++r) {
-      step_done v;
-      v.generation = h.logic().generation();
-      v.step = step;
-      v.rank = r;
-      v.loss_sum = 4.0;
-      v.tokens = 2;
-      v.compute_s = r == slow ? 0.2 : 0.1;
-      v.compute_cpu_s = v.compute_s;
-      auto a = h.vote(v);
-      rebalanced.insert(rebalanced.end(), a.begin(), a.end());
-    }
-    h.advance(100ms);
-  }
+  vote_with_a_slow_rank(h, 4, slow, 0.2);
   ASSERT_EQ(h.logic().state(), job_state::recovering) << "the 2x replica was never rebalanced";
   const int64_t held = h.logic().committed();
   auto rc = all_of<send_reconfigure>(h.report_all(held));
@@ -410,6 +424,24 @@ TEST_P(JobLogicTest, RebalanceKeepsTheReplicasOfAnExpertGroupEqual) {
   EXPECT_EQ(counts[2], counts[3]) << "replicas of one ep group must run equally many";
   EXPECT_GT(counts[0], counts[2]) << "the slow group should get fewer micro-batches";
   EXPECT_EQ(counts[0] + counts[1] + counts[2] + counts[3], 8);
+}
+
+// --straggler-policy evict: the slow rank is lost as a straggler and told to go at once (a
+// final abort whose reason says it was evicted, so that the worker exits 0 and its agent does
+// not restart it), while the others open a smaller generation.
+TEST_P(JobLogicTest, AnEvictedStragglerIsToldToGo) {
+  auto cfg = small_config(4);
+  cfg.batch = cfg.micro_batch * 12;  // whole micro-batches for 4 replicas and for the 3 left
+  logic_harness h(cfg, 0, 0, 2, "evict");
+  h.form();
+  const actions all = vote_with_a_slow_rank(h, 4, 3, 0.3);
+  ASSERT_EQ(h.logic().state(), job_state::recovering) << "the 3x rank was never evicted";
+  std::vector<send_abort> told;
+  for (const auto& a : all_of<send_abort>(all))
+    if (a.member == 3) told.push_back(a);
+  ASSERT_EQ(told.size(), 1u) << "the evicted member should get exactly one abort";
+  EXPECT_TRUE(told[0].msg.final);
+  EXPECT_TRUE(told[0].msg.reason.starts_with(evicted_prefix)) << told[0].msg.reason;
 }
 
 // Under load the first generation may never form (a member cannot connect its groups in time
@@ -433,7 +465,7 @@ TEST_P(JobLogicTest, TrainingStartedIsSaidOnceWhenTheFirstGenerationToFormIsNotT
   ASSERT_EQ(h.logic().state(), job_state::training);
   size_t said = 0;
   for (const auto& e : all_of<emit_event>(events))
-    said += e.event.value("event", "") == "training_started";
+    said += events::kind(e.event) == "training_started";
   EXPECT_EQ(said, 1u);
   // Later generations never say it again.
   h.step(1);
@@ -783,8 +815,8 @@ TEST_P(JobLogicTest, SilentMemberIsLostAtTheHeartbeatTimeout) {
     }
     if (has_event(a, "rank_lost")) {
       for (const auto& e : all_of<emit_event>(a))
-        if (e.event["event"] == "rank_lost") {
-          EXPECT_EQ(e.event["cause"], "hang");
+        if (events::kind(e.event) == "rank_lost") {
+          EXPECT_EQ(std::get<events::rank_lost>(e.event).cause, "hang");
         }
       EXPECT_GE(i, 19);
       EXPECT_EQ(h.logic().state(), job_state::recovering);
@@ -864,9 +896,9 @@ TEST_P(JobLogicTest, RankWhoseOwnCollectiveFailsIsEvicted) {
   auto a = h.logic().on_tick(h.now());
   ASSERT_TRUE(has_event(a, "rank_lost"));
   for (const auto& e : all_of<emit_event>(a))
-    if (e.event["event"] == "rank_lost") {
-      EXPECT_EQ(e.event["rank"], 1);
-      EXPECT_EQ(e.event["cause"], "error");
+    if (events::kind(e.event) == "rank_lost") {
+      EXPECT_EQ(std::get<events::rank_lost>(e.event).rank, 1);
+      EXPECT_EQ(std::get<events::rank_lost>(e.event).cause, "error");
     }
   EXPECT_EQ(all_of<send_abort>(a).size(), 1u);
 }
@@ -1087,7 +1119,7 @@ void advance_beating(logic_harness& h, std::chrono::milliseconds d) {
 
 const emit_event* find_event(const actions& a, const std::string& name) {
   for (const auto& x : a)
-    if (auto* e = std::get_if<emit_event>(&x); e && e->event.value("event", "") == name) return e;
+    if (auto* e = std::get_if<emit_event>(&x); e && events::kind(e->event) == name) return e;
   return nullptr;
 }
 
@@ -1120,9 +1152,9 @@ TEST_P(JobLogicTest, DivergedStepIsNeverCommittedAndStopsWithExit3) {
   EXPECT_EQ(h.logic().committed(), 3);
   const auto* e = find_event(a, "diverged");
   ASSERT_NE(e, nullptr);
-  EXPECT_EQ(e->event["step"], 4);
-  EXPECT_EQ(e->event["action"], "stop");
-  EXPECT_NE(e->event["what"].get<std::string>().find("nan"), std::string::npos);
+  EXPECT_EQ(std::get<events::diverged>(e->event).step, 4);
+  EXPECT_EQ(std::get<events::diverged>(e->event).action, "stop");
+  EXPECT_NE(std::get<events::diverged>(e->event).what.find("nan"), std::string::npos);
   auto end = all_of<finish_job>(a);
   ASSERT_EQ(end.size(), 1u);
   EXPECT_EQ(end[0].exit_code, exit_code::diverged);
@@ -1198,8 +1230,8 @@ TEST_P(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxR
   EXPECT_TRUE(all_of<send_commit>(a).empty());
   const auto* e = find_event(a, "diverged");
   ASSERT_NE(e, nullptr);
-  EXPECT_EQ(e->event["action"], "rollback");
-  EXPECT_EQ(e->event["skipped_steps"], nlohmann::json::array({8}));
+  EXPECT_EQ(std::get<events::diverged>(e->event).action, "rollback");
+  EXPECT_EQ(std::get<events::diverged>(e->event).skipped_steps, (std::vector<int64_t>{8}));
   auto skips = all_of<record_skipped>(a);
   ASSERT_EQ(skips.size(), 1u);
   EXPECT_EQ(skips[0].steps, (std::vector<int64_t>{8}));
@@ -1217,8 +1249,8 @@ TEST_P(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxR
   auto trained = h.settle_reconfigure();
   EXPECT_EQ(h.logic().state(), job_state::training);
   for (const auto& g : all_of<emit_event>(trained)) {
-    if (g.event["event"] == "generation") {
-      EXPECT_EQ(g.event["cause"], "divergence");
+    if (events::kind(g.event) == "generation") {
+      EXPECT_EQ(std::get<events::generation>(g.event).cause, "divergence");
     }
   }
   // The replay trains past step 8 on the next batch.
@@ -1460,12 +1492,13 @@ TEST_P(JobLogicTest, ALossWhileACheckpointIsCollectedTakesOneAtTheNextCommittedS
   const auto* abandoned = find_event(lost, "checkpoint_abandoned");
   EXPECT_NE(abandoned, nullptr);
   if (abandoned) {
-    EXPECT_EQ(abandoned->event["step"], 10);
-    EXPECT_EQ(abandoned->event["generation"], 1);
-    EXPECT_EQ(abandoned->event["ranks_reported"], 1);
-    EXPECT_EQ(abandoned->event["retake_from"], 10);
-    EXPECT_NE(abandoned->event["reason"].get<std::string>().find("rank 2 lost"), std::string::npos)
-        << abandoned->event.dump();
+    EXPECT_EQ(std::get<events::checkpoint_abandoned>(abandoned->event).step, 10);
+    EXPECT_EQ(std::get<events::checkpoint_abandoned>(abandoned->event).generation, 1u);
+    EXPECT_EQ(std::get<events::checkpoint_abandoned>(abandoned->event).ranks_reported, 1);
+    EXPECT_EQ(std::get<events::checkpoint_abandoned>(abandoned->event).retake_from, 10);
+    EXPECT_NE(std::get<events::checkpoint_abandoned>(abandoned->event).reason.find("rank 2 lost"),
+              std::string::npos)
+        << events::to_json(abandoned->event).dump();
   }
   EXPECT_FALSE(h.logic().checkpoints_in_flight());
   // A survivor's share of the old generation arrives late: counted as stale, commits nothing.
@@ -1482,15 +1515,16 @@ TEST_P(JobLogicTest, ALossWhileACheckpointIsCollectedTakesOneAtTheNextCommittedS
   auto written = write_checkpoint(h, 11);
   const auto* saved = find_event(written, "checkpoint");
   ASSERT_NE(saved, nullptr);
-  EXPECT_EQ(saved->event["step"], 11);
-  EXPECT_EQ(saved->event["replaces"], 10);
+  EXPECT_EQ(std::get<events::checkpoint>(saved->event).step, 11);
+  EXPECT_EQ(std::get<events::checkpoint>(saved->event).replaces.value_or(-1), 10);
   EXPECT_EQ(h.logic().last_checkpoint_step(), 11);
   EXPECT_FALSE(commits_checkpoint(h.step(12))) << "one checkpoint was owed, not one per step";
   for (int s = 13; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
   EXPECT_TRUE(commits_checkpoint(h.step(20)));
   evaluate_all(h, 20);
   const auto last = write_checkpoint(h, 20);
-  EXPECT_FALSE(find_event(last, "checkpoint")->event.contains("replaces"));
+  EXPECT_FALSE(
+      std::get<events::checkpoint>(find_event(last, "checkpoint")->event).replaces.has_value());
   auto end = all_of<finish_job>(last);
   ASSERT_EQ(end.size(), 1u);
   EXPECT_EQ(end[0].exit_code, exit_code::done) << end[0].message;
@@ -1523,7 +1557,7 @@ TEST_P(JobLogicTest, ALostCheckpointIsRetriedWhenItsReplacementIsSkippedAndNever
   const auto* saved = find_event(written, "checkpoint");
   EXPECT_NE(saved, nullptr);
   if (saved) {
-    EXPECT_EQ(saved->event["replaces"], 10);
+    EXPECT_EQ(std::get<events::checkpoint>(saved->event).replaces.value_or(-1), 10);
   }
   for (int s = 13; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
   EXPECT_TRUE(commits_checkpoint(h.step(20)));
@@ -1594,9 +1628,10 @@ TEST_P(JobLogicTest, AShareThatFailedBeforeTheLossStaysAFailedCheckpoint) {
   EXPECT_EQ(find_event(lost, "checkpoint_abandoned"), nullptr);
   const auto* failed = find_event(lost, "checkpoint_failed");
   ASSERT_NE(failed, nullptr);
-  EXPECT_EQ(failed->event["step"], 10);
-  EXPECT_NE(failed->event["error"].get<std::string>().find("No space left"), std::string::npos)
-      << failed->event.dump();
+  EXPECT_EQ(std::get<events::checkpoint_failed>(failed->event).step, 10);
+  EXPECT_NE(std::get<events::checkpoint_failed>(failed->event).error.find("No space left"),
+            std::string::npos)
+      << events::to_json(failed->event).dump();
   h.report_all(10);
   h.settle_reconfigure();
   for (int s = 11; s <= 19; ++s) EXPECT_FALSE(commits_checkpoint(h.step(s))) << "step " << s;
@@ -1628,7 +1663,7 @@ TEST_P(JobLogicTest, AReplayAfterALossRetakesTheAbandonedCheckpointAtItsOwnStep)
   const auto written = write_checkpoint(h, 10);
   const auto* saved = find_event(written, "checkpoint");
   ASSERT_NE(saved, nullptr);
-  EXPECT_EQ(saved->event["replaces"], 10);
+  EXPECT_EQ(std::get<events::checkpoint>(saved->event).replaces.value_or(-1), 10);
   EXPECT_FALSE(commits_checkpoint(h.step(11)));
 }
 
@@ -1650,7 +1685,8 @@ TEST_P(JobLogicTest, CrashedWorkerBeingRestartedTakesItsOldPlaceInOneGeneration)
   auto held = h.report_all(3);
   EXPECT_TRUE(all_of<send_reconfigure>(held).empty()) << "the plan waits for the restart";
   ASSERT_TRUE(find_event(held, "replacement_wait"));
-  EXPECT_EQ(find_event(held, "replacement_wait")->event["workers"], 1);
+  EXPECT_EQ(std::get<events::replacement_wait>(find_event(held, "replacement_wait")->event).workers,
+            1);
   h.advance(50ms);
   EXPECT_TRUE(all_of<send_reconfigure>(h.logic().on_tick(h.now())).empty());
   auto planned = h.join(victim);  // the agent's restart of the same member
@@ -1777,6 +1813,40 @@ TEST(JobLogicTransportTest, ReconfiguresSayWhenEveryRankIsOnOneHostAndNoneAskedF
   EXPECT_FALSE(formed_with({"bogus\nhost-a boot-1", "bogus\nhost-a boot-1"}));
 }
 
+// Each generation's transport event names what comm::choose_transport picks from the hellos
+// of its ranks: the backend the group's rank 0 decides on, from the same inputs.
+TEST(JobLogicTransportTest, EachGenerationSaysTheTransportItsRanksPick) {
+  const auto said = [](const std::vector<std::string>& transports) {
+    logic_harness h(small_config(static_cast<int>(transports.size())));
+    for (size_t m = 0; m < transports.size(); ++m) {
+      h.transport = transports[m];
+      h.join(static_cast<int32_t>(m));
+    }
+    const auto formed = h.settle_reconfigure();
+    const auto* e = find_event(formed, "transport");
+    EXPECT_NE(e, nullptr);
+    return e ? std::get<events::transport>(e->event) : events::transport{};
+  };
+  auto t = said({"auto\nhost-a boot-1", "auto\nhost-a boot-1"});
+  EXPECT_EQ(t.generation, 1u);
+  EXPECT_EQ(t.backend, "shm");
+  EXPECT_EQ(t.world, 2);
+  EXPECT_EQ(t.nodes, 1);
+  EXPECT_EQ(t.ranks_per_node, 2);
+  EXPECT_FALSE(t.shrunk);
+  EXPECT_EQ(said({"auto\nhost-a boot-1", "tcp\nhost-a boot-1"}).backend, "tcp");
+  t = said({"auto\nhost-a boot-1", "auto\nhost-b boot-2"});
+  EXPECT_EQ(t.backend, "tcp") << "one rank per node: a plain network group";
+  EXPECT_EQ(t.nodes, 2);
+  EXPECT_EQ(t.ranks_per_node, 1);
+  t = said(
+      {"auto\nhost-a boot-1", "auto\nhost-a boot-1", "auto\nhost-b boot-2", "auto\nhost-b boot-2"});
+  EXPECT_EQ(t.backend, "hierarchical");
+  EXPECT_EQ(t.nodes, 2);
+  EXPECT_EQ(t.ranks_per_node, 2);
+  EXPECT_EQ(said({"shm\nhost-a boot-1", "auto\nhost-b boot-2"}).backend, "invalid");
+}
+
 // A harness whose logic sends the plan with the aborts wherever it may.
 logic_harness planning_with_aborts(train_config cfg) {
   return logic_harness(std::move(cfg), 0, 0, 1, "warn",
@@ -1815,8 +1885,8 @@ TEST(JobLogicPlanWithAbortTest, ALossInTrainingSendsEachMembersPlaceWithItsAbort
   EXPECT_EQ(h.logic().state(), job_state::training);
   const auto* gen = find_event(done, "generation");
   ASSERT_NE(gen, nullptr);
-  EXPECT_EQ(gen->event["planned_with_abort"], true);
-  EXPECT_EQ(gen->event["world"], 3);
+  EXPECT_EQ(std::get<events::generation>(gen->event).planned_with_abort, true);
+  EXPECT_EQ(std::get<events::generation>(gen->event).world, 3);
   EXPECT_EQ(all_of<send_commit>(h.step(4)).size(), 3u);
 }
 
@@ -1894,7 +1964,7 @@ TEST(JobLogicPlanWithAbortTest, ALossOnOneHostShrinksTheGroupOfBefore) {
       EXPECT_EQ(r.shrink_from, kept.empty() ? 0u : 1u);
     }
     if (gen) {
-      EXPECT_EQ(gen->event["shrunk"], !kept.empty());
+      EXPECT_EQ(std::get<events::generation>(gen->event).shrunk, !kept.empty());
     }
     if (!kept.empty()) {
       EXPECT_NE(gen, nullptr) << "the shrunk generation forms at once";
@@ -1999,11 +2069,11 @@ TEST_P(JobLogicTest, APartitionedNodeIsLostAndNothingItSaysAfterTheHealCounts) {
     auto a = h.tick();
     after_cut.insert(after_cut.end(), a.begin(), a.end());
     for (const auto& e : all_of<emit_event>(a)) {
-      if (e.event["event"] != "rank_lost") continue;
-      EXPECT_EQ(e.event["cause"], "hang");
-      EXPECT_EQ(e.event["node"], 1);
+      if (events::kind(e.event) != "rank_lost") continue;
+      EXPECT_EQ(std::get<events::rank_lost>(e.event).cause, "hang");
+      EXPECT_EQ(std::get<events::rank_lost>(e.event).node, 1);
       EXPECT_GE(h.now() - cut, 2000ms - 100ms) << "lost before the heartbeat timeout";
-      lost.insert(e.event["member"].get<int32_t>());
+      lost.insert(std::get<events::rank_lost>(e.event).member);
     }
   }
   ASSERT_EQ(lost, (std::set<int32_t>{2, 3}));
@@ -2158,8 +2228,9 @@ TEST(JobLogicMovedDecisionsTest, AWorkerExitLosesItsMemberOnlyForItsCurrentProce
   EXPECT_EQ(names[0], "worker_exited");
   EXPECT_EQ(names[1], "rank_lost");
   for (const auto& e : all_of<emit_event>(a)) {
-    if (e.event["event"] != "rank_lost") continue;
-    EXPECT_EQ(e.event["reason"], "process " + std::to_string(w.pid) + " killed by signal 9");
+    if (events::kind(e.event) != "rank_lost") continue;
+    EXPECT_EQ(std::get<events::rank_lost>(e.event).reason,
+              "process " + std::to_string(w.pid) + " killed by signal 9");
   }
   EXPECT_EQ(h.logic().state(), job_state::recovering);
 }
@@ -2184,12 +2255,171 @@ TEST(JobLogicMovedDecisionsTest, AnAgentLostIsLoggedUntilTheJobEnds) {
   h.form();
   auto a = h.logic().on_agent_lost(0, "connection closed", h.now());
   ASSERT_EQ(event_names(a), std::vector<std::string>{"agent_lost"});
-  EXPECT_EQ(all_of<emit_event>(a)[0].event["reason"], "connection closed");
+  EXPECT_EQ(std::get<events::agent_lost>(all_of<emit_event>(a)[0].event).reason,
+            "connection closed");
   h.logic().on_shutdown(h.now());
   h.advance(20s);
   h.tick();
   ASSERT_NE(h.logic().state(), job_state::training);
   EXPECT_TRUE(h.logic().on_agent_lost(0, "connection closed", h.now()).empty());
+}
+
+// The coordinator itself was stopped (SIGSTOP, a stalled VM) for longer than the heartbeat
+// timeout: when it runs again, every member's last beat looks old because the coordinator read
+// nothing meanwhile. The late tick shows the stall; nobody is evicted, and the clocks restart,
+// so a member that really stays silent is still lost one timeout later.
+TEST(JobLogicStallTest, ACoordinatorStallRestartsTheHeartbeatClocksInsteadOfEvicting) {
+  logic_harness h(small_config(2), 0, 0, 1, "warn",
+                  [](job_params& p) { p.stall_gap = p.heartbeat_timeout / 2; });
+  h.form();
+  h.step(1);
+  for (int i = 0; i < 5; ++i) {
+    h.advance(100ms);
+    for (int32_t m : {0, 1}) h.logic().on_heartbeat(heartbeat{m, 1, 1}, h.now());
+    ASSERT_TRUE(all_of<finish_job>(h.tick()).empty());
+  }
+  EXPECT_EQ(h.logic().take_stall(), 0ms);
+  h.advance(2500ms);  // stopped: no tick ran, no beat was read
+  auto a = h.tick();
+  EXPECT_FALSE(has_event(a, "rank_lost"));
+  EXPECT_TRUE(all_of<send_abort>(a).empty());
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_EQ(h.logic().take_stall(), 2500ms);
+  EXPECT_EQ(h.logic().take_stall(), 0ms) << "taken once";
+  // Member 0 beats again; member 1 stays silent and is lost a full timeout after the stall.
+  for (int i = 1; i <= 30; ++i) {
+    h.advance(100ms);
+    h.logic().on_heartbeat(heartbeat{0, 1, 1}, h.now());
+    a = h.tick();
+    if (has_event(a, "rank_lost")) {
+      EXPECT_GT(i, 20) << "lost before a fresh timeout passed";
+      EXPECT_EQ(h.logic().state(), job_state::recovering);
+      return;
+    }
+  }
+  FAIL() << "a member silent after the stall was never lost";
+}
+
+// Without stall detection (the logic's default) the same gap evicts both members: what the
+// detection changes.
+TEST(JobLogicStallTest, WithoutStallDetectionTheSameGapIsAHang) {
+  logic_harness h(small_config(2), 0, 0, /*min_ranks=*/1);
+  h.form();
+  h.step(1);
+  h.advance(100ms);
+  h.tick();
+  h.advance(2500ms);
+  EXPECT_TRUE(has_event(h.tick(), "rank_lost"));
+}
+
+worker_exited killed_before_joining(int32_t member, int32_t pid) {
+  worker_exited w;
+  w.member = member;
+  w.pid = pid;
+  w.signal = 9;
+  return w;
+}
+
+// A first worker killed before its hello: the job forms without it once the others joined,
+// on a world the planner fits to them, and says so in the generation's reason.
+TEST(JobLogicFormingTest, AWorkerDeadBeforeJoiningIsLeftOutWhileMinRanksAllows) {
+  logic_harness h(small_config(2));
+  h.join(0);
+  auto a = h.exited(killed_before_joining(1, 77));
+  EXPECT_TRUE(all_of<finish_job>(a).empty());
+  const auto rc = all_of<send_reconfigure>(a);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].member, 0);
+  EXPECT_EQ(rc[0].msg.world, 1);
+  EXPECT_NE(rc[0].msg.reason.find("without member 1"), std::string::npos) << rc[0].msg.reason;
+  EXPECT_NE(rc[0].msg.reason.find("killed by signal 9"), std::string::npos) << rc[0].msg.reason;
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_EQ(h.logic().world(), 1);
+}
+
+// The same death reported before the others joined: forming waits for them, then goes on
+// with the world the planner fits to those who came (4 asked, 3 came: 3 ranks, the replicas
+// sharing the micro-batches unevenly).
+TEST(JobLogicFormingTest, AnEarlyDeathWaitsForTheOthersThenFormsWithoutIt) {
+  logic_harness h(small_config(4));
+  auto a = h.exited(killed_before_joining(3, 77));
+  EXPECT_TRUE(all_of<send_reconfigure>(a).empty());
+  EXPECT_TRUE(all_of<finish_job>(a).empty());
+  EXPECT_TRUE(all_of<send_reconfigure>(h.join(0)).empty());
+  EXPECT_TRUE(all_of<send_reconfigure>(h.join(1)).empty());
+  a = h.join(2);
+  ASSERT_EQ(all_of<send_reconfigure>(a).size(), 3u);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_EQ(h.logic().world(), 3);
+}
+
+// Too few can still join for --min-ranks: the job fails at once, naming the member, how it
+// ended and what to do, instead of waiting for the join deadline.
+TEST(JobLogicFormingTest, BelowMinRanksTheJobFailsAtOnceNamingTheMissingMember) {
+  logic_harness h(small_config(2), 0, 0, /*min_ranks=*/2);
+  h.join(0);
+  auto end = all_of<finish_job>(h.exited(killed_before_joining(1, 77)));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 1);
+  for (const char* words :
+       {"member 1", "process 77 was killed by signal 9", "--min-ranks 2", "--max-restarts"})
+    EXPECT_NE(end[0].message.find(words), std::string::npos) << words << ": " << end[0].message;
+  EXPECT_EQ(h.logic().state(), job_state::failed);
+}
+
+// With restarts left, the member's agent starts it again: the job waits for the restart (it
+// joins like the others); once the agent's restarts are spent, the next death leaves it out.
+TEST(JobLogicFormingTest, WithRestartsLeftTheJobWaitsForTheRestartedWorker) {
+  logic_harness h(small_config(4), 0, 0, 1, "warn", [](job_params& p) { p.max_restarts = 1; });
+  launch_plan plan;
+  agent_hello agent;
+  agent.pid = 500;
+  h.logic().on_agent_joined(agent, plan);
+  ASSERT_EQ(plan.members, (std::vector<int32_t>{0, 1, 2, 3}));
+  for (int32_t m : {0, 1, 2}) h.join(m);
+  auto a = h.exited(killed_before_joining(3, 77));
+  EXPECT_TRUE(all_of<send_reconfigure>(a).empty()) << "formed without the worker being restarted";
+  EXPECT_TRUE(all_of<finish_job>(a).empty());
+  // The restart dies too, and the agent has no restart left: the job forms without it.
+  a = h.exited(killed_before_joining(3, 78));
+  EXPECT_EQ(all_of<send_reconfigure>(a).size(), 3u);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  EXPECT_EQ(h.logic().world(), 3);
+}
+
+TEST(JobLogicFormingTest, ARestartedWorkerThatJoinsFormsTheFullWorld) {
+  logic_harness h(small_config(2), 0, 0, 1, "warn", [](job_params& p) { p.max_restarts = 2; });
+  launch_plan plan;
+  h.logic().on_agent_joined(agent_hello{}, plan);
+  h.join(0);
+  EXPECT_TRUE(all_of<send_reconfigure>(h.exited(killed_before_joining(1, 77))).empty());
+  EXPECT_EQ(all_of<send_reconfigure>(h.join(1)).size(), 2u);
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().world(), 2);
+}
+
+// Too few can still join (one died before joining): the job fails at once. A member that is
+// merely slow is named when the join deadline passes.
+TEST(JobLogicFormingTest, TheJoinDeadlineNamesTheMissingMembers) {
+  logic_harness h(small_config(4), 0, 0, /*min_ranks=*/4);
+  h.join(0);
+  h.exited(killed_before_joining(2, 77));
+  EXPECT_EQ(h.logic().state(), job_state::failed) << "4 ranks can no longer join";
+
+  logic_harness slow(small_config(2), 0, 0, 1, "warn", [](job_params& p) { p.form_timeout = 30s; });
+  slow.join(0);
+  slow.advance(29s);
+  EXPECT_TRUE(all_of<finish_job>(slow.tick()).empty());
+  slow.advance(1s);
+  auto end = all_of<finish_job>(slow.tick());
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 1);
+  for (const char* words :
+       {"only 1 of 2 workers joined within 30 s", "member 1", "--join-timeout-ms"})
+    EXPECT_NE(end[0].message.find(words), std::string::npos) << words << ": " << end[0].message;
 }
 
 INSTANTIATE_TEST_SUITE_P(Recovery, JobLogicTest, ::testing::Bool(),

@@ -1,5 +1,6 @@
 """The coordinator lost: killed (kill -9, injected at step 15) or hung (SIGSTOP). Every worker
-and agent notices (a hung one within 1.5 x the heartbeat timeout, when it fences itself),
+and agent notices (a hung one within --coordinator-timeout-ms, here 1.5 x the heartbeat
+timeout, when it fences itself),
 exits with a clear message and leaves no
 process and no shared-memory segment behind (no process the job started still holds a troupe
 memfd: procfs.py); `troupe run --resume` then continues from the last committed checkpoint and
@@ -15,9 +16,10 @@ from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, main, pid_al
 from procfs import segments_held, tagged_env
 
 HEARTBEAT_MS = 1000
+COORDINATOR_MS = 3 * HEARTBEAT_MS // 2
 STEPS = 30
 ARGS = SMALL_MODEL + ["--world", "2", "--steps", str(STEPS), "--checkpoint-every", "5", "--metrics-port", "0",
-                      "--heartbeat-timeout-ms", str(HEARTBEAT_MS)]
+                      "--coordinator-timeout-ms", str(COORDINATOR_MS), "--heartbeat-timeout-ms", str(HEARTBEAT_MS)]
 
 
 def members(events):
@@ -72,7 +74,8 @@ def test():
 
         # Hung: the coordinator stops answering but keeps its connections open.
         env, tag = tagged_env()
-        with Job(ARGS[:-4] + ["--steps", "100000", "--heartbeat-timeout-ms", str(HEARTBEAT_MS)],
+        with Job(ARGS[:-4] + ["--steps", "100000", "--heartbeat-timeout-ms", str(HEARTBEAT_MS),
+                              "--coordinator-timeout-ms", str(COORDINATOR_MS)],
                  run_dir=os.path.join(tmp, "hung"), env=env) as job:
             wait_until(lambda: any(e.get("event") == "checkpoint" for e in job.events()), 120, "a checkpoint")
             pids = members(job.events())

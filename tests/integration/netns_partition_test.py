@@ -28,9 +28,13 @@ from netns_jobs import (TroupeJob, compare_losses, logs_of, netns, of, pids_in, 
 STEPS = 60
 CUT_AFTER = 15
 HEARTBEAT_MS = 2000
+# Workers and agents give up on a silent coordinator after this (the default is 5 x the
+# heartbeat timeout); 1.5 x keeps the cut-off side gone within the bound below.
+COORDINATOR_MS = 3 * HEARTBEAT_MS // 2
 BOUND_S = 2 * HEARTBEAT_MS / 1000
 ARGS = SMALL_MODEL + ["--steps", str(STEPS), "--checkpoint-every", "10", "--metrics-port", "0",
-                      "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--step-timeout-ms", "30000"]
+                      "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--step-timeout-ms", "30000",
+                      "--coordinator-timeout-ms", str(COORDINATOR_MS)]
 
 
 def partitioned_job(c, run_dir):

@@ -40,13 +40,22 @@ def test():
                 fail(f"flagged at step {flags[0]['step']}, expected within 15 steps of {SLOW_FROM}")
             if lost["cause"] != "straggler" or lost["member"] != flags[0]["member"]:
                 fail(f"the flagged member should be lost as a straggler: {lost}, flag {flags[0]}")
-            # Evicted means gone while the job trains on (it fences itself once the coordinator
-            # no longer speaks to it: 1.5 x the heartbeat timeout), not kept until the end.
-            wait_until(lambda: not pid_alive(lost["pid"]) or job.proc.poll() is not None, 30,
-                       f"the evicted process {lost['pid']} to exit")
+            # Evicted means told to go while the job trains on: the process exits 0 saying why
+            # (so that its agent does not restart it), not left to fence itself when the
+            # coordinator stops speaking to it, nor kept until the end.
+            exited = wait_until(
+                lambda: [e for e in of(job.events(), "worker_exited") if e["pid"] == lost["pid"]]
+                or job.proc.poll() is not None, 30, f"the evicted process {lost['pid']} to exit")
             if job.proc.poll() is not None:
                 fail(f"the job ended ({job.proc.returncode}) before the evicted process "
                      f"{lost['pid']} was gone:\n{job.output()}")
+            if exited[0]["exit_code"] != 0 or exited[0]["signal"] != 0:
+                fail(f"the evicted worker should exit 0 when told to go: {exited[0]}\n"
+                     f"{job.output()}")
+            if "evicted: compute" not in job.output():
+                fail(f"the evicted worker should say why it left:\n{job.output()}")
+            if pid_alive(lost["pid"]):
+                fail(f"the evicted process {lost['pid']} is still alive after its exit")
 
             def steps_after():
                 return [e for e in of(job.events(), "step") if e["step"] > lost["step"]]

@@ -7,7 +7,10 @@ from /proc (procfs.py), not from what the job says about itself:
   `generation` event says `shrunk`, and they go on in generation 1's segment (no new segment
   is made for generation 2);
 - TROUPE_TRANSPORT=tcp: the ranks hold no segment, are connected to each other over TCP, and a
-  loss makes a new group (`shrunk` false)."""
+  loss makes a new group (`shrunk` false).
+
+The job's own word is checked as well: each generation's `transport` event names the backend
+the coordinator expects the ranks to pick, and it must agree with what /proc shows."""
 
 import os
 import signal
@@ -45,6 +48,20 @@ def trained_in(job, generation, steps):
     return wait_until(ready, 60, f"{steps} steps of generation {generation}")
 
 
+def said_transport(job, name, generation, backend, world, shrunk):
+    """The generation's `transport` event, checked against what /proc showed."""
+    said = [t for t in of(job.events(), "transport") if t["generation"] == generation]
+    if len(said) != 1:
+        fail(f"{name}: expected one transport event for generation {generation}, saw {said}")
+    t = said[0]
+    expected = {"backend": backend, "world": world, "nodes": 1, "ranks_per_node": world,
+                "shrunk": shrunk}
+    if {k: t.get(k) for k in expected} != expected:
+        fail(f"{name}: generation {generation}'s transport event {t}, expected {expected}")
+    print(f"{name}: generation {generation} says transport {t['backend']} "
+          f"(shrunk={t['shrunk']})")
+
+
 def scenario(name, env, expect_shm):
     with Job(ARGS, env=env) as job:
         trained_in(job, 1, 3)
@@ -60,6 +77,8 @@ def scenario(name, env, expect_shm):
             fail(f"{name}: ranks should be connected over TCP and hold no segment: "
                  f"segments {held}, TCP pairs {connected}")
         print(f"{name}: generation 1 segments {held}, TCP pairs between ranks {sorted(connected)}")
+        backend = "shm" if expect_shm else "tcp"
+        said_transport(job, name, 1, backend, WORLD, False)
 
         # A rank lost in the middle of training (the chaos of rank_kill_test.py, by hand so
         # that generation 1 is seen first).
@@ -80,6 +99,7 @@ def scenario(name, env, expect_shm):
                  f"generation 2 {new}, TCP pairs {tcp_pairs(survivors)}")
         print(f"{name}: generation 2 shrunk={second['shrunk']}, survivors' segments "
               f"{old} (generation 1), {new} (generation 2)")
+        said_transport(job, name, 2, backend, WORLD - 1, expect_shm)
         job.proc.send_signal(signal.SIGINT)
         if job.wait(60) != 130:
             fail(f"{name}: Ctrl-C should end the job with 130:\n{job.output()}")

@@ -210,17 +210,14 @@ TEST(event_log, text_from_outside_is_escaped_never_thrown) {
   testing::temp_dir dir;
   const std::string path = dir.file("e.jsonl");
   // Bytes of a damaged manifest in an error, a control sequence, a key that is not UTF-8:
-  // the line is valid UTF-8 JSON, and the listener (the console) sees the same text.
-  std::string heard;
+  // the line is valid UTF-8 JSON.
   event_log events = event_log::open(path);
-  events.set_listener([&](const json& e) { heard = e.at("msg").get<std::string>(); });
   events.write({{"msg", std::string("bad \xff byte \x1b[31m")}, {std::string("k\xfe"), 1}});
   const auto lines = read_lines(path);
   ASSERT_EQ(lines.size(), 1u);
   const json line = json::parse(lines[0]);
   EXPECT_EQ(line.at("msg"), "bad \\xff byte \\x1b[31m");
   EXPECT_EQ(line.at("k\\xfe"), 1);
-  EXPECT_EQ(heard, "bad \\xff byte \\x1b[31m");
   // What travels between threads as text is encoded the same way, and never throws.
   EXPECT_EQ(json::parse(event_log::encode({{"error", std::string("\xc3\x28")}})).at("error"),
             "\\xc3(");

@@ -29,7 +29,7 @@ shard_written share(int32_t rank, int64_t step, uint64_t generation = 1) {
 std::vector<std::string> event_names(const actions& a) {
   std::vector<std::string> out;
   for (const auto& x : a)
-    if (auto* e = std::get_if<emit_event>(&x)) out.push_back(e->event.value("event", ""));
+    if (auto* e = std::get_if<emit_event>(&x)) out.push_back(events::kind(e->event));
   return out;
 }
 

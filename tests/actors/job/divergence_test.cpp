@@ -38,10 +38,11 @@ TEST(Divergence, StopsWhenThePolicySaysStop) {
   actions out;
   EXPECT_FALSE(d.decide(7, "loss nan", 2, 6, out));
   ASSERT_EQ(out.size(), 1u);  // no record_skipped
-  const auto& e = std::get<emit_event>(out[0]).event;
-  EXPECT_EQ(e["event"], "diverged");
-  EXPECT_EQ(e["action"], "stop");
-  EXPECT_EQ(e["committed_step"], 6);
+  const auto& event = std::get<emit_event>(out[0]).event;
+  EXPECT_EQ(events::kind(event), "diverged");
+  const auto& e = std::get<events::diverged>(event);
+  EXPECT_EQ(e.action, "stop");
+  EXPECT_EQ(e.committed_step, 6);
   EXPECT_TRUE(d.skipped().empty());
   EXPECT_NE(d.stop_words(7, "loss nan", "no checkpoint was committed")
                 .find("lower --lr, or pass --on-divergence rollback"),

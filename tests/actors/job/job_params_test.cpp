@@ -49,6 +49,13 @@ TEST(JobParamsTest, EveryElasticSettingComesFromTheConfig) {
   EXPECT_EQ(p.straggler_policy, "evict");
   EXPECT_EQ(p.plan, plan);
   EXPECT_EQ(p.cfg.elastic.heartbeat_timeout_ms, 3500) << "the config travels whole";
+  EXPECT_EQ(p.coordinator_timeout, 17500ms) << "5 x the heartbeat timeout when not set";
+  EXPECT_EQ(p.stall_gap, 1750ms) << "half the heartbeat timeout";
+  c.elastic.coordinator_timeout_ms = 9000;
+  c.elastic.join_timeout_ms = 12000;
+  const job_params q = make_job_params(c, plan, 0, {});
+  EXPECT_EQ(q.coordinator_timeout, 9000ms);
+  EXPECT_EQ(q.form_timeout, 12000ms);
 }
 
 TEST(JobParamsTest, NoMaxRanksBoundsTheWorldAtItsConfiguredSize) {
@@ -81,6 +88,7 @@ TEST(JobParamsTest, TheDefaultsOfTheConfigAreTheDefaultsOfTheLogic) {
   EXPECT_EQ(derived.heartbeat_timeout, by_hand.heartbeat_timeout);
   EXPECT_EQ(derived.straggler_policy, by_hand.straggler_policy);
   EXPECT_EQ(derived.form_timeout, by_hand.form_timeout);
+  EXPECT_EQ(derived.coordinator_timeout, by_hand.coordinator_timeout);
 }
 
 }  // namespace

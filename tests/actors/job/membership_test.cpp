@@ -24,6 +24,7 @@ job_params params(int members, int nodes = 1) {
   p.nodes = nodes;
   p.max_restarts = 3;
   p.heartbeat_timeout = 2000ms;
+  p.coordinator_timeout = 7000ms;
   return p;
 }
 
@@ -47,7 +48,7 @@ hello worker(int32_t member, int32_t node = 0) {
 std::vector<std::string> event_names(const actions& a) {
   std::vector<std::string> out;
   for (const auto& x : a)
-    if (auto* e = std::get_if<emit_event>(&x)) out.push_back(e->event.value("event", ""));
+    if (auto* e = std::get_if<emit_event>(&x)) out.push_back(events::kind(e->event));
   return out;
 }
 
@@ -68,7 +69,7 @@ TEST(AgentAdmission, TheFirstAgentsShareTheFirstMembersInSlices) {
     ASSERT_TRUE(plan.error.empty()) << plan.error;
     EXPECT_EQ(plan.node, i);
     EXPECT_EQ(plan.max_restarts, 3);
-    EXPECT_EQ(plan.heartbeat_timeout_ms, 2000);
+    EXPECT_EQ(plan.coordinator_timeout_ms, 7000) << "agents outwait the coordinator's verdict";
     EXPECT_EQ(event_names(out), std::vector<std::string>{"agent_joined"});
     slices.push_back(plan.members);
   }

@@ -47,9 +47,9 @@ TEST(Replacements, ACrashWithRestartsLeftIsWaitedForUntilTheDeadline) {
   r.hold(2, t0 + 1s, out);
   r.hold(2, t0 + 2s, out);
   ASSERT_EQ(out.size(), 1u);  // said once
-  const auto& e = std::get<emit_event>(out[0]).event;
-  EXPECT_EQ(e["event"], "replacement_wait");
-  EXPECT_EQ(e["wait_ms"], 2000);
+  const auto& event = std::get<emit_event>(out[0]).event;
+  EXPECT_EQ(events::kind(event), "replacement_wait");
+  EXPECT_EQ(std::get<events::replacement_wait>(event).wait_ms, 2000);
   EXPECT_TRUE(r.held());
   r.rejoined(0);
   EXPECT_EQ(r.awaited(), 0);

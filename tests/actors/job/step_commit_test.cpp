@@ -84,10 +84,11 @@ TEST(StepCommit, LogsTheMemoryARankReports) {
   v.optim_state_bytes = 1024;
   s.count(v, 1, 3, t0, out);
   ASSERT_EQ(out.size(), 1u);
-  const auto& e = std::get<emit_event>(out[0]).event;
-  EXPECT_EQ(e["event"], "memory");
-  EXPECT_EQ(e["generation"], 3);
-  EXPECT_EQ(e["optimizer_state_bytes"], 1024);
+  const auto& event = std::get<emit_event>(out[0]).event;
+  EXPECT_EQ(events::kind(event), "memory");
+  const auto& e = std::get<events::memory>(event);
+  EXPECT_EQ(e.generation, 3u);
+  EXPECT_EQ(e.optimizer_state_bytes, 1024);
 }
 
 TEST(FailedVotes, WaitTheSettleWindowForTheirRootCause) {
@@ -134,7 +135,7 @@ TEST(Validation, SumsEveryRanksReportIntoOneLoss) {
   EXPECT_TRUE(s.add_validation(e, 2, 1, out));
   EXPECT_DOUBLE_EQ(s.last_val_loss(), 2.0);
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(std::get<emit_event>(out[0]).event["event"], "validation");
+  EXPECT_EQ(events::kind(std::get<emit_event>(out[0]).event), "validation");
   EXPECT_FALSE(s.validating());
 }
 

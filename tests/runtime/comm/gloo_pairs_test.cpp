@@ -13,10 +13,8 @@
 
 #include <atomic>
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <regex>
-#include <sstream>
 
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/store.hpp"
@@ -87,21 +85,6 @@ class stranger_at_the_door final : public kv_store {
   std::atomic<int>& got_in_;
 };
 
-/// The kernel's count of segments dropped for a missing TCP signature (this network namespace).
-long unsigned_segments_dropped() {
-  std::ifstream in("/proc/net/netstat");
-  std::string names, values;
-  while (std::getline(in, names) && std::getline(in, values)) {
-    if (names.rfind("TcpExt:", 0) != 0) continue;
-    std::istringstream n(names), v(values);
-    std::string name, value;
-    while (n >> name && v >> value) {
-      if (name == "TCPMD5NotFound") return std::stol(value);
-    }
-  }
-  return -1;
-}
-
 struct outcome {
   int built = 0;
   std::vector<std::string> errors;
@@ -149,7 +132,7 @@ class gloo_pairs : public ::testing::Test {
 };
 
 TEST_F(gloo_pairs, a_stranger_cannot_take_a_signed_pair_and_the_data_is_intact) {
-  const long dropped_before = unsigned_segments_dropped();
+  const long dropped_before = comm::tcp_signature_drops();
   std::atomic<int> tried{0}, got_in{0};
   const std::string key(32, 'k');
   const auto out = build_pairs({key, key}, tried, got_in, 10s, [](int r, communicator& c) {
@@ -168,7 +151,7 @@ TEST_F(gloo_pairs, a_stranger_cannot_take_a_signed_pair_and_the_data_is_intact) 
   EXPECT_EQ(tried, 2) << "the stranger should have tried each rank's one pair address";
   EXPECT_EQ(got_in, 0) << "a stranger without the key connected to a signed pair";
   if (dropped_before >= 0) {
-    EXPECT_GE(unsigned_segments_dropped(), dropped_before + 2)
+    EXPECT_GE(comm::tcp_signature_drops(), dropped_before + 2)
         << "the kernel should count the stranger's dropped SYNs";
   }
 }
