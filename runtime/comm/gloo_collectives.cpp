@@ -144,8 +144,14 @@ void gloo_communicator::exchange(const op_ctx& op, const char* in, const size_t*
   bool exact = true;
   try {
     for (; done < recvs; ++done) {
+      // The watcher looks only at the peers still owed a message: one that sent its share
+      // and left is no reason to fail. Once the sources are unsure it looks at none.
+      pending_from_.clear();
+      for (int j = 0; exact && j < p; ++j)
+        if (j != r && recv_bytes[j] > 0 && !arrived_[static_cast<size_t>(j)])
+          pending_from_.push_back(j);
       int source = -1;
-      wait_recv(op, *dst, -1, &source);
+      wait_recv(op, *dst, -1, &source, &pending_from_);
       if (source < 0 || source >= p || arrived_[static_cast<size_t>(source)])
         exact = false;
       else
@@ -163,7 +169,21 @@ void gloo_communicator::exchange(const op_ctx& op, const char* in, const size_t*
                                 : std::to_string(recvs - done) + " of " + std::to_string(recvs) +
                                       " messages not yet received"));
   }
-  for (size_t i = 0; i < sends; ++i) wait_send(op, *src, -1);
+  // As for the receives: the watcher looks at the peers whose sends are not complete yet.
+  delivered_.assign(static_cast<size_t>(p), false);
+  bool sure = true;
+  for (size_t i = 0; i < sends; ++i) {
+    pending_to_.clear();
+    for (int j = 0; sure && j < p; ++j)
+      if (j != r && send_bytes[j] > 0 && !delivered_[static_cast<size_t>(j)])
+        pending_to_.push_back(j);
+    int dest = -1;
+    wait_send(op, *src, -1, &dest, &pending_to_);
+    if (dest < 0 || dest >= p || delivered_[static_cast<size_t>(dest)])
+      sure = false;
+    else
+      delivered_[static_cast<size_t>(dest)] = true;
+  }
 }
 
 /// Point-to-point slots live apart from the collectives' (bit 63 set), since only two ranks

@@ -265,6 +265,94 @@ void gloo_communicator::barrier_dissemination(const op_ctx& op) {
     wait_send(op, *barrier_tx_buf_, to);
   }
 }
+
+// A slot no operation uses (an op's slots start at sequence number 1, shifted left by 24), so
+// the probe receives posted on it never match a message.
+constexpr uint64_t probe_slot = 1;
+
+void gloo_communicator::start_watch() {
+  if (id_.size == 1) return;
+  broken_.assign(static_cast<size_t>(id_.size), std::string());
+  if (!arm_probe()) return;
+  watcher_ = std::thread([this] { watch_pairs(); });
+}
+
+bool gloo_communicator::arm_probe() {
+  auto probe = context_->createUnboundBuffer(&probe_byte_, 1);
+  std::vector<std::pair<int, std::string>> found;
+  int armed = 0;
+  for (int j = 0; j < id_.size; ++j) {
+    if (j == id_.rank) continue;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (!broken_[static_cast<size_t>(j)].empty()) continue;
+    }
+    try {
+      probe->recv(j, probe_slot, 0, 1);  // throws at once on a broken pair
+      ++armed;
+    } catch (const std::exception& e) {
+      found.emplace_back(j, e.what());
+    }
+  }
+  std::lock_guard<std::mutex> lock(m_);
+  if (probe_buf_) spent_probes_.push_back(std::move(probe_buf_));
+  probe_buf_ = std::move(probe);
+  armed_ = armed;
+  for (auto& [j, why] : found)
+    broken_[static_cast<size_t>(j)] =
+        "the connection to rank " + std::to_string(j) + " broke: " + why;
+  if (!found.empty() && watched_broken_locked() >= 0) look_ = true;
+  return !stopping_ && !closed_;
+}
+
+void gloo_communicator::look_after_grace() {
+  constexpr milliseconds grace{100};
+  std::unique_lock<std::mutex> lock(m_);
+  look_ = false;
+  if (watched_broken_locked() < 0) return;
+  const uint64_t seq = wait_seq_;
+  watch_cv_.wait_for(lock, grace, [&] { return stopping_ || wait_seq_ != seq; });
+  if (stopping_ || wait_seq_ != seq || !in_flight_ || lost_) return;
+  const int j = watched_broken_locked();
+  if (j < 0) return;
+  lost_ = broken_[static_cast<size_t>(j)];
+  for (auto* b : live_) {
+    b->abortWaitRecv();
+    b->abortWaitSend();
+  }
+}
+
+void gloo_communicator::watch_pairs() {
+  // gloo treats the end of a wait's timeout as the failure of every pair; this one only ends
+  // when a pair fails, or when abortWaitRecv() asks the watcher to look or to stop.
+  constexpr auto forever = std::chrono::hours(24 * 365 * 50);
+  for (;;) {
+    ubuf* probe = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(m_);
+      if (stopping_) return;
+      // With every pair broken there is no probe to wait on: only requests to look remain.
+      if (!look_ && armed_ == 0) watch_cv_.wait(lock, [&] { return stopping_ || look_; });
+      if (stopping_) return;
+      if (!look_) probe = probe_buf_.get();
+    }
+    bool broke = false;
+    if (probe != nullptr) {
+      try {
+        if (probe->waitRecv(nullptr, forever))
+          return;  // a message on the probe's slot: not expected
+      } catch (const std::exception&) {
+        broke = true;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      if (stopping_ || closed_) return;  // our own close ends the pairs: nothing to tell
+    }
+    if (broke && !arm_probe()) return;
+    look_after_grace();
+  }
+}
 }  // namespace gloo_detail
 
 namespace {

@@ -12,12 +12,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -38,9 +40,20 @@ class gloo_communicator final : public communicator {
       : id_(std::move(id)),
         opts_(std::move(opts)),
         device_(std::move(device)),
-        context_(std::move(context)) {}
+        context_(std::move(context)) {
+    start_watch();
+  }
 
   ~gloo_communicator() override {
+    if (watcher_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(m_);
+        stopping_ = true;
+        if (probe_buf_) probe_buf_->abortWaitRecv();
+        watch_cv_.notify_all();
+      }
+      watcher_.join();
+    }
     std::lock_guard<std::mutex> lock(m_);
     close_locked();
   }
@@ -292,26 +305,121 @@ class gloo_communicator final : public communicator {
     return std::max(milliseconds(1), std::chrono::ceil<milliseconds>(rest));
   }
 
-  /// `source`, when given, receives the rank whose message completed the wait.
-  void wait_recv(const op_ctx& op, ubuf& b, int peer, int* source = nullptr) {
+  /// `source`, when given, receives the rank whose message completed the wait. A wait on any
+  /// peer (-1) names in `among` the peers it may still hear from (default: every peer).
+  void wait_recv(const op_ctx& op, ubuf& b, int peer, int* source = nullptr,
+                 const std::vector<int>* among = nullptr) {
     bool ok = false;
-    try {
-      ok = b.waitRecv(source, left(op, peer, "receive from"));
-    } catch (const gloo::IoException& e) {
-      fail_from_gloo(op, peer, "receive from " + peer_name(peer), e.what());
+    {
+      watching w(*this, peer, among);
+      try {
+        ok = b.waitRecv(source, left(op, peer, "receive from"));
+      } catch (const gloo::IoException& e) {
+        fail_from_gloo(op, peer, "receive from " + peer_name(peer), e.what());
+      }
     }
-    if (!ok || aborted_) fail(op, comm_errc::aborted, peer, "aborted while receiving");
+    if (!ok || aborted_) fail_woken(op, peer, "receiving");
   }
 
-  void wait_send(const op_ctx& op, ubuf& b, int peer) {
+  /// A wait for a send to any peer (-1) names in `among` the peers whose sends are not yet
+  /// complete (none are watched without it); `dest`, when given, receives the completed one's.
+  void wait_send(const op_ctx& op, ubuf& b, int peer, int* dest = nullptr,
+                 const std::vector<int>* among = nullptr) {
+    static const std::vector<int> none;
     bool ok = false;
-    try {
-      ok = b.waitSend(nullptr, left(op, peer, "send to"));
-    } catch (const gloo::IoException& e) {
-      fail_from_gloo(op, peer, "send to " + peer_name(peer), e.what());
+    {
+      watching w(*this, peer, peer < 0 && among == nullptr ? &none : among);
+      try {
+        ok = b.waitSend(dest, left(op, peer, "send to"));
+      } catch (const gloo::IoException& e) {
+        fail_from_gloo(op, peer, "send to " + peer_name(peer), e.what());
+      }
     }
-    if (!ok || aborted_) fail(op, comm_errc::aborted, peer, "aborted while sending");
+    if (!ok || aborted_) fail_woken(op, peer, "sending");
   }
+
+  /// A wait returned without completing: abort() woke it, or the watcher did because a pair
+  /// it needs broke.
+  [[noreturn]] void fail_woken(const op_ctx& op, int peer, const char* doing) const {
+    if (!aborted_) {
+      std::unique_lock<std::mutex> lock(m_);
+      if (lost_) {
+        const std::string detail = *lost_;
+        lock.unlock();
+        fail(op, comm_errc::peer_lost, peer, detail);
+      }
+    }
+    fail(op, comm_errc::aborted, peer, std::string("aborted while ") + doing);
+  }
+
+  // ---- noticing a broken pair that gloo does not tell the waiting buffer about ----
+  //
+  // gloo fails the buffers of a pair's pending operations when its connection breaks, but not
+  // the one whose message it is reading at that moment (nor an unbound send it is still
+  // writing): a peer killed in the middle of a large transfer left that wait blocked until
+  // the op's deadline. So every working pair also holds a receive that never completes, into
+  // a probe buffer, which gloo does fail with the pair. A thread of this communicator waits
+  // on the probe; when it fails, the thread finds which pairs broke (posting to a broken pair
+  // throws at once), and arms a new probe on the others. A wait that needs a broken pair,
+  // whether it broke before or during the wait, is woken as abort() does if it is still the
+  // same wait after a short grace: the op then fails with peer_lost. A pair that breaks when
+  // no wait needs it (a peer that finished the op and left) fails nothing; so each wait names
+  // only the peers it still needs.
+
+  /// Publishes the peers one wait needs for the watcher while it lasts. If one of them is
+  /// known broken already, the watcher is asked to look (after its grace).
+  class watching {
+   public:
+    watching(gloo_communicator& c, int peer, const std::vector<int>* among) : c_(c) {
+      std::lock_guard<std::mutex> lock(c_.m_);
+      ++c_.wait_seq_;
+      c_.watched_.clear();
+      if (peer >= 0) {
+        c_.watched_.push_back(peer);
+      } else if (among != nullptr) {
+        c_.watched_ = *among;
+      } else {
+        for (int j = 0; j < c_.id_.size; ++j)
+          if (j != c_.id_.rank) c_.watched_.push_back(j);
+      }
+      if (c_.watched_broken_locked() >= 0) c_.request_look_locked();
+    }
+    ~watching() {
+      std::lock_guard<std::mutex> lock(c_.m_);
+      c_.watched_.clear();
+    }
+    watching(const watching&) = delete;
+    watching& operator=(const watching&) = delete;
+
+   private:
+    gloo_communicator& c_;
+  };
+
+  /// A peer the wait in progress needs whose pair broke, or -1. Under m_.
+  int watched_broken_locked() const {
+    for (const int j : watched_)
+      if (static_cast<size_t>(j) < broken_.size() && !broken_[static_cast<size_t>(j)].empty())
+        return j;
+    return -1;
+  }
+  /// Makes the watcher look at the wait in progress. Under m_.
+  void request_look_locked() {
+    look_ = true;
+    if (probe_buf_) probe_buf_->abortWaitRecv();  // it may be blocked on the probe
+    watch_cv_.notify_all();
+  }
+  /// After a grace, wakes the wait in progress if it is still the same one and still needs a
+  /// broken pair. The grace spares a wait whose completion has come already (gloo counts it
+  /// before the wait takes it) although the peer then finished and left.
+  void look_after_grace();
+
+  /// Starts the watcher (gloo_communicator.cpp).
+  void start_watch();
+  /// The watcher thread's body.
+  void watch_pairs();
+  /// Posts a new probe on every pair not yet known broken, recording those that are; wakes
+  /// the wait in progress if it needs one of them. Returns false once the watcher must stop.
+  bool arm_probe();
 
   /// The unbound buffer over caller memory [p, p + bytes), kept across ops: a receive posted
   /// on a buffer gloo has just created takes milliseconds longer to complete than one on a
@@ -397,9 +505,12 @@ class gloo_communicator final : public communicator {
   static constexpr size_t max_user_buffers = 16;
   std::vector<cached_buffer> user_bufs_;
   uint64_t buffer_clock_ = 0;
-  std::vector<float> work_;      ///< reduce_scatter's copy of its input (its ring runs in place)
-  std::vector<size_t> offsets_;  ///< all_to_all(v)'s block offsets: send then receive
-  std::vector<bool> arrived_;    ///< an exchange's sources seen so far (its error names the rest)
+  std::vector<float> work_;        ///< reduce_scatter's copy of its input (its ring runs in place)
+  std::vector<size_t> offsets_;    ///< all_to_all(v)'s block offsets: send then receive
+  std::vector<bool> arrived_;      ///< an exchange's sources seen so far (its error names the rest)
+  std::vector<int> pending_from_;  ///< an exchange's sources not yet seen, for the watcher
+  std::vector<bool> delivered_;    ///< an exchange's destinations whose sends completed
+  std::vector<int> pending_to_;    ///< the others, for the watcher
   /// Messages sent to / received from (peer, tag) so far: the sequence part of p2p slots.
   std::map<std::pair<int, uint32_t>, uint64_t> sent_seq_;
   std::map<std::pair<int, uint32_t>, uint64_t> recv_seq_;
@@ -410,6 +521,20 @@ class gloo_communicator final : public communicator {
   bool in_flight_ = false;          ///< guarded by m_
   bool closed_ = false;             ///< guarded by m_
   std::optional<comm_error> dead_;  ///< the first failure; guarded by m_
+
+  // The watcher (see start_watch()); all guarded by m_ but the thread.
+  std::vector<int> watched_;         ///< the peers the wait in progress needs
+  std::vector<std::string> broken_;  ///< per peer: gloo's error once its pair broke, else empty
+  std::optional<std::string> lost_;  ///< why the watcher woke the op in progress
+  bool stopping_ = false;
+  bool look_ = false;      ///< a wait began that needs a broken pair
+  uint64_t wait_seq_ = 0;  ///< waits begun so far
+  int armed_ = 0;          ///< pairs the current probe waits on
+  std::condition_variable watch_cv_;
+  char probe_byte_ = 0;
+  std::unique_ptr<ubuf> probe_buf_;                  ///< the armed probe; never receives anything
+  std::vector<std::unique_ptr<ubuf>> spent_probes_;  ///< earlier probes, which pairs still name
+  std::thread watcher_;
 };
 
 }  // namespace troupe::comm::gloo_detail

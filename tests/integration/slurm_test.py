@@ -12,10 +12,10 @@ run directory.
 (b) node2's link cut at step 15: the job shrinks to node1's ranks and finishes (Slurm marks
     node2 DOWN later; neither the job nor the step end), exactly: bit-equal to one host running
     4 ranks up to the step the shrunk generation started from and 2 ranks from its checkpoint.
-(c) Preempted three times, each attempt requeued by the script (exit 75) and released at once
-    (Slurm holds a requeued job back 120 s): `scancel --batch --signal=USR1` (what
-    `#SBATCH --signal=B:USR1@120` sends before the time limit: the batch shell alone, which
-    passes it on to troupe) and `scancel --signal=TERM` (every task of the steps: the agents
+(c) Preempted three times, each attempt requeued by the script (exit 75) and released as soon
+    as its last attempt is gone from the nodes (Slurm holds a requeued job back 120 s):
+    `scancel --batch --signal=USR1` (what `#SBATCH --signal=B:USR1@120` sends before the time
+    limit: the batch shell alone, which passes it on to troupe) and `scancel --signal=TERM` (every task of the steps: the agents
     pass it on to the coordinator, the workers leave it to it) each commit the next step with a
     checkpoint and lose no rank; `scancel --full --signal=TERM` (every process, srun included,
     as cancellation, preemption and the time limit do; srun answers with SIGKILL to its tasks)
@@ -47,7 +47,11 @@ import slurm_cluster  # noqa: E402
 SBATCH = os.path.join(REPO, "deploy", "slurm", "troupe.sbatch")
 COMMON = SMALL_MODEL + ["--metrics-port", "0", "--step-timeout-ms", "30000"]
 SHORT = COMMON + ["--steps", "30", "--checkpoint-every", "10"]
-STEPS_LONG = 200
+# Room for part (c)'s three stops: each attempt runs 20 steps past its start before the test
+# signals it, and a loaded machine stretches the signal-to-stop into tens of steps (up to 78
+# seen). With 200 the third signal sometimes came after the last step: the job COMPLETED
+# instead of requeueing itself.
+STEPS_LONG = 400
 LONG = COMMON + ["--steps", str(STEPS_LONG), "--checkpoint-every", "50",
                  "--heartbeat-timeout-ms", "2000"]
 REQUEUE_CODE = 75
@@ -208,6 +212,7 @@ def preempt(jobs, name, job, out, run_dir, at_least, how, restarts, expect_words
     while True:
         info = jobs.s.job(job)
         if info.get("Restarts") == str(restarts) and info.get("JobState") == "PENDING":
+            requeued_by = time.time()  # Slurm revoked the attempt's credential before this
             break
         if info.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')} instead of "
@@ -249,8 +254,27 @@ def preempt(jobs, name, job, out, run_dir, at_least, how, restarts, expect_words
           f"checkpoint step {resume_at} and exit {REQUEUE_CODE}"
           f"{f' ({len(lost)} ranks lost first)' if lost else ''}; requeued {stopped:.1f}s after "
           "the signal", flush=True)
-    jobs.s.scontrol("update", f"jobid={job}", "StartTime=now")
+    release(jobs, name, job, requeued_by)
     return resume_at
+
+
+def release(jobs, name, job, requeued_by):
+    """Lets a requeued job start again at once instead of after Slurm's hold. Not before its
+    last attempt is gone from the nodes and the clock has left the second in which Slurm
+    revoked that attempt's credential: slurmd refuses a credential that is not newer, to the
+    second, than the revocation ("Job 1 already killed, do not launch batch job"; slurmctld:
+    "Killing non-startable batch JobId=1: Job credential revoked"), and the job then FAILS
+    with exit 1 before its script runs. Slurm's own hold keeps real jobs far from that."""
+    deadline = time.monotonic() + 60
+    while True:
+        states = jobs.s.node_states()
+        done = all(states.get(n, "") == "idle" for n in jobs.s.node_names.values())
+        if done and time.time() >= int(requeued_by) + 1:
+            break
+        if time.monotonic() > deadline:
+            fail(f"{name}: job {job}'s requeued attempt still on the nodes after 60s: {states}")
+        time.sleep(0.1)
+    jobs.s.scontrol("update", f"jobid={job}", "StartTime=now")
 
 
 def part_c(jobs, tmp, ref, ref_dir):

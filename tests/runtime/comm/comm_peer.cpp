@@ -259,6 +259,7 @@ const std::map<std::string, int (*)(comm::kv_store&, int, int)> set_scenarios{
     {"hier_bytes", test::hier_bytes},
     {"hier_until_lost", test::hier_until_lost},
     {"hier_park", test::hier_park},
+    {"gloo_torn_message", test::gloo_torn_message},
 };
 
 int serve() {

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -48,6 +49,37 @@ inline uint64_t tcp_bytes_sent() {
       total += info.tcpi_bytes_sent;
   }
   ::closedir(d);
+  return total;
+}
+
+/// This process's TCP sockets.
+inline std::vector<int> tcp_fds() {
+  std::vector<int> fds;
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return fds;
+  while (const dirent* e = ::readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == ::dirfd(d)) continue;
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0) fds.push_back(fd);
+  }
+  ::closedir(d);
+  return fds;
+}
+
+/// Bytes received so far by this process's TCP sockets but those in `skip`
+/// (TCP_INFO's tcpi_bytes_received).
+inline uint64_t tcp_bytes_received(const std::vector<int>& skip) {
+  uint64_t total = 0;
+  for (const int fd : tcp_fds()) {
+    if (std::find(skip.begin(), skip.end(), fd) != skip.end()) continue;
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
+    if (len >= offsetof(tcp_info, tcpi_bytes_received) + sizeof(info.tcpi_bytes_received))
+      total += info.tcpi_bytes_received;
+  }
   return total;
 }
 
@@ -236,6 +268,51 @@ inline int hier_until_lost(comm::kv_store& store, int rank, int size) {
     }
   }
   return hier_report(rank, "no all_reduce failed");
+}
+
+/// A 2-rank gloo group whose rank 1 dies in the middle of a 64 MiB message to rank 0, steered
+/// by the test through the store so that rank 0 has taken the message's first bytes when the
+/// connection breaks (the case gloo does not report to the waiting buffer):
+///   rank 0 posts its receive; rank 1 sees the receive's notice arrive ("notified"); the test
+///   SIGSTOPs rank 0 ("stopped"); rank 1 sends, and once the first KiBs are out ("flowing")
+///   the test SIGKILLs rank 1 and SIGCONTs rank 0, which reads what was sent and meets the end
+///   of the connection. Rank 0 prints "failed <steady ns> <code> <message>".
+inline int gloo_torn_message(comm::kv_store& store, int rank, int size) {
+  const std::vector<int> store_fds = tcp_fds();  // what is not gloo's
+  auto c = comm::make_gloo_communicator(store, {1, "torn", rank, size});
+  c->barrier({30s});  // whatever the connect sent each way has arrived
+  std::vector<char> buf(size_t{64} << 20, 1);
+  if (rank == 0) {
+    store.wait({"go"}, 30s);
+    try {
+      c->recv(buf.data(), buf.size(), 1, 7, {60s});
+    } catch (const comm::comm_error& e) {
+      const int64_t at = steady_ns();
+      std::string msg = e.what();
+      for (auto& ch : msg)
+        if (ch == '\n') ch = ' ';
+      std::printf("failed %lld %s %s\n", static_cast<long long>(at), comm::to_string(e.code()),
+                  msg.c_str());
+      std::fflush(stdout);
+      return 0;
+    }
+    return hier_report(rank, "the receive completed");
+  }
+  // Rank 0 posts its receive only after "go": its notice is then the next thing gloo's
+  // sockets here receive.
+  const uint64_t received = tcp_bytes_received(store_fds);
+  store.set_string("go", "1");
+  while (tcp_bytes_received(store_fds) == received) std::this_thread::sleep_for(1ms);
+  store.set_string("notified", "1");
+  store.wait({"stopped"}, 30s);
+  const uint64_t sent = tcp_bytes_sent();
+  std::thread watch([&store, sent] {
+    while (tcp_bytes_sent() < sent + 4096) std::this_thread::sleep_for(1ms);
+    store.set_string("flowing", "1");
+  });
+  watch.detach();  // the test kills this process while send() waits
+  c->send(buf.data(), buf.size(), 0, 7, {60s});
+  return hier_report(rank, "the send completed while rank 0 was stopped");
 }
 
 /// Connects, takes part in one all-reduce, publishes "warm/<rank>", then never joins another.
