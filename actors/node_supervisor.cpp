@@ -328,8 +328,9 @@ int run_agent(const agent_args& args) {
                        preempt = args.preempt_on_signals] {
     troupe::sys::wait_here_for_signals();
     for (;;) {
-      int sig = 0;
-      if (sigwait(&blocked, &sig) != 0 || done) return;
+      siginfo_t info{};
+      const int sig = sigwaitinfo(&blocked, &info);
+      if (sig < 0 || done) return;
       if (preempt) {
         monitoring::log(monitoring::level::warn, agent_ctx,
                         std::string(sig == SIGTERM ? "SIGTERM" : "SIGUSR1") +
@@ -339,9 +340,15 @@ int run_agent(const agent_args& args) {
         continue;
       }
       if (sig == SIGUSR1) continue;
-      // The kernel's death signal can come before this process is handed to its new parent:
-      // give the reparenting a moment to show.
-      for (int i = 0; i < 50 && getppid() == parent; ++i)
+      // The kernel sends the death signal when the thread that started us exits, which can be
+      // well before the rest of a large coordinator process is torn down and this process
+      // handed to a new parent (seconds on a loaded machine). So a SIGTERM that may be that
+      // signal (sent by the parent, or passed on by route_signals from one of our own
+      // threads) waits for the reparenting to show; one from anyone else is acted on at once.
+      const bool maybe_death_signal = info.si_pid == parent || info.si_pid == getpid();
+      const auto wait = maybe_death_signal ? std::chrono::seconds(3) : std::chrono::seconds(0);
+      for (const auto until = std::chrono::steady_clock::now() + wait;
+           getppid() == parent && std::chrono::steady_clock::now() < until;)
         std::this_thread::sleep_for(std::chrono::milliseconds(4));
       caf::anon_send(agent, shutdown_atom::value,
                      getppid() != parent

@@ -43,7 +43,9 @@ const std::vector<std::string> may_change = {
     // What is done about a divergence; the batches it skipped are in skipped_batches.json.
     "/on_divergence", "/max_rollbacks",
     // How the data plane's connections are guarded.
-    "/data_plane_auth"};
+    "/data_plane_auth",
+    // Where the coordinator leads through etcd, and under which name.
+    "/job_id", "/etcd/endpoints", "/etcd/cacert", "/etcd/cert", "/etcd/key", "/etcd/timeout_ms"};
 
 // The problems of a checkpoint as one line: the first, and how many more.
 std::string first_problem(const std::vector<ckpt::problem>& problems) {

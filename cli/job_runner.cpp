@@ -1,5 +1,5 @@
-// A job's coordinator process in five steps (cli/job_steps.hpp): plan the job, open the
-// listeners, prepare the run directory, supervise the job, summarise it.
+// A job's coordinator process in its steps (cli/job_steps.hpp): plan the job, open the
+// listeners, prepare the run directory, reach etcd (--etcd), supervise the job, summarise it.
 
 #include "cli/job_runner.hpp"
 
@@ -32,9 +32,11 @@ sigset_t block_job_signals() {
 int run_job(const job_options& opts, bool launch_local_agent) {
   const sigset_t signals = block_job_signals();
   job_plan job = plan_job(opts, launch_local_agent);
+  check_etcd_options(job.cfg);
   job_listeners listeners(job.cfg);
   run_dir_state run = prepare_run_dir(job);
-  job_supervision supervision(job, listeners, run);
+  job_etcd etcd(job.cfg, listeners.registry(), run.events);
+  job_supervision supervision(job, listeners, run, etcd);
   const actors::job_result result = supervision.run(signals);
   print_summary(job.cfg, result);
   return result.exit_code;

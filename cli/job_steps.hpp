@@ -2,8 +2,9 @@
 // The steps of a job's coordinator process, in the order run_job (cli/job_runner.cpp) takes
 // them: plan the job and check it against this machine (job_plan.cpp), open the listeners that
 // must work before anything is written (job_listeners.cpp), prepare the run directory
-// (job_run_dir.cpp, job_resume.cpp), supervise the job to its end (job_supervise.cpp), and
-// summarise it (job_summary.cpp). Internal to cli/.
+// (job_run_dir.cpp, job_resume.cpp), reach etcd and, once published, win its election
+// (job_etcd.cpp, --etcd only), supervise the job to its end (job_supervise.cpp), and summarise
+// it (job_summary.cpp). Internal to cli/.
 
 #include <signal.h>
 #include <sys/types.h>
@@ -11,11 +12,14 @@
 #include <atomic>
 #include <caf/all.hpp>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "actors/job/events.hpp"
 #include "actors/job/job_actions.hpp"
 #include "actors/messages.hpp"
 #include "actors/tls_transport.hpp"
@@ -116,6 +120,45 @@ struct run_dir_state {
 /// from, and opens events.jsonl with the job's first events.
 run_dir_state prepare_run_dir(job_plan& job);
 
+// ---- etcd: the coordinator leads the job through an election ----------------------------
+
+/// Checks, before the run directory is touched, what --etcd needs from this machine: etcd
+/// itself for --etcd local, readable certificate files. Throws config_error (exit 2).
+void check_etcd_options(const train_config& cfg);
+
+/// With --etcd: the etcd the coordinator leads through (its own member for --etcd local), the
+/// election, and the mirror of the job's state under /troupe/<job id>/. Without: does nothing.
+/// Destroying it writes what is pending, steps down, and stops the local etcd.
+class job_etcd {
+ public:
+  /// Checks the certificate files and, for --etcd local, starts the job's etcd member and waits
+  /// until it answers. Throws config_error (exit 2) for unusable options, std::runtime_error
+  /// (exit 1) for an etcd that does not start.
+  job_etcd(const train_config& cfg, monitoring::metrics_registry& registry,
+           monitoring::event_log& events);
+  ~job_etcd();
+  job_etcd(const job_etcd&) = delete;
+  job_etcd& operator=(const job_etcd&) = delete;
+
+  [[nodiscard]] bool enabled() const;
+  /// Campaigns as `address` and returns once elected, having logged the leader event and
+  /// written the job's config. `on_lost` runs (on the election's thread) if leadership is lost
+  /// later. Throws config_error for a TLS failure, std::runtime_error when etcd does not answer
+  /// or elect this coordinator within --etcd-timeout-ms.
+  void lead(const std::string& address, std::function<void()> on_lost);
+  /// Drops lead()'s on_lost; once this returns it is not running and will not run. Called
+  /// before what on_lost reaches (the actor system) is destroyed.
+  void forget_on_lost();
+  /// Follows the job's events (on the supervisor's thread; never waits for etcd).
+  void observe(const actors::events::job_event& event);
+  /// Why leadership was lost; empty while it holds (or without etcd).
+  [[nodiscard]] std::string lost_reason() const;
+
+ private:
+  struct state;
+  std::unique_ptr<state> state_;
+};
+
 // ---- supervision ------------------------------------------------------------------------
 
 /// The job while it runs: the store, the actor system with the job supervisor, the agents,
@@ -123,7 +166,8 @@ run_dir_state prepare_run_dir(job_plan& job);
 class job_supervision {
  public:
   /// Starts the store and the job supervisor (nothing listens for the agents yet).
-  job_supervision(const job_plan& job, job_listeners& listeners, run_dir_state& run);
+  job_supervision(const job_plan& job, job_listeners& listeners, run_dir_state& run,
+                  job_etcd& etcd);
   job_supervision(const job_supervision&) = delete;
   job_supervision& operator=(const job_supervision&) = delete;
 
@@ -140,6 +184,7 @@ class job_supervision {
 
   const job_plan& job_;
   job_listeners& listeners_;
+  job_etcd& etcd_;
   std::optional<progress_line> progress_;
   comm::tcp_store_server store_;
   actors::system_config sys_cfg_;
@@ -147,6 +192,7 @@ class job_supervision {
   caf::scoped_actor self_;
   caf::actor supervisor_;
   std::vector<pid_t> agents_;
+  bool supervisor_died_ = false;  ///< it ended without sending the job's result
 };
 
 // ---- summary ----------------------------------------------------------------------------

@@ -123,9 +123,11 @@ class signal_watcher {
 
 }  // namespace
 
-job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, run_dir_state& run)
+job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, run_dir_state& run,
+                                 job_etcd& etcd)
     : job_(job),
       listeners_(listeners),
+      etcd_(etcd),
       store_(job.listen_host, 0, store_options(listeners)),
       sys_(sys_cfg_.use_network()),
       self_(sys_) {
@@ -133,6 +135,14 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
   if (job.cfg.progress) {
     progress_.emplace(run.start_step);
     follow_progress(setup, *progress_);
+  }
+  if (etcd.enabled()) {
+    // The mirror sees the same typed events as the progress line, after it.
+    setup.on_event =
+        [&etcd, progress = std::move(setup.on_event)](const actors::events::job_event& event) {
+          if (progress) progress(event);
+          etcd.observe(event);
+        };
   }
   setup.cfg = job.cfg;
   setup.form_timeout_ms = job.cfg.elastic.join_timeout_ms;
@@ -150,14 +160,39 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
 }
 
 actors::job_result job_supervision::run(const sigset_t& signals) {
+  // on_lost (below) holds the supervisor's handle, which must not outlive this actor system.
+  struct forget_guard {
+    job_etcd& etcd;
+    ~forget_guard() { etcd.forget_on_lost(); }
+  } forget{etcd_};
   const uint16_t port = publish();
   const std::string endpoint = job_.listen_host + ":" + std::to_string(port);
+  // Elected before any agent is started or asked for: a coordinator that does not lead must
+  // not have supervised anything.
+  try {
+    etcd_.lead(endpoint, [supervisor = supervisor_] {
+      // A deposed leader stops deciding at once; the new leader (or --resume) takes the job
+      // from its last checkpoint.
+      caf::anon_send_exit(supervisor, caf::exit_reason::kill);
+    });
+  } catch (...) {
+    caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+    throw;
+  }
   if (job_.slurm) announce_rendezvous(port);
   start_agents(endpoint);
   actors::job_result result;
   {
     signal_watcher watcher(signals, supervisor_, agents_, job_.cfg.run_dir);
     result = wait_for_result();
+    // A loss noticed after the job had ended by itself changes nothing about that job.
+    if (const std::string lost = etcd_.lost_reason(); !lost.empty() && supervisor_died_) {
+      result.exit_code = 1;
+      result.message =
+          "lost leadership in etcd: " + lost + "; --resume continues from the last checkpoint";
+      // Nobody told the agents to stop: ask them (their workers go with them).
+      for (pid_t agent : agents_) kill(-agent, SIGTERM);
+    }
     stop_agents();
     if (job_.slurm) remove_rendezvous(job_.cfg.run_dir, getpid());
     caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
@@ -244,6 +279,7 @@ actors::job_result job_supervision::wait_for_result() {
           result.exit_code = 1;
           result.message =
               "the job supervisor stopped unexpectedly (" + sys_.render(dm.reason) + ")";
+          supervisor_died_ = true;
           done = true;
         });
   }

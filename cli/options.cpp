@@ -58,6 +58,12 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--on-divergence", "on_divergence"},
       {"--max-rollbacks", "max_rollbacks"},
       {"--data-plane-auth", "data_plane_auth"},
+      {"--job-id", "job_id"},
+      {"--etcd", "etcd.endpoints"},
+      {"--etcd-cacert", "etcd.cacert"},
+      {"--etcd-cert", "etcd.cert"},
+      {"--etcd-key", "etcd.key"},
+      {"--etcd-timeout-ms", "etcd.timeout_ms"},
   };
   return table;
 }
@@ -279,6 +285,19 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
                          stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,
                          kill:coordinator:step=15, random:kills=10:seed=3,
                          diverge:step=8[:rank=0] (that step's batch gives a NaN loss)
+
+coordinator leadership through etcd (one coordinator leads; standby coordinators that take
+over from a lost leader are not built yet):
+  --etcd ENDPOINTS       comma-separated http:// or https:// URLs of an etcd cluster, or
+                         `local` for one etcd member of the job's own (/usr/bin/etcd, data in
+                         RUN_DIR/etcd, log in RUN_DIR/etcd.log, stopped with the job). The
+                         coordinator is elected leader before it supervises, mirrors the job's
+                         config and state to /troupe/JOB_ID/, and ends the job (exit 1) if it
+                         loses leadership
+  --etcd-cacert FILE     CA that signed etcd's certificate (required for https)
+  --etcd-cert FILE, --etcd-key FILE   client certificate and key (etcd --client-cert-auth)
+  --etcd-timeout-ms MS   how long to wait for etcd and the election (default 60000)
+  --job-id ID            the job's name in etcd (default: the run directory's name)
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
   --no-progress          no progress line
   -h, --help             this help

@@ -1,6 +1,7 @@
 #include "runtime/config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -247,6 +248,11 @@ const std::vector<field>& fields() {
       section_string_field("elastic.straggler_policy", &train_config::elastic,
                            &elastic_config::straggler_policy),
       faults_field(),
+      section_string_field("etcd.endpoints", &train_config::etcd, &etcd_config::endpoints),
+      section_string_field("etcd.cacert", &train_config::etcd, &etcd_config::cacert),
+      section_string_field("etcd.cert", &train_config::etcd, &etcd_config::cert),
+      section_string_field("etcd.key", &train_config::etcd, &etcd_config::key),
+      make_field("etcd.timeout_ms", &train_config::etcd, &etcd_config::timeout_ms),
       make_field("optim.lr", &train_config::optim, &optim_config::lr),
       make_field("optim.min_lr_ratio", &train_config::optim, &optim_config::min_lr_ratio),
       make_field("optim.warmup_steps", &train_config::optim, &optim_config::warmup_steps),
@@ -286,6 +292,7 @@ const std::vector<field>& fields() {
       string_field("on_divergence", &train_config::on_divergence),
       make_field("max_rollbacks", &train_config::max_rollbacks),
       string_field("data_plane_auth", &train_config::data_plane_auth),
+      string_field("job_id", &train_config::job_id),
   };
   return table;
 }
@@ -581,6 +588,10 @@ void one_of(const std::string& v, const char* key, const char* flag,
 
 }  // namespace
 
+namespace {
+void validate_etcd(const train_config& c);
+}  // namespace
+
 void validate(const train_config& c) {
   // One shape's sizes, bounded so every product of them (parameters, activations, buffers)
   // fits the types that hold it; the memory check (runtime/preflight.hpp) then asks whether
@@ -698,6 +709,89 @@ void validate(const train_config& c) {
   int_in(e.replacement_wait_ms, "elastic.replacement_wait_ms", "--replacement-wait-ms", 0, 600000);
   one_of(e.straggler_policy, "elastic.straggler_policy", "--straggler-policy",
          {"warn", "rebalance", "evict"});
+  validate_etcd(c);
+}
+
+namespace {
+
+// One endpoint: scheme, then host[:port], nothing after (etcd's gateway paths are ours to add).
+bool etcd_url_ok(const std::string& url) {
+  std::string rest;
+  if (url.rfind("http://", 0) == 0)
+    rest = url.substr(7);
+  else if (url.rfind("https://", 0) == 0)
+    rest = url.substr(8);
+  else
+    return false;
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  if (rest.empty() || rest.size() > 260 || rest.find_first_of("/ \t\r\n?#@") != std::string::npos)
+    return false;
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos || rest.back() == ']') return true;
+  const std::string port = rest.substr(colon + 1);
+  if (colon == 0 || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  return std::stoi(port) >= 1 && std::stoi(port) <= 65535;
+}
+
+bool is_key_safe(char ch) {
+  return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+}
+
+void validate_etcd(const train_config& c) {
+  const auto& e = c.etcd;
+  require(c.job_id.size() <= 128 && std::all_of(c.job_id.begin(), c.job_id.end(), is_key_safe),
+          "config: job_id (--job-id) names the job's keys in etcd, so it must be letters, "
+          "digits, '.', '_' and '-', at most 128 of them; got '" +
+              c.job_id.substr(0, 60) + "'");
+  int_in(e.timeout_ms, "etcd.timeout_ms", "--etcd-timeout-ms", 100, 86400000, " (100 ms to 24 h)");
+  const bool any_tls_file = !e.cacert.empty() || !e.cert.empty() || !e.key.empty();
+  require(!e.endpoints.empty() || !any_tls_file,
+          "config: etcd.cacert/cert/key (--etcd-cacert, --etcd-cert, --etcd-key) must come "
+          "with etcd endpoints: give --etcd https://HOST:PORT, or leave them out");
+  require(e.cert.empty() == e.key.empty(),
+          "config: etcd.cert (--etcd-cert) and etcd.key (--etcd-key) must be given together: a "
+          "client certificate is useless without its private key; give both or neither");
+  if (e.endpoints.empty() || e.endpoints == "local") {
+    require(e.endpoints.empty() || !any_tls_file,
+            "config: --etcd local starts a plain-http etcd of the job's own; leave out "
+            "--etcd-cacert, --etcd-cert and --etcd-key, or give https endpoints");
+    return;
+  }
+  bool https = false;
+  size_t from = 0;
+  while (true) {
+    const auto comma = e.endpoints.find(',', from);
+    const std::string url =
+        e.endpoints.substr(from, comma == std::string::npos ? comma : comma - from);
+    require(etcd_url_ok(url),
+            "config: etcd.endpoints (--etcd) must be comma-separated http://HOST:PORT or "
+            "https://HOST:PORT URLs, or the word local; '" +
+                url.substr(0, 80) + "' is not one");
+    https = https || url.rfind("https://", 0) == 0;
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  require(!https || !e.cacert.empty(),
+          "config: etcd.endpoints (--etcd) are https, so the coordinator must know the CA "
+          "that signed etcd's certificate: give it with --etcd-cacert FILE");
+  require(https || !any_tls_file,
+          "config: --etcd-cacert, --etcd-cert and --etcd-key are for https endpoints; the "
+          "--etcd endpoints given are plain http");
+}
+
+}  // namespace
+
+std::string etcd_job_id(const train_config& c) {
+  if (!c.job_id.empty()) return c.job_id;
+  std::string name = std::filesystem::path(c.run_dir).lexically_normal().filename().string();
+  if (name.empty() || name == "." || name == "..")
+    name = std::filesystem::path(c.run_dir).lexically_normal().parent_path().filename().string();
+  for (char& ch : name)
+    if (!is_key_safe(ch)) ch = '_';
+  if (name.size() > 128) name.resize(128);
+  return name.empty() ? "job" : name;
 }
 
 int coordinator_timeout_ms(const elastic_config& e) {

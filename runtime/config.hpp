@@ -58,6 +58,19 @@ struct elastic_config {
   std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated
 };
 
+/// Where the coordinator leads the job through etcd (runtime/etcd/leader_election.hpp).
+/// No endpoints: no etcd, the coordinator leads without an election.
+struct etcd_config {
+  /// Comma-separated http:// or https:// URLs, or "local": the coordinator starts one etcd
+  /// member of its own under the run directory.
+  std::string endpoints;
+  std::string cacert;  ///< PEM CA that signed etcd's certificate; needed for https
+  std::string cert;    ///< PEM client certificate (etcd --client-cert-auth); needs key
+  std::string key;     ///< PEM key of cert
+  /// How long the coordinator waits to be elected (and for etcd to answer) before it gives up.
+  int timeout_ms = 60000;
+};
+
 struct optim_config {
   double lr = 3e-3;           ///< peak learning rate
   double min_lr_ratio = 0.1;  ///< cosine decays to lr * min_lr_ratio
@@ -116,10 +129,17 @@ struct train_config {
   /// connect: `tcp-md5` signs their segments with a key from the job's secret, so the kernel
   /// drops a stranger's (runtime/comm/tcp_signature.hpp); `none` accepts whoever connects first.
   std::string data_plane_auth = "tcp-md5";
+  /// The job's name in etcd (/troupe/<job_id>/); empty: the run directory's name.
+  std::string job_id;
+  etcd_config etcd;
 };
 
 /// The coordinator timeout in effect: coordinator_timeout_ms, or its default when 0.
 int coordinator_timeout_ms(const elastic_config& e);
+
+/// The job's name in etcd: job_id, or else the run directory's last component made safe for
+/// a key (anything but [A-Za-z0-9._-] becomes '_').
+std::string etcd_job_id(const train_config& c);
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.
 class config_error : public std::runtime_error {

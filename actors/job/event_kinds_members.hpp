@@ -101,6 +101,23 @@ struct agent_joined {
   friend bool operator==(const agent_joined&, const agent_joined&) = default;
 };
 
+/// This coordinator won the job's etcd election and leads it ("leader"). The epoch is the
+/// leader key's create_revision: a later leadership always carries a larger one, so a reader
+/// of several coordinators' logs can tell which decisions came from the newer leader.
+struct leader {
+  static constexpr std::string_view name = "leader";
+  int64_t epoch = 0;
+  std::string id;       ///< host:pid of the coordinator
+  std::string address;  ///< where it serves the job (host:port)
+  template <class S, class F>
+  static void fields(S& e, F&& f) {
+    f("epoch", e.epoch);
+    f("id", e.id);
+    f("address", e.address);
+  }
+  friend bool operator==(const leader&, const leader&) = default;
+};
+
 /// A worker was admitted ("rank_joined"); "rank" repeats the member id, as it always has.
 struct rank_joined {
   static constexpr std::string_view name = "rank_joined";

@@ -10,6 +10,7 @@ import tempfile
 
 from harness import (SMALL_MODEL, TROUPE, Job, checkpoint_param_diff, fail, main, pid_alive, relative_difference,
                      run_ok, step_losses, wait_until)
+from procfs import pids_with_args
 
 
 def of(events, name):
@@ -91,19 +92,7 @@ def soak(tmp):
 
 def standby_pids(run_dir):
     """Standby workers of the job in run_dir (their command line names its join token)."""
-    token = os.path.join(run_dir, "join.token")
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"--standby" in argv and token.encode() in argv and pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return pids_with_args("--standby", os.path.join(run_dir, "join.token"))
 
 
 def standby():

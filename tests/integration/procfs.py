@@ -10,7 +10,7 @@ inherits, also one that outlived its parent and was reparented."""
 import os
 import uuid
 
-from harness import socket_inodes, tcp_rows
+from harness import pid_alive, socket_inodes, tcp_rows
 
 TAG = "TROUPE_TEST_TAG"
 SEGMENT = "memfd:troupe-"
@@ -37,6 +37,23 @@ def tagged_pids(tag):
                     pids.append(int(name))
         except OSError:
             continue
+    return pids
+
+
+def pids_with_args(*args):
+    """The live processes whose command line holds every one of `args` (str) as a whole word."""
+    wanted = [a.encode() for a in args]
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(w in argv for w in wanted) and pid_alive(int(name)):
+            pids.append(int(name))
     return pids
 
 

@@ -157,6 +157,8 @@ std::vector<golden> table() {
         {"pid", 77},
         {"node", 1},
         {"members", {2, 3}}}},
+      {leader{7, "host-a:41", "10.0.0.1:5000"},
+       {{"event", "leader"}, {"epoch", 7}, {"id", "host-a:41"}, {"address", "10.0.0.1:5000"}}},
       {rank_joined{4, 4, 88, "node-b", 1, 2},
        {{"event", "rank_joined"},
         {"member", 4},

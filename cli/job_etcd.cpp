@@ -1,0 +1,425 @@
+// The coordinator's leadership through etcd (--etcd): the job's own etcd member for
+// --etcd local, the election before supervising, and the job's config and state mirrored under
+// /troupe/<job id>/, every write fenced by the leadership that makes it.
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "actors/child_process.hpp"
+#include "cli/job_steps.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/etcd/etcd_client.hpp"
+#include "runtime/etcd/leader_election.hpp"
+
+namespace troupe::cli {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+namespace ev = actors::events;
+
+const monitoring::log_context etcd_ctx{"coordinator", -1, 0, -1};
+constexpr const char* etcd_binary = "/usr/bin/etcd";
+
+// A dead coordinator keeps the leader key for up to this long. Shorter than the 10 s that
+// workers and agents wait for a silent coordinator by default (5 x the heartbeat timeout), so a
+// standby could lead before the members give up; long enough that the election's keepalive
+// (every ttl / 4) survives a second or two of etcd being slow without stepping down.
+constexpr std::chrono::seconds leader_ttl{5};
+
+void require_readable(const std::string& path, const char* option) {
+  if (path.empty()) return;
+  std::ifstream in(path);
+  if (!in || in.peek() == std::ifstream::traits_type::eof())
+    throw config_error(std::string(option) + " '" + path +
+                       "' cannot be read (or is empty); give a readable PEM file");
+}
+
+// A port the kernel hands out now; etcd binds it a moment later. Another process could take it
+// in between, which shows as etcd failing to start, named with its log.
+uint16_t free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("etcd: cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    throw std::runtime_error("etcd: cannot find a free loopback port");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string shell_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+std::vector<std::string> split_endpoints(const std::string& text) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (true) {
+    const auto comma = text.find(',', from);
+    out.push_back(text.substr(from, comma == std::string::npos ? comma : comma - from));
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0 || buf[0] == 0) return "localhost";
+  return buf;
+}
+
+}  // namespace
+
+void check_etcd_options(const train_config& cfg) {
+  if (cfg.etcd.endpoints == "local" && access(etcd_binary, X_OK) != 0)
+    throw config_error(std::string("--etcd local needs etcd at ") + etcd_binary +
+                       ", which is not there; install etcd-server (apt-get install etcd-server) "
+                       "or give --etcd the endpoints of a running etcd");
+  require_readable(cfg.etcd.cacert, "--etcd-cacert");
+  require_readable(cfg.etcd.cert, "--etcd-cert");
+  require_readable(cfg.etcd.key, "--etcd-key");
+}
+
+struct job_etcd::state {
+  const train_config& cfg;
+  monitoring::event_log& events;
+  std::string job;
+  std::string endpoints_words;  // for messages
+  monitoring::gauge* leader_gauge = nullptr;
+  monitoring::gauge* epoch_gauge = nullptr;
+
+  pid_t local_pid = 0;  // --etcd local: the job's etcd member
+  std::string local_log;
+  std::optional<etcd::etcd_client> client;
+  std::unique_ptr<etcd::leader_election> election;
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool elected = false;
+  bool stopping = false;  // the job is over: a step-down now is ours, not a loss
+  std::string lost;
+  // Held while on_lost runs, so that forget_on_lost() returns only once it cannot run again.
+  std::mutex callback_mutex;
+  std::function<void()> on_lost;
+
+  // The mirror: the newest state to write, handed from the supervisor's thread to the writer.
+  nlohmann::json pending;  // null: nothing to write
+  bool writer_stop = false;
+  int64_t committed_step = 0, checkpoint_step = 0, world = 0;
+  uint64_t generation = 0;
+  std::thread writer;
+
+  bool mirroring = false;  // the writer runs: set under `mutex` once leading
+
+  state(const train_config& c, monitoring::event_log& e) : cfg(c), events(e) {}
+  // A constructor or lead() that throws leaves no etcd of the job's behind.
+  ~state() {
+    {
+      std::lock_guard lock(mutex);
+      writer_stop = true;
+    }
+    wake.notify_all();
+    if (writer.joinable()) writer.join();
+    election.reset();
+    client.reset();
+    stop_local();
+  }
+
+  void start_local();
+  void stop_local();
+  void wait_until_answering(steady_clock::time_point deadline, bool local);
+  bool fenced_put(const std::string& key, const std::string& value);
+  void write_loop();
+};
+
+void job_etcd::state::start_local() {
+  const uint16_t client_port = free_loopback_port();
+  uint16_t peer_port = free_loopback_port();
+  while (peer_port == client_port) peer_port = free_loopback_port();
+  const std::string client_url = "http://127.0.0.1:" + std::to_string(client_port);
+  const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer_port);
+  const std::string data_dir = cfg.run_dir + "/etcd";
+  local_log = cfg.run_dir + "/etcd.log";
+  // Through a shell only to send its output to the log; exec keeps etcd's pid the child's. Its
+  // own process group keeps a Ctrl-C at the terminal from stopping it before the job ends.
+  const std::string command =
+      "exec " + std::string(etcd_binary) + " --name troupe-" + shell_quoted(job) + " --data-dir " +
+      shell_quoted(data_dir) + " --listen-client-urls " + client_url + " --advertise-client-urls " +
+      client_url + " --listen-peer-urls " + peer_url + " --initial-advertise-peer-urls " +
+      peer_url + " --initial-cluster troupe-" + shell_quoted(job) + "=" + peer_url + " >>" +
+      shell_quoted(local_log) + " 2>&1";
+  local_pid = actors::spawn_child({"/bin/sh", "-c", command}, true, SIGKILL);
+  endpoints_words = client_url + " (the job's own etcd, log " + local_log + ")";
+  etcd::client_options options;
+  options.endpoints = {client_url};
+  client.emplace(options);
+}
+
+void job_etcd::state::stop_local() {
+  if (local_pid <= 0) return;
+  kill(local_pid, SIGTERM);
+  if (!actors::wait_for_exit(local_pid, std::chrono::seconds(10))) {
+    monitoring::log(monitoring::level::warn, etcd_ctx,
+                    "the job's etcd did not stop within 10 s of SIGTERM; killing it");
+    kill(local_pid, SIGKILL);
+    actors::wait_for_exit(local_pid, std::chrono::seconds(10));
+  }
+  local_pid = 0;
+}
+
+// Until etcd answers a read. A TLS failure will not mend by waiting: it is the options.
+void job_etcd::state::wait_until_answering(steady_clock::time_point deadline, bool local) {
+  std::string last;
+  while (true) {
+    if (local && actors::try_reap(local_pid)) {
+      local_pid = 0;
+      throw std::runtime_error("etcd: the job's etcd (" + std::string(etcd_binary) +
+                               ") exited before it answered; see its log " + local_log);
+    }
+    try {
+      etcd::call_options call;
+      call.deadline = std::min(deadline, steady_clock::now() + milliseconds(2000));
+      client->get("/troupe/" + job + "/leader", call);
+      return;
+    } catch (const etcd::etcd_error& e) {
+      if (e.kind() == etcd::error_kind::tls)
+        throw config_error(
+            "etcd: TLS with " + endpoints_words +
+            " failed: the CA given with --etcd-cacert does not verify etcd's certificate, or "
+            "etcd refused the client certificate (--etcd-cert, --etcd-key); check that they "
+            "belong to this etcd (" +
+            e.what() + ")");
+      last = e.what();
+    }
+    if (steady_clock::now() >= deadline)
+      throw std::runtime_error(
+          "etcd: " + endpoints_words + " did not answer within --etcd-timeout-ms (" +
+          std::to_string(cfg.etcd.timeout_ms) + " ms): " + last +
+          (local ? "" : "; check that etcd runs there and this machine reaches it"));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+}
+
+bool job_etcd::state::fenced_put(const std::string& key, const std::string& value) {
+  etcd::txn_request txn;
+  txn.compares.push_back(election->fence());
+  txn.then.push_back(etcd::txn_op::put(key, value));
+  etcd::call_options call;
+  call.deadline = steady_clock::now() + milliseconds(std::min(cfg.etcd.timeout_ms, 10000));
+  return client->txn(txn, call).succeeded;
+}
+
+// Off the supervisor's thread: a slow etcd delays the mirror, never the job. Only the newest
+// state matters, so one that arrives while a write is in flight replaces any older one waiting.
+void job_etcd::state::write_loop() {
+  std::unique_lock lock(mutex);
+  while (true) {
+    wake.wait(lock, [&] { return writer_stop || !pending.is_null(); });
+    if (pending.is_null()) return;
+    const std::string value = pending.dump();
+    pending = nullptr;
+    lock.unlock();
+    try {
+      if (!fenced_put("/troupe/" + job + "/state", value))
+        monitoring::log(monitoring::level::warn, etcd_ctx,
+                        "etcd: the job's state was not written: this coordinator no longer "
+                        "leads (the fence failed)");
+    } catch (const etcd::etcd_error& e) {
+      monitoring::log(monitoring::level::warn, etcd_ctx,
+                      std::string("etcd: writing the job's state failed: ") + e.what());
+    }
+    lock.lock();
+  }
+}
+
+job_etcd::job_etcd(const train_config& cfg, monitoring::metrics_registry& registry,
+                   monitoring::event_log& events) {
+  if (cfg.etcd.endpoints.empty()) return;
+  auto s = std::make_unique<state>(cfg, events);
+  s->job = etcd_job_id(cfg);
+  s->leader_gauge = &registry.add_gauge(
+      "troupe_coordinator_leader", "1 while this coordinator leads the job through etcd, else 0");
+  s->epoch_gauge =
+      &registry.add_gauge("troupe_coordinator_epoch",
+                          "Fencing epoch of this coordinator's leadership (etcd revision); 0 "
+                          "before it is elected");
+  const auto deadline = steady_clock::now() + milliseconds(cfg.etcd.timeout_ms);
+  if (cfg.etcd.endpoints == "local") {
+    s->start_local();
+    state_ = std::move(s);
+    state_->wait_until_answering(deadline, true);  // state_ set: a throw here stops etcd
+    return;
+  }
+  etcd::client_options options;
+  options.endpoints = split_endpoints(cfg.etcd.endpoints);
+  options.ca_file = cfg.etcd.cacert;
+  options.cert_file = cfg.etcd.cert;
+  options.key_file = cfg.etcd.key;
+  s->endpoints_words = cfg.etcd.endpoints;
+  s->client.emplace(options);
+  state_ = std::move(s);
+}
+
+job_etcd::~job_etcd() {
+  if (!state_) return;
+  auto& s = *state_;
+  {
+    std::lock_guard lock(s.mutex);
+    s.writer_stop = true;
+    s.stopping = true;
+  }
+  s.wake.notify_all();
+  if (s.writer.joinable()) s.writer.join();  // the last state goes out before stepping down
+  if (s.election) {
+    try {
+      s.election->resign();
+    } catch (const std::exception& e) {
+      monitoring::log(monitoring::level::warn, etcd_ctx,
+                      std::string("etcd: stepping down failed: ") + e.what());
+    }
+    s.election.reset();
+  }
+  if (s.leader_gauge) s.leader_gauge->set(0);
+  s.client.reset();
+  s.stop_local();
+}
+
+bool job_etcd::enabled() const { return state_ != nullptr; }
+
+void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
+  if (!state_) return;
+  auto& s = *state_;
+  const auto deadline = steady_clock::now() + milliseconds(s.cfg.etcd.timeout_ms);
+  s.wait_until_answering(deadline, s.local_pid > 0);
+  {
+    std::lock_guard lock(s.callback_mutex);
+    s.on_lost = std::move(on_lost);
+  }
+  etcd::election_options options;
+  options.job = s.job;
+  options.id = host_name() + ":" + std::to_string(getpid());
+  options.address = address;
+  options.ttl = leader_ttl;
+  options.on_elected = [&s](std::int64_t) {
+    {
+      std::lock_guard lock(s.mutex);
+      s.elected = true;
+    }
+    s.wake.notify_all();
+  };
+  options.on_lost = [&s](const std::string& reason) {
+    {
+      std::lock_guard lock(s.mutex);
+      if (s.stopping || !s.elected) return;
+      s.lost = reason;
+    }
+    s.leader_gauge->set(0);
+    monitoring::log(monitoring::level::error, etcd_ctx,
+                    "etcd: this coordinator lost leadership of job " + s.job + ": " + reason);
+    std::lock_guard lock(s.callback_mutex);
+    if (s.on_lost) s.on_lost();
+  };
+  const std::string id = options.id;
+  s.election = std::make_unique<etcd::leader_election>(*s.client, std::move(options));
+  s.election->start();
+  {
+    std::unique_lock lock(s.mutex);
+    if (!s.wake.wait_until(lock, deadline, [&] { return s.elected; })) {
+      lock.unlock();
+      std::string holder;
+      try {
+        etcd::call_options call;
+        call.deadline = steady_clock::now() + milliseconds(2000);
+        if (auto l = s.election->leader(call))
+          holder = "; " + l->id + " (at " + l->address + ") leads it under epoch " +
+                   std::to_string(l->epoch);
+      } catch (const std::exception&) {
+      }
+      s.election.reset();
+      throw std::runtime_error("etcd: this coordinator was not elected leader of job " + s.job +
+                               " through " + s.endpoints_words + " within --etcd-timeout-ms (" +
+                               std::to_string(s.cfg.etcd.timeout_ms) + " ms)" + holder);
+    }
+  }
+  const int64_t epoch = s.election->epoch();
+  s.leader_gauge->set(1);
+  s.epoch_gauge->set(static_cast<double>(epoch));
+  s.events.write(ev::to_json(ev::leader{.epoch = epoch, .id = id, .address = address}));
+  std::fprintf(stderr, "troupe: leading job %s through etcd %s (epoch %lld)\n", s.job.c_str(),
+               s.endpoints_words.c_str(), static_cast<long long>(epoch));
+  try {
+    if (!s.fenced_put("/troupe/" + s.job + "/config", to_json(s.cfg).dump()))
+      throw std::runtime_error("etcd: this coordinator lost leadership of job " + s.job +
+                               " before it wrote the job's config");
+  } catch (const etcd::etcd_error& e) {
+    throw std::runtime_error(std::string("etcd: writing the job's config failed: ") + e.what());
+  }
+  s.writer = std::thread([&s] { s.write_loop(); });
+  std::lock_guard lock(s.mutex);
+  s.mirroring = true;
+}
+
+void job_etcd::observe(const ev::job_event& event) {
+  if (!state_) return;
+  auto& s = *state_;
+  bool changed = false;
+  std::visit(ev::overloaded{
+                 [&](const ev::step& e) { s.committed_step = std::max(s.committed_step, e.step); },
+                 [&](const ev::generation& e) {
+                   s.generation = e.number;
+                   s.world = e.world;
+                   s.committed_step = std::max(s.committed_step, e.start_step);
+                   changed = true;
+                 },
+                 [&](const ev::checkpoint& e) {
+                   s.checkpoint_step = e.step;
+                   s.committed_step = std::max(s.committed_step, e.step);
+                   changed = true;
+                 },
+                 [](const auto&) {},
+             },
+             event);
+  if (!changed) return;
+  {
+    std::lock_guard lock(s.mutex);
+    if (!s.mirroring) return;
+    s.pending = {{"generation", s.generation},
+                 {"committed_step", s.committed_step},
+                 {"checkpoint_step", s.checkpoint_step},
+                 {"world", s.world}};
+  }
+  s.wake.notify_all();
+}
+
+void job_etcd::forget_on_lost() {
+  if (!state_) return;
+  std::lock_guard lock(state_->callback_mutex);
+  state_->on_lost = nullptr;
+}
+
+std::string job_etcd::lost_reason() const {
+  if (!state_) return "";
+  std::lock_guard lock(state_->mutex);
+  return state_->lost;
+}
+
+}  // namespace troupe::cli
