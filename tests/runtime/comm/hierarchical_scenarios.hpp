@@ -33,8 +33,8 @@ namespace troupe::test {
 
 using namespace std::chrono_literals;
 
-/// Bytes this process's TCP sockets have sent so far (the kernel's per-socket count of data
-/// octets out, TCP_INFO's tcpi_bytes_sent): what the network layer carried, whoever asked.
+/// Bytes this process's TCP sockets have sent so far, each byte once (TCP_INFO's data octets
+/// out less those retransmitted): what the network layer carried, whoever asked.
 inline uint64_t tcp_bytes_sent() {
   uint64_t total = 0;
   DIR* d = ::opendir("/proc/self/fd");
@@ -45,8 +45,10 @@ inline uint64_t tcp_bytes_sent() {
     tcp_info info{};
     socklen_t len = sizeof(info);
     if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;
-    if (len >= offsetof(tcp_info, tcpi_bytes_sent) + sizeof(info.tcpi_bytes_sent))
-      total += info.tcpi_bytes_sent;
+    // Retransmissions are counted in tcpi_bytes_sent; they happen on a loaded loopback and say
+    // nothing about what the algorithm sends, so only first transmissions count.
+    if (len >= offsetof(tcp_info, tcpi_bytes_retrans) + sizeof(info.tcpi_bytes_retrans))
+      total += info.tcpi_bytes_sent - info.tcpi_bytes_retrans;
   }
   ::closedir(d);
   return total;
