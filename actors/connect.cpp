@@ -104,4 +104,28 @@ bool parse_endpoint(const std::string& text, std::string& host, uint16_t& port) 
   return true;
 }
 
+bool parse_endpoints(const std::string& text, std::vector<endpoint>& out) {
+  std::vector<endpoint> list;
+  size_t from = 0;
+  for (;;) {
+    const auto comma = text.find(',', from);
+    const std::string part =
+        text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    endpoint e;
+    if (!parse_endpoint(part, e.host, e.port)) return false;
+    list.push_back(std::move(e));
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  out = std::move(list);
+  return true;
+}
+
+std::string endpoints_text(const std::vector<endpoint>& list) {
+  std::string text;
+  for (const auto& e : list)
+    text += (text.empty() ? "" : ",") + e.host + ":" + std::to_string(e.port);
+  return text;
+}
+
 }  // namespace troupe::actors

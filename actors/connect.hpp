@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace troupe::actors {
 
@@ -46,5 +47,16 @@ std::string local_address_toward(const std::string& host, uint16_t port);
 
 /// Parses "HOST:PORT". Returns false (and leaves the outputs alone) on bad input.
 bool parse_endpoint(const std::string& text, std::string& host, uint16_t& port);
+
+/// One coordinator's address.
+struct endpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+/// Parses "HOST:PORT[,HOST:PORT...]" (the job's coordinators: one leads, the others stand by)
+/// into `out`; false, with `out` unchanged, when any part is not HOST:PORT.
+bool parse_endpoints(const std::string& text, std::vector<endpoint>& out);
+/// "HOST:PORT,HOST:PORT": the form parse_endpoints reads.
+std::string endpoints_text(const std::vector<endpoint>& list);
 
 }  // namespace troupe::actors

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "actors/job/events.hpp"
+#include "strategies/replan.hpp"
 
 namespace troupe::actors {
 
@@ -55,13 +56,99 @@ std::string job_logic::words(const halt& h) const {
 
 actions job_logic::on_agent_joined(const agent_hello& h, launch_plan& answer) {
   actions out;
-  members_.admit_agent(h, ended_, answer, out);
+  if (!h.rejoin) {
+    members_.admit_agent(h, ended_, answer, out);
+    return out;
+  }
+  members_.readmit_agent(h, ended_, answer, out);
+  if (!answer.error.empty() || !takeover_ || takeover_done_) return out;
+  ++takeover_agents_;
+  for (int32_t m : h.members) takeover_members_.try_emplace(m, false);
+  maybe_finish_takeover(latest_, false, out);
   return out;
+}
+
+actions job_logic::take_over(const takeover& t, logic_time now) {
+  actions out;
+  takeover_ = t;
+  latest_ = std::max(latest_, now);
+  members_.continue_from_generation(t.generation);
+  takeover_newest_generation_ = t.generation;
+  steps_.restart_from(t.committed_step);
+  deadline_ = now + t.wait;
+  return out;
+}
+
+void job_logic::note_rejoin(const hello& h) {
+  takeover_members_[h.member] = true;
+  takeover_newest_generation_ =
+      std::max({takeover_newest_generation_, h.newest_generation, h.held_generation});
+  if (h.held_generation > 0 && !h.held_plan_json.empty() &&
+      !takeover_plans_.contains(h.held_generation)) {
+    try {
+      takeover_plans_[h.held_generation] = strategies::plan_from_json(h.held_plan_json);
+    } catch (const std::exception&) {
+      // A plan that does not read back: that member's state is planned as unusable (its
+      // generation has no plan here), and a peer or the checkpoint provides it.
+    }
+  }
+}
+
+bool job_logic::every_rank_back() const {
+  if (takeover_plans_.empty()) return false;
+  const auto& [newest, plan] = *takeover_plans_.rbegin();
+  std::vector<bool> held(static_cast<size_t>(plan.shape.world()), false);
+  for (const auto& m : members_.members())
+    if (m.live && m.held_generation == newest && m.held_rank >= 0 &&
+        m.held_rank < static_cast<int32_t>(held.size()))
+      held[static_cast<size_t>(m.held_rank)] = true;
+  return std::all_of(held.begin(), held.end(), [](bool b) { return b; });
+}
+
+void job_logic::maybe_finish_takeover(logic_time now, bool force, actions& out) {
+  if (!takeover_ || takeover_done_ || ended_) return;
+  bool everyone = takeover_agents_ >= params_.nodes;
+  for (const auto& [member, back] : takeover_members_) everyone = everyone && back;
+  if (!everyone && !force && !every_rank_back()) return;
+  takeover_done_ = true;
+  const int min_ranks = std::max(1, params_.bounds.min_ranks);
+  if (members_.live_count() < min_ranks) {
+    finish(1,
+           "took over the job as leader (epoch " + std::to_string(takeover_->epoch) +
+               ") but only " + std::to_string(members_.live_count()) + " members rejoined within " +
+               std::to_string(takeover_->wait.count()) + " ms, fewer than --min-ranks " +
+               std::to_string(min_ranks) + "; resume with --resume from the last checkpoint",
+           out);
+    return;
+  }
+  members_.continue_from_generation(takeover_newest_generation_);
+  for (const auto& [g, plan] : takeover_plans_) generations_.take_over(g, plan);
+  // The newest step any member applied is committed: the others complete it (from a peer).
+  int64_t newest = -1;
+  for (const auto& m : members_.members())
+    if (m.live) newest = std::max(newest, m.held_step);
+  if (newest < 0) newest = std::max<int64_t>(takeover_->checkpoint_step, 0);
+  steps_.restart_from(newest);
+  begin_generation("coordinator takeover (epoch " + std::to_string(takeover_->epoch) + ", " +
+                       std::to_string(members_.live_count()) + " members rejoined)",
+                   now, out);
 }
 
 actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& answer) {
   actions out;
   if (!members_.admit(h, state_ == job_state::forming, ended_, now, answer, out)) return out;
+  if (h.rejoin && takeover_ && !takeover_done_) {
+    latest_ = std::max(latest_, now);
+    // What it holds answers the takeover's abort too; its plan is kept for planning.
+    if (member_info* m = members_.find(h.member)) {
+      m->held_generation = h.held_generation;
+      m->held_rank = h.held_rank;
+      m->held_step = h.held_step;
+    }
+    note_rejoin(h);
+    maybe_finish_takeover(now, false, out);
+    return out;
+  }
   if (state_ == job_state::recovering) {
     replacements_.rejoined(h.node);
     // It takes its old place.
@@ -99,7 +186,7 @@ std::string job_logic::missing_members(bool gone_only) const {
 }
 
 void job_logic::maybe_open_first_generation(logic_time now, actions& out) {
-  if (state_ != job_state::forming || ended_) return;
+  if (state_ != job_state::forming || ended_ || takeover_) return;
   const int live = members_.live_count();
   const int gone = static_cast<int>(never_joined_.size());
   const int min_ranks = std::max(1, params_.bounds.min_ranks);
@@ -211,13 +298,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
     out.push_back(emit_event{events::checkpoint_skipped{
         step, "the previous checkpoint was not committed yet (checkpoint_overlap skip)"}});
   }
-  for (const auto& m : members()) {
-    if (!m.live || m.rank < 0) continue;
-    c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
-    out.push_back(send_commit{m.id, c});
-  }
-  if (c.checkpoint) checkpoints_.start(step, w);
-  if (c.evaluate) steps_.expect_validation(step);
+  // Logged before any rank hears of it: a coordinator that dies while it sends the commits
+  // has recorded the step, which its successor completes on every rank.
   out.push_back(emit_event{
       events::step{.step = step,
                    .loss = loss,
@@ -232,6 +314,13 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
                    .control_s = v.control_s / w,
                    .peer_wait_s = v.peer_wait_s / w,
                    .total_steps = cfg.steps}});
+  for (const auto& m : members()) {
+    if (!m.live || m.rank < 0) continue;
+    c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
+    out.push_back(send_commit{m.id, c});
+  }
+  if (c.checkpoint) checkpoints_.start(step, w);
+  if (c.evaluate) steps_.expect_validation(step);
   deadline_ = now + std::chrono::milliseconds(2LL * cfg.step_timeout_ms);
   if (step >= last) {
     stopping_.finish_training();

@@ -50,6 +50,23 @@ class job_logic {
  public:
   explicit job_logic(job_params params, logic_time now);
 
+  /// What a coordinator elected while the job's members still run knows of the job from etcd
+  /// (coordinator takeover).
+  struct takeover {
+    uint64_t generation = 0;                ///< the newest generation the job's state in etcd names
+    int64_t committed_step = 0;             ///< the committed step it names
+    int64_t checkpoint_step = -1;           ///< the newest committed checkpoint (LATEST), -1 = none
+    int64_t epoch = 0;                      ///< this coordinator's leadership epoch
+    std::chrono::milliseconds wait{10000};  ///< how long to wait for the members to rejoin
+  };
+  /// Instead of forming a new job, takes over a running one: its agents and members rejoin
+  /// (agent_hello / hello with `rejoin`) and say what they hold. Once every member the
+  /// rejoined agents run is back (or at the deadline, with at least --min-ranks of them) a
+  /// new generation opens from the newest step any of them applied; a member behind it gets
+  /// the state from a peer, and only when no member holds it does the job read a checkpoint.
+  /// Called once, before any other event.
+  actions take_over(const takeover& t, logic_time now);
+
   /// An agent asks which workers to start (`answer`, or why not in answer.error).
   actions on_agent_joined(const agent_hello& h, launch_plan& answer);
   actions on_member_joined(const hello& h, logic_time now, welcome& answer);
@@ -89,6 +106,8 @@ class job_logic {
   std::vector<int32_t> fault_victims(const chaos::fault& f) const;
 
   job_state state() const { return state_; }
+  /// Whether a takeover still waits for members to rejoin.
+  bool taking_over() const { return takeover_ && !takeover_done_; }
   uint64_t generation() const { return members_.generation(); }
   int64_t committed() const { return steps_.committed(); }
   int world() const { return generations_.world(); }
@@ -151,6 +170,13 @@ class job_logic {
   // Forming: the first generation opens once every first member has joined or is known never
   // to join (its process died before it joined, and no agent restarts it).
   void maybe_open_first_generation(logic_time now, actions& out);
+  // Takeover: a rejoining member or agent is noted; the new generation opens once every
+  // member the agents run is back (or `force`, at the deadline).
+  void note_rejoin(const hello& h);
+  void maybe_finish_takeover(logic_time now, bool force, actions& out);
+  // Whether a member of every rank of the newest generation the rejoined members held is back
+  // (the agents, which only matter for restarts, need not be).
+  bool every_rank_back() const;
   // The first members neither joined nor known gone, and the words naming the missing ones
   // (or only those known gone).
   int first_members_pending() const;
@@ -175,6 +201,14 @@ class job_logic {
   // how each ended; and the restarts each node's agent has spent on such processes.
   std::map<int32_t, std::string> never_joined_;
   std::map<int32_t, int> prejoin_restarts_;
+  // Takeover (take_over): what etcd said, the members the rejoined agents run, the newest
+  // generation and each generation's plan that rejoining members named.
+  std::optional<takeover> takeover_;
+  bool takeover_done_ = false;
+  std::map<int32_t, bool> takeover_members_;  // member -> rejoined
+  int takeover_agents_ = 0;
+  uint64_t takeover_newest_generation_ = 0;
+  std::map<uint64_t, strategies::layout_plan> takeover_plans_;
 };
 
 }  // namespace troupe::actors

@@ -17,6 +17,11 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
   const std::string what = (lost->rank >= 0 ? "rank " + std::to_string(lost->rank)
                                             : "spare member " + std::to_string(member)) +
                            " lost (" + to_string(cause) + "): " + why;
+  if (state_ == job_state::forming && takeover_) {  // the takeover goes on without it
+    takeover_members_.erase(member);
+    maybe_finish_takeover(now, false, out);
+    return out;
+  }
   if (state_ == job_state::forming) {
     finish(1, what + " before the job formed; check the agent's output for worker errors", out);
     return out;
@@ -42,6 +47,11 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
 actions job_logic::on_worker_exited(const worker_exited& w, logic_time now) {
   actions out{emit_event{events::worker_exited{
       .member = w.member, .pid = w.pid, .exit_code = w.exit_code, .signal = w.signal}}};
+  if (state_ == job_state::forming && takeover_ && !members_.find(w.member)) {
+    takeover_members_.erase(w.member);  // it will not rejoin
+    maybe_finish_takeover(now, false, out);
+    return out;
+  }
   if (state_ == job_state::forming && !ended_ && !members_.find(w.member) && w.member >= 0 &&
       w.member < members_.expected()) {
     // A first member whose process ended before it joined. Its agent restarts a process that
@@ -93,6 +103,10 @@ actions job_logic::on_tick(logic_time now) {
   }
   last_tick_ = now;
   const auto& cfg = params_.cfg;
+  if (state_ == job_state::forming && takeover_) {
+    if (now >= deadline_) maybe_finish_takeover(now, true, out);
+    return out;
+  }
   if (state_ == job_state::forming) {
     if (now >= deadline_)
       finish(1,

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "actors/checkpoint_committer.hpp"
 #include "actors/expert_group.hpp"
@@ -59,6 +60,12 @@ struct supervisor_state {
   // (~10 ms of page faults here), so it is done once, before training.
   std::vector<ckpt::tensor_entry> manifest_tensors;
   size_t global_numel = 0;
+  std::optional<job_logic::takeover> takeover;  // set by a standby's lead_atom, taken by leading()
+  // An injected kill of this coordinator in the middle of a commit (kill:coordinator:commits=N):
+  // the commits of its step sent so far, and whether it is dying (then it says nothing more).
+  int mid_commit_sent = 0;
+  bool dying = false;
+  bool takeover_faults_passed = false;
   static inline const char* name = "job_supervisor";
 };
 
@@ -198,23 +205,71 @@ void on_committed(self_ptr self, int64_t step, const std::string& path, const st
     st.committer->collect_garbage(st.committer->requests());
 }
 
+events::fault fault_event(const chaos::fault& f, const std::vector<int32_t>& pids);
+
+// This coordinator dies as a machine would: from now on it says and decides nothing, and a
+// moment later (what it sent before has left by then) its process is killed.
+void die(self_ptr self, const chaos::fault& f, const std::string& when) {
+  auto& st = self->state;
+  st.dying = true;
+  emit(self, fault_event(f, {getpid()}));
+  monitoring::log(monitoring::level::warn, ctx(self), "fault: this coordinator dies " + when);
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ::kill(getpid(), SIGKILL);
+  }).detach();
+}
+
+// kill:coordinator:step=S:commits=N: once step S's commit went to N ranks, this coordinator
+// dies (see die). Returns whether it is dying.
+bool dies_mid_commit(self_ptr self, int64_t step) {
+  auto& st = self->state;
+  if (st.dying) return true;
+  for (const auto& f : st.setup.faults) {
+    if (f.target != chaos::fault_target::coordinator || f.commits < 0 || f.step != step) continue;
+    if (st.mid_commit_sent < f.commits) {
+      ++st.mid_commit_sent;
+      return false;
+    }
+    die(self, f,
+        "in the middle of committing step " + std::to_string(step) +
+            ", after sending its commit to " + std::to_string(f.commits) + " ranks");
+    return true;
+  }
+  return false;
+}
+
 // Carries out the logic's actions, in order.
 void run(self_ptr self, actions todo) {
   auto& st = self->state;
+  if (st.dying) return;
+  if (st.setup.still_leading && !st.setup.still_leading()) {
+    if (!todo.empty())
+      monitoring::log(monitoring::level::warn, ctx(self),
+                      "no longer leading (the leadership's lease ran out): carried out none of " +
+                          std::to_string(todo.size()) + " decided actions");
+    return;
+  }
   for (auto& a : todo) {
+    if (st.dying) return;
     std::visit(
         [&](auto& x) {
           using T = std::decay_t<decltype(x)>;
           if constexpr (std::is_same_v<T, emit_event>) {
             emit(self, x.event);
           } else if constexpr (std::is_same_v<T, send_commit>) {
+            x.msg.epoch = st.setup.epoch;
+            if (dies_mid_commit(self, x.msg.step)) return;
             if (x.msg.checkpoint && st.committer) st.committer->checkpoint_requested();
             if (auto it = st.members.find(x.member); it != st.members.end())
               self->send(it->second.rank, x.msg);
           } else if constexpr (std::is_same_v<T, send_reconfigure>) {
+            x.msg.epoch = st.setup.epoch;
             if (auto it = st.members.find(x.member); it != st.members.end())
               self->send(it->second.rank, x.msg);
           } else if constexpr (std::is_same_v<T, send_abort>) {
+            x.msg.epoch = st.setup.epoch;
+            for (auto& then : x.msg.then) then.epoch = st.setup.epoch;
             if (auto it = st.members.find(x.member); it != st.members.end())
               self->send(it->second.control, x.msg);
           } else if constexpr (std::is_same_v<T, send_stop>) {
@@ -259,14 +314,25 @@ void inject_faults(self_ptr self) {
   const auto& l = *st.logic;
   if (l.state() != job_state::training) return;
   // chaos/ says what each due fault does; this carries it out.
+  if (st.dying) return;
+  if (st.takeover && !st.takeover_faults_passed) {
+    // Faults up to the step this leader took the job over at fired under the earlier leader
+    // (a kill of the coordinator at step 10 must not kill its successor there too).
+    st.takeover_faults_passed = true;
+    st.faults.take_due(l.committed() + 1);
+    std::erase_if(st.setup.faults,
+                  [&](const chaos::fault& f) { return f.step <= l.committed() + 1; });
+    return;
+  }
   for (const chaos::fault_firing& x : st.faults.take_due(l.committed() + 1)) {
     using action = chaos::fault_firing::action;
-    if (x.what == action::announce) {  // the rank carries it out itself
+    if (x.fault.commits >= 0) continue;  // fires in the middle of its step's commit instead
+    if (x.what == action::announce) {    // the rank carries it out itself
       emit(self, fault_event(x.fault, {}));
     } else if (x.what == action::kill_coordinator) {
       // The coordinator dies here, as if its machine did: every member must notice.
-      emit(self, fault_event(x.fault, {getpid()}));
-      ::kill(getpid(), x.signal);
+      die(self, x.fault, "as step " + std::to_string(x.fault.step) + " begins");
+      return;
     } else {
       const std::vector<int32_t> pids = l.fault_victims(x.fault);
       for (int32_t pid : pids)
@@ -297,9 +363,92 @@ int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
   return -1;
 }
 
+caf::behavior leading(self_ptr self);
+
+// A standby's answer to whoever asks to join: not here.
+std::string standing_by() {
+  return std::string(not_leading_prefix) +
+         "this coordinator stands by; another leads the job (ask the next coordinator)";
+}
+
+// The job's state as the previous leader left it in etcd, for a takeover.
+job_logic::takeover read_takeover(const std::string& state_json, int64_t epoch,
+                                  std::chrono::milliseconds wait) {
+  const json doc = json::parse(state_json);
+  job_logic::takeover t;
+  t.generation = doc.value("generation", uint64_t{0});
+  t.committed_step = doc.value("committed_step", int64_t{0});
+  t.checkpoint_step = doc.value("checkpoint_step", int64_t{-1});
+  t.epoch = epoch;
+  t.wait = wait;
+  return t;
+}
+
 caf::behavior job_supervisor(self_ptr self, job_setup setup) {
+  self->state.setup = std::move(setup);
+  if (!self->state.setup.standby) return leading(self);
+  return {
+      [=](const agent_hello&) -> launch_plan {
+        launch_plan refused;
+        refused.error = standing_by();
+        return refused;
+      },
+      [=](const hello&) -> welcome {
+        welcome refused;
+        refused.error = standing_by();
+        return refused;
+      },
+      // What a standby's process is told by its signals concerns the job's leader.
+      [=](shutdown_atom) {},
+      [=](preempt_atom) {},
+      // A member's beat to a coordinator it took for the leader.
+      [=](const heartbeat&) {},
+      [=](lead_atom, int64_t epoch, const std::string& state_json) {
+        auto& st = self->state;
+        st.setup.epoch = epoch;
+        st.setup.standby = false;
+        std::optional<job_logic::takeover> t;
+        if (!state_json.empty()) {
+          try {
+            // Members that lost the old leader look for the new one for up to their coordinator
+            // timeout; they are waited for as long.
+            t = read_takeover(
+                state_json, epoch,
+                std::chrono::milliseconds(coordinator_timeout_ms(st.setup.cfg.elastic)));
+          } catch (const std::exception& e) {
+            monitoring::log(monitoring::level::error, {"coordinator", -1, 0, -1},
+                            std::string("the job's state in etcd does not read back (") + e.what() +
+                                "); forming the job afresh from its checkpoint");
+          }
+        }
+        if (t) {
+          // LATEST is the commit point of checkpoints; etcd's copy may lag behind it.
+          try {
+            t->checkpoint_step = ckpt::read_latest_step(st.setup.cfg.run_dir).value_or(-1);
+          } catch (const std::exception& e) {
+            monitoring::log(monitoring::level::error, {"coordinator", -1, 0, -1},
+                            std::string("taking over: LATEST does not read back (") + e.what() +
+                                "); planning as if no checkpoint were committed");
+            t->checkpoint_step = -1;
+          }
+          st.setup.start_step = t->committed_step;
+        }
+        st.takeover = t;
+        self->become(leading(self));
+        if (t) {
+          monitoring::log(monitoring::level::warn, ctx(self),
+                          "taking the job over (epoch " + std::to_string(epoch) + "): generation " +
+                              std::to_string(t->generation) + ", committed step " +
+                              std::to_string(t->committed_step) +
+                              "; waiting for the members to rejoin");
+          run(self, st.logic->take_over(*t, now(self)));
+        }
+      },
+  };
+}
+
+caf::behavior leading(self_ptr self) {
   auto& st = self->state;
-  st.setup = std::move(setup);
   st.faults = chaos::fault_schedule(st.setup.faults);
   chaos::install_hooks_from_environment();
   st.started = now(self);
@@ -307,6 +456,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   job_params p =
       make_job_params(st.setup.cfg, st.setup.plan, st.setup.start_step, st.setup.skipped_steps);
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
+  if (st.takeover) p.checkpoint_step = st.takeover->checkpoint_step;
   st.logic.emplace(std::move(p), now(self));
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
@@ -357,11 +507,15 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](const agent_hello& h) -> launch_plan {
         auto& s = self->state;
         launch_plan plan;
+        plan.epoch = s.setup.epoch;
         auto todo = s.logic->on_agent_joined(h, plan);
         if (!plan.error.empty()) return plan;
-        // The logic numbers nodes in the order agents are admitted, as `agents` holds them.
+        // The logic numbers nodes in the order agents are admitted (a rejoining agent keeps
+        // its number), as `agents` holds them.
         auto agent = caf::actor_cast<caf::actor>(self->current_sender());
-        s.agents.push_back(agent);
+        const auto node = static_cast<size_t>(plan.node);
+        if (s.agents.size() <= node) s.agents.resize(node + 1);
+        s.agents[node] = agent;
         self->monitor(agent);
         run(self, std::move(todo));
         return plan;
@@ -369,7 +523,17 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](const hello& h) -> welcome {
         auto& s = self->state;
         welcome w;
+        w.epoch = s.setup.epoch;
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
+        if (h.rejoin && !s.logic->taking_over()) {
+          // A member that took this coordinator for lost (a pause longer than its coordinator
+          // timeout) dropped its generation: it is lost, and joins again as a newcomer.
+          for (const auto& m : s.logic->members())
+            if (m.id == h.member && m.live && m.pid == h.pid)
+              run(self, s.logic->on_member_lost(h.member, loss_cause::connection,
+                                                "it lost this coordinator and asked to rejoin",
+                                                now(self)));
+        }
         // Handles first: the logic's first actions may already address this member.
         auto previous = s.members.find(h.member);
         std::optional<member_handles> old;
@@ -404,8 +568,10 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         }
         auto todo = self->state.logic->on_heartbeat(h, now(self));
         for (auto& a : todo)
-          if (auto* abort = std::get_if<send_abort>(&a))  // an evicted member: answer it directly
+          if (auto* abort = std::get_if<send_abort>(&a)) {  // an evicted member: answer it directly
+            abort->msg.epoch = self->state.setup.epoch;
             self->send(caf::actor_cast<caf::actor>(self->current_sender()), abort->msg);
+          }
         std::erase_if(todo, [](const action& a) { return std::holds_alternative<send_abort>(a); });
         run(self, std::move(todo));
       },
@@ -432,6 +598,11 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](ckpt_gc_atom, const gc_event& gc) { emit(self, gc.event); },
       [=](tick_atom) {
         auto& s = self->state;
+        if (s.setup.still_leading && !s.setup.still_leading()) {
+          // Deposed: no beat either, so members look for the new leader.
+          self->delayed_send(self, s.setup.tick, tick_atom::value);
+          return;
+        }
         run(self, s.logic->on_tick(now(self)));
         if (const auto stall = s.logic->take_stall(); stall.count() > 0)
           monitoring::log(monitoring::level::warn, ctx(self),
@@ -441,7 +612,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
                               "the members being declared hung");
         update_gauges(self);
         // The members and agents watch for the coordinator's heartbeat as it watches theirs.
-        const heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
+        heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
+        beat.epoch = s.setup.epoch;
         for (const auto& m : s.logic->members())
           if (m.live)
             if (auto it = s.members.find(m.id); it != s.members.end())

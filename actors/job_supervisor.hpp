@@ -40,6 +40,16 @@ struct job_setup {
   std::chrono::milliseconds tick{100};  ///< how often deadlines are checked
   std::vector<chaos::fault> faults;     ///< injected when their step begins (same machine)
   std::vector<int64_t> skipped_steps;   ///< batches skipped by earlier sessions (resume)
+  /// A standby coordinator (--etcd with several coordinators): the supervisor refuses members
+  /// and agents as "not leading" until `(lead_atom, epoch, state_json)` makes it the leader.
+  /// `state_json` is the job's state in etcd ({generation, committed_step, checkpoint_step});
+  /// empty when no coordinator led the job before, which then forms as usual.
+  bool standby = false;
+  int64_t epoch = 0;  ///< the leadership epoch stamped on every message to members and agents
+  /// With etcd: whether this coordinator still leads. Checked before any decision is carried
+  /// out, so that a leader that wakes from a pause longer than its lease acts on nothing
+  /// queued meanwhile (its election steps it down right after).
+  std::function<bool()> still_leading;
 };
 
 /// RUN_DIR/skipped_batches.json: the steps whose batch diverged and was skipped (one entry per

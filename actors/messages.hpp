@@ -34,6 +34,10 @@ using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor m
 using introduce_atom =
     caf::atom_constant<caf::atom("introduce")>;               // a stage hands the next its actor
 using resume_atom = caf::atom_constant<caf::atom("resume")>;  // SIGCONT a stopped process (chaos)
+// Coordinator takeover (--coordinators K with --etcd): the election tells a standby's supervisor
+// it leads now; a worker's heartbeat thread tells its step loop the coordinator went silent.
+using lead_atom = caf::atom_constant<caf::atom("lead")>;
+using silent_atom = caf::atom_constant<caf::atom("silent")>;
 
 /// CAF 0.17 packs doubles with its own IEEE 754 code (caf/detail/ieee_754.hpp): a NaN arrives
 /// as an arbitrary number (often a negative one) and an infinity never leaves, the packing
@@ -55,6 +59,15 @@ struct hello {
   int32_t node = 0;       ///< the agent (node) that started it
   caf::actor control;     ///< receives aborts while the step loop runs (see rank.hpp)
   std::string transport;  ///< comm::transport_identity(): its transport request and host
+  /// A running member that lost its coordinator and asks the next leader to take it on
+  /// (coordinator takeover): what it holds, so that the new leader plans from it.
+  bool rejoin = false;
+  int64_t epoch_seen = 0;           ///< the newest leadership epoch it has followed
+  uint64_t newest_generation = 0;   ///< the newest generation any message named
+  uint64_t held_generation = 0;     ///< the generation whose layout its state is in; 0 = none
+  int32_t held_rank = -1;           ///< its rank there
+  int64_t held_step = -1;           ///< the committed step its state is at; -1 = none usable
+  std::string held_plan_json = {};  ///< strategies::to_json of held_generation's plan
 };
 
 /// The coordinator's answer: the member is admitted (or refused, and why). Its rank and the
@@ -66,7 +79,12 @@ struct welcome {
   int32_t store_port = 0;
   int32_t heartbeat_interval_ms = 0;
   std::string error;  ///< non-empty: the member is refused (and why)
+  int64_t epoch = 0;  ///< the answering coordinator's leadership epoch (0 without etcd)
 };
+
+/// The start of a refusal (welcome::error, launch_plan::error) from a coordinator that does not
+/// lead the job (a standby): the member or agent tries the next coordinator it knows.
+inline constexpr std::string_view not_leading_prefix = "not leading: ";
 
 /// Where a rank's state for a new generation comes from.
 enum class state_source : int8_t {
@@ -103,6 +121,7 @@ struct reconfigure {
   /// that one on one host, and both layouts are plain data parallelism.
   std::vector<int32_t> shrink_kept;
   uint64_t shrink_from = 0;
+  int64_t epoch = 0;  ///< the sending coordinator's leadership epoch (0 without etcd)
 };
 
 /// After an abort: what a member holds, so the coordinator can plan the restore.
@@ -140,6 +159,7 @@ struct heartbeat {
   /// Connections this member's listeners (its stage actors) have refused so far; the
   /// coordinator exports their sum as troupe_rejected_connections_total{listener="stage"}.
   uint64_t rejected_connections = 0;
+  int64_t epoch = 0;  ///< the coordinator's beat: its leadership epoch (0 without etcd)
 };
 
 /// An agent offers its node; the coordinator answers with a launch plan: which members
@@ -149,6 +169,14 @@ struct agent_hello {
   std::string host;
   int32_t pid = 0;
   int32_t slots = 0;  ///< workers it offers (--ranks K); 0 = its share of the job
+  /// An agent whose coordinator was lost asks the next leader to take it on (takeover): its
+  /// node, the members it runs (with their processes) and the restarts it has left.
+  bool rejoin = false;
+  int32_t node = -1;
+  std::vector<int32_t> members = {};
+  std::vector<int32_t> pids = {};
+  int32_t restarts_left = 0;
+  int64_t epoch_seen = 0;
 };
 struct launch_plan {
   uint64_t generation = 0;
@@ -157,6 +185,7 @@ struct launch_plan {
   int32_t max_restarts = 0;            ///< times this agent may restart a worker that died
   int32_t coordinator_timeout_ms = 0;  ///< a coordinator silent this long is gone
   std::string error;
+  int64_t epoch = 0;  ///< the answering coordinator's leadership epoch (0 without etcd)
 };
 
 /// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
@@ -198,6 +227,7 @@ struct commit {
                             ///< spent on peers (imbalance), not on the control plane
   bool hold = false;        ///< the generation ends after this step (it grows): apply it, then
                             ///< wait for the abort instead of starting a step that would be lost
+  int64_t epoch = 0;        ///< the sending coordinator's leadership epoch (0 without etcd)
 };
 
 /// The current generation is over: `generation` is the one being formed (or the last one,
@@ -212,6 +242,7 @@ struct abort_generation {
   std::string reason;
   bool final = false;             ///< the job is ending: exit instead of reporting
   std::vector<reconfigure> then;  ///< empty, or this member's reconfigure for `generation`
+  int64_t epoch = 0;              ///< the sending coordinator's leadership epoch (0 without etcd)
 };
 
 /// The reason of a final abort_generation sent to one evicted member (the job goes on): the
@@ -299,18 +330,19 @@ struct job_result {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hello& x) {
   return f(caf::meta::type_name("troupe::hello"), x.protocol, x.member, x.pid, x.host, x.node,
-           x.control, x.transport);
+           x.control, x.transport, x.rejoin, x.epoch_seen, x.newest_generation, x.held_generation,
+           x.held_rank, x.held_step, x.held_plan_json);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, welcome& x) {
   return f(caf::meta::type_name("troupe::welcome"), x.generation, x.config_json, x.store_host,
-           x.store_port, x.heartbeat_interval_ms, x.error);
+           x.store_port, x.heartbeat_interval_ms, x.error, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, reconfigure& x) {
   return f(caf::meta::type_name("troupe::reconfigure"), x.generation, x.member, x.rank, x.world,
            x.plan_json, x.start_step, x.source, x.source_rank, x.send_to, x.reason, x.skipped_steps,
-           x.one_host, x.shrink_kept, x.shrink_from);
+           x.one_host, x.shrink_kept, x.shrink_from, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, state_report& x) {
@@ -325,16 +357,17 @@ typename Inspector::result_type inspect(Inspector& f, reconfigured& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
   return f(caf::meta::type_name("troupe::heartbeat"), x.member, x.generation, x.step,
-           x.rejected_connections);
+           x.rejected_connections, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
-  return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid, x.slots);
+  return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid, x.slots,
+           x.rejoin, x.node, x.members, x.pids, x.restarts_left, x.epoch_seen);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
-           x.max_restarts, x.coordinator_timeout_ms, x.error);
+           x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
@@ -346,12 +379,12 @@ typename Inspector::result_type inspect(Inspector& f, step_done& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
   return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate,
-           x.peer_wait_s, x.hold);
+           x.peer_wait_s, x.hold, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {
   return f(caf::meta::type_name("troupe::abort_generation"), x.generation, x.reason, x.final,
-           x.then);
+           x.then, x.epoch);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {

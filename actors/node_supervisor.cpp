@@ -10,8 +10,10 @@
 #include <caf/io/all.hpp>
 #include <cerrno>
 #include <csignal>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,7 +27,87 @@
 #include "runtime/sys/signal_route.hpp"
 
 namespace troupe::actors {
+
+leader_answer judge_leader_answer(const launch_plan& plan, int64_t epoch_seen) {
+  if (plan.error.rfind(not_leading_prefix, 0) == 0) return leader_answer::not_leading;
+  if (!plan.error.empty()) return leader_answer::refused;
+  // A deposed leader that has not noticed yet still answers; following it would split the
+  // job between two leaderships.
+  if (plan.epoch < epoch_seen) return leader_answer::stale;
+  return leader_answer::accepted;
+}
+
 namespace {
+
+// The threads that reach coordinators for the agent: connecting blocks, so it runs beside the
+// actor; run_agent joins them before the actor system goes away, since each one uses it.
+class search_threads {
+ public:
+  void start(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // A search makes one thread per try: the finished ones go now, not at the end.
+    for (auto it = threads_.begin(); it != threads_.end();) {
+      if (*it->done) {
+        it->thread.join();
+        it = threads_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    threads_.push_back({std::thread([fn = std::move(fn), done] {
+                          fn();
+                          *done = true;
+                        }),
+                        done});
+  }
+  void join_all() {
+    std::vector<entry> threads;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      threads.swap(threads_);
+    }
+    for (auto& t : threads) t.thread.join();
+  }
+
+ private:
+  struct entry {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::mutex mutex_;
+  std::vector<entry> threads_;
+};
+
+std::string endpoint_text(const endpoint& e) { return e.host + ":" + std::to_string(e.port); }
+
+// A coordinator reached (or not) by a search thread, for the agent to greet.
+struct candidate_found {
+  uint64_t search = 0;  // answers to a search that is over are dropped
+  size_t index = 0;     // in agent_args::coordinators
+  caf::actor handle;    // invalid: not reached (error says why)
+  std::string error;
+};
+// The search's next try is due.
+struct search_step {
+  uint64_t search = 0;
+};
+
+}  // namespace
+}  // namespace troupe::actors
+
+// Both stay inside this process.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::candidate_found)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::search_step)
+
+namespace troupe::actors {
+namespace {
+
+std::string local_host_name() {
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
 
 constexpr auto reap_interval = std::chrono::milliseconds(20);
 constexpr auto stop_grace = std::chrono::seconds(10);  // workers finish their step, then SIGTERM
@@ -48,6 +130,27 @@ struct agent_state {
   bool stopping = false;
   int stop_stage = 0;  // 0 asked, 1 SIGTERM sent, 2 SIGKILL sent
   std::shared_ptr<std::atomic<int>> exit_code;
+  // With several coordinators (takeover): the leadership followed, and the search for the
+  // next one when it is lost. In between, coordinator is invalid, so that nothing the old one
+  // still says counts, and what would go to it waits.
+  int64_t epoch = 0;
+  size_t coordinator_index = 0;  // in args.coordinators
+  std::shared_ptr<search_threads> searches;
+  bool rehoming = false;  // lost the leader, looking for the next
+  std::string lost_why;
+  std::chrono::steady_clock::time_point lost_at;
+  // The search for the leader (at start, or rehoming): the coordinators are asked in turn.
+  bool searching = false;
+  uint64_t search_id = 0;
+  agent_hello search_hello;
+  size_t search_first = 0, search_tries = 0;
+  std::chrono::steady_clock::time_point search_deadline;
+  std::chrono::milliseconds search_hello_timeout{3000};
+  std::vector<std::string> search_last;  // what each coordinator said last
+  std::vector<worker_exited> unsent_exits;
+  bool unsent_preempt = false;
+  std::string host_name;
+  bool several_coordinators() const { return args.coordinators.size() > 1; }
   static inline const char* name = "node_supervisor";
 };
 using self_ptr = caf::stateful_actor<agent_state>*;
@@ -129,8 +232,27 @@ pid_t restart_worker(self_ptr self, int32_t member) {
   return pid;
 }
 
+// What the coordinator is told goes to the current one; while there is none (between leaders)
+// it waits for the next.
+void report_exit(self_ptr self, const worker_exited& what) {
+  auto& s = self->state;
+  if (s.rehoming || !s.coordinator)
+    s.unsent_exits.push_back(what);
+  else
+    self->send(s.coordinator, what);
+}
+
+// Whether the message being handled comes from the coordinator this agent follows now (not
+// from a deposed one that still talks, nor from anyone else).
+bool from_coordinator(self_ptr self) {
+  const auto& sender = self->current_sender();
+  return sender && self->state.coordinator &&
+         caf::actor_cast<caf::actor_addr>(sender) == self->state.coordinator.address();
+}
+
 void begin_stop(self_ptr self, int exit_code) {
   auto& st = self->state;
+  st.searching = false;
   drop_standby(self);
   if (!st.stopping) st.exit_code->store(exit_code);
   st.stopping = true;
@@ -159,6 +281,7 @@ void fence_node(self_ptr self, const std::string& why) {
   monitoring::log(monitoring::level::error, agent_ctx,
                   why + "; fenced: this node's workers stop on their own, any still running get " +
                       "SIGTERM in " + std::to_string(term.count()) + " ms, and none is restarted");
+  st.searching = false;
   drop_standby(self);
   st.exit_code->store(1);
   st.stopping = true;
@@ -170,61 +293,286 @@ void fence_node(self_ptr self, const std::string& why) {
   self->delayed_send(self, kill, stop_atom::value, int32_t{2});
 }
 
+// The coordinator's launch plan, accepted: this agent becomes node plan.node and starts its
+// members.
+void follow_plan(self_ptr self, const launch_plan& plan) {
+  auto& s = self->state;
+  s.node = plan.node;
+  // The workers' data plane treats each agent as a host of its own (shm inside, TCP
+  // across).
+  ::setenv("TROUPE_NODE", std::to_string(plan.node).c_str(), 1);
+  s.restarts_left = plan.max_restarts;
+  s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
+  s.coordinator_seen = std::chrono::steady_clock::now();
+  s.epoch = plan.epoch;
+  s.exe = self_executable();
+  // Workers look for the leader themselves when it changes, so they get every coordinator.
+  s.endpoint = s.several_coordinators()
+                   ? endpoints_text(s.args.coordinators)
+                   : s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
+  for (int32_t m : plan.members) {
+    try {
+      s.workers[m] = spawn_child(worker_command(s, m));
+    } catch (const std::exception& e) {
+      monitoring::log(monitoring::level::error, agent_ctx,
+                      "cannot start member " + std::to_string(m) + ": " + e.what());
+      report_exit(self, worker_exited{m, 0, 127, 0});
+    }
+  }
+  start_standby(self);
+  self->send(self, tick_atom::value);
+}
+
+void try_candidate(self_ptr self);
+
+// The search ends with a leader that took this agent on: at start it follows the plan; when
+// rehoming, it keeps its workers and tells the new leader what it missed.
+void search_succeeded(self_ptr self, const caf::actor& leader, size_t index,
+                      const launch_plan& plan) {
+  auto& s = self->state;
+  s.searching = false;
+  s.coordinator = leader;
+  s.coordinator_index = index;
+  self->monitor(leader);
+  if (!s.rehoming) {
+    follow_plan(self, plan);
+    return;
+  }
+  s.rehoming = false;
+  const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - s.lost_at);
+  s.epoch = plan.epoch;
+  s.coordinator_seen = std::chrono::steady_clock::now();
+  if (plan.coordinator_timeout_ms > 0)
+    s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
+  // The leader may allow fewer restarts than this node still has, never more.
+  s.restarts_left = std::min<int>(s.restarts_left, std::max<int>(plan.max_restarts, 0));
+  if (plan.node != s.node)
+    monitoring::log(monitoring::level::warn, agent_ctx,
+                    "the new leader calls this node " + std::to_string(plan.node) +
+                        "; its workers keep node " + std::to_string(s.node));
+  if (!plan.members.empty())
+    monitoring::log(monitoring::level::warn, agent_ctx,
+                    "the new leader asked a rejoining node to start " +
+                        std::to_string(plan.members.size()) +
+                        " members; it starts none (its workers are already running)");
+  std::string members;
+  for (const auto& [member, pid] : s.workers)
+    members += (members.empty() ? "" : ", ") + std::to_string(member);
+  monitoring::log(monitoring::level::warn, agent_ctx,
+                  "lost the coordinator (" + s.lost_why + "); rejoined the leader at " +
+                      endpoint_text(s.args.coordinators[index]) + " (epoch " +
+                      std::to_string(s.epoch) + ") in " + std::to_string(took.count()) +
+                      " ms with members [" + members + "]");
+  for (const auto& w : s.unsent_exits) self->send(s.coordinator, w);
+  s.unsent_exits.clear();
+  if (s.unsent_preempt) self->send(s.coordinator, preempt_atom::value);
+  s.unsent_preempt = false;
+}
+
+// The search ends without a leader: at start the agent gives up, when rehoming it fences.
+void search_failed(self_ptr self, const std::string& why) {
+  auto& s = self->state;
+  s.searching = false;
+  if (s.rehoming) {
+    s.rehoming = false;
+    fence_node(self, "lost the coordinator (" + s.lost_why + "); " + why);
+    return;
+  }
+  monitoring::log(monitoring::level::error, agent_ctx, why);
+  begin_stop(self, 1);
+}
+
+// This try is over without a leader: the next one after a short pause (the coordinators may
+// be electing one right now).
+void next_candidate(self_ptr self, size_t index, std::string what) {
+  auto& s = self->state;
+  s.search_last[index] = std::move(what);
+  constexpr auto pacing = std::chrono::milliseconds(100);
+  self->delayed_send(self, pacing, search_step{s.search_id});
+}
+
+// Asks the agent's coordinators in turn, from `first`, round robin, until one leads and takes
+// this agent on with `hello`, or `deadline` passes (each is asked at least once). The hello
+// goes from this actor (the coordinator keeps its sender as the agent); only connecting,
+// which blocks, runs on a thread.
+void start_search(self_ptr self, agent_hello hello, size_t first,
+                  std::chrono::steady_clock::time_point deadline,
+                  std::chrono::milliseconds hello_timeout) {
+  auto& s = self->state;
+  s.searching = true;
+  ++s.search_id;
+  s.search_hello = std::move(hello);
+  s.search_first = first;
+  s.search_tries = 0;
+  s.search_deadline = deadline;
+  s.search_hello_timeout = hello_timeout;
+  s.search_last.assign(s.args.coordinators.size(), "not asked");
+  try_candidate(self);
+}
+
+void try_candidate(self_ptr self) {
+  using namespace std::chrono;
+  auto& s = self->state;
+  if (!s.searching || s.stopping) return;
+  const size_t n = s.args.coordinators.size();
+  const auto now = steady_clock::now();
+  if (s.search_tries >= n && now >= s.search_deadline) {
+    std::string said;
+    for (size_t i = 0; i < n; ++i)
+      said += (i ? "; " : "") + endpoint_text(s.args.coordinators[i]) + ": " + s.search_last[i];
+    const auto took = duration_cast<milliseconds>(now - (s.rehoming ? s.lost_at : now));
+    search_failed(self, s.rehoming ? "no coordinator took this node on as leader within " +
+                                         std::to_string(took.count()) + " ms (" + said + ")"
+                                   : "no coordinator of " + endpoints_text(s.args.coordinators) +
+                                         " took this agent on as leader in time (" + said +
+                                         "); are they running, and is one of them elected?");
+    return;
+  }
+  const size_t index = (s.search_first + s.search_tries++) % n;
+  // A dead coordinator must not eat the time the live ones need, so each connect is short;
+  // one still starting is simply asked again on the next round.
+  const auto left =
+      std::max(duration_cast<milliseconds>(s.search_deadline - now), milliseconds(200));
+  const auto connect_until = now + std::min(left, milliseconds(1500));
+  s.searches->start([&sys = self->system(), where = s.args.coordinators[index], connect_until,
+                     agent = caf::actor_cast<caf::actor>(self), id = s.search_id, index] {
+    auto h = remote_job_actor_until(sys, where.host, where.port, connect_until);
+    candidate_found found{id, index, {}, {}};
+    if (h && *h)
+      found.handle = *h;
+    else
+      found.error = h ? std::string("nothing is published there") : sys.render(h.error());
+    caf::anon_send(agent, std::move(found));
+  });
+}
+
+void greet_candidate(self_ptr self, const candidate_found& found) {
+  using namespace std::chrono;
+  auto& s = self->state;
+  if (!s.searching || s.stopping || found.search != s.search_id) return;
+  if (!found.handle) {
+    next_candidate(self, found.index, found.error);
+    return;
+  }
+  const auto left = duration_cast<milliseconds>(s.search_deadline - steady_clock::now());
+  const auto timeout = std::max(std::min(left, s.search_hello_timeout), milliseconds(1000));
+  const auto id = s.search_id;
+  self->request(found.handle, timeout, s.search_hello)
+      .then(
+          [=](const launch_plan& plan) {
+            auto& st = self->state;
+            if (!st.searching || st.stopping || id != st.search_id) return;
+            const auto where = endpoint_text(st.args.coordinators[found.index]);
+            switch (judge_leader_answer(plan, st.epoch)) {
+              case leader_answer::accepted:
+                search_succeeded(self, found.handle, found.index, plan);
+                return;
+              case leader_answer::refused:
+                search_failed(self, st.rehoming
+                                        ? "the leader at " + where +
+                                              " refused to take this node on: " + plan.error
+                                        : "the coordinator refused this agent: " + plan.error);
+                return;
+              case leader_answer::not_leading:
+                next_candidate(self, found.index, plan.error);
+                return;
+              case leader_answer::stale:
+                next_candidate(self, found.index,
+                               "leads epoch " + std::to_string(plan.epoch) +
+                                   ", older than the epoch " + std::to_string(st.epoch) +
+                                   " this agent followed");
+                return;
+            }
+          },
+          [=](caf::error& e) {
+            auto& st = self->state;
+            if (!st.searching || st.stopping || id != st.search_id) return;
+            next_candidate(self, found.index, self->system().render(e));
+          });
+}
+
+// The coordinator is lost and the job has others: the workers keep running (and are reaped
+// and restarted as usual) while the agent asks every coordinator, the lost one too (it may
+// only have been slow), to take this node on again. None within the coordinator timeout
+// fences the node.
+void begin_rehome(self_ptr self, const std::string& why) {
+  auto& s = self->state;
+  s.rehoming = true;
+  s.lost_why = why;
+  s.lost_at = std::chrono::steady_clock::now();
+  if (s.coordinator) self->demonitor(s.coordinator);
+  s.coordinator = caf::actor{};
+  agent_hello hello{protocol_version, s.host_name, getpid(), s.args.ranks};
+  hello.rejoin = true;
+  hello.node = s.node;
+  for (const auto& [member, pid] : s.workers) {
+    hello.members.push_back(member);
+    hello.pids.push_back(pid);
+  }
+  hello.restarts_left = s.restarts_left;
+  hello.epoch_seen = s.epoch;
+  const auto timeout =
+      s.coordinator_timeout.count() > 0 ? s.coordinator_timeout : std::chrono::milliseconds(10000);
+  monitoring::log(monitoring::level::warn, agent_ctx,
+                  "lost the coordinator (" + why + "); looking for the leader among " +
+                      endpoints_text(s.args.coordinators) + " for up to " +
+                      std::to_string(timeout.count()) + " ms; the workers keep running");
+  // The one that was lost is asked last: a standby has more likely taken over.
+  start_search(self, std::move(hello), (s.coordinator_index + 1) % s.args.coordinators.size(),
+               s.lost_at + timeout, std::chrono::seconds(3));
+}
+
 caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordinator,
-                              std::shared_ptr<std::atomic<int>> exit_code) {
+                              std::shared_ptr<std::atomic<int>> exit_code,
+                              std::shared_ptr<search_threads> searches) {
   auto& st = self->state;
   st.args = std::move(args);
   st.coordinator = coordinator;
   st.exit_code = std::move(exit_code);
-  self->monitor(coordinator);
+  st.searches = std::move(searches);
+  st.host_name = local_host_name();
+  if (coordinator) self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& dm) {
-    if (dm.source != self->state.coordinator.address()) return;
-    if (!self->state.stopping) {
-      fence_node(self, "lost the coordinator (" + self->system().render(dm.reason) + ")");
+    auto& s = self->state;
+    if (!s.coordinator || dm.source != s.coordinator.address()) return;
+    if (!s.stopping) {
+      const std::string why = self->system().render(dm.reason);
+      if (s.several_coordinators())
+        begin_rehome(self, "its connection closed: " + why);
+      else
+        fence_node(self, "lost the coordinator (" + why + ")");
       return;
     }
-    begin_stop(self, self->state.exit_code->load());
+    begin_stop(self, s.exit_code->load());
   });
 
-  char host[256] = "localhost";
-  gethostname(host, sizeof host - 1);
-  self->request(coordinator, std::chrono::seconds(30),
-                agent_hello{protocol_version, host, getpid(), st.args.ranks})
-      .then(
-          [=](const launch_plan& plan) {
-            auto& s = self->state;
-            if (!plan.error.empty()) {
-              monitoring::log(monitoring::level::error, agent_ctx,
-                              "the coordinator refused this agent: " + plan.error);
-              begin_stop(self, 1);
-              return;
-            }
-            s.node = plan.node;
-            // The workers' data plane treats each agent as a host of its own (shm inside, TCP
-            // across).
-            ::setenv("TROUPE_NODE", std::to_string(plan.node).c_str(), 1);
-            s.restarts_left = plan.max_restarts;
-            s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
-            s.coordinator_seen = std::chrono::steady_clock::now();
-            s.exe = self_executable();
-            s.endpoint = s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
-            for (int32_t m : plan.members) {
-              try {
-                s.workers[m] = spawn_child(worker_command(s, m));
-              } catch (const std::exception& e) {
+  if (st.several_coordinators()) {
+    // Only the leader takes agents on; the standbys say so, and are passed over until one of
+    // them leads.
+    start_search(
+        self, agent_hello{protocol_version, st.host_name, getpid(), st.args.ranks}, 0,
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(st.args.connect_timeout_ms),
+        std::chrono::seconds(10));
+  } else {
+    self->request(coordinator, std::chrono::seconds(30),
+                  agent_hello{protocol_version, st.host_name, getpid(), st.args.ranks})
+        .then(
+            [=](const launch_plan& plan) {
+              if (!plan.error.empty()) {
                 monitoring::log(monitoring::level::error, agent_ctx,
-                                "cannot start member " + std::to_string(m) + ": " + e.what());
-                self->send(s.coordinator, worker_exited{m, 0, 127, 0});
+                                "the coordinator refused this agent: " + plan.error);
+                begin_stop(self, 1);
+                return;
               }
-            }
-            start_standby(self);
-            self->send(self, tick_atom::value);
-          },
-          [=](caf::error& e) {
-            monitoring::log(monitoring::level::error, agent_ctx,
-                            "the coordinator did not answer: " + self->system().render(e));
-            begin_stop(self, 1);
-          });
+              follow_plan(self, plan);
+            },
+            [=](caf::error& e) {
+              monitoring::log(monitoring::level::error, agent_ctx,
+                              "the coordinator did not answer: " + self->system().render(e));
+              begin_stop(self, 1);
+            });
+  }
 
   return {
       [=](tick_atom) {
@@ -244,8 +592,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
         for (auto it = s.workers.begin(); it != s.workers.end();) {
           if (auto ended = try_reap(it->second)) {
             if (!s.stopping)
-              self->send(s.coordinator,
-                         worker_exited{it->first, it->second, ended->exit_code, ended->signal});
+              report_exit(self,
+                          worker_exited{it->first, it->second, ended->exit_code, ended->signal});
             const bool died = ended->signal != 0 || ended->exit_code != 0;
             if (!s.stopping && died && s.restarts_left > 0) {
               // The same member starts again and rejoins; the job admits it at a step boundary.
@@ -272,20 +620,47 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           self->quit();
           return;
         }
-        if (!s.stopping && s.coordinator_timeout.count() > 0 &&
-            std::chrono::steady_clock::now() - s.coordinator_seen > s.coordinator_timeout) {
-          fence_node(self, "lost the coordinator: no heartbeat from it for " +
-                               std::to_string(s.coordinator_timeout.count()) +
-                               " ms (--coordinator-timeout-ms)");
+        const auto now = std::chrono::steady_clock::now();
+        if (!s.stopping && !s.rehoming && s.coordinator_timeout.count() > 0 &&
+            now - s.coordinator_seen > s.coordinator_timeout) {
+          const std::string silent = "no heartbeat from it for " +
+                                     std::to_string(s.coordinator_timeout.count()) +
+                                     " ms (--coordinator-timeout-ms)";
+          if (s.several_coordinators())
+            begin_rehome(self, silent);
+          else
+            fence_node(self, "lost the coordinator: " + silent);
         }
+
         self->delayed_send(self, reap_interval, tick_atom::value);
       },
-      [=](stop_atom) { begin_stop(self, 0); },
+      [=](stop_atom) {
+        if (from_coordinator(self)) begin_stop(self, 0);
+      },
       [=](shutdown_atom, const std::string& why) {
         if (!self->state.stopping) monitoring::log(monitoring::level::error, agent_ctx, why);
         begin_stop(self, 1);
       },
-      [=](const heartbeat&) { self->state.coordinator_seen = std::chrono::steady_clock::now(); },
+      [=](const heartbeat& beat) {
+        auto& s = self->state;
+        // An older leadership's beat says nothing about the one this node follows.
+        if (!from_coordinator(self) || beat.epoch < s.epoch) return;
+        s.epoch = beat.epoch;
+        s.coordinator_seen = std::chrono::steady_clock::now();
+      },
+      [=](const candidate_found& found) { greet_candidate(self, found); },
+      [=](const search_step& step) {
+        if (step.search == self->state.search_id) try_candidate(self);
+      },
+      // From the signal thread, when the job has several coordinators: for the one leading now.
+      [=](preempt_atom) {
+        auto& s = self->state;
+        if (from_coordinator(self)) return;
+        if (s.rehoming || !s.coordinator)
+          s.unsent_preempt = true;
+        else
+          self->send(s.coordinator, preempt_atom::value);
+      },
       [=](stop_atom, int32_t stage) {
         auto& s = self->state;
         if (s.workers.empty() || stage <= s.stop_stage) return;
@@ -309,23 +684,27 @@ int run_agent(const agent_args& args) {
   system_config cfg;
   cfg.use_network();
   caf::actor_system sys{cfg};
-  std::string error;
-  auto coordinator =
-      connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
-                             std::chrono::milliseconds(args.connect_timeout_ms), error);
-  if (!coordinator) {
-    monitoring::log(monitoring::level::error, agent_ctx, error);
-    return 1;
+  auto searches = std::make_shared<search_threads>();
+  caf::actor coordinator;  // several: the agent looks for the leader itself
+  const bool several = args.coordinators.size() > 1;
+  if (!several) {
+    std::string error;
+    coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                                         std::chrono::milliseconds(args.connect_timeout_ms), error);
+    if (!coordinator) {
+      monitoring::log(monitoring::level::error, agent_ctx, error);
+      return 1;
+    }
   }
   auto code = std::make_shared<std::atomic<int>>(0);
-  auto agent = sys.spawn(node_supervisor, args, coordinator, code);
+  auto agent = sys.spawn(node_supervisor, args, coordinator, code, searches);
   // SIGTERM (also what the kernel sends when the launching coordinator dies) stops the
   // workers in order and says why, instead of ending the agent silently. Under a scheduler
   // (preempt_on_signals) SIGTERM and SIGUSR1 are the scheduler's word for the whole job: the
   // coordinator checkpoints the next step and stops it, and its stop (or its loss) stops us.
   std::atomic<bool> done{false};
   std::thread signals([agent, coordinator, parent = getppid(), &blocked, &done,
-                       preempt = args.preempt_on_signals] {
+                       preempt = args.preempt_on_signals, several] {
     troupe::sys::wait_here_for_signals();
     for (;;) {
       siginfo_t info{};
@@ -336,7 +715,8 @@ int run_agent(const agent_args& args) {
                         std::string(sig == SIGTERM ? "SIGTERM" : "SIGUSR1") +
                             " from the scheduler: asked the coordinator to checkpoint the job "
                             "and stop it (exit 75)");
-        caf::anon_send(coordinator, preempt_atom::value);
+        // With several coordinators the one leading now is the agent's to know.
+        caf::anon_send(several ? agent : coordinator, preempt_atom::value);
         continue;
       }
       if (sig == SIGUSR1) continue;
@@ -358,6 +738,7 @@ int run_agent(const agent_args& args) {
     }
   });
   sys.await_all_actors_done();
+  searches->join_all();  // they use the actor system
   troupe::sys::stop_waiting_for_signals();
   done = true;
   pthread_kill(signals.native_handle(), SIGUSR1);

@@ -3,6 +3,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
@@ -10,12 +11,14 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "actors/checkpoint_replica.hpp"
 #include "actors/connect.hpp"
@@ -58,8 +61,30 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// Whether a message stamped with `epoch` comes from a coordinator older than the leader this
+// member follows: such a coordinator was deposed and may not steer it. Said once per epoch.
+bool ignore_older(worker& w, int64_t epoch) {
+  if (!from_older_epoch(epoch, w.epoch_seen)) return false;
+  if (w.epoch_warned != epoch) {
+    w.epoch_warned = epoch;
+    monitoring::log(monitoring::level::warn, w.log_ctx(),
+                    "ignored a message of an older coordinator (epoch " + std::to_string(epoch) +
+                        " < " + std::to_string(w.epoch_seen) + ")");
+  }
+  return true;
+}
+
+// A stop carries no epoch: only the coordinator this member follows (or the member itself)
+// may end it that way, never one it has left.
+bool from_current_coordinator(worker& w) {
+  const auto& sender = w.self->current_sender();
+  if (!sender) return false;
+  return w.coordinator.address().compare(sender) == 0 || w.self->address().compare(sender) == 0;
+}
+
 // What a control message means for the step loop: nothing, or the loop's end.
 std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
+  if (ignore_older(w, a.epoch)) return std::nullopt;
   w.newest_generation = std::max(w.newest_generation, a.generation);
   if (a.final && a.reason.starts_with(evicted_prefix))
     return loop_result{loop_end::stopped, 0, a.reason};
@@ -74,10 +99,28 @@ std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
 
 std::optional<loop_result> on_coordinator_down(worker& w, const caf::down_msg& dm) {
   if (dm.source != w.coordinator.address()) return std::nullopt;
+  const std::string why = "lost the coordinator (" + w.self->system().render(dm.reason) + ")";
+  if (w.ha()) {  // a standby may lead by now: look for it instead of ending
+    w.shared->rehoming().store(true);
+    w.shared->abort_running(why);
+    return loop_result{loop_end::coordinator_lost, 0, why};
+  }
   w.shared->fence();  // nothing this process says may count any more
-  return loop_result{loop_end::failed, 0,
-                     "lost the coordinator (" + w.self->system().render(dm.reason) + ")"};
+  return loop_result{loop_end::failed, 0, why};
 }
+
+// The heartbeat thread's word that the coordinator fell silent (HA mode only). It clears
+// `rehoming` only once a new leader took this member on, so a notice that waited in the
+// mailbox while that happened finds it clear and means nothing.
+std::optional<loop_result> on_silent(worker& w) {
+  if (!w.ha() || !w.shared->rehoming().load()) return std::nullopt;
+  char said[96];
+  std::snprintf(said, sizeof said, "lost the coordinator (no heartbeat from it for %.2f s)",
+                w.shared->coordinator_silence());
+  return loop_result{loop_end::coordinator_lost, 0, said};
+}
+
+bool accept_stop(worker& w) { return from_current_coordinator(w); }
 
 // Waits for the coordinator's word on `step`: its commit, or the end of this generation.
 std::variant<commit, loop_result> await_commit(worker& w, int64_t step) {
@@ -98,16 +141,19 @@ std::variant<commit, loop_result> await_commit(worker& w, int64_t step) {
     auto wait = t < spin_until ? std::chrono::milliseconds(0) : left;
     w.self->receive(
         [&](const commit& c) {
+          if (ignore_older(w, c.epoch)) return;
           if (c.generation == w.current.generation && c.step == step) got = c;
         },
         [&](const abort_generation& a) { end = on_control(w, a); },
         [&](stop_atom) {
-          end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
+          if (accept_stop(w)) end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
         },
         [&](const reconfigure& r) {
+          if (ignore_older(w, r.epoch)) return;
           w.newest_generation = std::max(w.newest_generation, r.generation);
         },
-        [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); }, caf::after(wait) >> [] {});
+        [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
+        [&](silent_atom) { end = on_silent(w); }, caf::after(wait) >> [] {});
     // While polling, leave the core to the coordinator: on a machine where ranks fill every
     // core, the commit cannot be sent while we spin on it.
     if (!got && !end && wait.count() == 0) std::this_thread::yield();
@@ -128,12 +174,17 @@ std::optional<loop_result> poll_control(worker& w) {
           end = on_control(w, a);
         },
         [&](stop_atom) {
-          end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
+          more = true;
+          if (accept_stop(w)) end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
         },
         [&](const commit&) { more = true; },
         [&](caf::down_msg& dm) {
           more = true;
           end = on_coordinator_down(w, dm);
+        },
+        [&](silent_atom) {
+          more = true;
+          end = on_silent(w);
         },
         caf::after(std::chrono::seconds(0)) >> [] {});
   }
@@ -151,11 +202,12 @@ loop_result await_decision(worker& w) {
     std::optional<loop_result> end;
     w.self->receive([&](const abort_generation& a) { end = on_control(w, a); },
                     [&](stop_atom) {
-                      end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
+                      if (accept_stop(w))
+                        end = loop_result{loop_end::stopped, 0, "stopped by the coordinator"};
                     },
                     [&](const commit&) {},
                     [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
-                    caf::after(left) >> [] {});
+                    [&](silent_atom) { end = on_silent(w); }, caf::after(left) >> [] {});
     if (end) return *end;
   }
 }
@@ -334,14 +386,20 @@ loop_result await_stop(worker& w) {
     std::optional<loop_result> end;
     w.self->receive(
         [&](stop_atom) {
-          end = loop_result{loop_end::stopped, 0, ""};
+          if (accept_stop(w)) end = loop_result{loop_end::stopped, 0, ""};
         },
         [&](const abort_generation& a) { end = on_control(w, a); },
         [&](caf::down_msg& dm) {
-          // The job is over and the coordinator gone: nothing is lost.
-          if (dm.source == w.coordinator.address()) end = loop_result{loop_end::stopped, 0, ""};
+          // The job is over and the coordinator gone: nothing is lost. With standby
+          // coordinators the next leader may still want the final checkpoint, or the stop.
+          if (w.ha())
+            end = on_coordinator_down(w, dm);
+          else if (dm.source == w.coordinator.address())
+            end = loop_result{loop_end::stopped, 0, ""};
         },
+        [&](silent_atom) { end = on_silent(w); },
         [&](const commit& c) {
+          if (ignore_older(w, c.epoch)) return;
           // A generation formed after the last step writes the final checkpoint.
           if (c.generation == w.current.generation && c.checkpoint && w.current.engine)
             take_checkpoint(w, c.step);
@@ -349,6 +407,182 @@ loop_result await_stop(worker& w) {
         caf::after(left) >> [] {});
     if (end) return *end;
   }
+}
+
+// This machine's name, as a hello tells it.
+std::string this_host() {
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+std::string endpoint_name(const endpoint& e) { return e.host + ":" + std::to_string(e.port); }
+
+// The store listens where the coordinator does; a coordinator that listens on every address
+// (--host 0.0.0.0) is reached at the address this worker was given for it.
+std::string store_host_of(const welcome& answer, const endpoint& coordinator) {
+  const auto& h = answer.store_host;
+  return h == "0.0.0.0" || h == "::" || h.empty() ? coordinator.host : h;
+}
+
+struct leader_search {
+  caf::actor actor;  // the leader that took this member on; invalid when none did
+  welcome answer;
+  size_t index = 0;  // its place in the list
+  std::vector<std::string> asked;
+  std::string last;      // the last answer that was not a welcome
+  bool refused = false;  // a coordinator refused for a reason other than not leading
+};
+
+// Asks the job's coordinators in turn, from `first` (`connected`, when valid, is that one
+// reached already), until one that leads an epoch no older than `epoch_seen` takes `h` on, or
+// `deadline` passes. Every endpoint gets its turn: a restarted coordinator may lead again.
+leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
+                          size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
+                          clock_type::time_point deadline, std::chrono::milliseconds connect_try,
+                          std::chrono::milliseconds request_try, bool stop_on_refusal) {
+  using std::chrono::milliseconds;
+  constexpr milliseconds pacing(50);  // a round of refusals does not spin on the network
+  leader_search out;
+  for (size_t i = first;; i = endpoint_after(i, endpoints.size())) {
+    const endpoint& e = endpoints[i];
+    const std::string where = endpoint_name(e);
+    if (std::find(out.asked.begin(), out.asked.end(), where) == out.asked.end())
+      out.asked.push_back(where);
+    const auto left = std::max(
+        milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - clock_type::now()));
+    caf::actor c = std::exchange(connected, caf::actor{});
+    std::string error;
+    if (!c)
+      c = connect_to_coordinator(self->system(), e.host, e.port, std::min(connect_try, left),
+                                 error);
+    if (!c) {
+      out.last = error;
+    } else {
+      std::optional<welcome> got;
+      self->request(c, std::min(request_try, left), h)
+          .receive([&](welcome& x) { got = std::move(x); },
+                   [&](caf::error& err) {
+                     out.last = "the coordinator at " + where +
+                                " did not answer hello: " + self->system().render(err);
+                   });
+      if (got) {
+        switch (judge_welcome(*got, epoch_seen)) {
+          case welcome_verdict::leader:
+            out.actor = c;
+            out.answer = std::move(*got);
+            out.index = i;
+            return out;
+          case welcome_verdict::not_leading:
+            out.last = where + ": " + got->error;
+            break;
+          case welcome_verdict::stale:
+            out.last = where + " leads epoch " + std::to_string(got->epoch) +
+                       ", older than epoch " + std::to_string(epoch_seen);
+            break;
+          case welcome_verdict::refused:
+            out.last = "the coordinator at " + where + " refused this member: " + got->error;
+            if (stop_on_refusal) {
+              out.refused = true;
+              return out;
+            }
+            break;
+        }
+      }
+    }
+    if (clock_type::now() + pacing >= deadline) return out;
+    std::this_thread::sleep_for(pacing);
+  }
+}
+
+std::string joined(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
+
+// The coordinator was lost while standby coordinators exist: keep what this member holds
+// (its engine's committed state; a voted step is never applied) and ask each coordinator in
+// turn to take it back on, until the coordinator timeout. The leader that does answers with
+// an abort and a reconfigure, which serve() then waits for as usual. False: nobody led in
+// time, and the process is fenced.
+bool rehome(worker& w, const std::string& why) {
+  const auto start = clock_type::now();
+  w.shared->rehoming().store(true);
+  w.shared->abort_running(why);
+  const auto timeout = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
+  const auto deadline = start + timeout;
+  hello h{protocol_version,          w.member, getpid(), this_host(), w.node, w.control,
+          comm::transport_identity()};
+  h.rejoin = true;
+  h.epoch_seen = w.epoch_seen;
+  h.newest_generation = w.newest_generation;
+  const state_report held = report_for(w, 0);
+  h.held_generation = held.held_generation;
+  h.held_rank = held.held_rank;
+  h.held_step = held.held_step;
+  // The new leader knows no plan of the old one's generations: the layout the state is in.
+  if (held.held_generation > 0 && held.held_generation == w.current.generation)
+    h.held_plan_json = strategies::to_json(w.current.plan);
+  // The lost leader is asked last in the round: it is the least likely to lead now.
+  size_t first = endpoint_after(w.leader_index, w.coordinators.size());
+  std::vector<std::string> asked;
+  std::string last;
+  for (;;) {
+    // A dead coordinator refuses the connection at once and a standby answers within
+    // milliseconds; short tries let a round over every coordinator take well under a second.
+    auto found = find_leader(w.self, w.coordinators, first, {}, h, w.epoch_seen, deadline,
+                             std::chrono::milliseconds(250), std::chrono::seconds(3), false);
+    for (auto& a : found.asked)
+      if (std::find(asked.begin(), asked.end(), a) == asked.end()) asked.push_back(a);
+    if (!found.last.empty()) last = found.last;
+    if (!found.actor) break;
+    const endpoint& e = w.coordinators[found.index];
+    // The new leader serves a store of its own: the data plane meets there from now on.
+    std::unique_ptr<comm::kv_store> store;
+    const auto store_wait = std::max(
+        std::chrono::milliseconds(1000),
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()));
+    try {
+      store = comm::connect_tcp_store(
+          store_host_of(found.answer, e), static_cast<uint16_t>(found.answer.store_port),
+          std::min(store_wait, std::chrono::milliseconds(w.cfg.step_timeout_ms)));
+    } catch (const std::exception& ex) {
+      last = "the store of the coordinator at " + endpoint_name(e) + ": " + ex.what();
+      monitoring::log(monitoring::level::warn, w.log_ctx(), last);
+      if (clock_type::now() >= deadline) break;
+      first = endpoint_after(found.index, w.coordinators.size());
+      continue;
+    }
+    if (w.coordinator) w.self->demonitor(w.coordinator);
+    w.coordinator = found.actor;
+    w.self->monitor(w.coordinator);
+    w.leader = e;
+    w.leader_index = found.index;
+    w.epoch_seen = found.answer.epoch;
+    w.shared->epoch_seen().store(w.epoch_seen);
+    w.shared->set_coordinator(w.coordinator);
+    w.store = std::move(store);
+    if (w.beats) w.beats->retarget(w.coordinator);
+    w.shared->coordinator_seen();
+    w.shared->rehoming().store(false);
+    const auto took =
+        std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - start);
+    monitoring::log(monitoring::level::warn, w.log_ctx(),
+                    why + "; rejoined the leader at " + endpoint_name(e) + " (epoch " +
+                        std::to_string(w.epoch_seen) + ") in " + std::to_string(took.count()) +
+                        " ms, holding step " + std::to_string(held.held_step));
+    return true;
+  }
+  w.shared->fence();
+  w.shared->abort_older_than(0, true, "the coordinator is gone");
+  monitoring::log(monitoring::level::error, w.log_ctx(),
+                  why + "; no coordinator took this member back on within " +
+                      std::to_string(timeout.count()) + " ms (asked " + joined(asked) +
+                      "; last answer: " + (last.empty() ? "none" : last) +
+                      "); fenced: this worker sends no vote, writes no checkpoint and exits (if "
+                      "no coordinator leads the job any more, resume it with --resume)");
+  return false;
 }
 
 // The member's life: wait for a generation, train in it, report after an abort, repeat.
@@ -368,6 +602,7 @@ int serve(worker& w) {
     if (!pending) {
       w.self->receive(
           [&](const reconfigure& r) {
+            if (ignore_older(w, r.epoch)) return;
             if (r.generation >= w.newest_generation) pending = r;
           },
           [&](const abort_generation& a) {
@@ -381,10 +616,14 @@ int serve(worker& w) {
             }
           },
           [&](stop_atom) {
-            end = loop_result{loop_end::stopped, 0, ""};
+            if (accept_stop(w)) end = loop_result{loop_end::stopped, 0, ""};
           },
           [&](const commit&) {}, [&](caf::down_msg& dm) { end = on_coordinator_down(w, dm); },
-          caf::after(wait_limit) >> [] {});
+          [&](silent_atom) { end = on_silent(w); }, caf::after(wait_limit) >> [] {});
+    }
+    if (end && end->how == loop_end::coordinator_lost) {
+      if (!rehome(w, end->why)) return 1;
+      continue;  // the new leader's abort and reconfigure come next
     }
     if (end) {
       if (end->how == loop_end::failed) {
@@ -433,6 +672,9 @@ int serve(worker& w) {
       case loop_end::failed:
         monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
         return 1;
+      case loop_end::coordinator_lost:
+        if (!rehome(w, result.why)) return 1;
+        break;  // the new leader's abort and reconfigure come next
       case loop_end::finished:
         return 0;
     }
@@ -442,33 +684,58 @@ int serve(worker& w) {
 // Warming more than this would delay a large model's first generation for little gain.
 constexpr size_t warm_limit_bytes = size_t{1} << 30;
 
-void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args,
+// `coordinator` is reached already: the one at args.coordinators[first] (or the only one).
+void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args, size_t first,
                 std::shared_ptr<std::atomic<int>> code) {
   worker w;
   w.self = self;
   w.coordinator = coordinator;
   w.member = args.member;
   w.node = args.node;
+  w.coordinators = args.coordinators;
+  w.leader_index = first;
+  w.leader =
+      w.ha() ? w.coordinators[first] : endpoint{args.coordinator_host, args.coordinator_port};
   w.shared = std::make_shared<worker_shared>();
-  self->monitor(coordinator);
   auto control = self->spawn(control_actor, w.shared, caf::actor_cast<caf::actor>(self));
+  w.control = control;
   auto finish = [&](int c) {
     code->store(c);
     self->send_exit(control, caf::exit_reason::user_shutdown);
   };
-  char host[256] = "localhost";
-  gethostname(host, sizeof host - 1);
+  const hello greeting{
+      protocol_version,          args.member, getpid(), this_host(), args.node, control,
+      comm::transport_identity()};
   std::optional<welcome> answer;
   std::string error;
-  self->request(coordinator, std::chrono::seconds(30),
-                hello{protocol_version, args.member, getpid(), host, args.node, control,
-                      comm::transport_identity()})
-      .receive([&](welcome& x) { answer = std::move(x); },
-               [&](caf::error& e) {
-                 error = "the coordinator did not answer hello: " + self->system().render(e);
-               });
-  if (answer && !answer->error.empty())
-    error = "the coordinator refused this member: " + answer->error;
+  if (!w.ha()) {
+    self->monitor(coordinator);
+    self->request(coordinator, std::chrono::seconds(30), greeting)
+        .receive([&](welcome& x) { answer = std::move(x); },
+                 [&](caf::error& e) {
+                   error = "the coordinator did not answer hello: " + self->system().render(e);
+                 });
+    if (answer && !answer->error.empty())
+      error = "the coordinator refused this member: " + answer->error;
+  } else {
+    // Only the leader takes members on; the standbys say so, and the next one is asked.
+    auto found = find_leader(self, w.coordinators, first, coordinator, greeting, 0,
+                             clock_type::now() + std::chrono::milliseconds(args.connect_timeout_ms),
+                             std::chrono::milliseconds(1500), std::chrono::seconds(30), true);
+    if (found.actor) {
+      answer = std::move(found.answer);
+      w.coordinator = found.actor;
+      w.leader_index = found.index;
+      w.leader = w.coordinators[found.index];
+      self->monitor(w.coordinator);
+    } else if (found.refused) {
+      error = found.last;
+    } else {
+      error = "no coordinator of the job took this member on within " +
+              std::to_string(args.connect_timeout_ms / 1000) + " s (asked " + joined(found.asked) +
+              "; last answer: " + found.last + ")";
+    }
+  }
   if (!error.empty()) {
     monitoring::log(monitoring::level::error, w.log_ctx(), error);
     return finish(1);
@@ -495,15 +762,17 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     else  // huge pages at least, at once; the faults and writes wait for idle time (serve)
       sys::warm_heap(2 * engine, 0, [] { return false; });
     w.unwritten_heap = forming ? 0 : 2 * engine;
-    beats.emplace(coordinator, args.member, w.shared,
+    w.epoch_seen = answer->epoch;
+    w.shared->epoch_seen().store(w.epoch_seen);
+    w.shared->set_coordinator(w.coordinator);
+    // With standby coordinators a silent coordinator is not the end: the heartbeat thread
+    // tells this actor, which looks for the new leader (rehome).
+    beats.emplace(w.coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
-                  std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)));
-    // The store listens where the coordinator does; a coordinator that listens on every
-    // address (--host 0.0.0.0) is reached at the address this worker was given for it.
-    const std::string store_host =
-        answer->store_host == "0.0.0.0" || answer->store_host == "::" || answer->store_host.empty()
-            ? args.coordinator_host
-            : answer->store_host;
+                  std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)),
+                  w.ha() ? caf::actor_cast<caf::actor>(self) : caf::actor{});
+    w.beats = &*beats;
+    const std::string store_host = store_host_of(*answer, w.leader);
     const auto store_port = static_cast<uint16_t>(answer->store_port);
     w.store = comm::connect_tcp_store(store_host, store_port,
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
@@ -517,6 +786,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
         chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
                             w.cfg.elastic.nodes, session_last_step(w.cfg)));
     const int c = serve(w);
+    w.beats = nullptr;
     w.shared->detach();
     w.current = {};
     finish(c);
@@ -553,9 +823,38 @@ int run_worker(const worker_args& args) {
   caf::actor_system sys{cfg};
   monitoring::log_context lc{"rank", -1, 0, -1};
   std::string error;
-  auto coordinator =
-      connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
-                             std::chrono::milliseconds(args.connect_timeout_ms), error);
+  caf::actor coordinator;
+  size_t first = 0;
+  if (args.coordinators.size() > 1) {
+    // Any coordinator that answers will do here: the hello (rank_actor) finds the leader.
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(args.connect_timeout_ms);
+    std::vector<std::string> tried;
+    for (size_t i = 0;; i = endpoint_after(i, args.coordinators.size())) {
+      const auto& e = args.coordinators[i];
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      coordinator = connect_to_coordinator(
+          sys, e.host, e.port,
+          std::max(std::chrono::milliseconds(1), std::min(std::chrono::milliseconds(1500), left)),
+          error);
+      if (coordinator) {
+        first = i;
+        break;
+      }
+      if (error.find("belongs to job") != std::string::npos) break;  // another job's: give up
+      if (std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline) {
+        error = "cannot reach any coordinator of " + endpoints_text(args.coordinators) +
+                " within " + std::to_string(args.connect_timeout_ms / 1000) + " s (last: " + error +
+                ")";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  } else {
+    coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,
+                                         std::chrono::milliseconds(args.connect_timeout_ms), error);
+  }
   if (!coordinator) {
     monitoring::log(monitoring::level::error, lc, error);
     return 1;
@@ -567,7 +866,7 @@ int run_worker(const worker_args& args) {
     mine.member = *member;
   }
   auto code = std::make_shared<std::atomic<int>>(1);
-  sys.spawn(rank_actor, coordinator, mine, code);
+  sys.spawn(rank_actor, coordinator, mine, first, code);
   sys.await_all_actors_done();
   return code->load();
 }

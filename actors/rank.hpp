@@ -6,12 +6,19 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "actors/connect.hpp"
 
 namespace troupe::actors {
 
 struct worker_args {
   std::string coordinator_host = "127.0.0.1";
   uint16_t coordinator_port = 0;
+  /// Every coordinator of the job (the first is coordinator_host:port). More than one: one
+  /// leads and the others stand by; when the leader is lost this process asks them in turn
+  /// until the new leader takes it on (coordinator takeover).
+  std::vector<endpoint> coordinators;
   int member = -1;  ///< the process's identity in the job (its agent's slot)
   int node = 0;     ///< the agent (node) that started it
   int connect_timeout_ms = 30000;

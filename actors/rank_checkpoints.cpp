@@ -39,7 +39,6 @@ shard_written report_of(const ckpt::write_outcome& o, bool synchronous,
 ckpt::async_checkpointer& checkpointer_of(worker& w) {
   if (!w.checkpointer) {
     const bool synchronous = !w.cfg.checkpoint_async;
-    const caf::actor coordinator = w.coordinator;
     const std::shared_ptr<worker_shared> shared = w.shared;
     checkpoint_replica* replica = w.replica.get();
     ckpt::fs_writer_options options;
@@ -50,7 +49,7 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
                                    static_cast<size_t>(w.cfg.checkpoint_chunk_kib) * 1024,
                                    replica ? replica->observer() : ckpt::chunk_observer{}, options),
         *ckpt::parse_overlap_policy(w.cfg.checkpoint_overlap),
-        [coordinator, shared, synchronous, replica, ctx](ckpt::write_outcome o) {
+        [shared, synchronous, replica, ctx](ckpt::write_outcome o) {
           // What the write found in the store (a damaged chunk rewritten, something foreign
           // skipped) is said where the rank speaks.
           if (o.report)
@@ -58,7 +57,10 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
               monitoring::log(monitoring::level::warn,
                               {ctx.role, o.meta.rank, o.meta.generation, o.meta.step},
                               "checkpoint: " + note);
-          if (!shared->fenced()) caf::anon_send(coordinator, report_of(o, synchronous, replica));
+          // To the coordinator of now: after a takeover the report of a write begun under the
+          // old leader goes to the new one (which drops it as stale); none while rehoming.
+          if (!shared->fenced() && !shared->rehoming().load())
+            caf::anon_send(shared->coordinator(), report_of(o, synchronous, replica));
         });
   }
   return *w.checkpointer;

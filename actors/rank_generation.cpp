@@ -45,9 +45,10 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
     if (r.rank >= 0) {
       const auto op_timeout = std::chrono::milliseconds(w.cfg.step_timeout_ms);
       // A newer generation's abort ends every wait of this one's forming (store keys, the
-      // segment's barrier) instead of leaving it waiting for peers lost meanwhile.
+      // segment's barrier) instead of leaving it waiting for peers lost meanwhile; so does
+      // losing the coordinator whose store it waits on (with standby coordinators).
       const comm::cancel_check superseded = [shared = w.shared, g = r.generation] {
-        return shared->superseded(g);
+        return shared->superseded(g) || shared->rehoming().load();
       };
       comm::interruptible_store store(*w.store, superseded);
       comm::gloo_options gopts;

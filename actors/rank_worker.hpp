@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/checkpoint_replica.hpp"
+#include "actors/connect.hpp"
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
 #include "actors/worker_control.hpp"
@@ -46,7 +47,9 @@ struct generation_context {
 };
 
 // How the step loop of one generation ended.
-enum class loop_end { finished, aborted, stopped, failed };
+// coordinator_lost: with standby coordinators, the leader went away (its down message, or the
+// heartbeat thread's silent_atom); serve() looks for the new leader instead of failing.
+enum class loop_end { finished, aborted, stopped, failed, coordinator_lost };
 struct loop_result {
   loop_end how = loop_end::finished;
   uint64_t next_generation = 0;  // aborted: the generation being formed
@@ -58,6 +61,15 @@ struct loop_result {
 struct worker {
   caf::blocking_actor* self = nullptr;
   caf::actor coordinator;
+  // Every coordinator of the job; more than one means one leads and the others stand by, and
+  // losing the leader is survived (rehome in rank.cpp).
+  std::vector<endpoint> coordinators;
+  endpoint leader;          // where `coordinator` was reached (its store's host when it binds all)
+  size_t leader_index = 0;  // its place in `coordinators`
+  int64_t epoch_seen = 0;   // the leader's epoch; mirrored in shared->epoch_seen() for control
+  int64_t epoch_warned = -1;  // the older epoch last logged as ignored (logged once each)
+  heartbeat_thread* beats = nullptr;
+  caf::actor control;
   int32_t member = -1;
   size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
   std::shared_ptr<worker_shared> shared;
@@ -70,6 +82,7 @@ struct worker {
   std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)
   uint64_t newest_generation = 0;      // the newest generation any message named
   int node = 0;
+  bool ha() const { return coordinators.size() > 1; }
   // --replicate-checkpoints: this process's replica server and route (outlives the writer).
   std::unique_ptr<checkpoint_replica> replica;
   // Persists snapshots in the background; made at the first checkpoint, kept (with its
@@ -82,9 +95,11 @@ struct worker {
 
 /// Sends `msg` to the coordinator, unless this process has fenced itself (it lost the
 /// coordinator, worker_shared::fence): then nothing it says may count, and nothing goes out.
+/// Nothing goes out while it looks for a new leader either: the old one would not hear it.
 template <class Message>
 void tell_coordinator(worker& w, Message&& msg) {
-  if (!w.shared->fenced()) w.self->send(w.coordinator, std::forward<Message>(msg));
+  if (!w.shared->fenced() && !w.shared->rehoming())
+    w.self->send(w.coordinator, std::forward<Message>(msg));
 }
 
 /// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.

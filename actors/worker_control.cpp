@@ -40,6 +40,20 @@ void worker_shared::abort_older_than(uint64_t generation, bool final, const std:
   if (stage_) stage_->abort(why);
 }
 
+void worker_shared::abort_running(const std::string& why) {
+  std::lock_guard lock(m_);
+  if (!engine_) return;
+  engine_->abort();
+  if (stage_) stage_->abort(why);
+}
+
+welcome_verdict judge_welcome(const welcome& w, int64_t epoch_seen) {
+  if (w.error.starts_with(not_leading_prefix)) return welcome_verdict::not_leading;
+  if (!w.error.empty()) return welcome_verdict::refused;
+  if (from_older_epoch(w.epoch, epoch_seen)) return welcome_verdict::stale;
+  return welcome_verdict::leader;
+}
+
 void worker_shared::coordinator_seen() {
   coordinator_seen_ns_.store(std::chrono::steady_clock::now().time_since_epoch().count());
 }
@@ -53,54 +67,82 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
                             caf::actor rank) {
   return {
       [=](const abort_generation& a) {
+        // A deposed coordinator may still be running: its word ends nothing of ours.
+        if (from_older_epoch(a.epoch, shared->epoch_seen().load())) return;
         shared->abort_older_than(a.generation, a.final, a.reason);
         self->send(rank, a);
       },
-      [=](const heartbeat&) { shared->coordinator_seen(); },
+      [=](const heartbeat& h) {
+        if (!from_older_epoch(h.epoch, shared->epoch_seen().load())) shared->coordinator_seen();
+      },
   };
 }
 
 heartbeat_thread::heartbeat_thread(caf::actor coordinator, int32_t member,
                                    std::shared_ptr<worker_shared> shared,
                                    std::chrono::milliseconds interval,
-                                   std::chrono::milliseconds coordinator_timeout)
-    : thread_([=, this] {
-        using clock = std::chrono::steady_clock;
-        std::unique_lock lock(m_);
-        shared->coordinator_seen();
-        const auto limit = coordinator_timeout;
-        // The silence is checked more often than the beats go out, so the fence falls within
-        // a twentieth of the timeout of its limit.
-        const auto check =
-            std::min(interval, std::max(std::chrono::milliseconds(10), coordinator_timeout / 20));
-        auto next_beat = clock::now();
-        while (!stop_) {
-          if (const auto now = clock::now(); now >= next_beat) {
-            caf::anon_send(coordinator,
-                           heartbeat{member, shared->generation().load(), shared->step().load(),
-                                     tls_rejected_connections()});
-            next_beat = now + interval;
-          }
-          const double silent = shared->coordinator_silence();
-          if (silent * 1000 > static_cast<double>(limit.count())) {
-            // Cut off from the coordinator (a partition), or it hung or died: nobody can commit
-            // a step of ours any more, and a live coordinator has replaced us already.
-            shared->fence();
-            char said[64];
-            std::snprintf(said, sizeof said, "%.2f s (limit %.2f s)", silent,
-                          static_cast<double>(limit.count()) / 1000);
-            monitoring::log(monitoring::level::error,
-                            {"rank", -1, shared->generation().load(), shared->step().load()},
-                            std::string("lost the coordinator: no heartbeat from it for ") + said +
-                                "; fenced: this worker sends no vote, writes no checkpoint and "
-                                "exits (a live coordinator goes on without it; if the "
-                                "coordinator is gone, resume the job with --resume)");
-            shared->abort_older_than(0, true, "the coordinator is gone");
-            std::_Exit(1);
-          }
-          cv_.wait_for(lock, check, [this] { return stop_; });
-        }
-      }) {}
+                                   std::chrono::milliseconds coordinator_timeout, caf::actor rank)
+    : coordinator_(std::move(coordinator)), shared_(std::move(shared)), rank_(std::move(rank)) {
+  thread_ = std::thread([=, this] { run(member, interval, coordinator_timeout); });
+}
+
+void heartbeat_thread::retarget(caf::actor coordinator) {
+  std::lock_guard lock(m_);
+  coordinator_ = std::move(coordinator);
+  shared_->coordinator_seen();
+  silence_told_ = false;
+}
+
+void heartbeat_thread::run(int32_t member, std::chrono::milliseconds interval,
+                           std::chrono::milliseconds coordinator_timeout) {
+  using clock = std::chrono::steady_clock;
+  const auto& shared = shared_;
+  std::unique_lock lock(m_);
+  shared->coordinator_seen();
+  const auto limit = coordinator_timeout;
+  // The silence is checked more often than the beats go out, so the fence falls within
+  // a twentieth of the timeout of its limit.
+  const auto check =
+      std::min(interval, std::max(std::chrono::milliseconds(10), coordinator_timeout / 20));
+  auto next_beat = clock::now();
+  while (!stop_) {
+    if (const auto now = clock::now(); now >= next_beat) {
+      heartbeat beat{member, shared->generation().load(), shared->step().load(),
+                     tls_rejected_connections()};
+      beat.epoch = shared->epoch_seen().load();
+      caf::anon_send(coordinator_, beat);
+      next_beat = now + interval;
+    }
+    const double silent = shared->coordinator_silence();
+    const bool too_long = silent * 1000 > static_cast<double>(limit.count());
+    if (!too_long) silence_told_ = false;
+    if (too_long && rank_ && !silence_told_) {
+      // Standby coordinators exist: one of them may lead by now. The step loop looks for it;
+      // until then nothing of this generation can be committed, so its collectives stop here
+      // (without counting as an abort: the next leader's generations are not superseded).
+      silence_told_ = true;
+      shared->rehoming().store(true);
+      shared->abort_running("the coordinator is silent");
+      caf::anon_send(rank_, silent_atom::value);
+    } else if (too_long && !rank_) {
+      // Cut off from the coordinator (a partition), or it hung or died: nobody can commit
+      // a step of ours any more, and a live coordinator has replaced us already.
+      shared->fence();
+      char said[64];
+      std::snprintf(said, sizeof said, "%.2f s (limit %.2f s)", silent,
+                    static_cast<double>(limit.count()) / 1000);
+      monitoring::log(monitoring::level::error,
+                      {"rank", -1, shared->generation().load(), shared->step().load()},
+                      std::string("lost the coordinator: no heartbeat from it for ") + said +
+                          "; fenced: this worker sends no vote, writes no checkpoint and "
+                          "exits (a live coordinator goes on without it; if the "
+                          "coordinator is gone, resume the job with --resume)");
+      shared->abort_older_than(0, true, "the coordinator is gone");
+      std::_Exit(1);
+    }
+    cv_.wait_for(lock, check, [this] { return stop_; });
+  }
+}
 
 heartbeat_thread::~heartbeat_thread() {
   {

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "actors/messages.hpp"
 #include "actors/stage.hpp"
@@ -45,6 +46,26 @@ class worker_shared {
   /// would say belongs to a generation that the job, if it still runs, has left.
   void fence() { fenced_.store(true); }
   bool fenced() const { return fenced_.load(); }
+  /// Aborts whatever generation runs (its collectives and stage link) without recording an
+  /// abort: the coordinator that ran it is lost, and the generations the next leader opens
+  /// must not count as superseded by this.
+  void abort_running(const std::string& why);
+  /// The newest leadership epoch this member follows (0 without etcd); messages of an older
+  /// coordinator are dropped against it.
+  std::atomic<int64_t>& epoch_seen() { return epoch_seen_; }
+  /// Set while this member has lost its coordinator and looks for the leader (HA mode): what
+  /// it would say now is meant for a coordinator that no longer listens.
+  std::atomic<bool>& rehoming() { return rehoming_; }
+  /// The coordinator this member follows now, for threads that report to it (a checkpoint
+  /// write's report): a new leader replaces it (rank.cpp, rehome).
+  caf::actor coordinator() const {
+    std::lock_guard lock(coordinator_m_);
+    return coordinator_;
+  }
+  void set_coordinator(caf::actor c) {
+    std::lock_guard lock(coordinator_m_);
+    coordinator_ = std::move(c);
+  }
 
  private:
   std::mutex m_;
@@ -57,7 +78,28 @@ class worker_shared {
   std::atomic<int64_t> coordinator_seen_ns_{
       std::chrono::steady_clock::now().time_since_epoch().count()};
   std::atomic<bool> fenced_{false};
+  std::atomic<int64_t> epoch_seen_{0};
+  std::atomic<bool> rehoming_{false};
+  mutable std::mutex coordinator_m_;
+  caf::actor coordinator_;
 };
+
+/// Whether a message stamped with leadership `epoch` comes from a coordinator older than the
+/// one this member follows (`seen`). Equal epochs pass: one coordinator without etcd is 0.
+inline bool from_older_epoch(int64_t epoch, int64_t seen) { return epoch < seen; }
+
+/// What a coordinator's answer to a member's hello means for a member looking for the leader.
+enum class welcome_verdict {
+  leader,       ///< it leads and took the member on
+  not_leading,  ///< a standby (or a deposed leader): ask the next one
+  stale,        ///< it leads an epoch older than one the member followed already: ask the next
+  refused,      ///< it leads but refused the member for another reason
+};
+welcome_verdict judge_welcome(const welcome& w, int64_t epoch_seen);
+
+/// The order in which a member asks the job's coordinators: starting at `first`, each of the
+/// `count` endpoints once, wrapping around.
+inline size_t endpoint_after(size_t i, size_t count) { return count == 0 ? 0 : (i + 1) % count; }
 
 /// How long a worker or an agent goes without the coordinator's heartbeat before it takes the
 /// coordinator for lost and fences itself is the job's coordinator timeout
@@ -77,19 +119,31 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
 /// is. When the coordinator has been silent for longer than `coordinator_timeout` (a
 /// partition, or the coordinator hung or gone), this process fences itself: it sends nothing
 /// more, aborts the data plane, says so, and ends (exit code 1), whatever its agent does.
+/// With standby coordinators (`rank` valid) the process may outlive its coordinator instead:
+/// the thread aborts the running data plane and tells `rank` (silent_atom, once per silence),
+/// whose step loop looks for the new leader and then points the thread at it (retarget).
 class heartbeat_thread {
  public:
   heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,
                    std::chrono::milliseconds interval,
-                   std::chrono::milliseconds coordinator_timeout);
+                   std::chrono::milliseconds coordinator_timeout, caf::actor rank = {});
   ~heartbeat_thread();
   heartbeat_thread(const heartbeat_thread&) = delete;
   heartbeat_thread& operator=(const heartbeat_thread&) = delete;
+  /// Beats go to `coordinator` from now on, and its silence counts from now.
+  void retarget(caf::actor coordinator);
 
  private:
+  void run(int32_t member, std::chrono::milliseconds interval,
+           std::chrono::milliseconds coordinator_timeout);
+
   std::mutex m_;
   std::condition_variable cv_;
   bool stop_ = false;
+  caf::actor coordinator_;
+  std::shared_ptr<worker_shared> shared_;
+  caf::actor rank_;
+  bool silence_told_ = false;  ///< the rank actor knows of the silence going on now
   std::thread thread_;
 };
 

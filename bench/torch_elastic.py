@@ -16,12 +16,21 @@ Fault: in the first incarnation only (TORCHELASTIC_RESTART_COUNT == 0), rank --k
 logs a "kill" event just before step --kill-step would start and SIGKILLs itself; torchrun
 has to notice, tear down the other workers and start a new group.
 
+Agent fault (bench/torchrun_takeover.py): --kill-agent-step S is given to one torchrun agent's
+workers only. In its first incarnation, that agent's local rank 0 logs a "kill" event with
+"target": "agent" just before step S and SIGKILLs its parent, the torchrun agent, then goes on
+training: the workers themselves are untouched, as when a node agent (or the process hosting
+the rendezvous store) crashes.
+
 --log receives JSON lines, all with unix_ms:
   {"event":"start", "restart", "resume_step", "proc_unix_ms"}  rank 0, ready to train
       (proc_unix_ms: when the worker's interpreter reached this file, before importing torch)
   {"event":"step", "step", "restart", "loss"}                   rank 0, after each step
       (loss: rank 0's share of the batch)
   {"event":"kill", "step", "rank"}                               the killed rank, just before dying
+  {"event":"kill", "step", "rank", "target":"agent", "agent_pid"} --kill-agent-step: before the agent's kill
+Start and step events also carry "pid", rank 0's process id: steps with a new pid come from a
+new worker group, even where a new agent counts its restarts from 0 again.
 
 The sample for (seed, step, i) is fixed: np.random.default_rng(seed * 1_000_003 + step)
 draws the step's global batch of offsets, and rank r trains on its contiguous slice of it,
@@ -86,6 +95,8 @@ def main():
     ap.add_argument("--log", required=True, help="JSON-lines event log")
     ap.add_argument("--kill-rank", type=int, default=-1)
     ap.add_argument("--kill-step", type=int, default=-1)
+    ap.add_argument("--kill-agent-step", type=int, default=-1,
+                    help="local rank 0 SIGKILLs its torchrun agent (its parent) before this step")
     args = ap.parse_args()
 
     torch.set_num_threads(1)
@@ -112,12 +123,19 @@ def main():
 
     if rank == 0:
         append_json(args.log, {"event": "start", "unix_ms": now_ms(), "restart": restart,
-                               "resume_step": resume_step, "proc_unix_ms": PROC_UNIX_MS})
+                               "resume_step": resume_step, "proc_unix_ms": PROC_UNIX_MS,
+                               "pid": os.getpid()})
 
     for step in range(resume_step + 1, args.steps + 1):
         if restart == 0 and rank == args.kill_rank and step == args.kill_step:
             append_json(args.log, {"event": "kill", "step": step, "rank": rank, "unix_ms": now_ms()})
             os.kill(os.getpid(), signal.SIGKILL)
+        if (restart == 0 and step == args.kill_agent_step
+                and int(os.environ.get("LOCAL_RANK", "-1")) == 0):
+            agent = os.getppid()
+            append_json(args.log, {"event": "kill", "target": "agent", "step": step, "rank": rank,
+                                   "agent_pid": agent, "unix_ms": now_ms()})
+            os.kill(agent, signal.SIGKILL)
 
         loss_sum = train_step(ddp, model, opt, data, args, step, rank, world)
 
@@ -125,7 +143,8 @@ def main():
             if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
                 save_checkpoint(args.ckpt_dir, step, model, opt)
             append_json(args.log, {"event": "step", "step": step, "unix_ms": now_ms(),
-                                   "restart": restart, "loss": round(loss_sum, 5)})
+                                   "restart": restart, "loss": round(loss_sum, 5),
+                                   "pid": os.getpid()})
 
     dist.destroy_process_group()
 

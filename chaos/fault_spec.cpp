@@ -315,7 +315,7 @@ std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& boun
   fault f;
   f.spec = spec;
   if (kind == "kill") {
-    const auto fields = fields_of(spec, parts, {"rank", "node", "coordinator", "step"});
+    const auto fields = fields_of(spec, parts, {"rank", "node", "coordinator", "step", "commits"});
     const int targets = fields.has("rank") + fields.has("node") + fields.has("coordinator");
     if (targets == 0) refuse(spec, "name the target: rank=R, node=N or coordinator");
     if (targets > 1) refuse(spec, "name one target, not several of rank=, node= and coordinator");
@@ -326,6 +326,15 @@ std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& boun
       f.id = node_of(spec, *n, bounds);
     } else {
       f.target = fault_target::coordinator;
+    }
+    if (const auto* c = fields.find("commits")) {
+      if (f.target != fault_target::coordinator)
+        refuse(spec, "commits= is for kill:coordinator only");
+      const auto n = whole<int64_t>(spec, "commits", *c);
+      if (n < 0 || n > bounds.world)
+        refuse(spec, "commits " + std::to_string(n) + " is outside 0.." +
+                         std::to_string(bounds.world) + " (the ranks that get the commit)");
+      f.commits = static_cast<int>(n);
     }
     f.step = step_of(spec, "step", required(spec, fields, "step", "the step it fires at"), bounds);
   } else if (kind == "stop") {
@@ -396,6 +405,7 @@ nlohmann::json to_json(const fault& f) {
                       {"step", f.step}};
   if (f.kind == fault_kind::stop && f.duration.count() > 0) j["for_ms"] = f.duration.count();
   if (f.kind == fault_kind::slow) j["factor"] = f.factor;
+  if (f.commits >= 0) j["commits"] = f.commits;
   j["spec"] = f.spec;
   return j;
 }

@@ -23,7 +23,10 @@ struct fault {
   int64_t step = 0;  ///< the step at whose start it fires (slow: first slowed step)
   std::chrono::milliseconds duration{0};  ///< stop: when to continue; 0 = never
   double factor = 1.0;                    ///< slow only: compute takes this many times as long
-  std::string spec;                       ///< the text it came from (for events and messages)
+  /// kill:coordinator only: -1 = at the start of `step`; N >= 0 = in the middle of committing
+  /// `step`, once its commit has gone to N ranks and not to the others.
+  int commits = -1;
+  std::string spec;  ///< the text it came from (for events and messages)
   friend bool operator==(const fault&, const fault&) = default;
 };
 
@@ -35,7 +38,9 @@ struct fault_bounds {
 };
 
 /// Parses one --fault value; a random schedule expands into its kills. Accepted forms:
-///   kill:rank=R:step=S   kill:node=N:step=S   kill:coordinator:step=S
+///   kill:rank=R:step=S   kill:node=N:step=S   kill:coordinator:step=S[:commits=N]
+///                                    (commits=N: the leading coordinator dies while it commits
+///                                     step S, after sending the commit to N ranks)
 ///   stop:rank=R:step=S[:for=D]       (D like 500ms, 3s or 1.5s; without it never continued)
 ///   slow:rank=R:factor=X:from=S      (X in (1, 100]; compute X times slower from step S on)
 ///   diverge:step=S[:rank=R]          (rank R, default 0, reports a NaN loss for the batch

@@ -115,7 +115,10 @@ struct job_etcd::state {
   std::mutex mutex;
   std::condition_variable wake;
   bool elected = false;
-  bool stopping = false;  // the job is over: a step-down now is ours, not a loss
+  bool stopping = false;
+  bool campaign_stopped = false;  // stop_campaign(): a standby gives up waiting
+  std::string found_state;        // /troupe/<job>/state when elected
+  std::string client_urls;        // the job is over: a step-down now is ours, not a loss
   std::string lost;
   // Held while on_lost runs, so that forget_on_lost() returns only once it cannot run again.
   std::mutex callback_mutex;
@@ -126,6 +129,7 @@ struct job_etcd::state {
   bool writer_stop = false;
   int64_t committed_step = 0, checkpoint_step = 0, world = 0;
   uint64_t generation = 0;
+  std::optional<int> ended;  // the job's exit code once it ended: a standby elected later stops
   std::thread writer;
 
   bool mirroring = false;  // the writer runs: set under `mutex` once leading
@@ -169,6 +173,7 @@ void job_etcd::state::start_local() {
       shell_quoted(local_log) + " 2>&1";
   local_pid = actors::spawn_child({"/bin/sh", "-c", command}, true, SIGKILL);
   endpoints_words = client_url + " (the job's own etcd, log " + local_log + ")";
+  client_urls = client_url;
   etcd::client_options options;
   options.endpoints = {client_url};
   client.emplace(options);
@@ -275,6 +280,7 @@ job_etcd::job_etcd(const train_config& cfg, monitoring::metrics_registry& regist
   options.cert_file = cfg.etcd.cert;
   options.key_file = cfg.etcd.key;
   s->endpoints_words = cfg.etcd.endpoints;
+  s->client_urls = cfg.etcd.endpoints;
   s->client.emplace(options);
   state_ = std::move(s);
 }
@@ -306,7 +312,70 @@ job_etcd::~job_etcd() {
 bool job_etcd::enabled() const { return state_ != nullptr; }
 
 void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
+  campaign(address, std::move(on_lost), false);
+}
+
+bool job_etcd::stand_by(const std::string& address, std::function<void()> on_lost) {
+  return campaign(address, std::move(on_lost), true);
+}
+
+void job_etcd::stop_campaign() {
   if (!state_) return;
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->campaign_stopped = true;
+  }
+  state_->wake.notify_all();
+}
+
+bool job_etcd::leading() const {
+  return !state_ || !state_->election || state_->election->is_leader();
+}
+
+bool job_etcd::job_ended() const {
+  const auto doc = nlohmann::json::parse(found_state(), nullptr, false);
+  return doc.is_object() && doc.contains("ended");
+}
+
+int64_t job_etcd::epoch() const {
+  return state_ && state_->election ? state_->election->epoch() : 0;
+}
+
+std::string job_etcd::found_state() const {
+  if (!state_) return "";
+  std::lock_guard lock(state_->mutex);
+  return state_->found_state;
+}
+
+std::string job_etcd::client_urls() const { return state_ ? state_->client_urls : ""; }
+
+void job_etcd::release_dead_leader(int pid) {
+  if (!state_) return;
+  auto& s = *state_;
+  try {
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(3000);
+    const auto kv = s.client->get("/troupe/" + s.job + "/leader", call);
+    if (!kv || kv->lease == 0) return;
+    const auto doc = nlohmann::json::parse(kv->value, nullptr, false);
+    const std::string id = doc.is_object() ? doc.value("id", std::string()) : std::string();
+    const std::string suffix = ":" + std::to_string(pid);
+    if (id.size() <= suffix.size() || id.compare(id.size() - suffix.size(), suffix.size(), suffix))
+      return;
+    s.client->lease_revoke(kv->lease, call);
+    monitoring::log(monitoring::level::warn, etcd_ctx,
+                    "etcd: the leading coordinator (" + id +
+                        ") died; revoked its lease so that a standby leads at once");
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::warn, etcd_ctx,
+                    std::string("etcd: could not release a dead coordinator's leadership (a "
+                                "standby leads once its lease expires): ") +
+                        e.what());
+  }
+}
+
+bool job_etcd::campaign(const std::string& address, std::function<void()> on_lost, bool standby) {
+  if (!state_) return true;
   auto& s = *state_;
   const auto deadline = steady_clock::now() + milliseconds(s.cfg.etcd.timeout_ms);
   s.wait_until_answering(deadline, s.local_pid > 0);
@@ -343,7 +412,14 @@ void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
   s.election->start();
   {
     std::unique_lock lock(s.mutex);
-    if (!s.wake.wait_until(lock, deadline, [&] { return s.elected; })) {
+    if (standby) {
+      s.wake.wait(lock, [&] { return s.elected || s.campaign_stopped; });
+      if (!s.elected) {
+        lock.unlock();
+        s.election.reset();  // stops campaigning
+        return false;
+      }
+    } else if (!s.wake.wait_until(lock, deadline, [&] { return s.elected; })) {
       lock.unlock();
       std::string holder;
       try {
@@ -361,6 +437,35 @@ void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
     }
   }
   const int64_t epoch = s.election->epoch();
+  try {
+    // Where the job stands, as the last leader left it: a takeover starts from there.
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(std::min(s.cfg.etcd.timeout_ms, 10000));
+    const auto found = s.client->get("/troupe/" + s.job + "/state", call);
+    std::lock_guard lock(s.mutex);
+    if (found) {
+      s.found_state = found->value;
+      const auto doc = nlohmann::json::parse(found->value, nullptr, false);
+      if (doc.is_object()) {
+        s.generation = doc.value("generation", uint64_t{0});
+        s.committed_step = doc.value("committed_step", int64_t{0});
+        s.checkpoint_step = doc.value("checkpoint_step", int64_t{0});
+        s.world = doc.value("world", int64_t{0});
+      }
+    }
+  } catch (const etcd::etcd_error& e) {
+    throw std::runtime_error(std::string("etcd: reading the job's state failed: ") + e.what());
+  }
+  if (standby && job_ended()) {
+    // Elected as the last leader resigned at the job's end: nothing to lead.
+    {
+      std::lock_guard lock(s.mutex);
+      s.stopping = true;
+    }
+    s.election->resign();
+    s.election.reset();
+    return false;
+  }
   s.leader_gauge->set(1);
   s.epoch_gauge->set(static_cast<double>(epoch));
   s.events.write(ev::to_json(ev::leader{.epoch = epoch, .id = id, .address = address}));
@@ -376,6 +481,7 @@ void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
   s.writer = std::thread([&s] { s.write_loop(); });
   std::lock_guard lock(s.mutex);
   s.mirroring = true;
+  return true;
 }
 
 void job_etcd::observe(const ev::job_event& event) {
@@ -395,6 +501,10 @@ void job_etcd::observe(const ev::job_event& event) {
                    s.committed_step = std::max(s.committed_step, e.step);
                    changed = true;
                  },
+                 [&](const ev::job_ended& e) {
+                   s.ended = e.exit_code;
+                   changed = true;
+                 },
                  [](const auto&) {},
              },
              event);
@@ -406,6 +516,7 @@ void job_etcd::observe(const ev::job_event& event) {
                  {"committed_step", s.committed_step},
                  {"checkpoint_step", s.checkpoint_step},
                  {"world", s.world}};
+    if (s.ended) s.pending["ended"] = *s.ended;
   }
   s.wake.notify_all();
 }

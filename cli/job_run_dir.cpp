@@ -135,4 +135,16 @@ run_dir_state prepare_run_dir(job_plan& job) {
   return {std::move(lock), resumed.step, std::move(skipped), open_events(job, config, resumed)};
 }
 
+run_dir_state join_run_dir(job_plan& job, const std::string& join_token) {
+  train_config& cfg = job.cfg;
+  resolve_corpus(cfg);
+  try {
+    auth::set_process_credentials(auth::load_join_token(join_token));
+  } catch (const auth::credentials_error& e) {
+    throw config_error(std::string("--join-token: ") + e.what());
+  }
+  auto events = monitoring::event_log::open(run_paths::events(cfg.run_dir).string());
+  return {std::nullopt, 0, actors::load_skipped_batches(cfg.run_dir), std::move(events)};
+}
+
 }  // namespace troupe::cli

@@ -6,6 +6,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cstdio>
+
 #include "cli/job_steps.hpp"
 #include "runtime/sys/signal_route.hpp"
 
@@ -31,13 +33,20 @@ sigset_t block_job_signals() {
 
 int run_job(const job_options& opts, bool launch_local_agent) {
   const sigset_t signals = block_job_signals();
+  if (launch_local_agent && opts.coordinators > 1)
+    return run_with_standby_coordinators(opts, signals);
   job_plan job = plan_job(opts, launch_local_agent);
+  job.standby = !opts.join_token.empty();
   check_etcd_options(job.cfg);
   job_listeners listeners(job.cfg);
-  run_dir_state run = prepare_run_dir(job);
+  run_dir_state run = job.standby ? join_run_dir(job, opts.join_token) : prepare_run_dir(job);
   job_etcd etcd(job.cfg, listeners.registry(), run.events);
   job_supervision supervision(job, listeners, run, etcd);
   const actors::job_result result = supervision.run(signals);
+  if (result.exit_code == actors::exit_code::not_leading) {  // another coordinator goes on
+    std::fprintf(stderr, "troupe coordinator: %s\n", result.message.c_str());
+    return result.exit_code;
+  }
   print_summary(job.cfg, result);
   return result.exit_code;
 }

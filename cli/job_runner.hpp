@@ -3,6 +3,8 @@
 // store and the metrics, hosts the job supervisor, optionally launches the local agent
 // (`troupe run`), handles Ctrl-C, and prints the summary.
 
+#include <signal.h>
+
 #include "cli/options.hpp"
 
 namespace troupe::cli {
@@ -10,5 +12,8 @@ namespace troupe::cli {
 /// Runs the job to its end and returns the exit code (0, 1, 2 or 130).
 /// `launch_local_agent`: true for `troupe run`, false for `troupe coordinator`.
 int run_job(const job_options& opts, bool launch_local_agent);
+
+/// `troupe run --coordinators K`: the launcher (cli/job_ha.cpp). `signals` are blocked.
+int run_with_standby_coordinators(const job_options& opts, const sigset_t& signals);
 
 }  // namespace troupe::cli

@@ -43,7 +43,10 @@ struct job_plan {
   train_config cfg;
   strategies::layout_plan layout;  ///< the planner's plan for the first generation
   std::vector<chaos::fault> faults;
-  bool launch_local_agent = false;       ///< `troupe run`; false for `troupe coordinator`
+  bool launch_local_agent = false;  ///< `troupe run`; false for `troupe coordinator`
+  /// One of several coordinators (--join-token): stands by until elected, takes the job over
+  /// from etcd's state, and exits with exit_code::not_leading when it stops without leading.
+  bool standby = false;
   std::optional<slurm_env> slurm;        ///< --slurm: the allocation the job runs in
   std::string listen_host;               ///< where the coordinator and the store listen
   uint16_t listen_port = 0;              ///< the coordinator's port; 0 = any free port
@@ -109,7 +112,9 @@ resume_choice resume_point(const train_config& cfg, const nlohmann::json& config
 
 /// The run directory as this job holds it.
 struct run_dir_state {
-  ckpt::run_lock lock;                 ///< one job per run directory, for as long as the job runs
+  /// One job per run directory, for as long as the job runs; empty for a coordinator of a run
+  /// directory another process holds (`troupe coordinator --join-token`).
+  std::optional<ckpt::run_lock> lock;
   int64_t start_step = 0;              ///< steps already committed (resume)
   std::vector<int64_t> skipped_steps;  ///< batches skipped by earlier sessions (resume)
   monitoring::event_log events;        ///< events.jsonl, its opening events written
@@ -119,6 +124,9 @@ struct run_dir_state {
 /// run aside), writes the job's credentials and config.json, chooses the checkpoint to resume
 /// from, and opens events.jsonl with the job's first events.
 run_dir_state prepare_run_dir(job_plan& job);
+/// A coordinator of a run directory that `troupe run --coordinators K` prepared and holds: the
+/// job's credentials from `join_token`, the skipped batches, events.jsonl opened to append.
+run_dir_state join_run_dir(job_plan& job, const std::string& join_token);
 
 // ---- etcd: the coordinator leads the job through an election ----------------------------
 
@@ -146,6 +154,27 @@ class job_etcd {
   /// later. Throws config_error for a TLS failure, std::runtime_error when etcd does not answer
   /// or elect this coordinator within --etcd-timeout-ms.
   void lead(const std::string& address, std::function<void()> on_lost);
+  /// A standby's campaign: like lead(), but waits for the leadership as long as it takes, until
+  /// stop_campaign(). Returns whether it leads.
+  bool stand_by(const std::string& address, std::function<void()> on_lost);
+  /// Ends a stand_by() that waits (a signal to a standby).
+  void stop_campaign();
+  /// Whether this coordinator still leads (false from its step-down deadline on, even before
+  /// the election's thread noticed); true without etcd.
+  [[nodiscard]] bool leading() const;
+  /// The epoch of this coordinator's leadership; 0 before it leads.
+  [[nodiscard]] int64_t epoch() const;
+  /// The job's state under /troupe/<job>/state as the election found it ("" when no
+  /// coordinator led the job before): what a takeover starts from.
+  [[nodiscard]] std::string found_state() const;
+  /// Whether found_state() says the job ended (its last leader wrote its exit code).
+  [[nodiscard]] bool job_ended() const;
+  /// The client URLs of etcd (for --etcd local, the job's own member's).
+  [[nodiscard]] std::string client_urls() const;
+  /// `troupe run --coordinators K`: coordinator process `pid` is dead (reaped); if it held the
+  /// job's leadership, its lease is revoked so that a standby leads at once instead of after
+  /// the lease's TTL. Errors are logged, not thrown.
+  void release_dead_leader(int pid);
   /// Drops lead()'s on_lost; once this returns it is not running and will not run. Called
   /// before what on_lost reaches (the actor system) is destroyed.
   void forget_on_lost();
@@ -155,6 +184,7 @@ class job_etcd {
   [[nodiscard]] std::string lost_reason() const;
 
  private:
+  bool campaign(const std::string& address, std::function<void()> on_lost, bool standby);
   struct state;
   std::unique_ptr<state> state_;
 };
@@ -177,6 +207,7 @@ class job_supervision {
 
  private:
   uint16_t publish();
+  actors::job_result run_standby(const sigset_t& signals, const std::string& endpoint);
   void announce_rendezvous(uint16_t port) const;
   void start_agents(const std::string& endpoint);
   actors::job_result wait_for_result();

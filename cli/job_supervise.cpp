@@ -71,8 +71,9 @@ void follow_progress(actors::job_setup& setup, progress_line& progress) {
 class signal_watcher {
  public:
   signal_watcher(const sigset_t& signals, caf::actor supervisor, const std::vector<pid_t>& agents,
-                 std::string run_dir)
-      : signals_(signals),
+                 std::string run_dir, std::function<bool()> standing_by = nullptr)
+      : standing_by_(std::move(standing_by)),
+        signals_(signals),
         supervisor_(std::move(supervisor)),
         agents_(agents),
         run_dir_(std::move(run_dir)),
@@ -92,6 +93,7 @@ class signal_watcher {
     for (int count = 1;; ++count) {
       int sig = 0;
       if (sigwait(&signals_, &sig) != 0 || done_) return;
+      if (standing_by_ && standing_by_()) continue;  // a standby just stops campaigning
       if (count == 1 && sig == SIGINT) {
         std::fprintf(stderr,
                      "\ntroupe: stopping the job at the step boundary, after any checkpoint "
@@ -113,6 +115,8 @@ class signal_watcher {
     }
   }
 
+  // True (and the campaign stopped) while this coordinator stands by.
+  const std::function<bool()> standing_by_;
   const sigset_t signals_;
   const caf::actor supervisor_;
   const std::vector<pid_t>& agents_;
@@ -145,6 +149,8 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
         };
   }
   setup.cfg = job.cfg;
+  setup.standby = job.standby;
+  if (etcd.enabled()) setup.still_leading = [&etcd] { return etcd.leading(); };
   setup.form_timeout_ms = job.cfg.elastic.join_timeout_ms;
   setup.store_host = job.listen_host;
   setup.store_port = store_.port();
@@ -167,6 +173,7 @@ actors::job_result job_supervision::run(const sigset_t& signals) {
   } forget{etcd_};
   const uint16_t port = publish();
   const std::string endpoint = job_.listen_host + ":" + std::to_string(port);
+  if (job_.standby) return run_standby(signals, endpoint);
   // Elected before any agent is started or asked for: a coordinator that does not lead must
   // not have supervised anything.
   try {
@@ -200,8 +207,46 @@ actors::job_result job_supervision::run(const sigset_t& signals) {
   return result;
 }
 
+// One of several coordinators: published at once (members and agents that ask it are told it
+// stands by), campaigns until elected, then takes the job over from etcd's state. Its agents
+// belong to the launcher: it never starts or stops them.
+actors::job_result job_supervision::run_standby(const sigset_t& signals,
+                                                const std::string& endpoint) {
+  actors::job_result result;
+  signal_watcher watcher(signals, supervisor_, agents_, job_.cfg.run_dir, [this] {
+    if (etcd_.epoch() > 0) return false;  // it leads: the job's signal
+    etcd_.stop_campaign();
+    return true;
+  });
+  bool elected = false;
+  try {
+    elected = etcd_.stand_by(endpoint, [supervisor = supervisor_] {
+      caf::anon_send_exit(supervisor, caf::exit_reason::kill);
+    });
+  } catch (...) {
+    caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+    throw;
+  }
+  if (!elected) {
+    caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+    result.exit_code = actors::exit_code::not_leading;
+    result.message =
+        etcd_.job_ended() ? "the job ended under another leader" : "stopped while standing by";
+    return result;
+  }
+  caf::anon_send(supervisor_, actors::lead_atom::value, etcd_.epoch(), etcd_.found_state());
+  result = wait_for_result();
+  if (const std::string lost = etcd_.lost_reason(); !lost.empty() && supervisor_died_) {
+    // Another coordinator takes the job over; the members look for it themselves.
+    result.exit_code = actors::exit_code::not_leading;
+    result.message = "lost leadership in etcd: " + lost + "; a standby coordinator goes on";
+  }
+  caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
+  return result;
+}
+
 // The coordinator's endpoint, published for the agents and workers and written to
-// RUN_DIR/coordinator.addr.
+// RUN_DIR/coordinator.addr (one of several coordinators: RUN_DIR/coordinators/<pid>.addr).
 uint16_t job_supervision::publish() {
   auto published = actors::publish_for_job(sys_, supervisor_, job_.listen_port, job_.listen_host,
                                            true, "coordinator");
@@ -212,8 +257,15 @@ uint16_t job_supervision::publish() {
                        "); pick another --port");
   }
   const std::string endpoint = job_.listen_host + ":" + std::to_string(*published);
-  ckpt::io::write_file_atomically(run_paths::coordinator_address(job_.cfg.run_dir),
-                                  endpoint + "\n");
+  if (job_.standby) {
+    const std::string dir = job_.cfg.run_dir + "/coordinators";
+    ckpt::io::make_dirs_durable(dir);
+    ckpt::io::write_file_atomically(dir + "/" + std::to_string(getpid()) + ".addr",
+                                    endpoint + "\n");
+  } else {
+    ckpt::io::write_file_atomically(run_paths::coordinator_address(job_.cfg.run_dir),
+                                    endpoint + "\n");
+  }
   if (const auto* metrics = listeners_.metrics())
     std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", job_.cfg.metrics_host.c_str(),
                  metrics->port());

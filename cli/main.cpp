@@ -45,7 +45,8 @@ int parse_count(const std::string& command, const std::string& flag, const std::
 // this process's credentials.
 void parse_member_args(const std::string& command, const std::vector<std::string>& args,
                        std::string& host, uint16_t& port, std::string& advertise, int* rank,
-                       int* node = nullptr, int* ranks = nullptr, bool* standby = nullptr,
+                       std::vector<troupe::actors::endpoint>& coordinators, int* node = nullptr,
+                       int* ranks = nullptr, bool* standby = nullptr,
                        troupe::cli::agent_plan* scheduled = nullptr) {
   bool have_endpoint = false;
   std::string token_path, iface_flag, advertise_flag, coordinator_text, run_dir_flag;
@@ -58,9 +59,14 @@ void parse_member_args(const std::string& command, const std::vector<std::string
     };
     if (a == "--coordinator") {
       std::string v = value();
-      if (!troupe::actors::parse_endpoint(v, host, port))
-        throw usage_error("troupe " + command + ": --coordinator must be HOST:PORT, got '" + v +
-                          "'");
+      // Several: the job's coordinators, one leading and the others standing by (takeover).
+      if (!troupe::actors::parse_endpoints(v, coordinators))
+        throw usage_error("troupe " + command +
+                          ": --coordinator must be HOST:PORT (or a comma-separated list of "
+                          "them), got '" +
+                          v + "'");
+      host = coordinators.front().host;
+      port = coordinators.front().port;
       have_endpoint = true;
       coordinator_text = v;
     } else if (a == "--run-dir" && scheduled) {
@@ -98,11 +104,16 @@ void parse_member_args(const std::string& command, const std::vector<std::string
     }
   }
   if (scheduled) {  // agents: the scheduler's environment where the options are silent
-    *scheduled = troupe::cli::plan_agent(coordinator_text, token_path, run_dir_flag,
+    // The scheduler's environment names one coordinator; a list given here is kept whole.
+    const std::string first = coordinators.empty() ? coordinator_text
+                                                   : coordinators.front().host + ":" +
+                                                         std::to_string(coordinators.front().port);
+    *scheduled = troupe::cli::plan_agent(first, token_path, run_dir_flag,
                                          troupe::cli::process_environment());
     if (scheduled->idle) return;
     host = scheduled->host;
     port = scheduled->port;
+    if (coordinators.size() <= 1) coordinators = {{host, port}};
     token_path = scheduled->token_path;
     have_endpoint = true;
   }
@@ -219,7 +230,7 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     troupe::actors::agent_args a;
     troupe::cli::agent_plan scheduled;
     parse_member_args(command, args, a.coordinator_host, a.coordinator_port, a.advertise, nullptr,
-                      nullptr, &a.ranks, nullptr, &scheduled);
+                      a.coordinators, nullptr, &a.ranks, nullptr, &scheduled);
     if (!scheduled.words.empty())
       std::fprintf(stderr, "troupe agent: %s\n",
                    troupe::sys::printable_lines(scheduled.words).c_str());
@@ -237,7 +248,7 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     troupe::actors::worker_args w;
     troupe::cli::guard_worker_signals(troupe::cli::process_environment());
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, w.advertise, &w.member,
-                      &w.node, nullptr, &w.standby);
+                      w.coordinators, &w.node, nullptr, &w.standby);
     require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start, "a worker");
     return troupe::actors::run_worker(w);
   }

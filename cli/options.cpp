@@ -140,6 +140,20 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
                           ", or give 0.0.0.0 to listen on every address");
       out.listen_host = value;
       out.host_given = true;
+    } else if (!coordinator_only && flag == "--coordinators") {
+      try {
+        size_t used = 0;
+        const int k = std::stoi(value, &used);
+        if (used != value.size() || k < 1 || k > 9) throw std::out_of_range("coordinators");
+        out.coordinators = k;
+      } catch (const std::exception&) {
+        throw usage_error("troupe run: --coordinators must be a number in 1..9, got '" + value +
+                          "'");
+      }
+    } else if (coordinator_only && flag == "--join-token") {
+      if (value.empty())
+        throw usage_error("troupe coordinator: --join-token must name the job's join token file");
+      out.join_token = value;
     } else if (listens && flag == "--port") {
       try {
         size_t used = 0;
@@ -191,6 +205,19 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     if (!world_given) out.cfg.world = out.cfg.elastic.nodes * std::max(1, job.tasks_per_node);
   }
   if (!out.help) validate(out.cfg);
+  if (!out.help && (out.coordinators > 1 || !out.join_token.empty())) {
+    const std::string what = out.coordinators > 1 ? "--coordinators" : "--join-token";
+    // A standby takes the job over through etcd; without it there is nothing to take over.
+    if (out.cfg.etcd.endpoints.empty())
+      throw usage_error("troupe " + command + ": " + what +
+                        " needs --etcd (the coordinators elect their leader there); add --etcd "
+                        "local to try it on one machine");
+    if (slurm)
+      throw usage_error("troupe " + command + ": " + what + " is not supported with --slurm yet");
+    if (out.cfg.resume)
+      throw usage_error("troupe " + command + ": " + what +
+                        " is not supported with --resume yet; resume with one coordinator");
+  }
   return out;
 }
 

@@ -28,6 +28,13 @@ struct job_options {
   /// listens on this node's address and writes RUN_DIR/rendezvous.json for the agents, and
   /// `troupe run` starts them with `srun --no-kill`, one per node.
   std::optional<slurm_env> slurm_job;
+  /// `troupe run --coordinators K` (with --etcd): K coordinator processes, one leading and the
+  /// others standing by to take the job over; this process only launches and waits.
+  int coordinators = 1;
+  /// `troupe coordinator --join-token FILE` (with --etcd): one of several coordinators of a job
+  /// whose run directory another process prepared (`troupe run --coordinators K`); it campaigns,
+  /// stands by, and leads when elected.
+  std::string join_token;
 };
 
 /// Applies `--config FILE` first, then every other option in order, then (--slurm) what the

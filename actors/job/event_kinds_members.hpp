@@ -206,6 +206,7 @@ struct fault {
   std::optional<int64_t> step;
   std::optional<int64_t> for_ms;
   std::optional<double> factor;
+  std::optional<int> commits;  ///< kill:coordinator mid-commit: the commits it sent first
   std::optional<std::string> spec;
   std::vector<int32_t> pids;
   template <class S, class F>
@@ -216,6 +217,7 @@ struct fault {
     f("step", e.step);
     f("for_ms", e.for_ms);
     f("factor", e.factor);
+    f("commits", e.commits);
     f("spec", e.spec);
     f("pids", e.pids);
   }

@@ -68,6 +68,12 @@ class generation_plan {
                                const std::optional<std::vector<int>>& rebalanced) const;
   /// Generation `generation` uses `next`: chooses the member of each rank and where its state
   /// comes from, given what the live members hold (restore_plan.hpp).
+  /// Takeover: generation `generation` of the job ran `plan` under an earlier coordinator;
+  /// members may hold state in its layout, and the next plan starts from it.
+  void take_over(uint64_t generation, const strategies::layout_plan& plan) {
+    plans_[generation] = plan;
+    plan_ = plan;
+  }
   void adopt(uint64_t generation, const strategies::layout_plan& next,
              const std::vector<member_info>& live, int64_t restore_step, int64_t checkpoint_step);
   /// Each live member's reconfigure for the generation just adopted (members are placed).

@@ -33,6 +33,9 @@ inline constexpr int checkpoint_failed = 4;  ///< trained, but a checkpoint fail
 /// step: requeue the job, and --resume continues exactly. EX_TEMPFAIL of sysexits.h; every
 /// other code means "do not requeue".
 inline constexpr int requeue = 75;
+/// One of several coordinators (--coordinators K) stopped without ending the job: it stood by,
+/// or lost its leadership; another coordinator goes on with the job.
+inline constexpr int not_leading = 76;
 inline constexpr int interrupted = 130;
 }  // namespace exit_code
 

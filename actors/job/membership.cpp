@@ -22,6 +22,15 @@ std::string protocol_mismatch(int32_t theirs) {
          std::to_string(protocol_version) + "; run the same troupe build everywhere";
 }
 
+// A process of another build, or one that asks after the job is over: `error` says so.
+bool refused(int32_t protocol, bool job_over, std::string& error) {
+  if (protocol != protocol_version)
+    error = protocol_mismatch(protocol);
+  else if (job_over)
+    error = "the job is over";
+  return !error.empty();
+}
+
 }  // namespace
 
 membership::membership(const job_params& p)
@@ -34,14 +43,7 @@ membership::membership(const job_params& p)
 void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
                              actions& out) {
   answer.generation = generation_;
-  if (h.protocol != protocol_version) {
-    answer.error = protocol_mismatch(h.protocol);
-    return;
-  }
-  if (job_over) {
-    answer.error = "the job is over";
-    return;
-  }
+  if (refused(h.protocol, job_over, answer.error)) return;
   const int node = static_cast<int>(agent_pids_.size());
   int count = h.slots;
   if (node < nodes_ && count == 0) {
@@ -65,17 +67,40 @@ void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& a
   out.push_back(emit_event{events::agent_joined{h.host, h.pid, node, answer.members}});
 }
 
+void membership::readmit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
+                               actions& out) {
+  answer.generation = generation_;
+  if (refused(h.protocol, job_over, answer.error)) return;
+  // Bounded: a node number or member id is an index here.
+  constexpr int32_t most = 1 << 16;
+  if (h.node < 0 || h.node >= most || h.members.size() != h.pids.size()) {
+    answer.error = "a rejoining agent must name its node (0.." + std::to_string(most - 1) +
+                   ") and one pid per member";
+    return;
+  }
+  for (int32_t m : h.members)
+    if (m < 0 || m >= most) {
+      answer.error = "member " + std::to_string(m) + " is not a valid member id";
+      return;
+    }
+  const auto node = static_cast<size_t>(h.node);
+  if (agent_pids_.size() <= node) agent_pids_.resize(node + 1, 0);
+  agent_pids_[node] = h.pid;
+  for (int32_t m : h.members) {
+    launched_on_.resize(std::max(launched_on_.size(), static_cast<size_t>(m) + 1), -1);
+    launched_on_[static_cast<size_t>(m)] = h.node;
+    next_member_ = std::max(next_member_, m + 1);
+  }
+  answer.node = h.node;
+  answer.max_restarts = h.restarts_left;
+  answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
+  out.push_back(emit_event{events::agent_joined{h.host, h.pid, h.node, h.members}});
+}
+
 member_info* membership::admit(const hello& h, bool forming, bool job_over, logic_time now,
                                welcome& answer, actions& out) {
   answer.generation = generation_;
-  if (h.protocol != protocol_version) {
-    answer.error = protocol_mismatch(h.protocol);
-    return nullptr;
-  }
-  if (job_over) {
-    answer.error = "the job is over";
-    return nullptr;
-  }
+  if (refused(h.protocol, job_over, answer.error)) return nullptr;
   if (h.member < 0) {
     answer.error = "member " + std::to_string(h.member) + " is not a valid member id";
     return nullptr;

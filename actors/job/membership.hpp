@@ -4,6 +4,7 @@
 // and its part in forming the next one, and the processes a fault hits. A pure state machine:
 // each method takes the time it needs as an argument and appends the actions it decides on.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -33,11 +34,17 @@ class membership {
   void open_first_generation() { generation_ = 1; }
   /// Opens the next generation: from now on every message of an older one is stale.
   void next_generation() { ++generation_; }
+  /// Takeover: the job's members already reached generation `g` under an earlier coordinator.
+  void continue_from_generation(uint64_t g) { generation_ = std::max(generation_, g); }
 
   /// An agent asks which workers to start. The first `nodes` agents share the job's first
   /// members; a later one must offer workers of its own (agent_hello::slots). Refused, with
   /// the reason in `answer.error`, when it speaks another protocol or the job is over.
   void admit_agent(const agent_hello& h, bool job_over, launch_plan& answer, actions& out);
+
+  /// Takeover: an agent that ran node `h.node` under an earlier coordinator rejoins with the
+  /// members it runs; nothing new is started (answer.members stays empty).
+  void readmit_agent(const agent_hello& h, bool job_over, launch_plan& answer, actions& out);
 
   /// A worker process asks to join. Refused (answer.error) when it speaks another protocol,
   /// the job is over, its member id is invalid or already held by a live process; otherwise

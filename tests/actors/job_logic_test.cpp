@@ -15,19 +15,15 @@
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/trainer.hpp"
+#include "tests/actors/logic_test_support.hpp"
 
 namespace troupe::actors {
 namespace {
 
 using namespace std::chrono_literals;
 
-template <class T>
-std::vector<T> all_of(const actions& a) {
-  std::vector<T> out;
-  for (const auto& x : a)
-    if (auto* p = std::get_if<T>(&x)) out.push_back(*p);
-  return out;
-}
+using test_support::all_of;
+using test_support::small_config;
 
 std::vector<std::string> event_names(const actions& a) {
   std::vector<std::string> out;
@@ -38,22 +34,6 @@ std::vector<std::string> event_names(const actions& a) {
 bool has_event(const actions& a, const std::string& name) {
   auto names = event_names(a);
   return std::find(names.begin(), names.end(), name) != names.end();
-}
-
-train_config small_config(int world) {
-  train_config cfg;
-  cfg.world = world;
-  cfg.steps = 100;
-  cfg.batch = 8;
-  cfg.micro_batch = 2;
-  cfg.checkpoint_every = 5;
-  cfg.eval_every = 0;
-  cfg.model.n_layer = 2;
-  cfg.model.n_head = 2;
-  cfg.model.d_model = 32;
-  cfg.model.context = 32;
-  cfg.step_timeout_ms = 10000;
-  return cfg;
 }
 
 strategies::layout_plan plan_for(const train_config& cfg, int world) {

@@ -92,5 +92,106 @@ TEST(HeartbeatThreadDeathTest, FencesAndEndsTheProcessWhenTheCoordinatorFallsSil
   EXPECT_LT(took, 600ms + 2 * timeout + 1500ms);
 }
 
+// Coordinator takeover: the answers a member looking for the leader gets, and what it makes of
+// them.
+TEST(LeaderSearch, AWelcomeIsJudgedByLeadershipThenEpoch) {
+  welcome w;
+  w.epoch = 4;
+  EXPECT_EQ(judge_welcome(w, 4), welcome_verdict::leader);
+  EXPECT_EQ(judge_welcome(w, 3), welcome_verdict::leader);
+  EXPECT_EQ(judge_welcome(w, 5), welcome_verdict::stale) << "a deposed leader that still answers";
+  w.error = std::string(not_leading_prefix) + "coordinator 2 stands by";
+  EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::not_leading);
+  w.error = "the job's protocol is 7, this worker speaks 6";
+  EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::refused);
+}
+
+TEST(LeaderSearch, EveryEndpointGetsItsTurn) {
+  EXPECT_EQ(endpoint_after(0, 3), 1u);
+  EXPECT_EQ(endpoint_after(1, 3), 2u);
+  EXPECT_EQ(endpoint_after(2, 3), 0u);
+  EXPECT_EQ(endpoint_after(0, 1), 0u);
+  EXPECT_EQ(endpoint_after(0, 0), 0u);
+}
+
+TEST(EpochFence, OnlyOlderEpochsAreDropped) {
+  EXPECT_FALSE(from_older_epoch(0, 0)) << "one coordinator without etcd";
+  EXPECT_FALSE(from_older_epoch(7, 7));
+  EXPECT_FALSE(from_older_epoch(8, 7));
+  EXPECT_TRUE(from_older_epoch(6, 7));
+}
+
+// Stopping a generation because its coordinator is lost is no abort: the new leader's
+// generations must not count as superseded.
+TEST(WorkerShared, AbortingTheRunningGenerationSupersedesNothing) {
+  worker_shared shared;
+  shared.abort_running("the coordinator is silent");
+  EXPECT_FALSE(shared.superseded(0));
+  EXPECT_FALSE(shared.superseded(100));
+}
+
+TEST(ControlActor, DropsTheBeatsAndAbortsOfAnOlderCoordinator) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor rank{sys};
+  auto shared = std::make_shared<worker_shared>();
+  shared->epoch_seen().store(5);
+  auto control = sys.spawn(control_actor, shared, caf::actor(rank));
+  std::this_thread::sleep_for(150ms);
+  heartbeat old_beat;
+  old_beat.epoch = 4;
+  caf::anon_send(control, old_beat);
+  abort_generation old_abort;
+  old_abort.generation = 9;
+  old_abort.epoch = 4;
+  caf::anon_send(control, old_abort);
+  bool forwarded = false;
+  rank->receive([&](const abort_generation&) { forwarded = true; }, caf::after(300ms) >> [] {});
+  EXPECT_FALSE(forwarded);
+  EXPECT_GT(shared->coordinator_silence(), 0.4) << "an old coordinator's beat is no sign of life";
+  EXPECT_FALSE(shared->superseded(8));
+  heartbeat beat;
+  beat.epoch = 5;
+  caf::anon_send(control, beat);
+  abort_generation abort;
+  abort.generation = 9;
+  abort.epoch = 6;
+  caf::anon_send(control, abort);
+  rank->receive([&](const abort_generation& a) { forwarded = a.generation == 9; },
+                caf::after(2s) >> [] {});
+  EXPECT_TRUE(forwarded);
+  EXPECT_LT(shared->coordinator_silence(), 0.3);
+  EXPECT_TRUE(shared->superseded(8));
+  caf::anon_send_exit(control, caf::exit_reason::user_shutdown);
+}
+
+// With standby coordinators the heartbeat thread does not end the process: it tells the rank
+// actor once per silence, and a retarget at the new leader restarts the silence clock.
+TEST(HeartbeatThread, WithStandbysTellsTheRankActorOncePerSilence) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor rank{sys};
+  auto coordinator = sys.spawn([]() -> caf::behavior { return {[](const heartbeat&) {}}; });
+  auto shared = std::make_shared<worker_shared>();
+  heartbeat_thread beats(coordinator, 7, shared, 20ms, 200ms, caf::actor(rank));
+  auto silences_within = [&](std::chrono::milliseconds span) {
+    int told = 0;
+    for (auto until = std::chrono::steady_clock::now() + span;
+         std::chrono::steady_clock::now() < until;)
+      rank->receive([&](silent_atom) { ++told; }, caf::after(20ms) >> [] {});
+    return told;
+  };
+  EXPECT_EQ(silences_within(700ms), 1);
+  EXPECT_TRUE(shared->rehoming().load());
+  EXPECT_FALSE(shared->fenced());
+  // The new leader took the member on: a fresh silence is counted from here.
+  beats.retarget(coordinator);
+  shared->rehoming().store(false);
+  EXPECT_LT(shared->coordinator_silence(), 0.1);
+  EXPECT_EQ(silences_within(100ms), 0);
+  EXPECT_EQ(silences_within(600ms), 1);
+  caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+}
+
 }  // namespace
 }  // namespace troupe::actors

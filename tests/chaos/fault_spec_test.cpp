@@ -54,6 +54,10 @@ TEST(FaultSpecTest, KillsANodeOrTheCoordinator) {
   EXPECT_EQ(c.target, fault_target::coordinator);
   EXPECT_EQ(c.id, -1);
   EXPECT_EQ(c.step, 15);
+  EXPECT_EQ(c.commits, -1);
+  const auto mid = one("kill:coordinator:step=15:commits=2");
+  EXPECT_EQ(mid.target, fault_target::coordinator);
+  EXPECT_EQ(mid.commits, 2);
 }
 
 TEST(FaultSpecTest, StopsARankForADuration) {
@@ -129,7 +133,7 @@ TEST(FaultSpecTest, MessagesNameTheSpecTheFieldAndWhatIsAllowed) {
             "got 0");
   EXPECT_EQ(refusal("kill:rank=1:step=2:color=red"),
             "--fault 'kill:rank=1:step=2:color=red': unknown field 'color' (kill takes rank, "
-            "node, coordinator, step)");
+            "node, coordinator, step, commits)");
   EXPECT_EQ(refusal("explode:rank=1:step=2"),
             "--fault 'explode:rank=1:step=2': unknown kind 'explode' (kill, stop, slow, diverge "
             "or random)");
@@ -151,6 +155,9 @@ TEST(FaultSpecTest, RefusesEveryMalformedSpec) {
       {"kill:rank=1:node=0:step=2", "name one target"},
       {"kill:rank=1:coordinator:step=2", "name one target"},
       {"kill:coordinator=1:step=2", "coordinator takes no value"},
+      {"kill:rank=1:step=2:commits=1", "commits= is for kill:coordinator only"},
+      {"kill:coordinator:step=2:commits=9", "commits 9 is outside 0..4"},
+      {"kill:coordinator:step=2:commits=x", "commits must be a whole number"},
       {"kill:rank:step=2", "expected key=value, got 'rank'"},
       {"kill:rank=-1:step=2", "rank -1 is outside the world of 4"},
       {"kill:rank=4:step=2", "rank 4 is outside the world of 4"},

@@ -220,7 +220,15 @@ std::vector<golden> table() {
         {"zero", 1}}},
       {replacement_wait{2, 1, 2000},
        {{"event", "replacement_wait"}, {"generation", 2}, {"workers", 1}, {"wait_ms", 2000}}},
-      {fault{"stop", "rank", 1, 8, 500, std::nullopt, "stop:rank=1:step=8:for=500ms", {4242}},
+      {fault{"stop",
+             "rank",
+             1,
+             8,
+             500,
+             std::nullopt,
+             std::nullopt,
+             "stop:rank=1:step=8:for=500ms",
+             {4242}},
        {{"event", "fault"},
         {"what", "stop"},
         {"target", "rank"},
@@ -230,6 +238,7 @@ std::vector<golden> table() {
         {"spec", "stop:rank=1:step=8:for=500ms"},
         {"pids", {4242}}}},
       {fault{"continue",
+             std::nullopt,
              std::nullopt,
              std::nullopt,
              std::nullopt,
@@ -363,9 +372,10 @@ TEST(events, an_unknown_kind_reads_back_as_its_object) {
 // exactly what chaos wrote.
 TEST(events, a_fault_reads_every_field_chaos_writes) {
   const chaos::fault_bounds bounds{4, 2, 100};
-  for (const char* spec : {"kill:rank=1:step=8", "kill:node=1:step=9", "kill:coordinator:step=10",
-                           "stop:rank=2:step=5:for=500ms", "stop:rank=2:step=6",
-                           "slow:rank=3:factor=2.5:from=7", "diverge:step=11:rank=1"}) {
+  for (const char* spec :
+       {"kill:rank=1:step=8", "kill:node=1:step=9", "kill:coordinator:step=10",
+        "kill:coordinator:step=10:commits=1", "stop:rank=2:step=5:for=500ms", "stop:rank=2:step=6",
+        "slow:rank=3:factor=2.5:from=7", "diverge:step=11:rank=1"}) {
     for (const chaos::fault& f : chaos::parse_fault(spec, bounds)) {
       json written = chaos::to_json(f);
       written["pids"] = {4242};

@@ -1,0 +1,233 @@
+// `troupe run --coordinators K --etcd ...`: the launcher of a job whose coordinator is no single
+// point of failure. It prepares the run directory and (for --etcd local) the job's etcd, starts
+// K `troupe coordinator --join-token` processes (one is elected and leads, the others stand by
+// to take the job over) and one agent per node that knows every coordinator, then waits. Its
+// exit code is the job's: the code of the coordinator that ended the job.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/child_process.hpp"
+#include "actors/job/job_actions.hpp"
+#include "cli/job_runner.hpp"
+#include "cli/job_steps.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/auth/credentials.hpp"
+#include "runtime/sys/run_paths.hpp"
+
+namespace troupe::cli {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::steady_clock;
+
+const monitoring::log_context launcher_ctx{"launcher", -1, 0, -1};
+
+std::string words_of(const actors::exit_status& e) {
+  return e.signal ? "killed by signal " + std::to_string(e.signal)
+                  : "exit code " + std::to_string(e.exit_code);
+}
+
+// The address coordinator `pid` published, once it has (RUN_DIR/coordinators/<pid>.addr).
+std::string published_address(const std::string& run_dir, pid_t pid) {
+  std::ifstream in(run_dir + "/coordinators/" + std::to_string(pid) + ".addr");
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+class launcher {
+ public:
+  launcher(const job_options& opts, const sigset_t& signals)
+      : signals_(signals),
+        job_(plan_job(opts, true)),
+        checked_((check_etcd_options(job_.cfg), true)),
+        run_(prepare_run_dir(job_)),
+        etcd_(job_.cfg, registry_, run_.events),
+        count_(opts.coordinators) {}
+
+  int run() {
+    start_coordinators();
+    const std::string list = wait_for_addresses();
+    start_agents(list);
+    return supervise();
+  }
+
+ private:
+  std::vector<std::string> coordinator_command(int index) const {
+    const auto& cfg = job_.cfg;
+    const int metrics = cfg.metrics_port == 0 ? 0 : cfg.metrics_port + index;
+    return {actors::self_executable(),
+            "coordinator",
+            "--config",
+            run_paths::config(cfg.run_dir).string(),
+            "--etcd",
+            etcd_.client_urls(),
+            "--join-token",
+            auth::process_credentials().token_path,
+            "--host",
+            job_.listen_host,
+            "--port",
+            "0",
+            "--metrics-port",
+            std::to_string(metrics)};
+  }
+
+  void start_coordinators() {
+    for (int i = 0; i < count_; ++i) {
+      const pid_t pid = actors::spawn_child(coordinator_command(i), true, SIGTERM);
+      coordinators_[pid] = true;
+    }
+    std::fprintf(stderr, "troupe: started %d coordinators (one leads through etcd %s)\n", count_,
+                 etcd_.client_urls().c_str());
+  }
+
+  // Every coordinator publishes before it campaigns; the agents get all their addresses.
+  std::string wait_for_addresses() {
+    const auto deadline = steady_clock::now() + milliseconds(job_.cfg.etcd.timeout_ms);
+    std::map<pid_t, std::string> found;
+    while (found.size() < coordinators_.size()) {
+      for (const auto& [pid, live] : coordinators_) {
+        if (found.contains(pid)) continue;
+        if (auto ended = actors::try_reap(pid)) {
+          stop_all();
+          throw std::runtime_error("coordinator " + std::to_string(pid) +
+                                   " ended before it listened (" + words_of(*ended) +
+                                   "); see its output above");
+        }
+        if (auto address = published_address(job_.cfg.run_dir, pid); !address.empty())
+          found[pid] = address;
+      }
+      if (steady_clock::now() > deadline) {
+        stop_all();
+        throw std::runtime_error("the coordinators did not all listen within --etcd-timeout-ms (" +
+                                 std::to_string(job_.cfg.etcd.timeout_ms) + " ms)");
+      }
+      std::this_thread::sleep_for(milliseconds(20));  // pacing of a poll with a deadline
+    }
+    std::string list;
+    for (const auto& [pid, address] : found) list += (list.empty() ? "" : ",") + address;
+    return list;
+  }
+
+  void start_agents(const std::string& list) {
+    const auto& token = auth::process_credentials().token_path;
+    for (int n = 0; n < job_.cfg.elastic.nodes; ++n)
+      agents_.push_back(actors::spawn_child(
+          {actors::self_executable(), "agent", "--coordinator", list, "--join-token", token}, true,
+          SIGTERM));
+  }
+
+  int live_coordinators() const {
+    int live = 0;
+    for (const auto& [pid, alive] : coordinators_) live += alive ? 1 : 0;
+    return live;
+  }
+
+  // Signals are the job's: each live coordinator gets them (the leader acts, standbys stop).
+  void forward_signals() {
+    timespec none{0, 0};
+    for (;;) {
+      const int sig = sigtimedwait(&signals_, nullptr, &none);
+      if (sig <= 0) return;
+      for (const auto& [pid, alive] : coordinators_)
+        if (alive) kill(pid, sig);
+    }
+  }
+
+  int supervise() {
+    for (;;) {
+      forward_signals();
+      for (auto& [pid, alive] : coordinators_) {
+        if (!alive) continue;
+        const auto ended = actors::try_reap(pid);
+        if (!ended) continue;
+        alive = false;
+        const bool job_over =
+            ended->signal == 0 && ended->exit_code != actors::exit_code::not_leading;
+        if (job_over) return finish(ended->exit_code);
+        if (ended->signal != 0) etcd_.release_dead_leader(pid);
+        monitoring::log(monitoring::level::warn, launcher_ctx,
+                        "coordinator " + std::to_string(pid) + " ended (" + words_of(*ended) +
+                            "); " + std::to_string(live_coordinators()) + " coordinators left");
+        if (live_coordinators() == 0) {
+          monitoring::log(monitoring::level::error, launcher_ctx,
+                          "every coordinator of the job is gone; the job ends (--resume "
+                          "continues from the last committed checkpoint)");
+          stop_all();
+          return actors::exit_code::failed;
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(20));  // pacing of the reaping poll
+    }
+  }
+
+  // The job ended under its leader, which told the agents to stop: the standbys go, the agents
+  // are given the time their own grace periods need.
+  int finish(int code) {
+    for (const auto& [pid, alive] : coordinators_)
+      if (alive) kill(pid, SIGTERM);
+    for (pid_t agent : agents_)
+      if (!actors::wait_for_exit(agent, std::chrono::seconds(20))) {
+        monitoring::log(monitoring::level::warn, launcher_ctx,
+                        "an agent did not exit in time; killing it");
+        kill(-agent, SIGKILL);
+        actors::wait_for_exit(agent, std::chrono::seconds(10));
+      }
+    for (auto& [pid, alive] : coordinators_)
+      if (alive && !actors::wait_for_exit(pid, std::chrono::seconds(10))) {
+        kill(-pid, SIGKILL);
+        actors::wait_for_exit(pid, std::chrono::seconds(5));
+      }
+    return code;
+  }
+
+  void stop_all() {
+    for (pid_t agent : agents_) kill(-agent, SIGTERM);
+    for (const auto& [pid, alive] : coordinators_)
+      if (alive) kill(-pid, SIGTERM);
+    for (pid_t agent : agents_)
+      if (!actors::wait_for_exit(agent, std::chrono::seconds(10))) {
+        kill(-agent, SIGKILL);
+        actors::wait_for_exit(agent, std::chrono::seconds(5));
+      }
+    for (auto& [pid, alive] : coordinators_) {
+      if (!alive) continue;
+      if (!actors::wait_for_exit(pid, std::chrono::seconds(10))) {
+        kill(-pid, SIGKILL);
+        actors::wait_for_exit(pid, std::chrono::seconds(5));
+      }
+      alive = false;
+    }
+  }
+
+  sigset_t signals_;
+  job_plan job_;
+  bool checked_;
+  run_dir_state run_;
+  monitoring::metrics_registry registry_;  // the launcher exports nothing; job_etcd wants one
+  job_etcd etcd_;
+  int count_;
+  std::map<pid_t, bool> coordinators_;  // pid -> still running
+  std::vector<pid_t> agents_;
+};
+
+}  // namespace
+
+int run_with_standby_coordinators(const job_options& opts, const sigset_t& signals) {
+  launcher l(opts, signals);
+  return l.run();
+}
+
+}  // namespace troupe::cli
