@@ -410,6 +410,14 @@ actions job_logic::on_eval_done(const eval_done& e, logic_time now) {
   return out;
 }
 
+actions job_logic::on_abandon(const std::string& why, logic_time now) {
+  actions out;
+  if (ended_) return out;
+  latest_ = std::max(latest_, now);
+  finish(exit_code::failed, why, out);
+  return out;
+}
+
 actions job_logic::on_shutdown(logic_time now) {
   actions out;
   if (ended_) return out;

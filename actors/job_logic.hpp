@@ -101,6 +101,9 @@ class job_logic {
   /// exit_code::requeue. Outside training (forming, recovering) it ends at once, and --resume
   /// continues from the last committed checkpoint. A job already stopping keeps its exit code.
   actions on_preempt(logic_time now);
+  /// The coordinator cannot go on (etcd gone for longer than --etcd-timeout-ms): the job ends
+  /// with exit 1 and `why`; members are stopped, committed checkpoints stay.
+  actions on_abandon(const std::string& why, logic_time now);
 
   /// The processes an injected fault hits now (see membership::fault_victims).
   std::vector<int32_t> fault_victims(const chaos::fault& f) const;

@@ -99,7 +99,8 @@ actions job_logic::on_tick(logic_time now) {
     const auto gap = now - *last_tick_;
     stall_ = std::chrono::duration_cast<std::chrono::milliseconds>(gap);
     members_.restart_heartbeat_clocks(now);
-    if (state_ == job_state::recovering) deadline_ += gap;  // reports wait unread too
+    // Reports and votes waited unread too: the deadline of what was awaited moves on.
+    if (state_ == job_state::recovering || state_ == job_state::training) deadline_ += gap;
   }
   last_tick_ = now;
   const auto& cfg = params_.cfg;

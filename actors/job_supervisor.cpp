@@ -66,6 +66,11 @@ struct supervisor_state {
   int mid_commit_sent = 0;
   bool dying = false;
   bool takeover_faults_passed = false;
+  // Paused (see pause()): since when, and the lost connections to decide on when it leads again.
+  bool paused = false;
+  logic_time paused_at{};
+  std::vector<caf::down_msg> paused_downs;
+  bool giving_up = false;  // the job ends for etcd's loss: its last actions go out regardless
   static inline const char* name = "job_supervisor";
 };
 
@@ -243,7 +248,7 @@ bool dies_mid_commit(self_ptr self, int64_t step) {
 void run(self_ptr self, actions todo) {
   auto& st = self->state;
   if (st.dying) return;
-  if (st.setup.still_leading && !st.setup.still_leading()) {
+  if (!st.giving_up && st.setup.still_leading && !st.setup.still_leading()) {
     if (!todo.empty())
       monitoring::log(monitoring::level::warn, ctx(self),
                       "no longer leading (the leadership's lease ran out): carried out none of " +
@@ -364,6 +369,9 @@ int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
 }
 
 caf::behavior leading(self_ptr self);
+caf::behavior leading_behavior(self_ptr self);
+void on_down(self_ptr self, const caf::down_msg& dm);
+void resume(self_ptr self, int64_t epoch, const std::string& give_up);
 
 // A standby's answer to whoever asks to join: not here.
 std::string standing_by() {
@@ -401,6 +409,8 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       // What a standby's process is told by its signals concerns the job's leader.
       [=](shutdown_atom) {},
       [=](preempt_atom) {},
+      [=](pause_atom) {},
+      [=](pause_atom, const std::string&) {},
       // A member's beat to a coordinator it took for the leader.
       [=](const heartbeat&) {},
       [=](lead_atom, int64_t epoch, const std::string& state_json) {
@@ -485,8 +495,18 @@ caf::behavior leading(self_ptr self) {
   }
   self->send(self, tick_atom::value);
 
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& s = self->state;
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
+
+  return leading_behavior(self);
+}
+
+void on_down(self_ptr self, const caf::down_msg& dm) {
+  auto& s = self->state;
+  if (s.paused) {  // decided on once this coordinator leads again
+    s.paused_downs.push_back(dm);
+    return;
+  }
+  {
     for (size_t node = 0; node < s.agents.size(); ++node) {
       auto& a = s.agents[node];
       if (a && dm.source == a.address()) {
@@ -501,8 +521,69 @@ caf::behavior leading(self_ptr self) {
     run(self, s.logic->on_member_lost(
                   member, loss_cause::connection,
                   "its connection closed (" + self->system().render(dm.reason) + ")", now(self)));
-  });
+  }
+}
 
+// The members and agents watch for the coordinator's heartbeat as it watches theirs.
+void send_beats(self_ptr self) {
+  auto& s = self->state;
+  heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
+  beat.epoch = s.setup.epoch;
+  for (const auto& m : s.logic->members())
+    if (m.live)
+      if (auto it = s.members.find(m.id); it != s.members.end())
+        self->send(it->second.control, beat);
+  for (auto& a : s.agents)
+    if (a) self->send(a, beat);
+}
+
+// Paused: the leadership's lease lapsed (etcd unreachable, or this process stalled past it). It
+// decides nothing, so every message waits in the mailbox, and it keeps beating so that members
+// wait for it; it goes on when it leads again and gives up, ending the job, when told so.
+void pause(self_ptr self) {
+  auto& s = self->state;
+  if (s.paused) return;
+  s.paused = true;
+  s.paused_at = now(self);
+  monitoring::log(monitoring::level::warn, ctx(self),
+                  "no longer leads (its lease in etcd lapsed): deciding nothing until elected "
+                  "again; the members wait");
+  self->set_default_handler(caf::skip);
+  self->become(
+      caf::keep_behavior,
+      [=](tick_atom) {
+        send_beats(self);
+        self->delayed_send(self, self->state.setup.tick, tick_atom::value);
+      },
+      [=](lead_atom, int64_t epoch, const std::string&) { resume(self, epoch, ""); },
+      [=](pause_atom) {}, [=](pause_atom, const std::string& why) { resume(self, 0, why); });
+}
+
+// Leads again under `epoch`, or (a reason given) ends the job with it, paused or not.
+void resume(self_ptr self, int64_t epoch, const std::string& give_up) {
+  auto& s = self->state;
+  const bool was_paused = std::exchange(s.paused, false);
+  if (was_paused) {
+    self->set_default_handler(caf::print_and_drop);
+    self->unbecome();
+  }
+  if (!give_up.empty()) {
+    s.giving_up = true;
+    run(self, s.logic->on_abandon(give_up, now(self)));
+    for (const auto& dm : std::exchange(s.paused_downs, {})) on_down(self, dm);
+    return;
+  }
+  if (!was_paused) return;
+  const auto paused_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now(self) - s.paused_at).count();
+  s.setup.epoch = epoch;
+  monitoring::log(monitoring::level::warn, ctx(self),
+                  "leads again under epoch " + std::to_string(epoch) + " after a pause of " +
+                      std::to_string(paused_ms) + " ms");
+  for (const auto& dm : std::exchange(s.paused_downs, {})) on_down(self, dm);
+}
+
+caf::behavior leading_behavior(self_ptr self) {
   return {
       [=](const agent_hello& h) -> launch_plan {
         auto& s = self->state;
@@ -596,10 +677,17 @@ caf::behavior leading(self_ptr self) {
         on_committed(self, step, path, error);
       },
       [=](ckpt_gc_atom, const gc_event& gc) { emit(self, gc.event); },
+      [=](lead_atom, int64_t epoch, const std::string&) {
+        // Re-elected without a pause seen here: the new epoch from now on.
+        self->state.setup.epoch = epoch;
+      },
+      [=](pause_atom) { pause(self); },
+      [=](pause_atom, const std::string& why) { resume(self, 0, why); },
       [=](tick_atom) {
         auto& s = self->state;
         if (s.setup.still_leading && !s.setup.still_leading()) {
-          // Deposed: no beat either, so members look for the new leader.
+          // The lease lapsed (this process may just have woken from a stall): decide nothing.
+          pause(self);
           self->delayed_send(self, s.setup.tick, tick_atom::value);
           return;
         }
@@ -611,15 +699,7 @@ caf::behavior leading(self_ptr self) {
                               "stalled); every member's heartbeat clock starts again instead of "
                               "the members being declared hung");
         update_gauges(self);
-        // The members and agents watch for the coordinator's heartbeat as it watches theirs.
-        heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
-        beat.epoch = s.setup.epoch;
-        for (const auto& m : s.logic->members())
-          if (m.live)
-            if (auto it = s.members.find(m.id); it != s.members.end())
-              self->send(it->second.control, beat);
-        for (auto& a : s.agents)
-          if (a) self->send(a, beat);
+        send_beats(self);
         if (!s.result_sent) self->delayed_send(self, s.setup.tick, tick_atom::value);
       },
   };

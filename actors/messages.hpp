@@ -38,6 +38,9 @@ using resume_atom = caf::atom_constant<caf::atom("resume")>;  // SIGCONT a stopp
 // it leads now; a worker's heartbeat thread tells its step loop the coordinator went silent.
 using lead_atom = caf::atom_constant<caf::atom("lead")>;
 using silent_atom = caf::atom_constant<caf::atom("silent")>;
+// The leader's lease lapsed (etcd unreachable, quorum lost): the supervisor decides nothing until
+// it leads again (lead_atom) or gives up (pause_atom with the reason: the job ends).
+using pause_atom = caf::atom_constant<caf::atom("pause")>;
 
 /// CAF 0.17 packs doubles with its own IEEE 754 code (caf/detail/ieee_754.hpp): a NaN arrives
 /// as an arbitrary number (often a negative one) and an infinity never leaves, the packing

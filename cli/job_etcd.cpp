@@ -123,6 +123,21 @@ struct job_etcd::state {
   // Held while on_lost runs, so that forget_on_lost() returns only once it cannot run again.
   std::mutex callback_mutex;
   std::function<void()> on_lost;
+  // While its lease has lapsed the leader pauses (see pause_watch): these reach the supervisor.
+  std::function<void()> on_pause;
+  std::function<void(int64_t)> on_resume;
+  std::function<void(const std::string&)> on_give_up;
+  bool paused = false;
+  steady_clock::time_point paused_since{};
+  std::string pause_reason;
+  int64_t reelected_epoch = 0;  // the election won again while paused
+  int64_t led_epoch = 0;        // the epoch this coordinator last led under
+  // Whether the job's state in etcd was last written under `epoch` and the job still runs: a
+  // coordinator elected again after a pause resumes only then (no other leader came between).
+  bool state_is_ours(int64_t epoch);
+  std::string id, address;
+  std::thread pause_watcher;
+  void pause_watch();
 
   // The mirror: the newest state to write, handed from the supervisor's thread to the writer.
   nlohmann::json pending;  // null: nothing to write
@@ -143,6 +158,7 @@ struct job_etcd::state {
     }
     wake.notify_all();
     if (writer.joinable()) writer.join();
+    if (pause_watcher.joinable()) pause_watcher.join();
     election.reset();
     client.reset();
     stop_local();
@@ -295,6 +311,7 @@ job_etcd::~job_etcd() {
   }
   s.wake.notify_all();
   if (s.writer.joinable()) s.writer.join();  // the last state goes out before stepping down
+  if (s.pause_watcher.joinable()) s.pause_watcher.join();
   if (s.election) {
     try {
       s.election->resign();
@@ -388,9 +405,10 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
   options.id = host_name() + ":" + std::to_string(getpid());
   options.address = address;
   options.ttl = leader_ttl;
-  options.on_elected = [&s](std::int64_t) {
+  options.on_elected = [&s](std::int64_t epoch) {
     {
       std::lock_guard lock(s.mutex);
+      if (s.elected) s.reelected_epoch = epoch;  // won back while paused
       s.elected = true;
     }
     s.wake.notify_all();
@@ -398,14 +416,24 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
   options.on_lost = [&s](const std::string& reason) {
     {
       std::lock_guard lock(s.mutex);
-      if (s.stopping || !s.elected) return;
-      s.lost = reason;
+      if (s.stopping || !s.elected || s.paused) return;
+      s.paused = true;
+      s.paused_since = steady_clock::now();
+      s.pause_reason = reason;
+      s.reelected_epoch = 0;
     }
     s.leader_gauge->set(0);
     monitoring::log(monitoring::level::error, etcd_ctx,
-                    "etcd: this coordinator lost leadership of job " + s.job + ": " + reason);
-    std::lock_guard lock(s.callback_mutex);
-    if (s.on_lost) s.on_lost();
+                    "etcd: this coordinator's leadership of job " + s.job + " lapsed: " + reason +
+                        "; training pauses (nothing is committed without a leader) until it leads "
+                        "again, another coordinator leads (then this one exits), or etcd stays "
+                        "out of reach for --etcd-timeout-ms (" +
+                        std::to_string(s.cfg.etcd.timeout_ms) + " ms; then the job ends, exit 1)");
+    {
+      std::lock_guard lock(s.callback_mutex);
+      if (s.on_pause) s.on_pause();
+    }
+    s.wake.notify_all();
   };
   const std::string id = options.id;
   s.election = std::make_unique<etcd::leader_election>(*s.client, std::move(options));
@@ -466,6 +494,20 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     s.election.reset();
     return false;
   }
+  {
+    // Every leadership marks the state with its epoch at once, so that a leader that paused
+    // and wins again can tell whether another led in between (state_is_ours).
+    nlohmann::json marked = nlohmann::json::parse(s.found_state, nullptr, false);
+    if (!marked.is_object()) marked = nlohmann::json::object();
+    marked["epoch"] = epoch;
+    try {
+      s.fenced_put("/troupe/" + s.job + "/state", marked.dump());
+    } catch (const etcd::etcd_error& e) {
+      throw std::runtime_error(std::string("etcd: writing the job's state failed: ") + e.what());
+    }
+    std::lock_guard lock(s.mutex);
+    s.led_epoch = epoch;
+  }
   s.leader_gauge->set(1);
   s.epoch_gauge->set(static_cast<double>(epoch));
   s.events.write(ev::to_json(ev::leader{.epoch = epoch, .id = id, .address = address}));
@@ -479,9 +521,126 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     throw std::runtime_error(std::string("etcd: writing the job's config failed: ") + e.what());
   }
   s.writer = std::thread([&s] { s.write_loop(); });
+  s.id = id;
+  s.address = address;
+  s.pause_watcher = std::thread([&s] { s.pause_watch(); });
   std::lock_guard lock(s.mutex);
   s.mirroring = true;
   return true;
+}
+
+bool job_etcd::state::state_is_ours(int64_t epoch) {
+  try {
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(std::min(cfg.etcd.timeout_ms, 5000));
+    const auto kv = client->get("/troupe/" + job + "/state", call);
+    if (!kv) return false;
+    const auto doc = nlohmann::json::parse(kv->value, nullptr, false);
+    if (!doc.is_object() || doc.contains("ended")) return false;
+    if (doc.value("epoch", int64_t{0}) != epoch) return false;
+    // Marked with the new epoch, as every leadership does.
+    nlohmann::json marked = doc;
+    marked["epoch"] = election->epoch();
+    return fenced_put("/troupe/" + job + "/state", marked.dump());
+  } catch (const std::exception&) {
+    return false;  // not known: stepping aside is the safe answer
+  }
+}
+
+void job_etcd::on_pause(std::function<void()> pause, std::function<void(int64_t)> resume,
+                        std::function<void(const std::string&)> give_up) {
+  if (!state_) return;
+  std::lock_guard lock(state_->callback_mutex);
+  state_->on_pause = std::move(pause);
+  state_->on_resume = std::move(resume);
+  state_->on_give_up = std::move(give_up);
+}
+
+// While paused: leading again resumes the job under the new epoch; another coordinator leading
+// deposes this one (on_lost: its process ends, the members go to the new leader); etcd out of
+// reach for longer than --etcd-timeout-ms ends the job.
+void job_etcd::state::pause_watch() {
+  auto last_look = steady_clock::time_point{};
+  std::unique_lock lock(mutex);
+  while (!stopping) {
+    wake.wait_for(lock, milliseconds(200));
+    if (stopping || !paused) continue;
+    if (reelected_epoch > 0) {
+      const int64_t epoch = std::exchange(reelected_epoch, 0);
+      const int64_t before = led_epoch;
+      lock.unlock();
+      const bool ours = state_is_ours(before);
+      lock.lock();
+      if (!ours) {
+        lost = "another coordinator led the job while this one was paused";
+        const std::string why = lost;
+        lock.unlock();
+        monitoring::log(monitoring::level::warn, etcd_ctx,
+                        "etcd: " + why + "; this one steps aside");
+        try {
+          election->resign();
+        } catch (const std::exception&) {
+        }
+        std::lock_guard cb(callback_mutex);
+        if (on_lost) on_lost();
+        return;
+      }
+      led_epoch = epoch;
+      const auto paused_ms =
+          std::chrono::duration_cast<milliseconds>(steady_clock::now() - paused_since).count();
+      paused = false;
+      lock.unlock();
+      leader_gauge->set(1);
+      epoch_gauge->set(static_cast<double>(epoch));
+      events.write(ev::to_json(ev::leader{.epoch = epoch, .id = id, .address = address}));
+      monitoring::log(monitoring::level::warn, etcd_ctx,
+                      "etcd: leading job " + job + " again (epoch " + std::to_string(epoch) +
+                          ") after " + std::to_string(paused_ms) + " ms; training goes on");
+      {
+        std::lock_guard cb(callback_mutex);
+        if (on_resume) on_resume(epoch);
+      }
+      lock.lock();
+      continue;
+    }
+    const auto now = steady_clock::now();
+    if (now - paused_since > milliseconds(cfg.etcd.timeout_ms)) {
+      lost = "etcd " + endpoints_words + " gave this coordinator no leadership for " +
+             std::to_string(cfg.etcd.timeout_ms) + " ms (--etcd-timeout-ms; " + pause_reason +
+             "); check that a quorum of etcd's members runs and is reachable, then --resume";
+      const std::string why = lost;
+      lock.unlock();
+      monitoring::log(monitoring::level::error, etcd_ctx, why);
+      {
+        std::lock_guard cb(callback_mutex);
+        if (on_give_up) on_give_up(why);
+      }
+      return;
+    }
+    if (now - last_look < std::chrono::seconds(1)) continue;
+    last_look = now;
+    lock.unlock();
+    std::optional<etcd::leader_info> other;
+    try {
+      etcd::call_options call;
+      call.deadline = steady_clock::now() + milliseconds(1000);
+      other = election->leader(call);
+    } catch (const std::exception&) {  // etcd still out of reach
+    }
+    if (other && other->id != id) {
+      {
+        std::lock_guard relock(mutex);
+        lost = "coordinator " + other->id + " (at " + other->address +
+               ") leads the job under epoch " + std::to_string(other->epoch);
+      }
+      monitoring::log(monitoring::level::warn, etcd_ctx,
+                      "etcd: " + lost + "; this one steps aside");
+      std::lock_guard cb(callback_mutex);
+      if (on_lost) on_lost();
+      return;
+    }
+    lock.lock();
+  }
 }
 
 void job_etcd::observe(const ev::job_event& event) {
@@ -517,6 +676,7 @@ void job_etcd::observe(const ev::job_event& event) {
                  {"checkpoint_step", s.checkpoint_step},
                  {"world", s.world}};
     if (s.ended) s.pending["ended"] = *s.ended;
+    s.pending["epoch"] = s.led_epoch;
   }
   s.wake.notify_all();
 }
@@ -525,6 +685,9 @@ void job_etcd::forget_on_lost() {
   if (!state_) return;
   std::lock_guard lock(state_->callback_mutex);
   state_->on_lost = nullptr;
+  state_->on_pause = nullptr;
+  state_->on_resume = nullptr;
+  state_->on_give_up = nullptr;
 }
 
 std::string job_etcd::lost_reason() const {

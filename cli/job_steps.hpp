@@ -178,6 +178,12 @@ class job_etcd {
   /// Drops lead()'s on_lost; once this returns it is not running and will not run. Called
   /// before what on_lost reaches (the actor system) is destroyed.
   void forget_on_lost();
+  /// While leading: what the supervisor is told when the leadership's lease lapses (pause),
+  /// when it leads again (resume, with the new epoch), and when etcd stayed out of reach for
+  /// --etcd-timeout-ms (give_up, with the words: the job ends). Another coordinator leading
+  /// meanwhile is lead()'s on_lost.
+  void on_pause(std::function<void()> pause, std::function<void(int64_t)> resume,
+                std::function<void(const std::string&)> give_up);
   /// Follows the job's events (on the supervisor's thread; never waits for etcd).
   void observe(const actors::events::job_event& event);
   /// Why leadership was lost; empty while it holds (or without etcd).

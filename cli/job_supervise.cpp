@@ -173,6 +173,15 @@ actors::job_result job_supervision::run(const sigset_t& signals) {
   } forget{etcd_};
   const uint16_t port = publish();
   const std::string endpoint = job_.listen_host + ":" + std::to_string(port);
+  // A lapsed lease pauses the supervisor; it goes on when it leads again, or ends the job.
+  etcd_.on_pause(
+      [supervisor = supervisor_] { caf::anon_send(supervisor, actors::pause_atom::value); },
+      [supervisor = supervisor_](int64_t epoch) {
+        caf::anon_send(supervisor, actors::lead_atom::value, epoch, std::string());
+      },
+      [supervisor = supervisor_](const std::string& why) {
+        caf::anon_send(supervisor, actors::pause_atom::value, why);
+      });
   if (job_.standby) return run_standby(signals, endpoint);
   // Elected before any agent is started or asked for: a coordinator that does not lead must
   // not have supervised anything.
@@ -214,7 +223,8 @@ actors::job_result job_supervision::run_standby(const sigset_t& signals,
                                                 const std::string& endpoint) {
   actors::job_result result;
   signal_watcher watcher(signals, supervisor_, agents_, job_.cfg.run_dir, [this] {
-    if (etcd_.epoch() > 0) return false;  // it leads: the job's signal
+    // It leads: the job's signal. A paused leader steps aside (or resumes) on its own.
+    if (etcd_.epoch() > 0 && etcd_.leading()) return false;
     etcd_.stop_campaign();
     return true;
   });

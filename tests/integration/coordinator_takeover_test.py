@@ -134,7 +134,10 @@ def killed(tmp, ref_dir, reference, name, fault):
 def stopped(tmp, ref_dir, reference):
     name = "leader stopped for 3 leases"
     rec_dir = os.path.join(tmp, "stopped")
-    with Job(BASE + HA, run_dir=rec_dir) as job:
+    # Both ranks computing 30 times slower (the same arithmetic) keeps the job running while
+    # the leader is stopped; no rank is slower than the other, so no straggler either.
+    slow = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
+    with Job(BASE + HA + slow, run_dir=rec_dir) as job:
         def leaders():
             if job.proc.poll() is not None:
                 fail(f"{name}: the job ended early:\n{job.output()}")

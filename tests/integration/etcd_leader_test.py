@@ -154,24 +154,53 @@ def check_mirror(etcd, job, events):
 
 
 def lost_leadership(etcd):
-    """A leader whose key is deleted under it stops the job: exit 1 naming etcd, nothing left."""
+    """A leader whose key is deleted under it pauses and, leading again under a new epoch, goes
+    on; a leader that cannot reach etcd for --etcd-timeout-ms ends the job: exit 1 naming etcd,
+    nothing left."""
+    timeout_ms = 6000
     args = SMALL_MODEL + ["--steps", "1000000", "--checkpoint-every", "200", "--metrics-port",
-                          "0", "--etcd", etcd.url, "--job-id", "lost-job"]
+                          "0", "--etcd", etcd.url, "--job-id", "lost-job", "--etcd-timeout-ms",
+                          str(timeout_ms)]
     with Job(args) as job:
-        def checkpointed():
+        def running():
             if job.proc.poll() is not None:
-                fail(f"the job ended before losing leadership:\n{job.output()}")
+                fail(f"the job ended early:\n{job.output()}")
+            return True
+
+        def checkpointed():
+            running()
             state = etcd.get("/troupe/lost-job/state")
             return state and json.loads(state).get("checkpoint_step", 0) > 0
         wait_until(checkpointed, 120, "the job's first checkpoint in etcd")
         if etcd.ctl("del", "/troupe/lost-job/leader").returncode != 0:
             fail("etcdctl could not delete the leader key")
-        code = job.wait(60)
+
+        def leads_again():
+            running()
+            leaders = [e for e in job.events() if e.get("event") == "leader"]
+            return len(leaders) >= 2 and leaders
+        leaders = wait_until(leads_again, 30, "the coordinator to lead again")
+        if leaders[1]["epoch"] <= leaders[0]["epoch"] or leaders[1]["id"] != leaders[0]["id"]:
+            fail(f"expected the same coordinator under a newer epoch: {leaders}")
+        at = len(job.events())
+        wait_until(lambda: running() and any(e.get("event") == "step" for e in job.events()[at:]),
+                   60, "a step committed after leading again")
+        # etcd gone (stopped): the lease lapses, the job pauses, and after --etcd-timeout-ms ends.
+        etcd.proc.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            code = job.wait(60)
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        took = time.monotonic() - stopped
         output = job.output()
-        if code != 1 or "lost leadership" not in output or "etcd" not in output:
-            fail(f"a deposed leader: exit {code}, expected 1 naming etcd:\n{output}")
+        if code != 1 or "etcd" not in output or "--etcd-timeout-ms" not in output:
+            fail(f"etcd out of reach: exit {code}, expected 1 naming etcd:\n{output}")
+        if took < timeout_ms / 1000:
+            fail(f"the job ended {took:.1f} s after etcd stopped, before --etcd-timeout-ms")
         job.assert_no_process_left()
-    print("ok: a coordinator that loses leadership ends the job, exit 1", flush=True)
+    print(f"ok: a deleted leader key costs a pause; etcd out of reach ends the job after "
+          f"{took:.1f} s, exit 1", flush=True)
 
 
 def plain_etcd():
