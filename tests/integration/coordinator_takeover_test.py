@@ -46,14 +46,14 @@ def worker_pids(events):
     return {e["member"]: e["pid"] for e in of(events, "rank_joined")}
 
 
-def history(name, events, reference):
-    """(5): what the events of one job say about its leaders and commits."""
+def history(name, events, reference, steps=STEPS):
+    """(5): what the events of one job say about its leaders and commits: one leader per
+    epoch, epochs that only increase, every step committed with one loss (the undisturbed
+    run's), committed steps that never go back except one redone right after a takeover."""
     leaders = of(events, "leader")
     epochs = [e["epoch"] for e in leaders]
     if len(leaders) < 2 or epochs != sorted(set(epochs)):
-        fail(f"{name}: expected two leaders or more with increasing epochs, got {leaders}")
-    if len({e["id"] for e in leaders}) != len(leaders):
-        fail(f"{name}: one coordinator led twice: {leaders}")
+        fail(f"{name}: expected two leaderships or more with increasing epochs, got {leaders}")
     ref = step_losses(reference)
     seen = {}
     last = 0
@@ -78,7 +78,7 @@ def history(name, events, reference):
         seen[step] = loss
         last = step
         takeover_since_last_step = False
-    if sorted(seen) != list(range(1, STEPS + 1)):
+    if sorted(seen) != list(range(1, steps + 1)):
         fail(f"{name}: committed steps {sorted(seen)}")
 
 

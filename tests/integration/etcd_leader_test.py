@@ -17,62 +17,16 @@ import subprocess
 import tempfile
 import time
 
-from harness import SMALL_MODEL, Job, fail, free_port, main, skip, wait_until
+from harness import SMALL_MODEL, Job, fail, main, skip, wait_until
 from procfs import pids_with_args
+from etcd_members import ETCD, ETCDCTL, EtcdCluster
 
-ETCD = "/usr/bin/etcd"
-ETCDCTL = "/usr/bin/etcdctl"
 JOB_ARGS = SMALL_MODEL + ["--steps", "6", "--checkpoint-every", "3", "--metrics-port", "0"]
 
 
-class Etcd:
-    """One etcd member on free loopback ports, stopped by its pid."""
-
-    def __init__(self, root, tls=None):
-        self.dir = os.path.join(root, "etcd-member")
-        scheme = "https" if tls else "http"
-        self.client_port, self.peer_port = free_port(), free_port()
-        while self.peer_port == self.client_port:
-            self.peer_port = free_port()
-        self.url = f"{scheme}://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        cmd = [ETCD, "--name", "m", "--data-dir", self.dir, "--listen-client-urls", self.url,
-               "--advertise-client-urls", self.url, "--listen-peer-urls", peer,
-               "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m={peer}"]
-        if tls:
-            cmd += ["--cert-file", tls["server.crt"], "--key-file", tls["server.key"],
-                    "--client-cert-auth", "--trusted-ca-file", tls["ca.crt"]]
-        self.tls = tls
-        self.log = open(os.path.join(root, "etcd-member.log"), "w")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        wait_until(lambda: self.get("/probe") is not None, 30, f"etcd at {self.url} to answer")
-
-    def ctl(self, *args):
-        cmd = [ETCDCTL, "--endpoints", self.url, "--command-timeout", "5s"]
-        if self.tls:
-            cmd += ["--cacert", self.tls["ca.crt"], "--cert", self.tls["client.crt"],
-                    "--key", self.tls["client.key"]]
-        env = dict(os.environ, ETCDCTL_API="3")
-        return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env,
-                              timeout=20)
-
-    def get(self, key):
-        """The key's value ("" when absent); None when etcd does not answer."""
-        if self.proc.poll() is not None:
-            fail(f"etcd exited early; see {self.log.name}")
-        p = self.ctl("get", "--print-value-only", key)
-        return p.stdout.strip() if p.returncode == 0 else None
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.log.close()
+def Etcd(root, tls=None):
+    """One etcd member of the test's own (etcd_members.EtcdCluster)."""
+    return EtcdCluster(root, 1, tls)
 
 
 def make_tls(root):
