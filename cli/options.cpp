@@ -299,9 +299,11 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
   --coordinator-timeout-ms MS workers and agents wait this long for a silent coordinator before
-                         they fence themselves and exit; a coordinator paused for less (SIGSTOP,
-                         a VM stall) costs only the pause. Must be longer than the heartbeat
-                         timeout (default 5 x --heartbeat-timeout-ms)
+                         they fence themselves and exit (with --coordinators K: before they look
+                         for the new leader, for as long again); a coordinator paused for less
+                         (SIGSTOP, a VM stall) costs only the pause. Workers and agents give the
+                         coordinator longer than it gives them: it must be longer than the
+                         heartbeat timeout (default 5 x --heartbeat-timeout-ms)
   --join-timeout-ms MS   every first worker must join within this; a worker that dies before
                          it joins is restarted (--max-restarts) or left out while --min-ranks
                          allows, else the job fails naming it (default 60000)
@@ -310,20 +312,27 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
   --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,
                          stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,
-                         kill:coordinator:step=15, random:kills=10:seed=3,
+                         kill:coordinator:step=15 (the leader, when there are several),
+                         kill:coordinator:step=15:commits=1 (the leader dies in the middle of
+                         committing step 15, its commit sent to one rank), random:kills=10:seed=3,
                          diverge:step=8[:rank=0] (that step's batch gives a NaN loss)
 
-coordinator leadership through etcd (one coordinator leads; standby coordinators that take
-over from a lost leader are not built yet):
+coordinator leadership through etcd (one coordinator leads; standbys take a running job over):
   --etcd ENDPOINTS       comma-separated http:// or https:// URLs of an etcd cluster, or
                          `local` for one etcd member of the job's own (/usr/bin/etcd, data in
                          RUN_DIR/etcd, log in RUN_DIR/etcd.log, stopped with the job). The
-                         coordinator is elected leader before it supervises, mirrors the job's
-                         config and state to /troupe/JOB_ID/, and ends the job (exit 1) if it
-                         loses leadership
+                         coordinator is elected leader before it supervises and mirrors the
+                         job's config and state to /troupe/JOB_ID/. A leader that cannot renew
+                         its lease pauses the job (nothing is committed) until it leads again;
+                         after --etcd-timeout-ms without etcd the job ends (exit 1)
+  --coordinators K       run K coordinator processes (run only; needs --etcd): one leads, the
+                         others stand by. When the leader dies or stalls past its lease, a
+                         standby takes the job over: workers keep their processes and state,
+                         and training goes on from the last committed step (default 1)
   --etcd-cacert FILE     CA that signed etcd's certificate (required for https)
   --etcd-cert FILE, --etcd-key FILE   client certificate and key (etcd --client-cert-auth)
-  --etcd-timeout-ms MS   how long to wait for etcd and the election (default 60000)
+  --etcd-timeout-ms MS   how long to wait for etcd and the election, and how long a job may go
+                         without a leader before it ends (default 60000)
   --job-id ID            the job's name in etcd (default: the run directory's name)
   --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
   --no-progress          no progress line
@@ -384,6 +393,12 @@ SIGTERM and SIGUSR1 checkpoint the next step and exit 75), plus:
                          node's address and writes RUN_DIR/rendezvous.json, where
                          `srun --no-kill --ntasks-per-node=1 troupe agent --run-dir RUN_DIR`
                          finds it
+  --join-token FILE      with --etcd: one of several coordinators of a job whose run directory
+                         `troupe run --coordinators K` prepared (its RUN_DIR/join.token). It
+                         stands by (members and agents asking it are sent on), campaigns, and
+                         when elected takes the job over; it writes RUN_DIR/coordinators/PID.addr.
+                         Exit 76 when it stops without ending the job (it stood by, or another
+                         coordinator leads now)
 
 options:
 )") + job_flags;
@@ -421,7 +436,10 @@ as spares). Across hosts, start one agent per host, each pointed at the coordina
   host C:  troupe agent --coordinator 10.0.0.1:29400 --join-token join.token --iface eth1
 
 options:
-  --coordinator HOST:PORT   where the coordinator listens (it prints this at start)
+  --coordinator HOST:PORT   where the coordinator listens (it prints this at start); a
+                     comma-separated list for a job with standby coordinators: the leader
+                     among them takes this agent on, and when it is lost the agent rejoins
+                     the next leader without stopping its workers
   --join-token FILE  the job's join token (the coordinator writes RUN_DIR/join.token; copy
                      it to this host with mode 0600)
   --ranks K          offer K workers to a running job (default: this node's share)
