@@ -71,6 +71,12 @@ struct supervisor_state {
   logic_time paused_at{};
   std::vector<caf::down_msg> paused_downs;
   bool giving_up = false;  // the job ends for etcd's loss: its last actions go out regardless
+  std::map<int32_t, logic_time> heard_while_paused;  // members' beats while paused
+  // Decided but not carried out, because the leadership lapsed (or etcd could not confirm it
+  // for a failed end): carried out when this coordinator leads again, dropped when another
+  // does. A held failed end is also carried out at the give-up, when members still follow.
+  actions held;
+  bool confirmed_end = false;
   static inline const char* name = "job_supervisor";
 };
 
@@ -245,14 +251,35 @@ bool dies_mid_commit(self_ptr self, int64_t step) {
 }
 
 // Carries out the logic's actions, in order.
+void pause(self_ptr self);
+
+// Whether the actions end the job with a failure.
+bool ends_badly(const actions& todo) {
+  for (const auto& a : todo)
+    if (const auto* f = std::get_if<finish_job>(&a); f && f->exit_code != 0) return true;
+  return false;
+}
+
 void run(self_ptr self, actions todo) {
   auto& st = self->state;
   if (st.dying) return;
+  if (!st.giving_up && !st.confirmed_end && st.setup.confirm_leading && ends_badly(todo) &&
+      !st.setup.confirm_leading()) {
+    // A failed end decided by a coordinator that may have been cut off (its members look
+    // silent to it while another coordinator leads them): it stands only once etcd confirms
+    // this leadership; until then it waits, paused, like a leader whose lease lapsed.
+    monitoring::log(monitoring::level::warn, ctx(self),
+                    "the job would end with a failure, but etcd does not confirm this "
+                    "coordinator's leadership now; waiting for it");
+    st.held.insert(st.held.end(), todo.begin(), todo.end());
+    pause(self);
+    return;
+  }
   if (!st.giving_up && st.setup.still_leading && !st.setup.still_leading()) {
-    if (!todo.empty())
-      monitoring::log(monitoring::level::warn, ctx(self),
-                      "no longer leading (the leadership's lease ran out): carried out none of " +
-                          std::to_string(todo.size()) + " decided actions");
+    // Decided before the lapse was seen (the logic has moved on): sent only if this
+    // coordinator leads again, with its new epoch.
+    st.held.insert(st.held.end(), todo.begin(), todo.end());
+    pause(self);
     return;
   }
   for (auto& a : todo) {
@@ -556,7 +583,19 @@ void pause(self_ptr self) {
         self->delayed_send(self, self->state.setup.tick, tick_atom::value);
       },
       [=](lead_atom, int64_t epoch, const std::string&) { resume(self, epoch, ""); },
-      [=](pause_atom) {}, [=](pause_atom, const std::string& why) { resume(self, 0, why); });
+      [=](pause_atom) {}, [=](pause_atom, const std::string& why) { resume(self, 0, why); },
+      // Who still follows this coordinator (for giving up, see resume); the logic hears the
+      // beats that waited once it goes on.
+      [=](const heartbeat& h) { self->state.heard_while_paused[h.member] = now(self); });
+}
+
+// Whether some member still follows this coordinator: it beat within the coordinator timeout.
+bool followed(self_ptr self) {
+  auto& s = self->state;
+  const auto limit = std::chrono::milliseconds(coordinator_timeout_ms(s.setup.cfg.elastic));
+  for (const auto& [member, at] : s.heard_while_paused)
+    if (now(self) - at < limit) return true;
+  return false;
 }
 
 // Leads again under `epoch`, or (a reason given) ends the job with it, paused or not.
@@ -568,8 +607,23 @@ void resume(self_ptr self, int64_t epoch, const std::string& give_up) {
     self->unbecome();
   }
   if (!give_up.empty()) {
+    if (was_paused && !followed(self)) {
+      // No member follows this coordinator any more: another leads them (this one was cut
+      // off), or they are gone. Nothing it would say about the job is true; it just ends.
+      monitoring::log(monitoring::level::error, ctx(self),
+                      give_up +
+                          "; no member follows this coordinator any more (another "
+                          "coordinator leads them, or they are gone): it ends without "
+                          "ending the job");
+      self->quit(caf::exit_reason::kill);
+      return;
+    }
     s.giving_up = true;
-    run(self, s.logic->on_abandon(give_up, now(self)));
+    actions held = std::exchange(s.held, {});
+    if (ends_badly(held))
+      run(self, std::move(held));  // the end decided before the pause
+    else
+      run(self, s.logic->on_abandon(give_up, now(self)));
     for (const auto& dm : std::exchange(s.paused_downs, {})) on_down(self, dm);
     return;
   }
@@ -580,6 +634,9 @@ void resume(self_ptr self, int64_t epoch, const std::string& give_up) {
   monitoring::log(monitoring::level::warn, ctx(self),
                   "leads again under epoch " + std::to_string(epoch) + " after a pause of " +
                       std::to_string(paused_ms) + " ms");
+  actions held = std::exchange(s.held, {});
+  s.confirmed_end = ends_badly(held);  // still the leader: the end it decided stands
+  run(self, std::move(held));
   for (const auto& dm : std::exchange(s.paused_downs, {})) on_down(self, dm);
 }
 

@@ -50,6 +50,9 @@ struct job_setup {
   /// out, so that a leader that wakes from a pause longer than its lease acts on nothing
   /// queued meanwhile (its election steps it down right after).
   std::function<bool()> still_leading;
+  /// With etcd: asks etcd (briefly, blocking) whether this coordinator's leadership holds; a
+  /// failed end of the job is carried out only then.
+  std::function<bool()> confirm_leading;
 };
 
 /// RUN_DIR/skipped_batches.json: the steps whose batch diverged and was skipped (one entry per

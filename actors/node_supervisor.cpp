@@ -520,7 +520,9 @@ void begin_rehome(self_ptr self, const std::string& why) {
                       std::to_string(timeout.count()) + " ms; the workers keep running");
   // The one that was lost is asked last: a standby has more likely taken over.
   start_search(self, std::move(hello), (s.coordinator_index + 1) % s.args.coordinators.size(),
-               s.lost_at + timeout, std::chrono::seconds(3));
+               s.lost_at + timeout,
+               // A cut-off coordinator is silent, not refusing: leave time for the others.
+               std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4));
 }
 
 caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordinator,

@@ -531,8 +531,12 @@ bool rehome(worker& w, const std::string& why) {
   for (;;) {
     // A dead coordinator refuses the connection at once and a standby answers within
     // milliseconds; short tries let a round over every coordinator take well under a second.
-    auto found = find_leader(w.self, w.coordinators, first, {}, h, w.epoch_seen, deadline,
-                             std::chrono::milliseconds(250), std::chrono::seconds(3), false);
+    auto found = find_leader(
+        w.self, w.coordinators, first, {}, h, w.epoch_seen, deadline,
+        std::chrono::milliseconds(250),
+        // A cut-off coordinator is silent, not refusing: a try at it must
+        // leave time in the window for the others.
+        std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4), false);
     for (auto& a : found.asked)
       if (std::find(asked.begin(), asked.end(), a) == asked.end()) asked.push_back(a);
     if (!found.last.empty()) last = found.last;

@@ -349,6 +349,19 @@ bool job_etcd::leading() const {
   return !state_ || !state_->election || state_->election->is_leader();
 }
 
+bool job_etcd::confirm_leading() {
+  if (!state_ || !state_->election) return true;
+  try {
+    etcd::txn_request txn;
+    txn.compares.push_back(state_->election->fence());
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(2000);
+    return state_->client->txn(txn, call).succeeded;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 bool job_etcd::job_ended() const {
   const auto doc = nlohmann::json::parse(found_state(), nullptr, false);
   return doc.is_object() && doc.contains("ended");

@@ -169,6 +169,8 @@ class job_etcd {
   [[nodiscard]] std::string found_state() const;
   /// Whether found_state() says the job ended (its last leader wrote its exit code).
   [[nodiscard]] bool job_ended() const;
+  /// Asks etcd (at most 2 s) whether this coordinator's leadership holds now.
+  bool confirm_leading();
   /// The client URLs of etcd (for --etcd local, the job's own member's).
   [[nodiscard]] std::string client_urls() const;
   /// `troupe run --coordinators K`: coordinator process `pid` is dead (reaped); if it held the

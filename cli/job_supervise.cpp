@@ -150,7 +150,10 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
   }
   setup.cfg = job.cfg;
   setup.standby = job.standby;
-  if (etcd.enabled()) setup.still_leading = [&etcd] { return etcd.leading(); };
+  if (etcd.enabled()) {
+    setup.still_leading = [&etcd] { return etcd.leading(); };
+    setup.confirm_leading = [&etcd] { return etcd.confirm_leading(); };
+  }
   setup.form_timeout_ms = job.cfg.elastic.join_timeout_ms;
   setup.store_host = job.listen_host;
   setup.store_port = store_.port();
@@ -195,6 +198,9 @@ actors::job_result job_supervision::run(const sigset_t& signals) {
     caf::anon_send_exit(supervisor_, caf::exit_reason::user_shutdown);
     throw;
   }
+  // Its epoch from now on; a tick during the campaign may have paused it (not leading yet).
+  if (etcd_.enabled())
+    caf::anon_send(supervisor_, actors::lead_atom::value, etcd_.epoch(), std::string());
   if (job_.slurm) announce_rendezvous(port);
   start_agents(endpoint);
   actors::job_result result;

@@ -24,7 +24,8 @@ packages=(
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine
-             zstd)                # the CLI bench/delta_estimate.py compresses with
+             zstd                 # the CLI bench/delta_estimate.py compresses with
+             python3-etcd)        # torchrun's etcd rendezvous (bench/torchrun_takeover.py)
 fi
 missing=()
 for p in "${packages[@]}"; do
