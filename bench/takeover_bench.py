@@ -29,6 +29,7 @@ bench/torchrun_takeover.py measures torchrun's peer (its rendezvous host killed)
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,8 @@ SILENT_S = 0.100  # the dying leader's silence before its SIGKILL (actors/job_su
 
 def run(troupe, args, timeout):
     """(exit code, events, output, wall seconds) of one `troupe run`; a run past `timeout` is
-    killed (its whole process group) and reported with exit code None."""
+    killed (its whole process group) and reported with exit code None. A run that did not exit
+    0 leaves its directory behind (the path ends its output)."""
     with tempfile.TemporaryDirectory(prefix="troupe-takeover-bench-") as tmp:
         run_dir = os.path.join(tmp, "run")
         start = time.monotonic()
@@ -61,10 +63,34 @@ def run(troupe, args, timeout):
             os.killpg(proc.pid, 9)
             output, _ = proc.communicate()
             code = None
+        kill_leftovers(run_dir)
         wall = time.monotonic() - start
         path = os.path.join(run_dir, "events.jsonl")
         events = read_events(path) if os.path.exists(path) else []
+        if code != 0 and os.path.isdir(run_dir):
+            # A failed run's directory (events, etcd.log) is kept for a look afterwards.
+            kept = tempfile.mkdtemp(prefix="troupe-takeover-bench-failed-")
+            shutil.move(run_dir, kept)
+            with open(os.path.join(kept, "output.txt"), "w") as f:
+                f.write(output)
+            output += f"\n(run directory and output kept in {kept})"
         return code, events, output, wall
+
+
+def kill_leftovers(run_dir):
+    """SIGKILLs any process still running whose command line names `run_dir` (the job's etcd, a
+    worker or coordinator in a session of its own), by pid."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if run_dir in cmdline and int(pid) != os.getpid():
+            try:
+                os.kill(int(pid), 9)
+            except OSError:
+                pass
 
 
 def committed_in_order(events, steps):

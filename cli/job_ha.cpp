@@ -178,13 +178,18 @@ class launcher {
   int finish(int code) {
     for (const auto& [pid, alive] : coordinators_)
       if (alive) kill(pid, SIGTERM);
-    for (pid_t agent : agents_)
+    for (pid_t agent : agents_) {
+      // An agent still looking for a leader when the job ended (it ended right after a
+      // takeover that did not wait for it) is never told to stop: SIGTERM stops it in order.
+      if (actors::wait_for_exit(agent, std::chrono::seconds(3))) continue;
+      kill(agent, SIGTERM);
       if (!actors::wait_for_exit(agent, std::chrono::seconds(20))) {
         monitoring::log(monitoring::level::warn, launcher_ctx,
                         "an agent did not exit in time; killing it");
         kill(-agent, SIGKILL);
         actors::wait_for_exit(agent, std::chrono::seconds(10));
       }
+    }
     for (auto& [pid, alive] : coordinators_)
       if (alive && !actors::wait_for_exit(pid, std::chrono::seconds(10))) {
         kill(-pid, SIGKILL);
