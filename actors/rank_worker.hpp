@@ -107,6 +107,34 @@ reconfigured enter_generation(worker& w, const reconfigure& r);
 /// What this member holds, for the coordinator planning `generation`.
 state_report report_for(const worker& w, uint64_t generation);
 
+// Standby coordinators (rank_rehome.cpp).
+/// This machine's name, as a hello tells it.
+std::string this_host();
+std::string endpoint_name(const endpoint& e);
+/// "a, b, c"
+std::string joined(const std::vector<std::string>& parts);
+/// Where the store of the coordinator at `coordinator` is reached, from its welcome.
+std::string store_host_of(const welcome& answer, const endpoint& coordinator);
+struct leader_search {
+  caf::actor actor;  // the leader that took this member on; invalid when none did
+  welcome answer;
+  size_t index = 0;  // its place in the list
+  std::vector<std::string> asked;
+  std::string last;      // the last answer that was not a welcome
+  bool refused = false;  // a coordinator refused for a reason other than not leading
+};
+/// Asks the job's coordinators in turn, from `first` (`connected`, when valid, is that one
+/// reached already), until one that leads an epoch no older than `epoch_seen` takes `h` on, or
+/// `deadline` passes. Every endpoint gets its turn: a restarted coordinator may lead again.
+leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
+                          size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
+                          clock_type::time_point deadline, std::chrono::milliseconds connect_try,
+                          std::chrono::milliseconds request_try, bool stop_on_refusal);
+/// The coordinator was lost while standby coordinators exist: keeps what this member holds and
+/// asks each coordinator in turn to take it back on, until the coordinator timeout. False:
+/// nobody led in time, and the process is fenced.
+bool rehome(worker& w, const std::string& why);
+
 /// Sizes the snapshot buffers for this generation's state before its first step.
 void prepare_checkpoints(worker& w);
 /// Takes this rank's snapshot of committed step `step`; the write reports when durable.
