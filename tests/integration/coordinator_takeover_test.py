@@ -17,13 +17,14 @@ undisturbed run trains.
     epoch (no stale message from an older leader counted).
 Skipped when etcd is not installed."""
 
-import json
 import os
 import signal
+import socket
 import tempfile
 import time
+import urllib.request
 
-from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, main, pid_alive,
+from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, free_port, main, pid_alive,
                      relative_difference, run_ok, skip, step_losses, wait_until)
 
 ETCD = "/usr/bin/etcd"
@@ -131,13 +132,42 @@ def killed(tmp, ref_dir, reference, name, fault):
     print(f"ok: {name}: exact, workers kept, takeover in {gap_ms} ms", flush=True)
 
 
+def two_free_ports():
+    """A port P with P + 1 free too: coordinator i of --coordinators serves metrics on P + i."""
+    while True:
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+
+
+def leadership_gauges(port):
+    """(troupe_coordinator_leader, troupe_coordinator_epoch) as the coordinator with metrics on
+    `port` exports them; None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("troupe_coordinator_leader", "troupe_coordinator_epoch"):
+            values[name] = float(value)
+    return values.get("troupe_coordinator_leader"), values.get("troupe_coordinator_epoch")
+
+
 def stopped(tmp, ref_dir, reference):
     name = "leader stopped for 3 leases"
     rec_dir = os.path.join(tmp, "stopped")
     # Both ranks computing 30 times slower (the same arithmetic) keeps the job running while
     # the leader is stopped; no rank is slower than the other, so no straggler either.
     slow = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
-    with Job(BASE + HA + slow, run_dir=rec_dir) as job:
+    metrics = two_free_ports()
+    with Job(BASE + HA + slow + ["--metrics-port", str(metrics)], run_dir=rec_dir) as job:
         def leaders():
             if job.proc.poll() is not None:
                 fail(f"{name}: the job ended early:\n{job.output()}")
@@ -145,10 +175,20 @@ def stopped(tmp, ref_dir, reference):
         wait_until(lambda: leaders() and of(job.events(), "step"), 120, "the first commit")
         first = leaders()[0]
         pid = leader_pid(first)
+        # Every coordinator exports its part: the leader 1 and its epoch, the standby 0.
+        gauges = {p: leadership_gauges(p) for p in (metrics, metrics + 1)}
+        by_role = {g[0]: (p, g) for p, g in gauges.items() if g and g[0] is not None}
+        if set(by_role) != {0.0, 1.0} or by_role[1.0][1][1] != first["epoch"]:
+            fail(f"{name}: troupe_coordinator_leader/epoch of the two coordinators: {gauges}")
+        standby_port = by_role[0.0][0]
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
             wait_until(lambda: len(leaders()) >= 2, 3 * LEASE_S + 10, "a second leader")
+            now_leads = leadership_gauges(standby_port)
+            if now_leads != (1.0, float(leaders()[1]["epoch"])):
+                fail(f"{name}: the standby that took over exports {now_leads}, not leader 1 "
+                     f"with epoch {leaders()[1]['epoch']}")
             left = 3 * LEASE_S - (time.monotonic() - stopped_at)
             if left > 0:
                 time.sleep(left)  # the pause itself is the fault: three leases long
