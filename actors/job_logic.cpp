@@ -161,6 +161,19 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
   return out;
 }
 
+actions job_logic::on_member_rejoined(int32_t member, logic_time now) {
+  actions out;
+  const member_info* m = members_.find(member);
+  if (ended_ || !m || !m->live || state_ == job_state::forming) return out;
+  latest_ = std::max(latest_, now);
+  members_.restart_heartbeat_clocks(now);
+  begin_generation("member " + std::to_string(member) +
+                       " lost this coordinator for a while and came back; its generation is "
+                       "formed again",
+                   now, out);
+  return out;
+}
+
 int job_logic::first_members_pending() const {
   int pending = 0;
   for (int32_t m = 0; m < members_.expected(); ++m) {

@@ -70,6 +70,10 @@ class job_logic {
   /// An agent asks which workers to start (`answer`, or why not in answer.error).
   actions on_agent_joined(const agent_hello& h, launch_plan& answer);
   actions on_member_joined(const hello& h, logic_time now, welcome& answer);
+  /// A live member that took this coordinator for lost (no beat from it for its timeout, with
+  /// standby coordinators to turn to) asked it again and was taken back: it dropped its part
+  /// of the running generation, which is formed again (its state is kept).
+  actions on_member_rejoined(int32_t member, logic_time now);
   actions on_vote(const step_done& vote, logic_time now);
   actions on_shard_written(const shard_written& w, logic_time now);
   actions on_checkpoint_committed(const commit_checkpoint& c, const std::string& path,

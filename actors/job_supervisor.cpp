@@ -664,13 +664,24 @@ caf::behavior leading_behavior(self_ptr self) {
         w.epoch = s.setup.epoch;
         auto sender = caf::actor_cast<caf::actor>(self->current_sender());
         if (h.rejoin && !s.logic->taking_over()) {
-          // A member that took this coordinator for lost (a pause longer than its coordinator
-          // timeout) dropped its generation: it is lost, and joins again as a newcomer.
-          for (const auto& m : s.logic->members())
-            if (m.id == h.member && m.live && m.pid == h.pid)
-              run(self, s.logic->on_member_lost(h.member, loss_cause::connection,
-                                                "it lost this coordinator and asked to rejoin",
-                                                now(self)));
+          // A member of ours that took this coordinator for lost (it was silent past the
+          // member's timeout) and found no other leader: it comes back with its state, and
+          // the generation it dropped is formed again.
+          for (const auto& m : s.logic->members()) {
+            if (m.id != h.member || !m.live || m.pid != h.pid) continue;
+            s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
+            self->monitor(sender);
+            w.generation = s.logic->generation();
+            w.config_json = to_json(s.setup.cfg).dump();
+            w.store_host = s.setup.store_host;
+            w.store_port = s.setup.store_port;
+            w.heartbeat_interval_ms = static_cast<int32_t>(
+                heartbeat_interval(
+                    std::chrono::milliseconds(s.setup.cfg.elastic.heartbeat_timeout_ms))
+                    .count());
+            run(self, s.logic->on_member_rejoined(h.member, now(self)));
+            return w;
+          }
         }
         // Handles first: the logic's first actions may already address this member.
         auto previous = s.members.find(h.member);

@@ -593,7 +593,11 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     // tells this actor, which looks for the new leader (rehome).
     beats.emplace(w.coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
-                  std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)),
+                  // With standbys, a leader silent for a heartbeat timeout is looked for anew
+                  // (the old one, if it comes back first, takes this member back): a takeover
+                  // need not wait for the longer timeout that ends a member otherwise.
+                  std::chrono::milliseconds(w.ha() ? w.cfg.elastic.heartbeat_timeout_ms
+                                                   : coordinator_timeout_ms(w.cfg.elastic)),
                   w.ha() ? caf::actor_cast<caf::actor>(self) : caf::actor{});
     w.beats = &*beats;
     const std::string store_host = store_host_of(*answer, w.leader);

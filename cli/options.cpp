@@ -299,8 +299,9 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
   --coordinator-timeout-ms MS workers and agents wait this long for a silent coordinator before
-                         they fence themselves and exit (with --coordinators K: before they look
-                         for the new leader, for as long again); a coordinator paused for less
+                         they fence themselves and exit (with --coordinators K, workers look for
+                         the new leader after a heartbeat timeout of silence, agents after this
+                         one, each for as long as this); a coordinator paused for less
                          (SIGSTOP, a VM stall) costs only the pause. Workers and agents give the
                          coordinator longer than it gives them: it must be longer than the
                          heartbeat timeout (default 5 x --heartbeat-timeout-ms)

@@ -203,10 +203,51 @@ def stopped(tmp, ref_dir, reference):
     second = of(events, "leader")[1]
     if second["id"] == first["id"] or second["epoch"] <= first["epoch"]:
         fail(f"{name}: the second leader {second} does not follow {first}")
+    # The members look for a new leader once the old one is silent for a heartbeat timeout, so
+    # they rejoin the standby soon after it is elected, not after the coordinator timeout.
+    after = first_commit_after(events, events.index(second))
+    if after is None or after["unix_ms"] - second["unix_ms"] > 3000:
+        fail(f"{name}: the first commit under the new leader came "
+             f"{after and after['unix_ms'] - second['unix_ms']} ms after it was elected "
+             "(limit 3000)")
     same_workers(name, events)
     exact(name, tmp, ref_dir, rec_dir, reference, events)
     print(f"ok: {name}: the standby led, the woken leader stepped down, exact "
           f"({len(events) - woke} events after it woke)", flush=True)
+
+
+def stalled_briefly(tmp, ref_dir, reference):
+    """(2b) The leader stopped for 3 s: longer than the members' heartbeat timeout (they look
+    for a leader), shorter than its lease (no standby can lead). The woken leader takes its
+    members back and forms their generation again: a recovery, not a takeover; exact."""
+    name = "leader stopped for 3 s"
+    rec_dir = os.path.join(tmp, "stalled")
+    slow = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
+    with Job(BASE + HA + slow, run_dir=rec_dir) as job:
+        wait_until(lambda: of(job.events(), "step"), 120, "the first commit")
+        pid = leader_pid(of(job.events(), "leader")[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(3)  # the fault itself: a stall of 3 s
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        code = job.wait(300)
+        events, output = job.events(), job.output()
+    if code != 0:
+        fail(f"{name}: exit {code}:\n{output}")
+    leaders = of(events, "leader")
+    if len(leaders) != 1:
+        fail(f"{name}: the leadership changed during a stall shorter than the lease: {leaders}")
+    same_workers(name, events)
+    ref = step_losses(reference)
+    got = step_losses(events)
+    if sorted(got) != list(range(1, STEPS + 1)) or any(
+            relative_difference(got[k], ref[k]) > 1e-4 for k in got):
+        fail(f"{name}: the committed steps or losses differ from the undisturbed run")
+    diff = checkpoint_param_diff(ref_dir, rec_dir)
+    if diff > 1e-4:
+        fail(f"{name}: final parameters differ by {diff:.2e} relative")
+    print(f"ok: {name}: the same leader took its members back, exact", flush=True)
 
 
 def test():
@@ -220,6 +261,7 @@ def test():
         killed(tmp, ref_dir, reference, "leader killed mid-commit",
                "kill:coordinator:step=10:commits=1")
         stopped(tmp, ref_dir, reference)
+        stalled_briefly(tmp, ref_dir, reference)
 
 
 if __name__ == "__main__":
