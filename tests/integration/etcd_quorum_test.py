@@ -18,11 +18,14 @@ from etcd_members import ETCD, EtcdCluster
 from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, main, run_ok, skip,
                      wait_until)
 
-STEPS = 200
-BASE = SMALL_MODEL + ["--steps", str(STEPS), "--checkpoint-every", "20", "--metrics-port", "0",
+# Long enough that the job is still training after two members are lost and a lease has run
+# out (~10 s) on a fast machine; the steps' time is mostly the control plane's, so slowing the
+# compute alone does not stretch them enough.
+STEPS = 800
+BASE = SMALL_MODEL + ["--steps", str(STEPS), "--checkpoint-every", "50", "--metrics-port", "0",
                       "--step-timeout-ms", "30000"]
 # Both ranks 30 times slower (the same arithmetic): the job runs long enough to lose etcd.
-SLOW = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
+SLOW = ["--fault", "slow:rank=0:factor=60:from=1", "--fault", "slow:rank=1:factor=60:from=1"]
 LEASE_S = 5
 
 
