@@ -78,6 +78,8 @@ void checkpoint_committer::run() {
 void checkpoint_committer::do_commit(const ckpt::manifest& m) {
   std::string error;
   try {
+    if (fence_ && !fence_())
+      throw std::runtime_error("this coordinator no longer leads the job; not committed");
     ckpt::commit_manifest(run_dir_, m);
     gc_memory_.remember(m);
     // Every chunk it names was written by this job's ranks or checked by them first.
@@ -94,6 +96,7 @@ void checkpoint_committer::do_collect(const gc_job& g) {
   // A writer that started after the ticket holds (or will wait for) the chunk store lock;
   // one that already finished changed the request count. Either way: not now.
   events::job_event event;
+  if (fence_ && !fence_()) return;  // another coordinator may lead, and its checkpoints are live
   try {
     const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
     if (!lock || requests_.load() != g.ticket) return;

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -55,8 +56,13 @@ class checkpoint_committer {
   /// for since `ticket` was taken and no writer holds the chunk store; otherwise it waits for
   /// the next one. Answered with ckpt_gc_atom when it removed something.
   void collect_garbage(uint64_t ticket);
+  /// With etcd: asked (on the committer's thread) right before LATEST is moved or anything is
+  /// collected; false (this coordinator no longer leads: it may have woken from a stall while
+  /// another leads the job) commits and collects nothing. Set before the first job is queued.
+  void set_fence(std::function<bool()> still_leading) { fence_ = std::move(still_leading); }
 
  private:
+  std::function<bool()> fence_;
   struct gc_job {
     uint64_t ticket;
   };

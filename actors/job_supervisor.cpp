@@ -515,6 +515,7 @@ caf::behavior leading(self_ptr self) {
       caf::actor_cast<caf::actor>(self),
       // A resumed job starts from a checkpoint it read back whole.
       st.setup.cfg.resume ? std::optional<int64_t>(st.setup.start_step) : std::nullopt);
+  if (st.setup.still_leading) st.committer->set_fence(st.setup.still_leading);
   for (const auto& t : strategies::tensor_table(st.setup.cfg.model)) {
     st.manifest_tensors.push_back({t.name, t.shape, t.offset});
     const auto [rows, cols] = ckpt::as_matrix(t.shape);

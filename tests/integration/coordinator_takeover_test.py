@@ -218,8 +218,10 @@ def stopped(tmp, ref_dir, reference):
 
 def stalled_briefly(tmp, ref_dir, reference):
     """(2b) The leader stopped for 3 s: longer than the members' heartbeat timeout (they look
-    for a leader), shorter than its lease (no standby can lead). The woken leader takes its
-    members back and forms their generation again: a recovery, not a takeover; exact."""
+    for a leader), about as long as the leader can go without renewing its lease (it steps
+    down 3.75 s after its last renewal, which may have come up to 1.25 s before the stop). Either
+    the woken leader takes its members back and forms their generation again, or it has stepped
+    down and the standby takes the job over; both must be exact with the same workers."""
     name = "leader stopped for 3 s"
     rec_dir = os.path.join(tmp, "stalled")
     slow = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
@@ -236,8 +238,9 @@ def stalled_briefly(tmp, ref_dir, reference):
     if code != 0:
         fail(f"{name}: exit {code}:\n{output}")
     leaders = of(events, "leader")
-    if len(leaders) != 1:
-        fail(f"{name}: the leadership changed during a stall shorter than the lease: {leaders}")
+    epochs = [e["epoch"] for e in leaders]
+    if epochs != sorted(set(epochs)):
+        fail(f"{name}: epochs that do not increase: {leaders}")
     same_workers(name, events)
     ref = step_losses(reference)
     got = step_losses(events)
@@ -247,7 +250,8 @@ def stalled_briefly(tmp, ref_dir, reference):
     diff = checkpoint_param_diff(ref_dir, rec_dir)
     if diff > 1e-4:
         fail(f"{name}: final parameters differ by {diff:.2e} relative")
-    print(f"ok: {name}: the same leader took its members back, exact", flush=True)
+    how = "the same leader took its members back" if len(leaders) == 1 else "a standby took over"
+    print(f"ok: {name}: {how}, exact", flush=True)
 
 
 def test():
