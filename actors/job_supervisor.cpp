@@ -151,7 +151,8 @@ void send_result(self_ptr self, const finish_job& f) {
   if (st.result_sent) return;
   st.result_sent = true;
   // Every commit was confirmed before the job could end; the last retention runs here.
-  if (st.committer && !st.logic->checkpoints_in_flight() && st.logic->last_checkpoint_step() >= 0)
+  if (st.committer && !st.takeover && !st.logic->checkpoints_in_flight() &&
+      st.logic->last_checkpoint_step() >= 0)
     st.committer->collect_garbage(st.committer->requests());
   st.committer.reset();
   for (auto& a : st.agents)
@@ -212,7 +213,9 @@ void on_committed(self_ptr self, int64_t step, const std::string& path, const st
     monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
   run(self, st.logic->on_checkpoint_committed(c, path, error));
   // Retention between checkpoints: only while no rank may be writing chunks of one.
-  if (error.empty() && st.committer && !st.logic->checkpoints_in_flight())
+  // Not after a takeover: a collection there has been seen to remove chunks that a checkpoint
+  // committed before it still needed (docs/KNOWN_ISSUES.md); checkpoints are kept instead.
+  if (error.empty() && st.committer && !st.takeover && !st.logic->checkpoints_in_flight())
     st.committer->collect_garbage(st.committer->requests());
 }
 
