@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/job/events.hpp"
+#include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
+#include "monitoring/log.hpp"
 
 namespace troupe::actors {
 
@@ -19,6 +21,10 @@ checkpoint_committer::checkpoint_committer(std::string run_dir, ckpt::retention_
                                            std::optional<int64_t> verified_step)
     : run_dir_(std::move(run_dir)), policy_(policy), reply_to_(std::move(reply_to)) {
   if (verified_step) gc_memory_.verified.insert(*verified_step);
+  try {
+    latest_seen_ = ckpt::read_latest_step(run_dir_);
+  } catch (const std::exception&) {  // a damaged LATEST: the first commit replaces it
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -75,12 +81,60 @@ void checkpoint_committer::run() {
   }
 }
 
+void checkpoint_committer::check_fence(const char* doing) const {
+  if (!fence_) return;
+  if (!fence_())
+    throw std::runtime_error(std::string("this coordinator no longer leads the job; ") + doing);
+  std::optional<int64_t> latest;
+  try {
+    latest = ckpt::read_latest_step(run_dir_);
+  } catch (const std::exception&) {
+    latest = -1;  // damaged since this committer looked: not what it left
+  }
+  if (latest != latest_seen_)
+    throw std::runtime_error("LATEST names step " +
+                             (latest ? std::to_string(*latest) : std::string("none")) +
+                             ", which this coordinator did not commit (it expected " +
+                             (latest_seen_ ? std::to_string(*latest_seen_) : std::string("none")) +
+                             "): another coordinator leads the job; " + doing);
+}
+
+void checkpoint_committer::undo_deposed_commit(int64_t step, bool moved_latest) {
+  // The manifest this coordinator wrote after it was deposed names chunks the new leader
+  // never knew of and may have collected: it must not stay a committed checkpoint. LATEST
+  // goes back to what it named before, unless someone has moved it since.
+  try {
+    if (moved_latest && ckpt::read_latest_step(run_dir_) == step)
+      ckpt::point_latest_at(run_dir_, latest_seen_);
+    const auto manifest = ckpt::format::step_dir(run_dir_, step) / ckpt::format::manifest_name;
+    if (::unlink(manifest.c_str()) == 0) ckpt::io::fsync_dir(manifest.parent_path());
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::error, {"coordinator", -1, 0, step},
+                    std::string("undoing a commit made after losing the lead: ") + e.what());
+  }
+}
+
 void checkpoint_committer::do_commit(const ckpt::manifest& m) {
   std::string error;
   try {
-    if (fence_ && !fence_())
-      throw std::runtime_error("this coordinator no longer leads the job; not committed");
-    ckpt::commit_manifest(run_dir_, m);
+    // Checked right before each rename, after the slow fsyncs, not once up front: a stall
+    // (SIGSTOP, a VM pause) between a check and the write it allows is what deposes a leader.
+    int renames_allowed = 0;
+    try {
+      ckpt::commit_manifest(run_dir_, m, [&] {
+        check_fence("not committed");
+        ++renames_allowed;
+      });
+    } catch (...) {
+      if (renames_allowed > 0 && fence_ && !fence_()) undo_deposed_commit(m.step, false);
+      throw;
+    }
+    // And once after: a stall between the check and the rename is caught here.
+    if (renames_allowed > 0 && fence_ && !fence_()) {
+      undo_deposed_commit(m.step, renames_allowed > 1);
+      throw std::runtime_error("this coordinator lost the lead while committing; not committed");
+    }
+    latest_seen_ = m.step;
     gc_memory_.remember(m);
     // Every chunk it names was written by this job's ranks or checked by them first.
     gc_memory_.verified.insert(m.step);
@@ -96,10 +150,21 @@ void checkpoint_committer::do_collect(const gc_job& g) {
   // A writer that started after the ticket holds (or will wait for) the chunk store lock;
   // one that already finished changed the request count. Either way: not now.
   events::job_event event;
-  if (fence_ && !fence_()) return;  // another coordinator may lead, and its checkpoints are live
+  try {
+    check_fence("nothing collected");
+  } catch (const std::exception&) {
+    return;  // another coordinator may lead, and its checkpoints are live
+  }
   try {
     const auto lock = ckpt::chunk_store_lock::try_exclusive(run_dir_);
     if (!lock || requests_.load() != g.ticket) return;
+    // Again under the lock: no writer of anyone's can start now, so what this collection
+    // finds unreferenced stays so.
+    try {
+      check_fence("nothing collected");
+    } catch (const std::exception&) {
+      return;
+    }
     const auto started = std::chrono::steady_clock::now();
     // Keep as many collected files as the newest checkpoint has chunks: what the next one
     // writes when all of its state has changed. The disk then holds what it held at the

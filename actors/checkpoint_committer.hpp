@@ -56,13 +56,22 @@ class checkpoint_committer {
   /// for since `ticket` was taken and no writer holds the chunk store; otherwise it waits for
   /// the next one. Answered with ckpt_gc_atom when it removed something.
   void collect_garbage(uint64_t ticket);
-  /// With etcd: asked (on the committer's thread) right before LATEST is moved or anything is
-  /// collected; false (this coordinator no longer leads: it may have woken from a stall while
-  /// another leads the job) commits and collects nothing. Set before the first job is queued.
+  /// With etcd: asked (on the committer's thread) right before a manifest is written, right
+  /// before LATEST is moved, and before anything is collected; false (this coordinator no
+  /// longer leads: it may have woken from a stall while another leads the job) commits and
+  /// collects nothing. With a fence, LATEST must also still name what this committer last
+  /// left there (or found when it was made): a LATEST moved by another coordinator is never
+  /// moved back. Set before the first job is queued.
   void set_fence(std::function<bool()> still_leading) { fence_ = std::move(still_leading); }
 
  private:
+  // Throws when this coordinator may not touch the run's checkpoints any more (see set_fence).
+  void check_fence(const char* doing) const;
+  // Takes back a manifest (and LATEST, when `moved_latest`) written after the lead was lost.
+  void undo_deposed_commit(int64_t step, bool moved_latest);
+
   std::function<bool()> fence_;
+  std::optional<int64_t> latest_seen_;  // LATEST as this committer left or found it
   struct gc_job {
     uint64_t ticket;
   };

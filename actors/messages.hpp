@@ -189,6 +189,9 @@ struct launch_plan {
   int32_t coordinator_timeout_ms = 0;  ///< a coordinator silent this long is gone
   std::string error;
   int64_t epoch = 0;  ///< the answering coordinator's leadership epoch (0 without etcd)
+  /// With several coordinators, a leader silent this long is looked past: the agent asks for
+  /// the leader again (0: not said, the coordinator timeout serves)
+  int32_t heartbeat_timeout_ms = 0;
 };
 
 /// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
@@ -216,6 +219,7 @@ struct step_done {
   double control_s = 0;           ///< previous step's vote-to-commit round trip, less the peer wait
   double peer_wait_s = 0;         ///< previous step's wait, at the coordinator, for the last vote
   double optim_s = 0;             ///< previous step's optimizer update
+  double ckpt_stall_s = 0;        ///< previous step's checkpoint snapshot (training held for it)
   int64_t optim_state_bytes = 0;  ///< optimizer state this rank holds, as allocated
   int64_t peak_rss_bytes = 0;     ///< the process's peak resident memory so far
 };
@@ -328,6 +332,7 @@ struct job_result {
   double wall_s = 0;
   std::string last_checkpoint;
   int32_t world = 0;  ///< ranks of the job's last generation (lost ranks shrink it); 0 = none
+  std::string goodput_json;  ///< the job's last `goodput` event: where its time went
 };
 
 template <class Inspector>
@@ -370,14 +375,14 @@ typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
-           x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch);
+           x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch, x.heartbeat_timeout_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
   return f(caf::meta::type_name("troupe::step_done"), x.generation, x.step, x.rank, x.ok, x.error,
            x.error_kind, x.error_op, x.error_group, x.loss_sum, x.tokens, x.lr, x.compute_s,
-           x.compute_cpu_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.optim_state_bytes,
-           x.peak_rss_bytes, x.grad_norm, x.loss_class, x.grad_norm_class);
+           x.compute_cpu_s, x.comm_s, x.control_s, x.peer_wait_s, x.optim_s, x.ckpt_stall_s,
+           x.optim_state_bytes, x.peak_rss_bytes, x.grad_norm, x.loss_class, x.grad_norm_class);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
@@ -417,7 +422,8 @@ typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_result& x) {
   return f(caf::meta::type_name("troupe::job_result"), x.exit_code, x.message, x.steps_done,
-           x.final_loss, x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint, x.world);
+           x.final_loss, x.val_loss, x.tokens_per_s, x.wall_s, x.last_checkpoint, x.world,
+           x.goodput_json);
 }
 
 /// The actor-system config every troupe process uses: registers the message types

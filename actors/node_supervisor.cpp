@@ -125,6 +125,9 @@ struct agent_state {
   int32_t node = 0;
   int restarts_left = 0;
   std::chrono::milliseconds coordinator_timeout{0};  // 0 = not known yet
+  // With several coordinators, a leader silent this long is looked past (as the workers do):
+  // the search for the leader starts, for up to the coordinator timeout. 0 = not said.
+  std::chrono::milliseconds heartbeat_timeout{0};
   std::chrono::steady_clock::time_point coordinator_seen = std::chrono::steady_clock::now();
   std::string exe, endpoint;
   bool stopping = false;
@@ -151,6 +154,15 @@ struct agent_state {
   bool unsent_preempt = false;
   std::string host_name;
   bool several_coordinators() const { return args.coordinators.size() > 1; }
+  // How long the coordinator this agent follows may stay silent before the agent acts: with
+  // standby coordinators, the heartbeat timeout (then it looks for the leader); alone, the
+  // coordinator timeout (then it fences). 0 = not known yet.
+  std::chrono::milliseconds silence_limit() const {
+    if (several_coordinators() && heartbeat_timeout.count() > 0 &&
+        heartbeat_timeout < coordinator_timeout)
+      return heartbeat_timeout;
+    return coordinator_timeout;
+  }
   static inline const char* name = "node_supervisor";
 };
 using self_ptr = caf::stateful_actor<agent_state>*;
@@ -303,6 +315,7 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
   ::setenv("TROUPE_NODE", std::to_string(plan.node).c_str(), 1);
   s.restarts_left = plan.max_restarts;
   s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
+  s.heartbeat_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
   s.coordinator_seen = std::chrono::steady_clock::now();
   s.epoch = plan.epoch;
   s.exe = self_executable();
@@ -345,6 +358,8 @@ void search_succeeded(self_ptr self, const caf::actor& leader, size_t index,
   s.coordinator_seen = std::chrono::steady_clock::now();
   if (plan.coordinator_timeout_ms > 0)
     s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
+  if (plan.heartbeat_timeout_ms > 0)
+    s.heartbeat_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
   // The leader may allow fewer restarts than this node still has, never more.
   s.restarts_left = std::min<int>(s.restarts_left, std::max<int>(plan.max_restarts, 0));
   if (plan.node != s.node)
@@ -431,10 +446,12 @@ void try_candidate(self_ptr self) {
   }
   const size_t index = (s.search_first + s.search_tries++) % n;
   // A dead coordinator must not eat the time the live ones need, so each connect is short;
-  // one still starting is simply asked again on the next round.
+  // one still starting is simply asked again on the next round. Rehoming, the one that was
+  // lost is likely dead and refuses at once: a round over the others must not wait on it.
   const auto left =
       std::max(duration_cast<milliseconds>(s.search_deadline - now), milliseconds(200));
-  const auto connect_until = now + std::min(left, milliseconds(1500));
+  const auto connect_until =
+      now + std::min(left, s.rehoming ? milliseconds(400) : milliseconds(1500));
   s.searches->start([&sys = self->system(), where = s.args.coordinators[index], connect_until,
                      agent = caf::actor_cast<caf::actor>(self), id = s.search_id, index] {
     auto h = remote_job_actor_until(sys, where.host, where.port, connect_until);
@@ -492,10 +509,11 @@ void greet_candidate(self_ptr self, const candidate_found& found) {
           });
 }
 
-// The coordinator is lost and the job has others: the workers keep running (and are reaped
-// and restarted as usual) while the agent asks every coordinator, the lost one too (it may
-// only have been slow), to take this node on again. None within the coordinator timeout
-// fences the node.
+// The coordinator is lost (its connection closed, or it was silent for the heartbeat timeout)
+// and the job has others: the workers keep running (and are reaped and restarted as usual)
+// while the agent asks every coordinator, the lost one too (it may only have been slow), to
+// take this node on again. None within the coordinator timeout, counted from here as the
+// workers count it, fences the node.
 void begin_rehome(self_ptr self, const std::string& why) {
   auto& s = self->state;
   s.rehoming = true;
@@ -518,11 +536,15 @@ void begin_rehome(self_ptr self, const std::string& why) {
                   "lost the coordinator (" + why + "); looking for the leader among " +
                       endpoints_text(s.args.coordinators) + " for up to " +
                       std::to_string(timeout.count()) + " ms; the workers keep running");
+  // A cut-off or stopped coordinator is silent, not refusing (its connection may even be
+  // open): a try at it must leave time for the others. A coordinator that runs answers in
+  // milliseconds, so a try need not outlast half the silence this agent already allowed.
+  auto hello_timeout = std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4);
+  if (const auto limit = s.silence_limit(); limit.count() > 0)
+    hello_timeout = std::min(hello_timeout, limit / 2);
   // The one that was lost is asked last: a standby has more likely taken over.
   start_search(self, std::move(hello), (s.coordinator_index + 1) % s.args.coordinators.size(),
-               s.lost_at + timeout,
-               // A cut-off coordinator is silent, not refusing: leave time for the others.
-               std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4));
+               s.lost_at + timeout, hello_timeout);
 }
 
 caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordinator,
@@ -623,11 +645,12 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           return;
         }
         const auto now = std::chrono::steady_clock::now();
-        if (!s.stopping && !s.rehoming && s.coordinator_timeout.count() > 0 &&
-            now - s.coordinator_seen > s.coordinator_timeout) {
-          const std::string silent = "no heartbeat from it for " +
-                                     std::to_string(s.coordinator_timeout.count()) +
-                                     " ms (--coordinator-timeout-ms)";
+        const auto limit = s.silence_limit();
+        if (!s.stopping && !s.rehoming && limit.count() > 0 && now - s.coordinator_seen > limit) {
+          const bool early = limit < s.coordinator_timeout;
+          const std::string silent =
+              "no heartbeat from it for " + std::to_string(limit.count()) +
+              (early ? " ms (--heartbeat-timeout-ms)" : " ms (--coordinator-timeout-ms)");
           if (s.several_coordinators())
             begin_rehome(self, silent);
           else

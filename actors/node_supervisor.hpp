@@ -15,8 +15,9 @@ struct agent_args {
   std::string coordinator_host = "127.0.0.1";
   uint16_t coordinator_port = 0;
   /// Every coordinator of the job (the first is coordinator_host:port). More than one: one
-  /// leads and the others stand by; when the leader is lost this process asks them in turn
-  /// until the new leader takes it on (coordinator takeover).
+  /// leads and the others stand by; when the leader is lost (its connection closes, or it is
+  /// silent for the heartbeat timeout) this process asks them in turn until the new leader
+  /// takes it on (coordinator takeover), for up to the coordinator timeout, then fences.
   std::vector<endpoint> coordinators;
   int connect_timeout_ms = 30000;
   int ranks = 0;  ///< workers this agent offers (--ranks K); 0 = its share of the job

@@ -158,7 +158,12 @@ shard_entry write_shard(const std::string& run_dir, const shard_state& state);
 /// manifest.json durably, then points LATEST at the step atomically. Only after LATEST is
 /// renamed into place is the checkpoint committed. Re-committing an identical manifest
 /// (a retry after a crash) is allowed; a different one for a committed step is not.
-void commit_manifest(const std::string& run_dir, const manifest& m);
+/// `before_write`, when given, is called right before the manifest is renamed into place
+/// (after its fsync) and again right before LATEST is, and throws to stop the commit there: a
+/// coordinator that may have been deposed while it waited on the disk checks that it still
+/// leads.
+void commit_manifest(const std::string& run_dir, const manifest& m,
+                     const std::function<void()>& before_write = {});
 
 /// The checkpoint LATEST names, or nullopt when nothing was ever committed. Step
 /// directories without a manifest (a crash before commit) are ignored. Throws
@@ -400,8 +405,9 @@ std::vector<std::string> make_real_directory(const std::string& run_dir,
                                              const std::filesystem::path& dir, bool durable);
 
 /// Points LATEST at `step` durably, or removes it (durably) when `step` is nullopt. A non-file
-/// in LATEST's place is moved aside first.
-void point_latest_at(const std::string& run_dir, std::optional<int64_t> step);
+/// in LATEST's place is moved aside first. `before_rename`: see io::publish.
+void point_latest_at(const std::string& run_dir, std::optional<int64_t> step,
+                     const std::function<void()>& before_rename = {});
 
 /// Reads back every object of committed checkpoint `step` (manifest, and every chunk or shard
 /// with its hash) and lists each damaged one; empty when the checkpoint is intact.

@@ -129,11 +129,13 @@ unique_fd create_temp(const fs::path& temp_path) {
   return fd;
 }
 
-void publish(unique_fd fd, const fs::path& temp_path, const fs::path& final_path) {
+void publish(unique_fd fd, const fs::path& temp_path, const fs::path& final_path,
+             const std::function<void()>& before_rename) {
   try {
     fsync_fd(fd.get(), temp_path);
     // close() can report a deferred write error (NFS); it must not be ignored.
     if (::close(fd.release()) != 0) fail_errno(temp_path, "close", errno);
+    if (before_rename) before_rename();
     if (::rename(temp_path.c_str(), final_path.c_str()) != 0) {
       fail_errno(final_path, "renaming the finished temporary file into place", errno);
     }
@@ -144,7 +146,8 @@ void publish(unique_fd fd, const fs::path& temp_path, const fs::path& final_path
   fsync_dir(final_path.parent_path());
 }
 
-void write_file_atomically(const fs::path& final_path, std::string_view content) {
+void write_file_atomically(const fs::path& final_path, std::string_view content,
+                           const std::function<void()>& before_rename) {
   const fs::path temp = temp_path_for(final_path);
   unique_fd fd = create_temp(temp);
   try {
@@ -153,7 +156,7 @@ void write_file_atomically(const fs::path& final_path, std::string_view content)
     ::unlink(temp.c_str());
     throw;
   }
-  publish(std::move(fd), temp, final_path);
+  publish(std::move(fd), temp, final_path, before_rename);
 }
 
 std::vector<unsigned char> read_file(const fs::path& path) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,13 +73,16 @@ std::filesystem::path temp_path_for(const std::filesystem::path& final_path);
 unique_fd create_temp(const std::filesystem::path& temp_path);
 
 /// fsync + close `fd`, rename `temp_path` to `final_path`, fsync the directory. On
-/// failure the temporary file is removed and an io error thrown.
+/// failure the temporary file is removed and an io error thrown. `before_rename`, when given,
+/// runs right before the rename (after the slow fsync) and may throw to stop it.
 void publish(unique_fd fd, const std::filesystem::path& temp_path,
-             const std::filesystem::path& final_path);
+             const std::filesystem::path& final_path,
+             const std::function<void()>& before_rename = {});
 
 /// Replaces `final_path` with `content` atomically and durably (temp, fsync, rename,
 /// directory fsync): a reader sees the old content or the new, never a mixture.
-void write_file_atomically(const std::filesystem::path& final_path, std::string_view content);
+void write_file_atomically(const std::filesystem::path& final_path, std::string_view content,
+                           const std::function<void()>& before_rename = {});
 
 /// The whole file. Throws missing if it does not exist, io on other failures.
 std::vector<unsigned char> read_file(const std::filesystem::path& path);

@@ -182,11 +182,12 @@ std::vector<quarantined_checkpoint> list_quarantined(const std::string& run_dir)
   return out;
 }
 
-void point_latest_at(const std::string& run_dir, std::optional<int64_t> step) {
+void point_latest_at(const std::string& run_dir, std::optional<int64_t> step,
+                     const std::function<void()>& before_rename) {
   const fs::path latest = run_paths::latest(run_dir);
   if (what_is(latest) == found::directory) (void)move_aside(run_dir, latest, "not-a-file");
   if (step) {
-    io::write_file_atomically(latest, format::step_dir_name(*step) + "\n");
+    io::write_file_atomically(latest, format::step_dir_name(*step) + "\n", before_rename);
     return;
   }
   if (::unlink(latest.c_str()) != 0 && errno != ENOENT) io::fail_errno(latest, "removing", errno);

@@ -245,7 +245,8 @@ shard_entry write_shard(const std::string& run_dir, const shard_state& s) {
   return entry;
 }
 
-void commit_manifest(const std::string& run_dir, const manifest& m) {
+void commit_manifest(const std::string& run_dir, const manifest& m,
+                     const std::function<void()>& before_write) {
   const fs::path dir = format::step_dir(run_dir, m.step);
   const fs::path manifest_path = dir / format::manifest_name;
   manifest_json::validate(m, manifest_path, error_kind::invalid_argument);
@@ -292,10 +293,10 @@ void commit_manifest(const std::string& run_dir, const manifest& m) {
       already_committed(dir, m.step);
     }
   } else {
-    io::write_file_atomically(manifest_path, text);
+    io::write_file_atomically(manifest_path, text, before_write);
   }
   // The commit point: once this rename is durable, the step is the checkpoint to restore.
-  point_latest_at(run_dir, m.step);
+  point_latest_at(run_dir, m.step, before_write);
 }
 
 }  // namespace troupe::ckpt

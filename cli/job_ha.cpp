@@ -102,9 +102,13 @@ class launcher {
         if (found.contains(pid)) continue;
         if (auto ended = actors::try_reap(pid)) {
           stop_all();
-          throw std::runtime_error("coordinator " + std::to_string(pid) +
+          const std::string what = "coordinator " + std::to_string(pid) +
                                    " ended before it listened (" + words_of(*ended) +
-                                   "); see its output above");
+                                   "); see its output above";
+          // Exit 2 is the coordinator refusing the job's options (etcd's TLS among them): the
+          // launcher's exit says the same, whichever came first, this or the address.
+          if (ended->signal == 0 && ended->exit_code == 2) throw usage_error("troupe run: " + what);
+          throw std::runtime_error(what);
         }
         if (auto address = published_address(job_.cfg.run_dir, pid); !address.empty())
           found[pid] = address;

@@ -59,6 +59,7 @@ void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& a
   answer.node = node;
   answer.max_restarts = max_restarts_;
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
+  answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
   for (int i = 0; i < count; ++i) {
     launched_on_.resize(static_cast<size_t>(next_member_) + 1, -1);
     launched_on_[static_cast<size_t>(next_member_)] = node;
@@ -94,6 +95,7 @@ void membership::readmit_agent(const agent_hello& h, bool job_over, launch_plan&
   answer.node = h.node;
   answer.max_restarts = h.restarts_left;
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
+  answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
   out.push_back(emit_event{events::agent_joined{h.host, h.pid, h.node, h.members}});
 }
 

@@ -7,7 +7,9 @@ undisturbed run trains.
     step committed with the undisturbed run's loss, the same final parameters, the workers keep
     their processes, the first commit after the kill within 3 s.
 (2) the leader SIGSTOPped for three times its lease (15 s): the standby takes over; the old one,
-    woken, steps down and commits nothing; exact.
+    woken, steps down and commits nothing; exact. The agent, whose connection to the stopped
+    leader stays open, rejoins the standby within 3 s of its election (it looks for the leader
+    after a heartbeat timeout of silence, not the coordinator timeout).
 (3) the leader killed in the middle of committing step 10, after its commit reached one rank
     and not the other (--fault kill:coordinator:step=10:commits=1): the new leader completes
     step 10 on both; exact.
@@ -110,6 +112,31 @@ def first_commit_after(events, marker_index):
     return None
 
 
+def agents_rejoined(name, events, leader, limit_ms=3000, required=True):
+    """Every node whose agent joined before `leader` (a `leader` event of a takeover) rejoins
+    that leader (its `agent_joined`) within `limit_ms` of it. With several coordinators an
+    agent looks for the leader after a heartbeat timeout of silence, not the coordinator
+    timeout, so even a leader stopped with its connections open is left in time. Not
+    `required`: only said (a short job may end before its agents are back)."""
+    at = events.index(leader)
+    nodes = {e["node"] for e in of(events[:at], "agent_joined")}
+    if not nodes:
+        fail(f"{name}: no agent joined before the takeover")
+    rejoined = {}
+    for e in of(events[at:], "agent_joined"):
+        rejoined.setdefault(e["node"], e["unix_ms"] - leader["unix_ms"])
+    late = {n: rejoined.get(n) for n in nodes if rejoined.get(n) is None or rejoined[n] > limit_ms}
+    if late and not required:
+        print(f"{name}: agents not back within {limit_ms} ms of the new leader's election "
+              f"(the job may have ended first): {late}", flush=True)
+        return
+    if late:
+        fail(f"{name}: agents that did not rejoin the new leader within {limit_ms} ms of its "
+             f"election (node: ms, None = never): {late}")
+    print(f"{name}: agents rejoined {max(rejoined[n] for n in nodes)} ms after the new leader's "
+          "election", flush=True)
+
+
 def killed(tmp, ref_dir, reference, name, fault):
     rec_dir = os.path.join(tmp, name)
     events = run_ok(name, BASE + HA + ["--fault", fault], rec_dir, timeout=300)
@@ -120,6 +147,11 @@ def killed(tmp, ref_dir, reference, name, fault):
     if faults[0]["pids"] != [leader_pid(leaders[0])]:
         fail(f"{name}: the fault hit {faults[0]['pids']}, not the leader {leaders[0]}")
     same_workers(name, events)
+    if len(leaders) < 2:
+        fail(f"{name}: no second leader: {leaders}")
+    # The job ends well under a second after the takeover, which may be before the agent is
+    # back: said, not required.
+    agents_rejoined(name, events, leaders[1], required=False)
     at = events.index(faults[0])
     after = first_commit_after(events, at)
     if after is None:
@@ -163,9 +195,10 @@ def leadership_gauges(port):
 def stopped(tmp, ref_dir, reference):
     name = "leader stopped for 3 leases"
     rec_dir = os.path.join(tmp, "stopped")
-    # Both ranks computing 30 times slower (the same arithmetic) keeps the job running while
-    # the leader is stopped; no rank is slower than the other, so no straggler either.
-    slow = ["--fault", "slow:rank=0:factor=30:from=1", "--fault", "slow:rank=1:factor=30:from=1"]
+    # Both ranks computing 100 times slower (the same arithmetic) keeps the job running while
+    # the leader is stopped, and for seconds after the takeover (for the agent's rejoin to be
+    # seen); no rank is slower than the other, so no straggler either.
+    slow = ["--fault", "slow:rank=0:factor=100:from=1", "--fault", "slow:rank=1:factor=100:from=1"]
     metrics = two_free_ports()
     with Job(BASE + HA + slow + ["--metrics-port", str(metrics)], run_dir=rec_dir) as job:
         def leaders():
@@ -210,6 +243,9 @@ def stopped(tmp, ref_dir, reference):
         fail(f"{name}: the first commit under the new leader came "
              f"{after and after['unix_ms'] - second['unix_ms']} ms after it was elected "
              "(limit 3000)")
+    # The agent's connection to the stopped leader stays open: it finds the new leader by the
+    # leader's silence alone.
+    agents_rejoined(name, events, second)
     same_workers(name, events)
     exact(name, tmp, ref_dir, rec_dir, reference, events)
     print(f"ok: {name}: the standby led, the woken leader stepped down, exact "
