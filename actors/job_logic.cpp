@@ -28,6 +28,7 @@ job_logic::job_logic(job_params params, logic_time now)
       stragglers_(params_),
       divergence_(params_),
       stopping_(params_),
+      ledger_(std::min(now, params_.accounted_from.value_or(now)), params_.members),
       deadline_(now + params_.form_timeout),
       latest_(now) {}
 
@@ -298,6 +299,18 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   }
   const double step_s = steps_.commit(v, loss, now);
   generations_.step_committed();
+  step_measures measured{.compute_s = v.compute_s,
+                         .comm_s = v.comm_s,
+                         .optim_s = v.optim_s,
+                         .ckpt_stall_s = v.ckpt_stall_s,
+                         .bubble_fraction = plan().bubble};
+  if (plan().shape.pp == 1) measured.collective_skew_s = w * v.max_compute_s - v.compute_s;
+  for (const logic_time arrived : v.arrived) measured.peer_wait_s += seconds_between(arrived, now);
+  const phase_seconds phases = ledger_.step_committed(now, step, w, measured);
+  nlohmann::json phases_doc = nlohmann::json::object();
+  for (int p = 0; p < phase_count; ++p)
+    if (phases.s[static_cast<size_t>(p)] > 0)
+      phases_doc[std::string(phase_name(static_cast<phase>(p)))] = phases.s[static_cast<size_t>(p)];
 
   const int64_t last = session_last_step(cfg);
   const bool preempting = stopping_.preempting();
@@ -326,7 +339,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
                    .comm_s = v.comm_s / w,
                    .control_s = v.control_s / w,
                    .peer_wait_s = v.peer_wait_s / w,
-                   .total_steps = cfg.steps}});
+                   .total_steps = cfg.steps,
+                   .phases = std::move(phases_doc)}});
   for (const auto& m : members()) {
     if (!m.live || m.rank < 0) continue;
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
@@ -403,8 +417,9 @@ actions job_logic::on_shard_written(const shard_written& w, logic_time now) {
 }
 
 actions job_logic::on_checkpoint_committed(const commit_checkpoint& c, const std::string& path,
-                                           const std::string& error) {
+                                           const std::string& error, logic_time now) {
   actions out;
+  latest_ = std::max(latest_, now);  // the job may end now: its time is accounted up to here
   checkpoints_.committed(c, path, error, generation(), out);
   release_held_votes(out);
   maybe_finish(out);
@@ -504,9 +519,33 @@ void job_logic::maybe_finish(actions& out) {
   finish(code, message, out);
 }
 
+events::goodput job_logic::goodput_event(logic_time now) const {
+  const phase_seconds t = ledger_.totals(now);
+  events::goodput g;
+  g.step = committed();
+  g.generation = generation();
+  g.wall_s = ledger_.wall_s(now);
+  g.slots = ledger_.slots();
+  g.rank_seconds = t.total();
+  g.phases = nlohmann::json::object();
+  for (int p = 0; p < phase_count; ++p)
+    g.phases[std::string(phase_name(static_cast<phase>(p)))] = t.s[static_cast<size_t>(p)];
+  g.goodput = g.rank_seconds > 0 ? t[phase::compute] / g.rank_seconds : 0;
+  g.peak_flops = params_.peak_flops;
+  g.tokens = steps_.tokens_trained();
+  const double available = params_.peak_flops * g.rank_seconds;
+  g.mfu = available > 0 ? params_.flops_per_token * static_cast<double>(g.tokens) / available : 0;
+  return g;
+}
+
 void job_logic::finish(int exit_code, const std::string& message, actions& out) {
   if (ended_) return;
   ended_ = true;
+  // After the last commit the job waited for its final checkpoint, or for the control plane.
+  ledger_.ended(latest_, checkpoints_.last_step() == committed() && committed() > 0
+                             ? phase::checkpoint_stall
+                             : phase::control);
+  out.push_back(emit_event{goodput_event(latest_)});
   set_state(exit_code == 0 ? job_state::done : job_state::failed, out, message);
   members_.stop_all(exit_code, message, out);
   out.push_back(emit_event{events::job_ended{exit_code, message, committed(), generation()}});

@@ -31,6 +31,7 @@
 #include "actors/job/checkpoint_collection.hpp"
 #include "actors/job/divergence.hpp"
 #include "actors/job/generation_plan.hpp"
+#include "actors/job/goodput.hpp"
 #include "actors/job/job_actions.hpp"
 #include "actors/job/job_params.hpp"
 #include "actors/job/membership.hpp"
@@ -76,8 +77,9 @@ class job_logic {
   actions on_member_rejoined(int32_t member, logic_time now);
   actions on_vote(const step_done& vote, logic_time now);
   actions on_shard_written(const shard_written& w, logic_time now);
+  /// `now`: when the committer answered (a default-made time changes no clock).
   actions on_checkpoint_committed(const commit_checkpoint& c, const std::string& path,
-                                  const std::string& error);
+                                  const std::string& error, logic_time now = {});
   actions on_eval_done(const eval_done& e, logic_time now);
   actions on_member_lost(int32_t member, loss_cause cause, const std::string& why, logic_time now);
   /// A worker process ended, as its agent saw it: logged, and its member is lost when it was
@@ -140,6 +142,10 @@ class job_logic {
   double last_loss() const { return steps_.last_loss(); }
   double last_val_loss() const { return steps_.last_val_loss(); }
   int64_t tokens_trained() const { return steps_.tokens_trained(); }
+  /// Where the job's rank-seconds went up to `now` (goodput accounting).
+  const goodput_ledger& ledger() const { return ledger_; }
+  /// The `goodput` event for the time up to `now`.
+  events::goodput goodput_event(logic_time now) const;
 
  private:
   void set_state(job_state s, actions& out, const std::string& why);
@@ -198,6 +204,7 @@ class job_logic {
   straggler_response stragglers_;
   divergence divergence_;
   stopping stopping_;
+  goodput_ledger ledger_;
   job_state state_ = job_state::forming;
   bool ended_ = false;
   logic_time deadline_{};  // forming, recovery, or the step watchdog

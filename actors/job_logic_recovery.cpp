@@ -209,6 +209,7 @@ void job_logic::begin_generation(const std::string& reason, logic_time now, acti
   }
   members_.next_generation();
   replacements_.unhold();  // every live member reports again first
+  ledger_.recovering(now);
   set_state(job_state::recovering, out, reason);
   steps_.new_generation();
   checkpoints_.abandon(reason, generation(), out);
@@ -335,6 +336,8 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
   // Every member is in: the generation trains.
   generations_.formed(generation(), members_.idle_count(), committed(), now, out);
   set_state(job_state::training, out, generations_.reason());
+  ledger_.training(now, world());
+  out.push_back(emit_event{goodput_event(now)});
   stragglers_.new_generation(world());
   steps_.restart_clock(now);
   deadline_ = now + std::chrono::milliseconds(2LL * params_.cfg.step_timeout_ms);

@@ -1,8 +1,12 @@
 // job_metrics: the coordinator's metrics and how each event moves them.
 #include "actors/job_metrics.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <string>
 
+#include "actors/job/goodput.hpp"
 #include "actors/tls_transport.hpp"
 
 namespace troupe::actors {
@@ -66,7 +70,81 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
                                "Rollbacks to the last committed checkpoint after a divergence")),
       stage_rejections(
           &r.add_counter_family("troupe_rejected_connections_total", rejected_connections_help)
-               .with({{"listener", "stage"}})) {}
+               .with({{"listener", "stage"}})),
+      rank_seconds(&r.add_counter_family(
+          "troupe_rank_seconds_total",
+          "Rank-seconds of the job by phase; the phases sum to wall time x rank slots")),
+      goodput(&r.add_gauge("troupe_goodput_ratio",
+                           "Useful compute over all rank-seconds of the job so far")),
+      mfu(&r.add_gauge("troupe_mfu",
+                       "Model FLOPs utilisation: committed tokens' training FLOPs "
+                       "over peak FLOP/s x rank-seconds")),
+      peak_flops(
+          &r.add_gauge("troupe_peak_flops", "One rank's peak FLOP/s the MFU is measured against")) {
+  // The causes a recovery can have are exported at 0 from the start, so that the first
+  // recovery of each is an increase a rate() sees.
+  for (const char* cause : {"exit", "connection", "hang", "straggler", "error", "divergence"})
+    recoveries->with({{"cause", cause}});
+  // Every phase is exported from the first scrape, at 0 until time is spent in it.
+  for (int p = 0; p < phase_count; ++p)
+    rank_seconds->with({{"phase", std::string(phase_name(static_cast<phase>(p)))}});
+}
+
+void job_metrics::set_rank_gauges(const std::vector<double>& ages,
+                                  const std::vector<double>& scores,
+                                  const std::vector<int>& node_of_rank, int max_rank_labels) {
+  // Only the current generation's ranks (or nodes) are exported: a rank lost in a shrink, or
+  // an evicted straggler, must not go on showing its last value.
+  std::vector<monitoring::label_set> age_series, score_series;
+  const bool by_rank = static_cast<int>(std::max(ages.size(), scores.size())) <= max_rank_labels;
+  if (by_rank) {
+    for (size_t r = 0; r < ages.size(); ++r) {
+      age_series.push_back({{"rank", std::to_string(r)}});
+      heartbeat_age->with(age_series.back()).set(ages[r]);
+    }
+    for (size_t r = 0; r < scores.size(); ++r)
+      if (std::isfinite(scores[r])) {
+        score_series.push_back({{"rank", std::to_string(r)}});
+        straggler_score->with(score_series.back()).set(scores[r]);
+      }
+    heartbeat_age->retain_only(age_series);
+    straggler_score->retain_only(score_series);
+    return;
+  }
+  auto node = [&](size_t r) { return r < node_of_rank.size() ? node_of_rank[r] : 0; };
+  std::map<int, double> worst_age, worst_score;
+  for (size_t r = 0; r < ages.size(); ++r) {
+    double& a = worst_age.try_emplace(node(r), ages[r]).first->second;
+    a = std::max(a, ages[r]);
+  }
+  for (size_t r = 0; r < scores.size(); ++r) {
+    if (!std::isfinite(scores[r])) continue;
+    double& s = worst_score.try_emplace(node(r), scores[r]).first->second;
+    s = std::max(s, scores[r]);
+  }
+  for (const auto& [n, a] : worst_age) {
+    age_series.push_back({{"node", std::to_string(n)}});
+    heartbeat_age->with(age_series.back()).set(a);
+  }
+  for (const auto& [n, s] : worst_score) {
+    score_series.push_back({{"node", std::to_string(n)}});
+    straggler_score->with(score_series.back()).set(s);
+  }
+  heartbeat_age->retain_only(age_series);
+  straggler_score->retain_only(score_series);
+}
+
+void job_metrics::add_phases(const nlohmann::json& phases, bool totals) {
+  if (!phases.is_object()) return;
+  for (const auto& [name, value] : phases.items()) {
+    if (!value.is_number()) continue;
+    double& counted = phase_counted_[name];
+    const double add = totals ? value.get<double>() - counted : value.get<double>();
+    if (add <= 0) continue;
+    rank_seconds->with({{"phase", name}}).inc(add);
+    counted += add;
+  }
+}
 
 void job_metrics::observe(const events::job_event& event) {
   using namespace events;
@@ -82,6 +160,13 @@ void job_metrics::observe(const events::job_event& event) {
                    comm_s->set(e.comm_s);
                    control_s->set(e.control_s);
                    step_seconds->observe(e.step_s);
+                   if (e.phases) add_phases(*e.phases, false);
+                 },
+                 [this](const events::goodput& e) {
+                   add_phases(e.phases, true);
+                   goodput->set(e.goodput);
+                   mfu->set(e.mfu);
+                   peak_flops->set(e.peak_flops);
                  },
                  [this](const events::state& e) { state->set(e.value); },
                  [this](const events::generation& e) {

@@ -1,6 +1,10 @@
 #pragma once
 // The coordinator's Prometheus metrics, registered once and updated from the job's event stream.
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "actors/job/events.hpp"
 #include "monitoring/metrics.hpp"
 
@@ -40,12 +44,28 @@ struct job_metrics {
   monitoring::counter* divergences;
   monitoring::counter* rollbacks;
   monitoring::counter* stage_rejections;
+  monitoring::counter_family* rank_seconds;  // by phase (actors/job/goodput.hpp)
+  monitoring::gauge* goodput;
+  monitoring::gauge* mfu;
+  monitoring::gauge* peak_flops;
 
   /// Registers every metric in `registry`, which must outlive this.
   explicit job_metrics(monitoring::metrics_registry& registry);
 
   /// Updates the metrics that `event` changes.
   void observe(const events::job_event& event);
+
+  /// The per-rank gauges (heartbeat age, straggler score) for a generation of ages.size()
+  /// ranks: labelled by rank up to `max_rank_labels` ranks, and above that by node (the
+  /// node's worst rank), so a large job's label set stays bounded. NaN scores are left out.
+  void set_rank_gauges(const std::vector<double>& ages, const std::vector<double>& scores,
+                       const std::vector<int>& node_of_rank, int max_rank_labels);
+
+ private:
+  // Adds the rank-seconds of `phases` (a step's) or brings the counters up to `phases`
+  // (the goodput event's totals, which include the steps already added).
+  void add_phases(const nlohmann::json& phases, bool totals);
+  std::map<std::string, double> phase_counted_;
 };
 
 }  // namespace troupe::actors

@@ -17,11 +17,13 @@
 #include "actors/expert_group.hpp"
 #include "actors/job/events.hpp"
 #include "actors/job_metrics.hpp"
+#include "actors/job_status.hpp"
 #include "chaos/hooks.hpp"
 #include "chaos/schedule.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/sys/process_clock.hpp"
 #include "runtime/sys/run_paths.hpp"
 #include "strategies/mesh.hpp"
 #include "strategies/state_layout.hpp"
@@ -151,8 +153,7 @@ void send_result(self_ptr self, const finish_job& f) {
   if (st.result_sent) return;
   st.result_sent = true;
   // Every commit was confirmed before the job could end; the last retention runs here.
-  if (st.committer && !st.takeover && !st.logic->checkpoints_in_flight() &&
-      st.logic->last_checkpoint_step() >= 0)
+  if (st.committer && !st.logic->checkpoints_in_flight() && st.logic->last_checkpoint_step() >= 0)
     st.committer->collect_garbage(st.committer->requests());
   st.committer.reset();
   for (auto& a : st.agents)
@@ -171,6 +172,7 @@ void send_result(self_ptr self, const finish_job& f) {
   res.wall_s = std::chrono::duration<double>(now(self) - st.started).count();
   res.last_checkpoint = l.last_checkpoint_path();
   res.world = l.world();
+  res.goodput_json = events::to_json(l.goodput_event(now(self))).dump();
   monitoring::log(f.exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
                   f.exit_code == 0 ? "job done: " + f.message : "job failed: " + f.message);
   self->send(st.setup.listener, result_atom::value, res);
@@ -211,11 +213,9 @@ void on_committed(self_ptr self, int64_t step, const std::string& path, const st
   st.committing.erase(it);
   if (!error.empty())
     monitoring::log(monitoring::level::error, ctx(self), "checkpoint commit failed: " + error);
-  run(self, st.logic->on_checkpoint_committed(c, path, error));
+  run(self, st.logic->on_checkpoint_committed(c, path, error, now(self)));
   // Retention between checkpoints: only while no rank may be writing chunks of one.
-  // Not after a takeover: a collection there has been seen to remove chunks that a checkpoint
-  // committed before it still needed (docs/KNOWN_ISSUES.md); checkpoints are kept instead.
-  if (error.empty() && st.committer && !st.takeover && !st.logic->checkpoints_in_flight())
+  if (error.empty() && st.committer && !st.logic->checkpoints_in_flight())
     st.committer->collect_garbage(st.committer->requests());
 }
 
@@ -382,13 +382,13 @@ void inject_faults(self_ptr self) {
 
 void update_gauges(self_ptr self) {
   auto& st = self->state;
-  const auto ages = st.logic->heartbeat_ages(now(self));
-  for (size_t r = 0; r < ages.size(); ++r)
-    st.metrics->heartbeat_age->with({{"rank", std::to_string(r)}}).set(ages[r]);
-  const auto& scores = st.logic->straggler_scores();
-  for (size_t r = 0; r < scores.size(); ++r)
-    if (std::isfinite(scores[r]))
-      st.metrics->straggler_score->with({{"rank", std::to_string(r)}}).set(scores[r]);
+  std::vector<int> node_of_rank(static_cast<size_t>(std::max(0, st.logic->world())), 0);
+  for (const auto& m : st.logic->members())
+    if (m.live && m.rank >= 0 && static_cast<size_t>(m.rank) < node_of_rank.size())
+      node_of_rank[static_cast<size_t>(m.rank)] = m.node;
+  st.metrics->set_rank_gauges(st.logic->heartbeat_ages(now(self)), st.logic->straggler_scores(),
+                              node_of_rank, st.setup.cfg.metrics_rank_labels);
+  if (st.setup.status) publish_status(*st.setup.status, *st.logic, now(self), st.setup.epoch);
 }
 
 int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
@@ -497,6 +497,10 @@ caf::behavior leading(self_ptr self) {
       make_job_params(st.setup.cfg, st.setup.plan, st.setup.start_step, st.setup.skipped_steps);
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
   if (st.takeover) p.checkpoint_step = st.takeover->checkpoint_step;
+  if (p.peak_flops <= 0) p.peak_flops = st.setup.peak_flops;
+  // The job's time counts from when this process began it; a coordinator that took the job
+  // over counts from its takeover.
+  if (!st.takeover) p.accounted_from = sys::job_started();
   st.logic.emplace(std::move(p), now(self));
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
@@ -709,7 +713,10 @@ caf::behavior leading_behavior(self_ptr self) {
         run(self, std::move(todo));
         return w;
       },
-      [=](const step_done& d) { run(self, self->state.logic->on_vote(d, now(self))); },
+      [=](const step_done& d) {
+        if (self->state.setup.status) note_vote(*self->state.setup.status, d);
+        run(self, self->state.logic->on_vote(d, now(self)));
+      },
       [=](const state_report& r) { run(self, self->state.logic->on_state_report(r, now(self))); },
       [=](const reconfigured& r) { run(self, self->state.logic->on_reconfigured(r, now(self))); },
       [=](const heartbeat& h) {

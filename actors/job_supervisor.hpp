@@ -16,6 +16,7 @@
 #include "chaos/fault_spec.hpp"
 #include "monitoring/event_log.hpp"
 #include "monitoring/metrics.hpp"
+#include "monitoring/status_board.hpp"
 #include "runtime/config.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/replan.hpp"
@@ -30,6 +31,8 @@ struct job_setup {
   std::string store_host;
   uint16_t store_port = 0;
   int64_t start_step = 0;  ///< steps already committed (resume)
+  /// One rank's peak FLOP/s measured on this host (cfg.peak_flops, when set, wins): MFU.
+  double peak_flops = 0;
   monitoring::event_log* events = nullptr;
   monitoring::metrics_registry* metrics = nullptr;
   /// Told every event the job emits, typed, on the supervisor's thread, before it is written.
@@ -53,6 +56,9 @@ struct job_setup {
   /// With etcd: asks etcd (briefly, blocking) whether this coordinator's leadership holds; a
   /// failed end of the job is carried out only then.
   std::function<bool()> confirm_leading;
+  /// The job's status board (GET /status), owned by the coordinator process: the supervisor
+  /// adds the rank table on each tick and each rank's step time. Null: none.
+  monitoring::status_board* status = nullptr;
 };
 
 /// RUN_DIR/skipped_batches.json: the steps whose batch diverged and was skipped (one entry per

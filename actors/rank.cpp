@@ -265,7 +265,7 @@ loop_result train(worker& w, int64_t start_step) {
     if (!w.shared->superseded(g.generation)) tell_coordinator(w, failed_vote(w, step, op, e));
     return await_decision(w);
   };
-  double prev_control = 0, prev_peer_wait = 0, prev_optim = 0;
+  double prev_control = 0, prev_peer_wait = 0, prev_optim = 0, prev_ckpt_stall = 0;
   for (int64_t step = start_step + 1; step <= session_last_step(w.cfg); ++step) {
     if (auto end = poll_control(w)) return *end;
     w.shared->step().store(step);
@@ -334,6 +334,7 @@ loop_result train(worker& w, int64_t start_step) {
     vote.control_s = prev_control;
     vote.peer_wait_s = prev_peer_wait;
     vote.optim_s = prev_optim;
+    vote.ckpt_stall_s = prev_ckpt_stall;
     if (step == start_step + 1) {
       vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
       vote.peak_rss_bytes = peak_rss_bytes();
@@ -360,7 +361,11 @@ loop_result train(worker& w, int64_t start_step) {
     prev_control = seconds_between(t2, t3) - prev_peer_wait;
     prev_optim = seconds_between(t3, t4);
     if (step == session_last_step(w.cfg)) write_pipeline_trace(w);
-    if (c.checkpoint) take_checkpoint(w, step);
+    prev_ckpt_stall = 0;
+    if (c.checkpoint) {
+      take_checkpoint(w, step);
+      prev_ckpt_stall = seconds_between(t4, clock_type::now());  // training held for the snapshot
+    }
     if (c.evaluate) {
       try {
         auto share = engine.evaluate(*w.data);

@@ -47,7 +47,7 @@ job_listeners::job_listeners(const train_config& cfg) {
     rejections.with({{"listener", "metrics"}});
     try {
       metrics_.emplace(registry_, cfg.metrics_host, static_cast<uint16_t>(cfg.metrics_port),
-                       std::move(limits));
+                       std::move(limits), &status_);
     } catch (const std::exception& e) {
       throw config_error(std::string("metrics_port: ") + e.what());
     }

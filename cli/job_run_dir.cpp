@@ -16,6 +16,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "cli/job_steps.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/sys/process_clock.hpp"
 #include "runtime/sys/run_paths.hpp"
 
 namespace troupe::cli {
@@ -96,6 +97,7 @@ monitoring::event_log open_events(const job_plan& job, const nlohmann::json& con
   const train_config& cfg = job.cfg;
   auto events = monitoring::event_log::open(run_paths::events(cfg.run_dir).string());
   namespace ev = actors::events;
+  sys::mark_job_started();  // the job's time accounting starts with this line
   events.write(
       ev::to_json(ev::job_start{.world = cfg.world,
                                 .steps = cfg.steps,

@@ -75,6 +75,8 @@ class job_listeners {
   monitoring::metrics_registry& registry() { return registry_; }
   /// Counts a connection that `listener` refused and logs the first few, then one in 500.
   [[nodiscard]] const actors::rejection_listener& on_rejection() const { return on_rejection_; }
+  /// The job's status document, served as GET /status beside the metrics.
+  monitoring::status_board& status() { return status_; }
   /// The metrics endpoint; null with metrics_port 0.
   [[nodiscard]] const monitoring::metrics_server* metrics() const {
     return metrics_ ? &*metrics_ : nullptr;
@@ -84,6 +86,7 @@ class job_listeners {
   monitoring::metrics_registry registry_;
   std::atomic<uint64_t> refused_{0};
   actors::rejection_listener on_rejection_;
+  monitoring::status_board status_;  // before metrics_: the endpoint reads it
   std::optional<monitoring::metrics_server> metrics_;
 };
 

@@ -1,7 +1,11 @@
 // Step 5 of a job's coordinator: the end-of-run summary.
 
+#include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/job_steps.hpp"
 #include "runtime/sys/run_paths.hpp"
@@ -39,6 +43,30 @@ std::string committed_checkpoint_words(const std::string& run_dir) {
   }
 }
 
+// Where the rank-seconds went, largest first, and the MFU estimate (actors/job/goodput.hpp).
+void print_goodput(const std::string& goodput_json) {
+  const auto g = nlohmann::json::parse(goodput_json, nullptr, false);
+  if (!g.is_object() || !g.contains("phases") || !g["phases"].is_object()) return;
+  const double all = g.value("rank_seconds", 0.0);
+  if (all <= 0) return;
+  std::vector<std::pair<double, std::string>> parts;
+  for (const auto& [name, v] : g["phases"].items())
+    if (v.is_number() && v.get<double>() > 0) parts.emplace_back(v.get<double>(), name);
+  std::sort(parts.rbegin(), parts.rend());
+  std::string words;
+  for (const auto& [s, name] : parts) {
+    char part[96];
+    std::snprintf(part, sizeof part, "%s%s %.0f%%", words.empty() ? "" : ", ", name.c_str(),
+                  100 * s / all);
+    words += part;
+  }
+  std::printf("  goodput           %.1f%% of %.1f rank-seconds (%s)\n",
+              100 * g.value("goodput", 0.0), all, words.c_str());
+  if (g.value("peak_flops", 0.0) > 0)
+    std::printf("  MFU               %.1f%% of %.1f GFLOP/s per rank\n", 100 * g.value("mfu", 0.0),
+                g.value("peak_flops", 0.0) / 1e9);
+}
+
 void print_summary(const train_config& cfg, const actors::job_result& r) {
   const char* verdict = verdict_of(r.exit_code);
   std::printf("troupe: %s in %s — %s\n", verdict, format_duration(r.wall_s).c_str(),
@@ -52,6 +80,7 @@ void print_summary(const train_config& cfg, const actors::job_result& r) {
   if (r.final_loss == r.final_loss) std::printf("  train loss        %.4f\n", r.final_loss);
   if (r.val_loss >= 0) std::printf("  validation loss   %.4f\n", r.val_loss);
   std::printf("  tokens/s          %s\n", format_rate(r.tokens_per_s).c_str());
+  print_goodput(r.goodput_json);
   std::printf("  checkpoint        %s\n", committed_checkpoint_words(cfg.run_dir).c_str());
   std::printf("  events            %s\n", run_paths::events(cfg.run_dir).c_str());
   std::fflush(stdout);

@@ -17,10 +17,13 @@
 #include "checkpoint/durable_io.hpp"
 #include "cli/job_steps.hpp"
 #include "cli/scheduler.hpp"
+#include "cli/status_tool.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/model/peak_flops.hpp"
 #include "runtime/sys/run_paths.hpp"
 #include "runtime/sys/signal_route.hpp"
+#include "strategies/mesh.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -148,7 +151,22 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
           etcd.observe(event);
         };
   }
+  {  // GET /status folds the same typed events, before the others see them
+    auto& board = listeners.status();
+    board.set_job(job.cfg.run_dir, job.cfg.steps, job.layout.shape.world(),
+                  strategies::describe(job.layout.shape) + (job.cfg.parallel.zero ? " zero1" : ""));
+    board.set_role(job.standby ? "standby" : "leader", 0);
+    setup.status = &board;
+    setup.on_event = [&board,
+                      next = std::move(setup.on_event)](const actors::events::job_event& event) {
+      board.observe(actors::events::to_json(event));
+      if (next) next(event);
+    };
+  }
   setup.cfg = job.cfg;
+  // Measured before the job forms (and by a standby before it may lead, so a takeover waits
+  // for no measurement): the MFU's denominator unless --peak-flops gives it.
+  if (job.cfg.peak_flops <= 0) setup.peak_flops = measure_peak_flops(job.cfg.blas_threads);
   setup.standby = job.standby;
   if (etcd.enabled()) {
     setup.still_leading = [&etcd] { return etcd.leading(); };
@@ -282,9 +300,15 @@ uint16_t job_supervision::publish() {
     ckpt::io::write_file_atomically(run_paths::coordinator_address(job_.cfg.run_dir),
                                     endpoint + "\n");
   }
-  if (const auto* metrics = listeners_.metrics())
+  if (const auto* metrics = listeners_.metrics()) {
     std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", job_.cfg.metrics_host.c_str(),
                  metrics->port());
+    // Where `troupe status RUN_DIR` finds this coordinator's /status.
+    ckpt::io::write_file_atomically(
+        job_.standby ? standby_metrics_address_file(job_.cfg.run_dir, getpid())
+                     : metrics_address_file(job_.cfg.run_dir),
+        job_.cfg.metrics_host + ":" + std::to_string(metrics->port()) + "\n");
+  }
   return *published;
 }
 

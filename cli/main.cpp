@@ -15,7 +15,9 @@
 #include "cli/ckpt_tool.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
+#include "cli/report.hpp"
 #include "cli/scheduler.hpp"
+#include "cli/status_tool.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/preflight.hpp"
 #include "runtime/sys/descriptors.hpp"
@@ -253,8 +255,24 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     return troupe::actors::run_worker(w);
   }
   if (command == "ckpt") return troupe::cli::run_ckpt_tool(args);
+  if (command == "report") {
+    if (wants_help(args)) {
+      std::fputs(troupe::cli::report_help().c_str(), stdout);
+      return 0;
+    }
+    return troupe::cli::run_report(args);
+  }
+  if (command == "status" || command == "top") {
+    if (wants_help(args)) {
+      std::fputs((command == "top" ? troupe::cli::top_help() : troupe::cli::status_help()).c_str(),
+                 stdout);
+      return 0;
+    }
+    return troupe::cli::run_status_tool(args, command == "top");
+  }
   throw usage_error("troupe: unknown command '" + command +
-                    "'; commands: run, coordinator, agent, worker, bench, ckpt");
+                    "'; commands: run, coordinator, agent, worker, bench, ckpt, report, status, "
+                    "top");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--metrics-port", "metrics_port"},
       {"--metrics-host", "metrics_host"},
       {"--metrics-token", "metrics_token_file"},
+      {"--metrics-rank-labels", "metrics_rank_labels"},
       {"--checkpoint-every", "checkpoint_every"},
       {"--exit-after-step", "exit_after_step"},
       {"--checkpoint-overlap", "checkpoint_overlap"},
@@ -36,6 +37,7 @@ const std::map<std::string, std::string>& flag_fields() {
       {"--context", "model.context"},
       {"--step-timeout-ms", "step_timeout_ms"},
       {"--blas-threads", "blas_threads"},
+      {"--peak-flops", "peak_flops"},
       {"--zero", "parallel.zero"},
       {"--tp", "parallel.tp"},
       {"--pp", "parallel.pp"},
@@ -233,6 +235,9 @@ commands:
   worker        one rank (started by an agent; not usually run by hand)
   bench comm    collectives benchmark (like nccl-tests): time, algbw, busbw per size
   ckpt          inspect, verify, diff and garbage-collect a run's checkpoints (ls, gc, ...)
+  report        one self-contained HTML report of a run (charts, timeline, headline numbers)
+  status        a job's state now: step, world, layout, ranks, phases, last events
+  top           the same, redrawn every second until Ctrl-C or the job ends
 
 Run `troupe <command> --help` for a command's options.
 )";
@@ -282,6 +287,11 @@ const char* job_flags =
   --metrics-host HOST    address the metrics endpoint binds (default 127.0.0.1)
   --metrics-token FILE   GET /metrics needs "Authorization: Bearer <the file's first line>"
                          (the file must be mode 0600; Prometheus: authorization.credentials_file)
+  --metrics-rank-labels N   per-rank series (heartbeat age, straggler score) up to N ranks;
+                         above N, one series per node with its worst rank (default 64)
+  --peak-flops F          one rank's peak FLOP/s for the MFU estimate (troupe_mfu); default:
+                         measured when the job starts (a short single-threaded sgemm x
+                         --blas-threads)
   --step-timeout-ms MS   deadline for one step's collectives (default 60000)
   --on-divergence stop|rollback   a step with a non-finite loss or gradient norm, or a
                          negative loss, is never committed: stop (exit 3, default), or roll
@@ -299,9 +309,9 @@ elastic recovery (a lost rank is replaced in place; the job goes on with the sam
   --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
   --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
   --coordinator-timeout-ms MS workers and agents wait this long for a silent coordinator before
-                         they fence themselves and exit (with --coordinators K, workers look for
-                         the new leader after a heartbeat timeout of silence, agents after this
-                         one, each for as long as this); a coordinator paused for less
+                         they fence themselves and exit (with --coordinators K, workers and
+                         agents look for the new leader after a heartbeat timeout of silence,
+                         for as long as this, then fence); a coordinator paused for less
                          (SIGSTOP, a VM stall) costs only the pause. Workers and agents give the
                          coordinator longer than it gives them: it must be longer than the
                          heartbeat timeout (default 5 x --heartbeat-timeout-ms)

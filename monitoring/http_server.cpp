@@ -41,6 +41,7 @@ std::string describe(const std::string& host, std::uint16_t port) {
 struct server_shared {
   const metrics_registry& registry;
   metrics_server_limits limits;
+  const status_board* status = nullptr;
   std::size_t open_sessions = 0;
   std::atomic<std::uint64_t> rejected{0};
 
@@ -161,19 +162,23 @@ class session : public std::enable_shared_from_this<session> {
       respond(http::status::method_not_allowed, "text/plain; charset=utf-8",
               "only GET and HEAD are served\n", is_head);
       response_.set(http::field::allow, "GET, HEAD");
-    } else if (target == "/metrics" && !authorized()) {
-      shared_.reject(peer_, "GET /metrics without the bearer token");
+    } else if ((target == "/metrics" || (target == "/status" && shared_.status)) && !authorized()) {
+      shared_.reject(peer_, "GET " + std::string(target) + " without the bearer token");
       respond(http::status::unauthorized, "text/plain; charset=utf-8",
               "this endpoint needs Authorization: Bearer <token> (--metrics-token)\n", is_head);
       response_.set(http::field::www_authenticate, "Bearer");
     } else if (target == "/metrics") {
       respond(http::status::ok, exposition_content_type, shared_.registry.render_prometheus(),
               is_head);
+    } else if (target == "/status" && shared_.status) {
+      respond(http::status::ok, "application/json", shared_.status->document(), is_head);
     } else if (target == "/healthz") {
       respond(http::status::ok, "text/plain; charset=utf-8", "ok", is_head);
     } else {
       respond(http::status::not_found, "text/plain; charset=utf-8",
-              "not found; this server has /metrics and /healthz\n", is_head);
+              shared_.status ? "not found; this server has /metrics, /status and /healthz\n"
+                             : "not found; this server has /metrics and /healthz\n",
+              is_head);
     }
   }
 
@@ -237,8 +242,9 @@ metrics_port_in_use::metrics_port_in_use(const std::string& host, std::uint16_t 
       port_(port) {}
 
 struct metrics_server::impl {
-  impl(const metrics_registry& reg, std::string host_name, metrics_server_limits limits)
-      : shared{reg, std::move(limits)}, host(std::move(host_name)) {}
+  impl(const metrics_registry& reg, std::string host_name, metrics_server_limits limits,
+       const status_board* status)
+      : shared{reg, std::move(limits), status}, host(std::move(host_name)) {}
 
   // Asio (1.74) opens and accepts sockets without close-on-exec, and a process the
   // coordinator spawns between accept() and fcntl() would inherit the connection: connections
@@ -325,8 +331,9 @@ struct metrics_server::impl {
 };
 
 metrics_server::metrics_server(const metrics_registry& registry, std::string host,
-                               std::uint16_t port, metrics_server_limits limits)
-    : impl_(std::make_unique<impl>(registry, std::move(host), std::move(limits))) {
+                               std::uint16_t port, metrics_server_limits limits,
+                               const status_board* status)
+    : impl_(std::make_unique<impl>(registry, std::move(host), std::move(limits), status)) {
   impl& s = *impl_;
   s.ioc.emplace(1);
   const tcp::endpoint endpoint = resolve_endpoint(*s.ioc, s.host, port);

@@ -1,5 +1,5 @@
 // Serves a metrics_registry over HTTP (GET /metrics, GET /healthz) on its own thread, for
-// Prometheus to scrape.
+// Prometheus to scrape, and the job's status document (GET /status) for `troupe status`.
 #pragma once
 
 #include <chrono>
@@ -10,6 +10,7 @@
 #include <string>
 
 #include "monitoring/metrics.hpp"
+#include "monitoring/status_board.hpp"
 
 namespace troupe::monitoring {
 
@@ -41,7 +42,8 @@ struct metrics_server_limits {
   std::chrono::milliseconds request_deadline{5000};
   /// A kept-alive connection with no next request for this long is closed (not counted).
   std::chrono::milliseconds idle_timeout{10000};
-  /// When not empty, GET /metrics needs `Authorization: Bearer <token>` (else 401, counted).
+  /// When not empty, GET /metrics and GET /status need `Authorization: Bearer <token>` (else
+  /// 401, counted).
   /// /healthz stays open: it says only "ok", and load balancers probe it without secrets.
   std::string bearer_token;
   /// Called on the server's thread for each refused connection or request: the peer's
@@ -51,19 +53,21 @@ struct metrics_server_limits {
 
 /// An HTTP/1.1 endpoint on one background thread (Boost.Beast). Read-only routes:
 ///   GET /metrics  200, text exposition format 0.0.4 of the registry, rendered per request
+///   GET /status   200, application/json: the status board's document (404 without a board)
 ///   GET /healthz  200, "ok"
 ///   other paths   404;  methods other than GET and HEAD: 405.
 /// Keep-alive and up to limits.max_connections concurrent connections are served. The
 /// listening socket and every connection are close-on-exec, and a connection is refused when
 /// the process's descriptors run low (runtime descriptor reserve), so a flood cannot starve
-/// checkpoints or the data plane. The registry must outlive the server.
+/// checkpoints or the data plane. The registry and the status board must outlive the server.
 class metrics_server {
  public:
   /// Binds and starts listening before returning, so a scrape right after construction
   /// succeeds. `port` 0 lets the OS pick a free port (see port()). Throws metrics_port_in_use
   /// if the port is taken and metrics_server_error for any other failure to listen.
   explicit metrics_server(const metrics_registry& registry, std::string host = "127.0.0.1",
-                          std::uint16_t port = 9400, metrics_server_limits limits = {});
+                          std::uint16_t port = 9400, metrics_server_limits limits = {},
+                          const status_board* status = nullptr);
   /// Stops the server (see stop()).
   ~metrics_server();
   metrics_server(const metrics_server&) = delete;

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string_view>
 #include <type_traits>
 
@@ -298,6 +299,15 @@ Metric& family<Metric>::with(const label_set& labels) {
     it = children_.emplace(std::move(key), std::move(metric)).first;
   }
   return *it->second;
+}
+
+template <class Metric>
+void family<Metric>::retain_only(const std::vector<label_set>& keep) {
+  std::set<label_set> kept;
+  for (const label_set& labels : keep)
+    kept.insert(normalise_labels(name_, labels, const_labels_, std::is_same_v<Metric, histogram>));
+  std::lock_guard lock(mutex_);
+  std::erase_if(children_, [&](const auto& child) { return !kept.contains(child.first); });
 }
 
 template <class Metric>

@@ -125,6 +125,9 @@ class family final : public detail::family_base {
   /// The series with these variable labels, created (at zero) on first use. Throws
   /// metrics_error on an invalid or reserved label name, or one that repeats a constant label.
   Metric& with(const label_set& labels);
+  /// Drops every series whose variable labels are not in `keep` (a lost rank's gauge must not
+  /// go on saying its last value). References to a dropped series must not be used again.
+  void retain_only(const std::vector<label_set>& keep);
   /// Bucket bounds (histogram families only; empty otherwise).
   [[nodiscard]] const std::vector<double>& upper_bounds() const { return upper_bounds_; }
 

@@ -285,7 +285,9 @@ const std::vector<field>& fields() {
       make_field("metrics_port", &train_config::metrics_port),
       string_field("metrics_host", &train_config::metrics_host),
       string_field("metrics_token_file", &train_config::metrics_token_file),
+      make_field("metrics_rank_labels", &train_config::metrics_rank_labels),
       make_field("blas_threads", &train_config::blas_threads),
+      make_field("peak_flops", &train_config::peak_flops),
       make_field("step_timeout_ms", &train_config::step_timeout_ms),
       make_field("bucket_bytes", &train_config::bucket_bytes),
       make_field("progress", &train_config::progress),
@@ -676,6 +678,9 @@ void validate(const train_config& c) {
           "config: metrics_host (--metrics-host) must be a host name or address, got '" +
               c.metrics_host.substr(0, 60) + "'");
   int_in(c.blas_threads, "blas_threads", "--blas-threads", 1, 1024);
+  int_in(c.metrics_rank_labels, "metrics_rank_labels", "--metrics-rank-labels", 0, 100000,
+         " (0 = always per node)");
+  real_in(c.peak_flops, "peak_flops", "--peak-flops", 0, false, 1e21, false);
   // Deadlines are added to clocks and doubled in places: a day is far past any step and far
   // from overflowing a millisecond count.
   int_in(c.step_timeout_ms, "step_timeout_ms", "--step-timeout-ms", 100, 86400000,

@@ -116,7 +116,11 @@ struct train_config {
   int metrics_port = 9400;             ///< 0 = off
   std::string metrics_host = "127.0.0.1";
   std::string metrics_token_file;  ///< when set, GET /metrics needs this file's bearer token
+  /// Per-rank metric labels up to this many ranks; above it, one series per node
+  int metrics_rank_labels = 64;
   int blas_threads = 1;
+  /// Each rank's peak FLOP/s for the MFU estimate; 0 = measured at the start (a short sgemm)
+  double peak_flops = 0;
   int step_timeout_ms = 60000;  ///< deadline for one step's collectives and votes
   int bucket_bytes = 4 << 20;   ///< gradient all-reduce bucket size
   bool progress = true;         ///< progress line on stderr

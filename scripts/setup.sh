@@ -20,6 +20,7 @@ packages=(
   etcd-server etcd-client   # a real etcd 3.4 for tests/runtime/etcd (coordinator HA)
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   bible-kjv             # renders the default corpus (King James Bible, public domain)
+  chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
   python3
 )
 if [[ "${1:-}" == "--bench" ]]; then

@@ -51,6 +51,9 @@ struct step {
   double control_s = 0;
   double peer_wait_s = 0;
   int64_t total_steps = 0;
+  /// Rank-seconds of this step by phase, summed over the ranks (actors/job/goodput.hpp);
+  /// absent in logs written before phases were accounted.
+  std::optional<nlohmann::json> phases;
   template <class S, class F>
   static void fields(S& e, F&& f) {
     f("step", e.step);
@@ -66,8 +69,38 @@ struct step {
     f("control_s", e.control_s);
     f("peer_wait_s", e.peer_wait_s);
     f("total_steps", e.total_steps);
+    f("phases", e.phases);
   }
   friend bool operator==(const struct step&, const struct step&) = default;
+};
+
+/// Where the job's time went so far ("goodput"): at each change of generation and at the end.
+struct goodput {
+  static constexpr std::string_view name = "goodput";
+  int64_t step = 0;
+  uint64_t generation = 0;
+  double wall_s = 0;        ///< since the coordinator started the job
+  int slots = 0;            ///< rank processes the job holds
+  double rank_seconds = 0;  ///< the phases' sum: wall_s x slots
+  nlohmann::json phases;    ///< rank-seconds by phase, every phase named
+  double goodput = 0;       ///< compute / rank_seconds
+  double mfu = 0;           ///< model FLOPs of the committed tokens / (peak FLOP/s x rank_seconds)
+  double peak_flops = 0;    ///< one rank's peak FLOP/s the MFU is measured against
+  int64_t tokens = 0;       ///< tokens of the committed steps
+  template <class S, class F>
+  static void fields(S& e, F&& f) {
+    f("step", e.step);
+    f("generation", e.generation);
+    f("wall_s", e.wall_s);
+    f("slots", e.slots);
+    f("rank_seconds", e.rank_seconds);
+    f("phases", e.phases);
+    f("goodput", e.goodput);
+    f("mfu", e.mfu);
+    f("peak_flops", e.peak_flops);
+    f("tokens", e.tokens);
+  }
+  friend bool operator==(const struct goodput&, const struct goodput&) = default;
 };
 
 /// A generation formed ("generation").

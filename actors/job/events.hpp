@@ -41,7 +41,8 @@ using job_event =
                  diverged, validation, job_ended, checkpoint_skipped, interrupted, preempted,
                  worker_exited, agent_lost, agent_joined, rank_joined, connect_failed, restored,
                  training_started, straggler, memory, replacement_wait, fault, expert_load,
-                 expert_load_rejected, job_start, checkpoint_fallback, resume, leader, untyped>;
+                 expert_load_rejected, job_start, checkpoint_fallback, resume, leader, goodput,
+                 untyped>;
 
 /// The "event" string of `e` ("" for an untyped object without one).
 [[nodiscard]] std::string kind(const job_event& e);

@@ -48,9 +48,12 @@ void step_commit::count(const step_done& v, int world, uint64_t generation, logi
   p.tokens += v.tokens;
   p.lr = v.lr;
   p.compute_s += v.compute_s;
+  p.max_compute_s = std::max(p.max_compute_s, v.compute_s);
   p.comm_s += v.comm_s;
   p.control_s += v.control_s;
   p.peer_wait_s += v.peer_wait_s;
+  p.optim_s += v.optim_s;
+  p.ckpt_stall_s += v.ckpt_stall_s;
   if (p.diverged.empty()) p.diverged = vote_divergence(v.rank, loss_sum, v.tokens, grad_norm);
   if (v.optim_state_bytes > 0)
     out.push_back(emit_event{events::memory{.rank = v.rank,

@@ -8,6 +8,7 @@ mapped. A job's processes are found by a tag in their environment, which every c
 inherits, also one that outlived its parent and was reparented."""
 
 import os
+import signal
 import uuid
 
 from harness import pid_alive, socket_inodes, tcp_rows
@@ -38,6 +39,16 @@ def tagged_pids(tag):
         except OSError:
             continue
     return pids
+
+
+def kill_tagged(tag):
+    """SIGKILLs every process still carrying the job's tag (only processes the calling test
+    started carry it)."""
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def pids_with_args(*args):

@@ -1,0 +1,88 @@
+// The job's live state as one JSON document (GET /status, `troupe status`, `troupe top`): folded
+// from the same event stream events.jsonl records, plus what only the coordinator's clock
+// knows (each rank's heartbeat age and straggler score), pushed in on its tick.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace troupe::monitoring {
+
+/// One rank of the current generation as the coordinator sees it on a tick.
+struct status_rank {
+  int rank = -1;
+  int member = -1;
+  int node = -1;
+  std::string host;
+  int pid = 0;
+  double heartbeat_age_s = 0;
+  double straggler_score = 0;  ///< NaN or infinite: not judged yet (shown as null)
+};
+
+/// The document's shape (a reader checks "format" before anything else):
+///   format, source ("live" or "events.jsonl"), updated_unix_ms, role ("leader", "standby"),
+///   epoch (with etcd), run_dir, state, state_reason, generation, step, total_steps, world,
+///   spares, layout, loss, val_loss, tokens_per_s, step_s, lr, step_breakdown {compute_s,
+///   comm_s, control_s, peer_wait_s}, step_phases (rank-seconds of the last step by phase, when
+///   the job records them), goodput (the last goodput event: wall_s, rank_seconds, phases,
+///   goodput, mfu, peak_flops), checkpoint {step, path}, ranks [{rank, member, node, host, pid,
+///   step_s, compute_s, heartbeat_age_s, straggler_score, lost}], ended {exit_code, message},
+///   events (the last few, oldest first; of consecutive steps only the newest is kept).
+///   Fields not known yet are absent or null.
+///
+/// Thread-safe: the supervisor's thread writes, the HTTP thread reads document(); every call
+/// takes one mutex for a few microseconds.
+class status_board {
+ public:
+  static constexpr int format_version = 1;
+
+  explicit status_board(std::size_t max_events = 20);
+
+  /// What the job is before any event: its run directory, steps, world and layout.
+  void set_job(const std::string& run_dir, int64_t total_steps, int world,
+               const std::string& layout);
+  /// "leader" or "standby"; epoch 0 = no etcd (the field is left out).
+  void set_role(const std::string& role, int64_t epoch);
+  /// One event, as events.jsonl holds it (or events::to_json gives it). Objects without an
+  /// "event" name are ignored; a field of the wrong type is ignored, never thrown.
+  void observe(const nlohmann::json& event);
+  /// The ranks of `generation` as the coordinator's tick sees them (replaces the table).
+  void set_ranks(uint64_t generation, std::vector<status_rank> ranks);
+  /// A rank's vote for a step: its own seconds of work (compute + communication) and compute.
+  void note_rank_step(uint64_t generation, int rank, double work_s, double compute_s);
+  /// Where the document came from: "live" (default) or "events.jsonl".
+  void set_source(const std::string& source);
+
+  /// The document now.
+  [[nodiscard]] nlohmann::json snapshot() const;
+  /// snapshot() serialised (what GET /status answers).
+  [[nodiscard]] std::string document() const;
+
+ private:
+  struct rank_step {
+    uint64_t generation = 0;
+    double work_s = 0, compute_s = 0;
+  };
+  void apply(const std::string& kind, const nlohmann::json& e);
+  void remember(const nlohmann::json& e);
+
+  mutable std::mutex mutex_;
+  std::size_t max_events_;
+  nlohmann::json doc_;                 // every scalar field, updated in place
+  std::deque<nlohmann::json> events_;  // the last max_events_, trimmed
+  nlohmann::json ranks_ = nlohmann::json::array();
+  std::vector<rank_step> rank_steps_;  // by rank
+  int64_t updated_ms_ = 0;
+};
+
+/// A readable summary of a status document (what `troupe status` prints): the header line
+/// ("troupe status: <where> ..."), the job's state and progress, the rank table, the phase
+/// breakdown and the last events. `where` names the target (and how it was reached).
+[[nodiscard]] std::string render_status(const nlohmann::json& doc, const std::string& where);
+
+}  // namespace troupe::monitoring

@@ -1,0 +1,287 @@
+// The status board (monitoring/status_board.hpp): events folded into the document, the rank
+// table from the tick, the summary text, and GET /status on the metrics endpoint (bearer token,
+// bounded client).
+
+#include "monitoring/status_board.hpp"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "monitoring/http_client.hpp"
+#include "monitoring/http_server.hpp"
+#include "monitoring/metrics.hpp"
+
+namespace troupe::monitoring {
+namespace {
+
+using nlohmann::json;
+
+json step_event(int64_t step, double loss) {
+  return {{"event", "step"},      {"step", step},           {"loss", loss},   {"lr", 1e-3},
+          {"tokens", 256},        {"tokens_per_s", 1000.0}, {"world", 4},     {"generation", 2},
+          {"step_s", 0.25},       {"compute_s", 0.2},       {"comm_s", 0.03}, {"control_s", 0.01},
+          {"peer_wait_s", 0.001}, {"total_steps", 100}};
+}
+
+TEST(StatusBoard, FoldsTheEventsOfAJob) {
+  status_board board;
+  board.set_job("/runs/x", 100, 4, "dp4");
+  board.observe({{"event", "generation"},
+                 {"number", 2},
+                 {"world", 3},
+                 {"spares", 1},
+                 {"plan", {{"describe", "dp3"}}},
+                 {"reason", "rank 2 lost"},
+                 {"cause", "exit"},
+                 {"start_step", 10},
+                 {"recovery_s", 0.5}});
+  board.observe({{"event", "state"},
+                 {"from", "recovering"},
+                 {"to", "training"},
+                 {"value", 1},
+                 {"generation", 2},
+                 {"step", 10},
+                 {"reason", "generation 2 formed"}});
+  board.observe(step_event(11, 2.5));
+  board.observe({{"event", "validation"}, {"step", 11}, {"val_loss", 2.75}});
+  board.observe({{"event", "checkpoint"}, {"step", 11}, {"path", "/runs/x/checkpoints/step-11"}});
+  const json doc = board.snapshot();
+  EXPECT_EQ(doc["format"], status_board::format_version);
+  EXPECT_EQ(doc["source"], "live");
+  EXPECT_EQ(doc["state"], "training");
+  EXPECT_EQ(doc["generation"], 2);
+  EXPECT_EQ(doc["world"], 4);  // the step's world is the newest word
+  EXPECT_EQ(doc["spares"], 1);
+  EXPECT_EQ(doc["layout"], "dp3");
+  EXPECT_EQ(doc["step"], 11);
+  EXPECT_EQ(doc["total_steps"], 100);
+  EXPECT_DOUBLE_EQ(doc["loss"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(doc["val_loss"].get<double>(), 2.75);
+  EXPECT_DOUBLE_EQ(doc["tokens_per_s"].get<double>(), 1000.0);
+  EXPECT_DOUBLE_EQ(doc["step_breakdown"]["compute_s"].get<double>(), 0.2);
+  EXPECT_EQ(doc["checkpoint"]["step"], 11);
+  EXPECT_EQ(doc["last_generation"]["reason"], "rank 2 lost");
+  EXPECT_EQ(doc["run_dir"], "/runs/x");
+  ASSERT_EQ(doc["events"].size(), 5u);
+  EXPECT_EQ(doc["events"][0]["event"], "generation");
+  EXPECT_FALSE(doc["events"][0].contains("plan"));  // big nested documents are left out
+  EXPECT_TRUE(doc["events"][0].contains("unix_ms"));
+  EXPECT_FALSE(doc.contains("step_phases"));
+  EXPECT_FALSE(doc.contains("goodput"));
+}
+
+TEST(StatusBoard, KeepsTheLastEventsWithOnlyTheNewestOfARunOfSteps) {
+  status_board board(5);
+  for (int i = 1; i <= 50; ++i) board.observe(step_event(i, 3.0));
+  board.observe({{"event", "fault"}, {"what", "kill"}});
+  board.observe(step_event(51, 3.0));
+  json doc = board.snapshot();
+  ASSERT_EQ(doc["events"].size(), 3u);
+  EXPECT_EQ(doc["events"][0]["step"], 50);
+  EXPECT_EQ(doc["events"][1]["event"], "fault");
+  EXPECT_EQ(doc["events"][2]["step"], 51);
+  for (int i = 0; i < 10; ++i) board.observe({{"event", "straggler"}, {"rank", i}});
+  doc = board.snapshot();
+  ASSERT_EQ(doc["events"].size(), 5u);  // bounded
+  EXPECT_EQ(doc["events"][4]["rank"], 9);
+  EXPECT_EQ(doc["events"][0]["rank"], 5);
+}
+
+TEST(StatusBoard, ShowsPhasesAndGoodputWhenTheJobRecordsThem) {
+  status_board board;
+  json step = step_event(3, 2.0);
+  step["phases"] = {{"compute", 0.8}, {"exposed_comm", 0.15}, {"control", 0.05}};
+  board.observe(step);
+  board.observe({{"event", "goodput"},
+                 {"wall_s", 10.0},
+                 {"rank_seconds", 40.0},
+                 {"phases", {{"compute", 30.0}, {"forming", 10.0}}},
+                 {"goodput", 0.75},
+                 {"mfu", 0.1},
+                 {"peak_flops", 1e11},
+                 {"step", 3},
+                 {"generation", 1}});
+  const json doc = board.snapshot();
+  EXPECT_DOUBLE_EQ(doc["step_phases"]["compute"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["goodput"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["phases"]["forming"].get<double>(), 10.0);
+  const std::string text = render_status(doc, "here");
+  EXPECT_NE(text.find("goodput 75.0%"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute 75.0%"), std::string::npos) << text;  // 30 of 40
+  EXPECT_NE(text.find("compute 80.0%"), std::string::npos) << text;  // the last step
+  EXPECT_NE(text.find("exposed_comm 15.0%"), std::string::npos) << text;
+}
+
+TEST(StatusBoard, RankTableFromTheTickWithEachRanksLastStep) {
+  status_board board;
+  board.note_rank_step(3, 1, 0.4, 0.3);
+  board.note_rank_step(2, 0, 9.0, 9.0);  // an older generation's vote: not shown
+  status_rank r0{0, 7, 0, "host-a", 100, 0.05, 1.0};
+  status_rank r1{1, 8, 1, "host-b", 200, 1.5, 2.5};
+  status_rank r2{2, 9, 1, "host-b", 201, 0.1, std::numeric_limits<double>::quiet_NaN()};
+  board.set_ranks(3, {r0, r1, r2});
+  const json doc = board.snapshot();
+  ASSERT_EQ(doc["ranks"].size(), 3u);
+  EXPECT_EQ(doc["ranks"][0]["member"], 7);
+  EXPECT_TRUE(doc["ranks"][0]["step_s"].is_null());
+  EXPECT_EQ(doc["ranks"][1]["host"], "host-b");
+  EXPECT_EQ(doc["ranks"][1]["node"], 1);
+  EXPECT_EQ(doc["ranks"][1]["pid"], 200);
+  EXPECT_DOUBLE_EQ(doc["ranks"][1]["step_s"].get<double>(), 0.4);
+  EXPECT_DOUBLE_EQ(doc["ranks"][1]["compute_s"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(doc["ranks"][1]["heartbeat_age_s"].get<double>(), 1.5);
+  EXPECT_DOUBLE_EQ(doc["ranks"][1]["straggler_score"].get<double>(), 2.5);
+  EXPECT_TRUE(doc["ranks"][2]["straggler_score"].is_null());
+  const std::string text = render_status(doc, "here");
+  EXPECT_NE(text.find("host-b"), std::string::npos) << text;
+  EXPECT_NE(text.find("2.50"), std::string::npos) << text;
+  EXPECT_NE(text.find("1.50 s"), std::string::npos) << text;
+}
+
+TEST(StatusBoard, RankTableFromEventsAndTheJobsEnd) {
+  status_board board;
+  board.set_source("events.jsonl");
+  board.observe({{"event", "job_start"},
+                 {"world", 2},
+                 {"steps", 50},
+                 {"start_step", 0},
+                 {"layout", {{"describe", "dp2"}}},
+                 {"config", {{"run_dir", "/r"}}}});
+  for (int r = 0; r < 2; ++r)
+    board.observe({{"event", "rank_joined"},
+                   {"member", r},
+                   {"rank", r},
+                   {"pid", 10 + r},
+                   {"host", "h"},
+                   {"node", 0},
+                   {"generation", 1}});
+  board.observe({{"event", "rank_lost"}, {"member", 1}, {"rank", 1}});
+  board.observe(
+      {{"event", "job_failed"}, {"exit_code", 1}, {"message", "too few ranks"}, {"step", 7}});
+  const json doc = board.snapshot();
+  EXPECT_EQ(doc["source"], "events.jsonl");
+  EXPECT_EQ(doc["state"], "failed");
+  EXPECT_EQ(doc["ended"]["exit_code"], 1);
+  EXPECT_EQ(doc["layout"], "dp2");
+  EXPECT_EQ(doc["total_steps"], 50);
+  ASSERT_EQ(doc["ranks"].size(), 2u);
+  EXPECT_EQ(doc["ranks"][1]["pid"], 11);
+  EXPECT_TRUE(doc["ranks"][1].value("lost", false));
+  const std::string text = render_status(doc, "/r");
+  EXPECT_NE(text.find("failed, exit 1: too few ranks"), std::string::npos) << text;
+  EXPECT_NE(text.find("from events.jsonl"), std::string::npos) << text;
+
+  // A second session in the same file (a resume) starts afresh.
+  board.observe({{"event", "job_start"}, {"world", 3}, {"steps", 80}});
+  const json again = board.snapshot();
+  EXPECT_EQ(again["state"], "forming");
+  EXPECT_FALSE(again.contains("ended"));
+  EXPECT_TRUE(again["ranks"].empty());
+  EXPECT_EQ(again["world"], 3);
+}
+
+TEST(StatusBoard, IgnoresWhatIsNotAnEventAndFieldsOfTheWrongType) {
+  status_board board;
+  board.observe(json::array({1, 2}));
+  board.observe({{"no_event", 1}});
+  board.observe({{"event", "step"}, {"step", "eleven"}, {"loss", nullptr}});
+  board.observe({{"event", "step"}, {"step", 4}, {"loss", std::nan("")}});
+  const json doc = board.snapshot();
+  EXPECT_EQ(doc["step"], 4);
+  EXPECT_FALSE(doc.contains("loss"));
+  EXPECT_EQ(doc["events"].size(), 1u);  // two steps in a row: the newest
+}
+
+TEST(StatusBoard, ReadersAndAWriterAtOnce) {
+  status_board board;
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 1; !stop; ++i) {
+      board.observe(step_event(i, 1.0));
+      board.set_ranks(1, {status_rank{0, 0, 0, "h", 1, 0.1, 1.0}});
+    }
+  });
+  for (int i = 0; i < 2000; ++i) {
+    const json doc = json::parse(board.document());
+    ASSERT_TRUE(doc.is_object());
+  }
+  stop = true;
+  writer.join();
+}
+
+TEST(StatusEndpoint, ServesTheDocumentBehindTheTokenAndHealthzOpen) {
+  metrics_registry registry;
+  status_board board;
+  board.observe(step_event(5, 2.0));
+  metrics_server_limits limits;
+  limits.bearer_token = "tok3n";
+  metrics_server server(registry, "127.0.0.1", 0, limits, &board);
+  const auto get = [&](const std::string& path, const std::string& token) {
+    return http_get("127.0.0.1", server.port(), path, token);
+  };
+  EXPECT_EQ(get("/status", "").status, 401);
+  EXPECT_EQ(get("/status", "wrong").status, 401);
+  EXPECT_EQ(server.rejected(), 2u);
+  const auto ok = get("/status", "tok3n");
+  ASSERT_EQ(ok.status, 200);
+  EXPECT_EQ(ok.content_type, "application/json");
+  const json doc = json::parse(ok.body);
+  EXPECT_EQ(doc["step"], 5);
+  EXPECT_EQ(get("/healthz", "").status, 200);
+
+  // Without a board the route does not exist.
+  metrics_server plain(registry, "127.0.0.1", 0);
+  EXPECT_EQ(http_get("127.0.0.1", plain.port(), "/status").status, 404);
+}
+
+TEST(StatusEndpoint, TheClientBoundsSizeAndTime) {
+  metrics_registry registry;
+  status_board board;
+  for (int i = 0; i < 20; ++i)
+    board.observe({{"event", "note"}, {"text", std::string(100, 'x')}, {"i", i}});
+  metrics_server server(registry, "127.0.0.1", 0, {}, &board);
+  EXPECT_THROW(http_get("127.0.0.1", server.port(), "/status", "", std::chrono::seconds(5), 512),
+               http_get_error);
+  EXPECT_NO_THROW(http_get("127.0.0.1", server.port(), "/status", "", std::chrono::seconds(5)));
+
+  // A listener that never answers (connections wait in its backlog): the deadline ends it.
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::listen(fd, 4), 0);
+    socklen_t len = sizeof addr;
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_THROW(
+        http_get("127.0.0.1", ntohs(addr.sin_port), "/status", "", std::chrono::milliseconds(300)),
+        http_get_error);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    ::close(fd);
+  }
+  // Nothing listens: refused at once, with the address in the words.
+  const uint16_t gone = [&] {
+    metrics_server s(registry, "127.0.0.1", 0);
+    return s.port();
+  }();
+  try {
+    http_get("127.0.0.1", gone, "/status", "", std::chrono::milliseconds(2000));
+    FAIL() << "expected an error";
+  } catch (const http_get_error& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(gone)), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace troupe::monitoring
