@@ -32,8 +32,8 @@ struct step_votes {
   double compute_s = 0, comm_s = 0, control_s = 0, peer_wait_s = 0;
   double optim_s = 0, ckpt_stall_s = 0;  ///< the previous step's, summed over the ranks
   double max_compute_s = 0;              ///< the slowest rank's forward + backward
-  std::vector<double> rank_compute_s;  ///< by rank; NaN = no vote yet
-  std::vector<logic_time> arrived;     ///< by rank
+  std::vector<double> rank_compute_s;    ///< by rank; NaN = no vote yet
+  std::vector<logic_time> arrived;       ///< by rank
   std::string diverged;  ///< why this step diverged, from the first vote that shows it
   /// The step's loss per token.
   double mean_loss() const;
