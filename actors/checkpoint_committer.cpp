@@ -6,6 +6,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -75,10 +76,89 @@ void checkpoint_committer::run() {
     lane_.job_started();
     if (auto* m = std::get_if<ckpt::manifest>(&next))
       do_commit(*m);
+    else if (auto* f = std::get_if<fallback_job>(&next))
+      do_fall_back(*f);
     else
       do_collect(std::get<gc_job>(next));
     lane_.job_finished();
   }
+}
+
+void checkpoint_committer::fall_back(int64_t step, std::string why) {
+  {
+    std::lock_guard lock(mutex_);
+    lane_.lift();  // a recovery waits for it
+    queue_.emplace_back(fallback_job{step, std::move(why)});
+  }
+  wake_.notify_all();
+}
+
+std::string checkpoint_committer::check_or_quarantine(int64_t step, std::string& quarantined) {
+  const auto problems = ckpt::verify_checkpoint(run_dir_, step);
+  if (problems.empty()) return "";
+  const std::string what = problems.front().message +
+                           (problems.size() > 1 ? " (and " + std::to_string(problems.size() - 1) +
+                                                      " more damaged objects)"
+                                                : "");
+  if (ckpt::any_damage(problems)) {
+    quarantined =
+        ckpt::quarantine_checkpoint(run_dir_, step, ckpt::damage_reason(problems.front().kind));
+    gc_memory_.references.erase(step);
+    gc_memory_.verified.erase(step);
+    // A rank that wrote a damaged chunk still trusts it and would name it again in a replay's
+    // checkpoint of the same content: with the file moved aside, it writes the chunk anew.
+    const std::string chunks = run_paths::chunks(run_dir_).string() + "/";
+    for (const auto& p : problems) {
+      if (!ckpt::is_damage(p.kind) || !p.path.starts_with(chunks)) continue;
+      try {
+        ckpt::move_aside(run_dir_, p.path, "damaged-chunk");
+      } catch (const std::exception&) {  // gone already (a writer moved it): nothing to do
+      }
+    }
+  }
+  return what;
+}
+
+void checkpoint_committer::do_fall_back(const fallback_job& f) {
+  checkpoint_fallback_found found;
+  found.damaged = f.step;
+  try {
+    check_fence("no checkpoint moved");
+    found.error = check_or_quarantine(f.step, found.quarantined);
+    if (found.error.empty()) {
+      // It reads back now (the rank met a passing failure): restored from again.
+      found.intact = f.step;
+      found.error = f.why + " (it reads back intact now)";
+    } else {
+      const auto steps = ckpt::list_committed(run_dir_);
+      for (auto it = steps.rbegin(); it != steps.rend() && !found.intact; ++it) {
+        if (*it >= f.step) continue;
+        std::string moved;
+        if (check_or_quarantine(*it, moved).empty())
+          found.intact = *it;
+        else
+          found.passed_over.push_back(*it);
+      }
+    }
+    if (found.intact) {
+      found.path = ckpt::format::step_dir(run_dir_, *found.intact).string();
+      gc_memory_.verified.insert(*found.intact);
+    }
+    // LATEST never names a checkpoint that was moved aside: it names the intact one, or
+    // nothing when none is.
+    const bool moved = !found.quarantined.empty() || !found.passed_over.empty();
+    if (moved && latest_seen_ && latest_seen_ != found.intact &&
+        (*latest_seen_ == f.step || std::find(found.passed_over.begin(), found.passed_over.end(),
+                                              *latest_seen_) != found.passed_over.end())) {
+      ckpt::point_latest_at(run_dir_, found.intact, [&] { check_fence("LATEST not moved"); });
+      latest_seen_ = found.intact;
+    }
+  } catch (const std::exception& e) {
+    found.intact.reset();
+    found.error =
+        (found.error.empty() ? f.why : found.error) + "; looking for an earlier one: " + e.what();
+  }
+  caf::anon_send(reply_to_, ckpt_fallback_atom::value, fallback_done{std::move(found)});
 }
 
 void checkpoint_committer::check_fence(const char* doing) const {

@@ -19,6 +19,7 @@
 #include <variant>
 
 #include "actors/job/events.hpp"
+#include "actors/job/job_actions.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "runtime/sys/idle_priority.hpp"
 
@@ -28,6 +29,14 @@ namespace troupe::actors {
 using ckpt_done_atom = caf::atom_constant<caf::atom("ckptdone")>;
 /// (ckpt_gc_atom, gc_event): what a garbage collection removed.
 using ckpt_gc_atom = caf::atom_constant<caf::atom("ckptgc")>;
+
+/// (ckpt_fallback_atom, fallback_done): what a fall_back found.
+using ckpt_fallback_atom = caf::atom_constant<caf::atom("ckptfall")>;
+
+/// A checkpoint_fallback_found handed from the committer's thread to the supervisor.
+struct fallback_done {
+  checkpoint_fallback_found found;
+};
 
 /// A checkpoint_gc or checkpoint_gc_failed event for the job's log, handed from the
 /// committer's thread to the supervisor as a value (it never leaves the process).
@@ -56,6 +65,11 @@ class checkpoint_committer {
   /// for since `ticket` was taken and no writer holds the chunk store; otherwise it waits for
   /// the next one. Answered with ckpt_gc_atom when it removed something.
   void collect_garbage(uint64_t ticket);
+  /// Queues the search for an intact checkpoint after a rank could not read the one of
+  /// `step` (`why`): it is verified, moved to checkpoints/damaged/ when damaged, and so are the
+  /// older ones until one reads back intact; LATEST then names that one. Answered with
+  /// ckpt_fallback_atom.
+  void fall_back(int64_t step, std::string why);
   /// With etcd: asked (on the committer's thread) right before a manifest is written, right
   /// before LATEST is moved, and before anything is collected; false (this coordinator no
   /// longer leads: it may have woken from a stall while another leads the job) commits and
@@ -75,10 +89,18 @@ class checkpoint_committer {
   struct gc_job {
     uint64_t ticket;
   };
-  using job = std::variant<ckpt::manifest, gc_job>;
+  struct fallback_job {
+    int64_t step;
+    std::string why;
+  };
+  using job = std::variant<ckpt::manifest, gc_job, fallback_job>;
   void run();
   void do_commit(const ckpt::manifest& m);
   void do_collect(const gc_job& g);
+  void do_fall_back(const fallback_job& f);
+  // Verifies committed checkpoint `step`: "" when intact, else what is wrong (and the
+  // checkpoint is moved aside when that is damage; `quarantined` says where).
+  std::string check_or_quarantine(int64_t step, std::string& quarantined);
 
   std::string run_dir_;
   ckpt::retention_policy policy_;
@@ -99,3 +121,4 @@ class checkpoint_committer {
 }  // namespace troupe::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::gc_event)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(troupe::actors::fallback_done)

@@ -59,6 +59,7 @@ class job_logic {
     int64_t checkpoint_step = -1;           ///< the newest committed checkpoint (LATEST), -1 = none
     int64_t epoch = 0;                      ///< this coordinator's leadership epoch
     std::chrono::milliseconds wait{10000};  ///< how long to wait for the members to rejoin
+    std::vector<int64_t> skipped_steps;     ///< the batches the job's rollbacks skipped so far
   };
   /// Instead of forming a new job, takes over a running one: its agents and members rejoin
   /// (agent_hello / hello with `rejoin`) and say what they hold. Once every member the
@@ -89,6 +90,10 @@ class job_logic {
   actions on_worker_exited(const worker_exited& w, logic_time now);
   actions on_state_report(const state_report& r, logic_time now);
   actions on_reconfigured(const reconfigured& r, logic_time now);
+  /// The committer looked for an intact checkpoint after a rank could not read the one its
+  /// generation restored from (fall_back_checkpoint): the job goes back to it and replays, or
+  /// fails when none reads back.
+  actions on_checkpoint_fallback(const checkpoint_fallback_found& f, logic_time now);
   actions on_heartbeat(const heartbeat& h, logic_time now);
   /// An agent is gone (`why`): it restarts no worker any more.
   actions on_agent_lost(int node, const std::string& why, logic_time now);
@@ -218,6 +223,9 @@ class job_logic {
   // Takeover (take_over): what etcd said, the members the rejoined agents run, the newest
   // generation and each generation's plan that rejoining members named.
   std::optional<takeover> takeover_;
+  // The generation whose restore met a damaged checkpoint, while the committer looks for an
+  // intact one (0: none).
+  uint64_t fallback_generation_ = 0;
   bool takeover_done_ = false;
   std::map<int32_t, bool> takeover_members_;  // member -> rejoined
   int takeover_agents_ = 0;

@@ -291,6 +291,37 @@ void job_logic::plan_generation(logic_time now, actions& out) {
       now + std::chrono::milliseconds(params_.cfg.step_timeout_ms) + params_.heartbeat_timeout;
 }
 
+actions job_logic::on_checkpoint_fallback(const checkpoint_fallback_found& f, logic_time now) {
+  actions out;
+  latest_ = std::max(latest_, now);
+  if (ended_ || fallback_generation_ == 0) return out;
+  fallback_generation_ = 0;
+  out.push_back(emit_event{events::checkpoint_fallback{.step = f.damaged,
+                                                       .path = f.path,
+                                                       .error = f.error,
+                                                       .quarantined = f.quarantined,
+                                                       .resumed_step = f.intact.value_or(-1)}});
+  if (!f.intact) {
+    finish(1,
+           "the checkpoint of step " + std::to_string(f.damaged) + " does not read back (" +
+               f.error +
+               ") and no earlier committed checkpoint reads back intact; run `troupe ckpt "
+               "verify` on the run directory",
+           out);
+    return out;
+  }
+  // Everyone goes back to the intact checkpoint and replays from there: the same batches, so
+  // the same model.
+  checkpoints_.fell_back(*f.intact, f.path);
+  divergence_.arm_rollback();
+  generations_.set_cause("checkpoint");
+  begin_generation("the checkpoint of step " + std::to_string(f.damaged) +
+                       " does not read back; restoring the one of step " +
+                       std::to_string(*f.intact) + " and replaying from there",
+                   now, out);
+  return out;
+}
+
 void job_logic::plan_or_wait(logic_time now, actions& out) {
   if (!replacements_.worth_waiting(plan(), members_.live_count(), now)) {
     plan_generation(now, out);
@@ -318,6 +349,15 @@ actions job_logic::on_reconfigured(const reconfigured& r, logic_time now) {
   const member_info* m = members_.find(r.member);
   if (!m || !m->live || r.generation != generation() || state_ == job_state::training || ended_) {
     members_.stale("reconfigured", r.member, r.generation, out);
+    return out;
+  }
+  if (!r.ok && r.error_cause.starts_with(damaged_checkpoint_cause)) {
+    // Every rank that restores meets the same damage: the first report asks the committer,
+    // the others wait with it.
+    if (fallback_generation_ != generation()) {
+      fallback_generation_ = generation();
+      out.push_back(fall_back_checkpoint{checkpoints_.last_step(), r.error});
+    }
     return out;
   }
   if (!r.ok) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "actors/checkpoint_committer.hpp"
@@ -263,6 +264,14 @@ bool ends_badly(const actions& todo) {
   return false;
 }
 
+// Without a committer (the job's result is out) no earlier checkpoint is looked for.
+checkpoint_fallback_found nothing_intact(const fall_back_checkpoint& f) {
+  checkpoint_fallback_found none;
+  none.damaged = f.step;
+  none.error = f.error;
+  return none;
+}
+
 void run(self_ptr self, actions todo) {
   auto& st = self->state;
   if (st.dying) return;
@@ -285,6 +294,7 @@ void run(self_ptr self, actions todo) {
     pause(self);
     return;
   }
+  std::vector<checkpoint_fallback_found> followups;  // answered at once, after these actions
   for (auto& a : todo) {
     if (st.dying) return;
     std::visit(
@@ -314,6 +324,11 @@ void run(self_ptr self, actions todo) {
             commit_manifest(self, x);
           } else if constexpr (std::is_same_v<T, finish_job>) {
             send_result(self, x);
+          } else if constexpr (std::is_same_v<T, fall_back_checkpoint>) {
+            if (st.committer)
+              st.committer->fall_back(x.step, x.error);
+            else
+              followups.push_back(nothing_intact(x));
           } else if constexpr (std::is_same_v<T, record_skipped>) {
             try {
               save_skipped_batches(st.setup.cfg.run_dir, x.steps);
@@ -327,6 +342,7 @@ void run(self_ptr self, actions todo) {
         },
         a);
   }
+  for (const auto& f : followups) run(self, st.logic->on_checkpoint_fallback(f, now(self)));
   inject_faults(self);
   if (st.logic->state() == job_state::training && st.training_started == logic_time{}) {
     st.training_started = now(self);
@@ -417,6 +433,8 @@ job_logic::takeover read_takeover(const std::string& state_json, int64_t epoch,
   t.generation = doc.value("generation", uint64_t{0});
   t.committed_step = doc.value("committed_step", int64_t{0});
   t.checkpoint_step = doc.value("checkpoint_step", int64_t{-1});
+  if (const auto it = doc.find("skipped_steps"); it != doc.end() && it->is_array())
+    t.skipped_steps = it->get<std::vector<int64_t>>();
   t.epoch = epoch;
   t.wait = wait;
   return t;
@@ -487,14 +505,29 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
   };
 }
 
+// The batches the job skipped so far, for a coordinator that takes it over: a rollback since
+// this process started skipped more than it read then. What the previous leader left in etcd
+// and what the run directory holds, together (a skip is never taken back).
+std::vector<int64_t> skipped_at_takeover(const supervisor_state& st) {
+  std::set<int64_t> all(st.setup.skipped_steps.begin(), st.setup.skipped_steps.end());
+  all.insert(st.takeover->skipped_steps.begin(), st.takeover->skipped_steps.end());
+  try {
+    for (int64_t s : load_skipped_batches(st.setup.cfg.run_dir)) all.insert(s);
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::warn, {"coordinator", -1, 0, -1},
+                    std::string("taking over with the skipped batches etcd holds: ") + e.what());
+  }
+  return {all.begin(), all.end()};
+}
+
 caf::behavior leading(self_ptr self) {
   auto& st = self->state;
   st.faults = chaos::fault_schedule(st.setup.faults);
   chaos::install_hooks_from_environment();
   st.started = now(self);
   st.metrics.emplace(*st.setup.metrics);
-  job_params p =
-      make_job_params(st.setup.cfg, st.setup.plan, st.setup.start_step, st.setup.skipped_steps);
+  job_params p = make_job_params(st.setup.cfg, st.setup.plan, st.setup.start_step,
+                                 st.takeover ? skipped_at_takeover(st) : st.setup.skipped_steps);
   p.form_timeout = std::chrono::milliseconds(st.setup.form_timeout_ms);
   if (st.takeover) p.checkpoint_step = st.takeover->checkpoint_step;
   if (p.peak_flops <= 0) p.peak_flops = st.setup.peak_flops;
@@ -756,6 +789,9 @@ caf::behavior leading_behavior(self_ptr self) {
         on_committed(self, step, path, error);
       },
       [=](ckpt_gc_atom, const gc_event& gc) { emit(self, gc.event); },
+      [=](ckpt_fallback_atom, const fallback_done& f) {
+        run(self, self->state.logic->on_checkpoint_fallback(f.found, now(self)));
+      },
       [=](lead_atom, int64_t epoch, const std::string&) {
         // Re-elected without a pause seen here: the new epoch from now on.
         self->state.setup.epoch = epoch;

@@ -152,6 +152,9 @@ struct reconfigured {
   /// of reason as the one before is not retried (job_logic).
   std::string error_cause;
 };
+/// reconfigured::error_cause of a rank whose restore found its checkpoint damaged (a chunk or
+/// the manifest does not read back): "checkpoint-damaged <step>".
+inline constexpr std::string_view damaged_checkpoint_cause = "checkpoint-damaged";
 
 /// Sent by every worker from a thread that compute cannot block, so a hung process (SIGSTOP,
 /// a wedged kernel call) is told from a slow one.

@@ -617,7 +617,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
         args.advertise.empty() ? local_address_toward(store_host, store_port) : args.advertise;
     w.faults = chaos::fault_schedule(
         chaos::parse_faults(w.cfg.elastic.faults, w.cfg.world + w.cfg.elastic.spares,
-                            w.cfg.elastic.nodes, session_last_step(w.cfg)));
+                            w.cfg.elastic.nodes, session_last_step(w.cfg), w.cfg.steps));
     const int c = serve(w);
     w.beats = nullptr;
     w.shared->detach();

@@ -162,6 +162,10 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
     out.error = e.what();
     if (const auto* failed = dynamic_cast<const comm::connect_error*>(&e))
       out.error_cause = failed->cause();
+    // The coordinator falls back to an earlier checkpoint for this one.
+    if (const auto* bad = dynamic_cast<const ckpt::checkpoint_error*>(&e);
+        bad && r.source == state_source::checkpoint && ckpt::is_damage(bad->kind()))
+      out.error_cause = std::string(damaged_checkpoint_cause) + " " + std::to_string(r.start_step);
     out.seconds = seconds_between(started, clock_type::now());
     return out;
   }

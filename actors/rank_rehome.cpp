@@ -44,7 +44,7 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
   using std::chrono::milliseconds;
   constexpr milliseconds pacing(50);  // a round of refusals does not spin on the network
   leader_search out;
-  for (size_t i = first;; i = endpoint_after(i, endpoints.size())) {
+  for (size_t i = first;;) {
     const endpoint& e = endpoints[i];
     const std::string where = endpoint_name(e);
     if (std::find(out.asked.begin(), out.asked.end(), where) == out.asked.end())
@@ -52,6 +52,11 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
     const auto left = std::max(
         milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - clock_type::now()));
     caf::actor c = std::exchange(connected, caf::actor{});
+    // A connection made before (a standby worker's, made when it started) may lead to a
+    // coordinator that has died since, and another may serve its address now: a hello that
+    // gets no answer on it within a connection try is asked again there over a new one.
+    const bool made_before = static_cast<bool>(c);
+    bool again = false;
     std::string error;
     if (!c)
       c = connect_to_coordinator(self->system(), e.host, e.port, std::min(connect_try, left),
@@ -60,7 +65,7 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
       out.last = error;
     } else {
       std::optional<welcome> got;
-      self->request(c, std::min(request_try, left), h)
+      self->request(c, std::min(made_before ? connect_try : request_try, left), h)
           .receive([&](welcome& x) { got = std::move(x); },
                    [&](caf::error& err) {
                      out.last = "the coordinator at " + where +
@@ -88,9 +93,13 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
             }
             break;
         }
+      } else {
+        again = made_before;
       }
     }
     if (clock_type::now() + pacing >= deadline) return out;
+    if (again) continue;
+    i = endpoint_after(i, endpoints.size());
     std::this_thread::sleep_for(pacing);
   }
 }

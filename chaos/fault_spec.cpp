@@ -356,8 +356,10 @@ std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& boun
     f.id = r ? rank_of(spec, *r, bounds) : 0;
     if (!r && bounds.world < 1)
       refuse(spec, "there is no rank to hit (world " + std::to_string(bounds.world) + ")");
+    fault_bounds batches = bounds;
+    if (bounds.batches > 0) batches.steps = bounds.batches;
     f.step = step_of(spec, "step", required(spec, fields, "step", "the step whose batch diverges"),
-                     bounds);
+                     batches);
   } else {
     refuse(spec, "unknown kind " + in_quotes(kind) + " (kill, stop, slow, diverge or random)");
   }
@@ -376,9 +378,10 @@ std::vector<fault> parse_faults(const std::vector<std::string>& specs, const fau
   return out;
 }
 
-std::vector<fault> parse_faults(const std::string& joined, int world, int nodes, int64_t steps) {
+std::vector<fault> parse_faults(const std::string& joined, int world, int nodes, int64_t steps,
+                                int64_t batches) {
   if (joined.empty()) return {};
-  return parse_faults(split(joined, ';'), fault_bounds{world, nodes, steps});
+  return parse_faults(split(joined, ';'), fault_bounds{world, nodes, steps, batches});
 }
 
 double slowdown(const std::vector<fault>& faults, int rank, int64_t step) {
@@ -390,10 +393,10 @@ double slowdown(const std::vector<fault>& faults, int rank, int64_t step) {
   return factor;
 }
 
-bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t data_position) {
+bool diverges(const std::vector<fault>& faults, int rank, int64_t data_position) {
   for (const auto& f : faults)
     if (f.kind == fault_kind::diverge && f.target == fault_target::rank && f.id == rank &&
-        f.step == step && data_position == step - 1)
+        data_position == f.step - 1)
       return true;
   return false;
 }

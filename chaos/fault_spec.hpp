@@ -35,6 +35,9 @@ struct fault_bounds {
   int world = 1;      ///< ranks are 0..world-1
   int nodes = 1;      ///< nodes are 0..nodes-1
   int64_t steps = 0;  ///< the run's last step; 0 = not known, steps are then only checked >= 1
+  /// The schedule's last step (--steps), the bound of a poisoned batch: after a skip, the batch
+  /// of a step beyond --exit-after-step's may be trained before it. 0 = `steps`.
+  int64_t batches = 0;
 };
 
 /// Parses one --fault value; a random schedule expands into its kills. Accepted forms:
@@ -44,7 +47,8 @@ struct fault_bounds {
 ///   stop:rank=R:step=S[:for=D]       (D like 500ms, 3s or 1.5s; without it never continued)
 ///   slow:rank=R:factor=X:from=S      (X in (1, 100]; compute X times slower from step S on)
 ///   diverge:step=S[:rank=R]          (rank R, default 0, reports a NaN loss for the batch
-///                                     step S trains on; a skipped batch is not met again)
+///                                     step S trains on in a run that skipped none; a skipped
+///                                     batch is not met again)
 ///   random:kills=K:seed=Z[:from=S][:every=E][:nodes=M]
 /// The fields after the kind may come in any order. A random schedule draws, with splitmix64
 /// so that a seed means the same schedule everywhere, K kills at increasing steps from S
@@ -55,17 +59,20 @@ std::vector<fault> parse_fault(const std::string& spec, const fault_bounds& boun
 /// All faults of several specs, sorted by step (stable: faults of one step keep their order).
 std::vector<fault> parse_faults(const std::vector<std::string>& specs, const fault_bounds& bounds);
 /// The same for elastic.faults, which holds the repeated --fault values joined by ';'.
-std::vector<fault> parse_faults(const std::string& joined, int world, int nodes, int64_t steps);
+std::vector<fault> parse_faults(const std::string& joined, int world, int nodes, int64_t steps,
+                                int64_t batches = 0);
 
 /// How many times slower rank `rank` computes at `step` under `faults` (1 = not slowed): the
 /// largest factor of the slow faults on that rank that have begun.
 double slowdown(const std::vector<fault>& faults, int rank, int64_t step);
 
-/// Whether rank `rank` must report a diverged (NaN) loss at `step` under `faults`: a diverge
-/// fault names that rank and step, and the step trains on its own batch (data position
-/// step - 1). After a rollback that skipped the batch, the replayed step trains on another
-/// position, so the fault fires once however often the step is replayed.
-bool diverges(const std::vector<fault>& faults, int rank, int64_t step, int64_t data_position);
+/// Whether rank `rank` must report a diverged (NaN) loss when it trains on `data_position`
+/// under `faults`: a diverge fault names that rank and the batch step S trains on when no batch
+/// was skipped (data position S - 1). The batch is poisoned, not the step number: after a
+/// rollback skipped an earlier batch, a later fault fires one step earlier, on its batch; the
+/// rollback skips that batch in turn, so each fault fires once however often steps are replayed,
+/// and a job with the same faults skips the same batches whenever its rollbacks come.
+bool diverges(const std::vector<fault>& faults, int rank, int64_t data_position);
 
 /// The fault as JSON for events.jsonl: {"what":"kill","target":"rank","id":1,"step":8,...}, with
 /// "for_ms" for a stop that is continued and "factor" for a slow. The spec is kept as given

@@ -9,7 +9,7 @@ namespace troupe::chaos {
 fault_schedule::fault_schedule(std::vector<fault> faults) : faults_(std::move(faults)) {}
 
 step_injection fault_schedule::on_step_begin(int rank, int64_t step, int64_t data_position) const {
-  return {slowdown(faults_, rank, step), diverges(faults_, rank, step, data_position)};
+  return {slowdown(faults_, rank, step), diverges(faults_, rank, data_position)};
 }
 
 std::vector<fault_firing> fault_schedule::take_due(int64_t next_step) {

@@ -229,12 +229,19 @@ void read_range_into(const std::string& run_dir, const chunk_key& key, size_t mi
       bytes -= static_cast<size_t>(n);
     }
   };
-  pread_all(header, std::min(size, header_bytes), 0);
-  const uint64_t bytes = check_header(header, size, key, min_floats, max_floats, path, context);
-  // Straight into the caller's buffer, whose memory is reused from chunk to chunk.
-  out.resize(bytes / sizeof(float));
-  pread_all(out.data(), bytes, static_cast<off_t>(header_bytes));
-  check_payload(out.data(), bytes, key, path, context);
+  try {
+    pread_all(header, std::min(size, header_bytes), 0);
+    const uint64_t bytes = check_header(header, size, key, min_floats, max_floats, path, context);
+    // Straight into the caller's buffer, whose memory is reused from chunk to chunk.
+    out.resize(bytes / sizeof(float));
+    pread_all(out.data(), bytes, static_cast<off_t>(header_bytes));
+    check_payload(out.data(), bytes, key, path, context);
+  } catch (...) {
+    // Written by this process once, damaged since: a later checkpoint with the same content
+    // must write it again, not name the damaged file.
+    known_good::forget(run_dir, key);
+    throw;
+  }
   known_good::add(run_dir, key);
 }
 

@@ -144,6 +144,9 @@ struct job_etcd::state {
   bool writer_stop = false;
   int64_t committed_step = 0, checkpoint_step = 0, world = 0;
   uint64_t generation = 0;
+  // The batches rollbacks skipped: a coordinator that takes over trains on the same data
+  // positions (skipped_batches.json on disk may miss the newest, on a full disk).
+  std::vector<int64_t> skipped_steps;
   std::optional<int> ended;  // the job's exit code once it ended: a standby elected later stops
   std::thread writer;
 
@@ -492,6 +495,8 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
         s.committed_step = doc.value("committed_step", int64_t{0});
         s.checkpoint_step = doc.value("checkpoint_step", int64_t{0});
         s.world = doc.value("world", int64_t{0});
+        if (const auto it = doc.find("skipped_steps"); it != doc.end() && it->is_array())
+          s.skipped_steps = it->get<std::vector<int64_t>>();
       }
     }
   } catch (const etcd::etcd_error& e) {
@@ -677,6 +682,16 @@ void job_etcd::observe(const ev::job_event& event) {
                    s.ended = e.exit_code;
                    changed = true;
                  },
+                 [&](const ev::checkpoint_fallback& e) {
+                   if (e.resumed_step < 0) return;  // the job ends
+                   s.checkpoint_step = e.resumed_step;
+                   changed = true;
+                 },
+                 [&](const ev::diverged& e) {
+                   if (e.action != "rollback") return;
+                   s.skipped_steps = e.skipped_steps;
+                   changed = true;
+                 },
                  [](const auto&) {},
              },
              event);
@@ -688,6 +703,7 @@ void job_etcd::observe(const ev::job_event& event) {
                  {"committed_step", s.committed_step},
                  {"checkpoint_step", s.checkpoint_step},
                  {"world", s.world}};
+    if (!s.skipped_steps.empty()) s.pending["skipped_steps"] = s.skipped_steps;
     if (s.ended) s.pending["ended"] = *s.ended;
     s.pending["epoch"] = s.led_epoch;
   }

@@ -136,8 +136,9 @@ job_plan plan_job(const job_options& opts, bool launch_local_agent) {
   job.cfg = opts.cfg;
   job.launch_local_agent = launch_local_agent;
   job.layout = first_layout(job.cfg);
-  job.faults = chaos::parse_faults(job.cfg.elastic.faults, job.cfg.world + job.cfg.elastic.spares,
-                                   job.cfg.elastic.nodes, session_last_step(job.cfg));
+  job.faults =
+      chaos::parse_faults(job.cfg.elastic.faults, job.cfg.world + job.cfg.elastic.spares,
+                          job.cfg.elastic.nodes, session_last_step(job.cfg), job.cfg.steps);
   // Empty only when --data and the config file left it out: an explicit "" is refused as it is
   // read (runtime/config.cpp), so that it never means the default corpus.
   if (job.cfg.data.empty()) job.cfg.data = TROUPE_DEFAULT_CORPUS;

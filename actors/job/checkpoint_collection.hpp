@@ -53,6 +53,12 @@ class checkpoint_collection {
   void committed(const commit_checkpoint& c, const std::string& path, const std::string& error,
                  uint64_t generation, actions& out);
 
+  /// The newest committed checkpoint did not read back; `step` (at `path`) is the newest
+  /// that does, and the one restores come from now.
+  void fell_back(int64_t step, const std::string& path) {
+    checkpoint_step_ = step;
+    checkpoint_path_ = path;
+  }
   /// The newest committed checkpoint's step, -1 = none.
   int64_t last_step() const { return checkpoint_step_; }
   const std::string& last_path() const { return checkpoint_path_; }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -85,8 +86,25 @@ struct finish_job {
 struct record_skipped {
   std::vector<int64_t> steps;
 };
+/// The checkpoint a generation restores from did not read back on a rank: find the newest
+/// committed checkpoint up to `step` that reads back intact, moving the damaged ones aside
+/// (checkpoints/damaged/); answered with on_checkpoint_fallback.
+struct fall_back_checkpoint {
+  int64_t step = 0;
+  std::string error;  ///< what the rank met
+};
+/// What a fall_back_checkpoint found.
+struct checkpoint_fallback_found {
+  int64_t damaged = -1;              ///< the step whose checkpoint a rank could not read
+  std::optional<int64_t> intact;     ///< the newest committed one up to it that reads back intact
+  std::string path;                  ///< intact's directory
+  std::string error;                 ///< what is wrong with `damaged`
+  std::string quarantined;           ///< where `damaged` was moved ("" if it was not)
+  std::vector<int64_t> passed_over;  ///< older committed ones found damaged as well
+};
+
 using action = std::variant<send_commit, send_abort, send_reconfigure, send_stop, emit_event,
-                            commit_checkpoint, finish_job, record_skipped>;
+                            commit_checkpoint, finish_job, record_skipped, fall_back_checkpoint>;
 using actions = std::vector<action>;
 
 }  // namespace troupe::actors

@@ -1249,6 +1249,94 @@ TEST_P(JobLogicTest, RollbackRestoresTheCheckpointSkipsTheBatchAndStopsAfterMaxR
   EXPECT_EQ(h.logic().rollbacks(), 2);
 }
 
+TEST_P(JobLogicTest, ADamagedCheckpointMetInARollbackFallsBackToTheOneBefore) {
+  auto cfg = small_config(2);
+  cfg.on_divergence = "rollback";
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  write_checkpoint(h, 5);
+  for (int s = 6; s <= 10; ++s) h.step(s);
+  write_checkpoint(h, 10);
+  h.step(11);
+  vote_all(h, 12, std::nan(""));
+  auto rc = all_of<send_reconfigure>(h.report_all(11));
+  ASSERT_EQ(rc.size(), 2u);
+  const uint64_t gen = rc[0].msg.generation;
+  EXPECT_EQ(rc[0].msg.start_step, 10);
+  // Both ranks find step 10's checkpoint damaged: one search for an intact one, no new
+  // generation until it answers.
+  actions asked;
+  for (const auto& r : rc) {
+    reconfigured failed;
+    failed.generation = gen;
+    failed.member = r.member;
+    failed.rank = r.msg.rank;
+    failed.ok = false;
+    failed.error = "checkpoint: chunk 3f..: is damaged";
+    failed.error_cause = std::string(damaged_checkpoint_cause) + " 10";
+    auto a = h.logic().on_reconfigured(failed, h.now());
+    asked.insert(asked.end(), a.begin(), a.end());
+  }
+  auto searches = all_of<fall_back_checkpoint>(asked);
+  ASSERT_EQ(searches.size(), 1u);
+  EXPECT_EQ(searches[0].step, 10);
+  EXPECT_TRUE(all_of<send_abort>(asked).empty());
+  EXPECT_TRUE(all_of<finish_job>(asked).empty());
+  EXPECT_EQ(h.logic().generation(), gen);
+  // Step 5's reads back: everyone restores it and replays, on the skipped batches.
+  checkpoint_fallback_found found;
+  found.damaged = 10;
+  found.intact = 5;
+  found.path = "ckpt5";
+  found.error = "damaged";
+  found.quarantined = "q10";
+  auto back = h.logic().on_checkpoint_fallback(found, h.now());
+  const auto* e = find_event(back, "checkpoint_fallback");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(std::get<events::checkpoint_fallback>(e->event).resumed_step, 5);
+  EXPECT_EQ(h.logic().last_checkpoint_step(), 5);
+  EXPECT_GT(h.logic().generation(), gen);
+  auto again = all_of<send_reconfigure>(h.report_all(11));
+  ASSERT_EQ(again.size(), 2u);
+  for (const auto& r : again) {
+    EXPECT_EQ(r.msg.source, state_source::checkpoint);
+    EXPECT_EQ(r.msg.start_step, 5);
+    EXPECT_EQ(r.msg.skipped_steps, (std::vector<int64_t>{12}));
+  }
+  h.settle_reconfigure();
+  EXPECT_EQ(h.logic().state(), job_state::training);
+  // A late answer for a search nobody waits for changes nothing.
+  EXPECT_TRUE(h.logic().on_checkpoint_fallback(found, h.now()).empty());
+}
+
+TEST_P(JobLogicTest, ADamagedCheckpointWithNoIntactOneBeforeEndsTheJobNamingIt) {
+  auto cfg = small_config(2);
+  cfg.on_divergence = "rollback";
+  logic_harness h(cfg);
+  h.form();
+  for (int s = 1; s <= 5; ++s) h.step(s);
+  write_checkpoint(h, 5);
+  vote_all(h, 6, std::nan(""));
+  auto rc = all_of<send_reconfigure>(h.report_all(5));
+  ASSERT_FALSE(rc.empty());
+  reconfigured failed;
+  failed.generation = rc[0].msg.generation;
+  failed.member = rc[0].member;
+  failed.ok = false;
+  failed.error = "damaged";
+  failed.error_cause = std::string(damaged_checkpoint_cause) + " 5";
+  ASSERT_EQ(all_of<fall_back_checkpoint>(h.logic().on_reconfigured(failed, h.now())).size(), 1u);
+  checkpoint_fallback_found none;
+  none.damaged = 5;
+  none.error = "chunk 3f: damaged";
+  auto end = all_of<finish_job>(h.logic().on_checkpoint_fallback(none, h.now()));
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, exit_code::failed);
+  EXPECT_NE(end[0].message.find("step 5 does not read back"), std::string::npos) << end[0].message;
+  EXPECT_NE(end[0].message.find("troupe ckpt verify"), std::string::npos) << end[0].message;
+}
+
 TEST_P(JobLogicTest, RollbackWithoutACheckpointStartsOverFromTheSeed) {
   auto cfg = small_config(2);
   cfg.on_divergence = "rollback";

@@ -82,11 +82,16 @@ TEST(FaultSpecTest, PoisonsTheBatchOfOneStepOnce) {
   EXPECT_EQ(f.step, 7);
   EXPECT_EQ(one("diverge:rank=3:step=2").id, 3);
   const std::vector<fault> faults{f};
-  EXPECT_TRUE(diverges(faults, 0, 7, 6));
-  EXPECT_FALSE(diverges(faults, 0, 7, 7)) << "the batch was skipped: the replay is clean";
-  EXPECT_FALSE(diverges(faults, 1, 7, 6)) << "another rank";
-  EXPECT_FALSE(diverges(faults, 0, 6, 5));
+  EXPECT_TRUE(diverges(faults, 0, 6));
+  EXPECT_FALSE(diverges(faults, 0, 7)) << "the batch was skipped: the replay is clean";
+  EXPECT_FALSE(diverges(faults, 1, 6)) << "another rank";
+  EXPECT_FALSE(diverges(faults, 0, 5));
   EXPECT_NE(refusal("diverge:rank=9:step=2").find("outside the world"), std::string::npos);
+  // Under --exit-after-step 100 of --steps 200, a batch of step 150 can still be met (after
+  // skips); a kill at step 150 cannot.
+  EXPECT_EQ(parse_faults("diverge:step=150", 4, 1, 100, 200).at(0).step, 150);
+  EXPECT_THROW(parse_faults("diverge:step=201", 4, 1, 100, 200), config_error);
+  EXPECT_THROW(parse_faults("kill:rank=0:step=150", 4, 1, 100, 200), config_error);
   EXPECT_NE(refusal("diverge:rank=1").find("step= is missing"), std::string::npos);
 }
 

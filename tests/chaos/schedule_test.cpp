@@ -102,6 +102,15 @@ TEST(FaultScheduleTest, ARankDivergesOnceOnItsOwnBatch) {
   EXPECT_FALSE(s.on_step_begin(2, 5, 5).diverge);
 }
 
+TEST(FaultScheduleTest, ALaterFaultPoisonsItsBatchAfterAnEarlierSkip) {
+  // Two poisoned batches: after the first (step 5's) was skipped, step 8 of a run that skipped
+  // nothing trains on position 7 at step 7, so the second fires there, once.
+  const auto s = schedule_of({"diverge:step=5", "diverge:step=8"});
+  EXPECT_TRUE(s.on_step_begin(0, 7, 7).diverge);
+  EXPECT_FALSE(s.on_step_begin(0, 8, 8).diverge) << "step 8 now trains on the batch after";
+  EXPECT_FALSE(s.on_step_begin(0, 7, 8).diverge) << "the replay after the second skip";
+}
+
 TEST(FaultScheduleTest, AnEmptyScheduleDoesNothing) {
   fault_schedule s;
   EXPECT_EQ(s.on_step_begin(0, 1, 0), step_injection{});
