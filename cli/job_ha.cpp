@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,7 +67,9 @@ class launcher {
   }
 
  private:
-  std::vector<std::string> coordinator_command(int index) const {
+  // `port`: 0 for a new address; a coordinator started again after one died takes the dead
+  // one's port, so that the address the agents and workers were given leads to it.
+  std::vector<std::string> coordinator_command(int index, int port = 0) const {
     const auto& cfg = job_.cfg;
     const int metrics = cfg.metrics_port == 0 ? 0 : cfg.metrics_port + index;
     return {actors::self_executable(),
@@ -79,7 +83,7 @@ class launcher {
             "--host",
             job_.listen_host,
             "--port",
-            "0",
+            std::to_string(port),
             "--metrics-port",
             std::to_string(metrics)};
   }
@@ -88,6 +92,7 @@ class launcher {
     for (int i = 0; i < count_; ++i) {
       const pid_t pid = actors::spawn_child(coordinator_command(i), true, SIGTERM);
       coordinators_[pid] = true;
+      index_[pid] = i;
     }
     std::fprintf(stderr, "troupe: started %d coordinators (one leads through etcd %s)\n", count_,
                  etcd_.client_urls().c_str());
@@ -121,8 +126,40 @@ class launcher {
       std::this_thread::sleep_for(milliseconds(20));  // pacing of a poll with a deadline
     }
     std::string list;
-    for (const auto& [pid, address] : found) list += (list.empty() ? "" : ",") + address;
+    for (const auto& [pid, address] : found) {
+      list += (list.empty() ? "" : ",") + address;
+      addresses_[pid] = address;
+    }
     return list;
+  }
+
+  // A coordinator killed while the job goes on is started again, standing by, at its address:
+  // the job keeps K coordinators however many are lost one after another. One that cannot
+  // take the address back (it is in use) ends without a word to the job; the others go on.
+  void replace(pid_t dead) {
+    const auto address = addresses_.find(dead);
+    if (address == addresses_.end()) return;
+    const auto colon = address->second.rfind(':');
+    const int port =
+        colon == std::string::npos ? 0 : std::atoi(address->second.c_str() + colon + 1);
+    if (port <= 0) return;
+    const int index = index_[dead];
+    pid_t pid = -1;
+    try {
+      pid = actors::spawn_child(coordinator_command(index, port), true, SIGTERM);
+    } catch (const std::exception& e) {
+      monitoring::log(
+          monitoring::level::warn, launcher_ctx,
+          std::string("could not start a coordinator in the dead one's place: ") + e.what());
+      return;
+    }
+    coordinators_[pid] = true;
+    index_[pid] = index;
+    addresses_[pid] = address->second;
+    unpublished_.insert(pid);
+    monitoring::log(monitoring::level::warn, launcher_ctx,
+                    "started coordinator " + std::to_string(pid) + " at " + address->second +
+                        " in place of " + std::to_string(dead) + ", standing by");
   }
 
   void start_agents(const std::string& list) {
@@ -145,6 +182,7 @@ class launcher {
     for (;;) {
       const int sig = sigtimedwait(&signals_, nullptr, &none);
       if (sig <= 0) return;
+      stopping_ = true;  // the job is being stopped: no coordinator is started again
       for (const auto& [pid, alive] : coordinators_)
         if (alive) kill(pid, sig);
     }
@@ -156,15 +194,25 @@ class launcher {
       for (auto& [pid, alive] : coordinators_) {
         if (!alive) continue;
         const auto ended = actors::try_reap(pid);
-        if (!ended) continue;
+        if (!ended) {
+          if (unpublished_.contains(pid) && !published_address(job_.cfg.run_dir, pid).empty())
+            unpublished_.erase(pid);
+          continue;
+        }
         alive = false;
-        const bool job_over =
-            ended->signal == 0 && ended->exit_code != actors::exit_code::not_leading;
+        // A replacement that ended before it listened never led: the job is not its to end.
+        const bool never_listened = unpublished_.erase(pid) > 0;
+        const bool job_over = !never_listened && ended->signal == 0 &&
+                              ended->exit_code != actors::exit_code::not_leading;
         if (job_over) return finish(ended->exit_code);
         if (ended->signal != 0) etcd_.release_dead_leader(pid);
         monitoring::log(monitoring::level::warn, launcher_ctx,
                         "coordinator " + std::to_string(pid) + " ended (" + words_of(*ended) +
                             "); " + std::to_string(live_coordinators()) + " coordinators left");
+        if (ended->signal != 0 && live_coordinators() > 0 && !stopping_) {
+          replace(pid);
+          break;  // coordinators_ changed: look again on the next round
+        }
         if (live_coordinators() == 0) {
           monitoring::log(monitoring::level::error, launcher_ctx,
                           "every coordinator of the job is gone; the job ends (--resume "
@@ -229,6 +277,10 @@ class launcher {
   job_etcd etcd_;
   int count_;
   std::map<pid_t, bool> coordinators_;  // pid -> still running
+  std::map<pid_t, int> index_;          // pid -> which of the K (its metrics port)
+  std::map<pid_t, std::string> addresses_;  // pid -> the address it published
+  std::set<pid_t> unpublished_;             // started again, not listening yet
+  bool stopping_ = false;                   // a signal asked the job to stop
   std::vector<pid_t> agents_;
 };
 

@@ -47,18 +47,19 @@ def check_live(job, port, token_file):
             fail("metrics.addr does not name the metrics endpoint")
 
     def training_with_ranks():
-        code, out, err = status(run_dir)
-        if code != 0:
-            fail(f"troupe status RUN_DIR exited {code}:\n{out}{err}")
         doc_code, doc_out, doc_err = status(run_dir, "--json")
         if doc_code != 0:
             fail(f"troupe status --json exited {doc_code}:\n{doc_out}{doc_err}")
         doc = json.loads(doc_out)
-        if doc.get("state") == "training" and len(doc.get("ranks", [])) == 2 and \
-                doc.get("step", 0) >= 3 and all(r.get("step_s") is not None
-                                                for r in doc["ranks"]):
-            return out, doc
-        return None
+        if doc.get("state") != "training" or len(doc.get("ranks", [])) != 2 or \
+                doc.get("step", 0) < 3 or any(r.get("step_s") is None for r in doc["ranks"]):
+            return None
+        # The text is asked for after the document said the job trains on both ranks (a text
+        # taken before could show the first moment of the job, with one rank in the table).
+        code, out, err = status(run_dir)
+        if code != 0:
+            fail(f"troupe status RUN_DIR exited {code}:\n{out}{err}")
+        return out, doc
 
     out, doc = wait_until(training_with_ranks, 120, "status to show 2 training ranks")
     print(out)
