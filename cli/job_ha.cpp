@@ -276,8 +276,8 @@ class launcher {
   monitoring::metrics_registry registry_;  // the launcher exports nothing; job_etcd wants one
   job_etcd etcd_;
   int count_;
-  std::map<pid_t, bool> coordinators_;  // pid -> still running
-  std::map<pid_t, int> index_;          // pid -> which of the K (its metrics port)
+  std::map<pid_t, bool> coordinators_;      // pid -> still running
+  std::map<pid_t, int> index_;              // pid -> which of the K (its metrics port)
   std::map<pid_t, std::string> addresses_;  // pid -> the address it published
   std::set<pid_t> unpublished_;             // started again, not listening yet
   bool stopping_ = false;                   // a signal asked the job to stop
