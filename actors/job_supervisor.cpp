@@ -174,8 +174,18 @@ void send_result(self_ptr self, const finish_job& f) {
   res.last_checkpoint = l.last_checkpoint_path();
   res.world = l.world();
   res.goodput_json = events::to_json(l.goodput_event(now(self))).dump();
-  monitoring::log(f.exit_code == 0 ? monitoring::level::info : monitoring::level::error, ctx(self),
-                  f.exit_code == 0 ? "job done: " + f.message : "job failed: " + f.message);
+  // A stop someone asked for (a scheduler's SIGTERM, a Ctrl-C) is no failure: log-based
+  // alerting must not page on every preemption.
+  const bool requested = f.exit_code == exit_code::requeue || f.exit_code == exit_code::interrupted;
+  if (f.exit_code == exit_code::done)
+    monitoring::log(monitoring::level::info, ctx(self), "job done: " + f.message);
+  else if (requested)
+    monitoring::log(
+        monitoring::level::info, ctx(self),
+        "job stopped as asked (exit " + std::to_string(f.exit_code) + "): " + f.message);
+  else
+    monitoring::log(monitoring::level::error, ctx(self),
+                    "job failed (exit " + std::to_string(f.exit_code) + "): " + f.message);
   self->send(st.setup.listener, result_atom::value, res);
 }
 

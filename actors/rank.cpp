@@ -496,7 +496,9 @@ int serve(worker& w) {
           monitoring::log(monitoring::level::warn, w.log_ctx(), result.why);
           return 0;
         }
-        if (!result.why.empty()) monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
+        // The coordinator stopped the job (a scheduler's SIGTERM, a Ctrl-C, the job's end):
+        // no failure of this rank's, so no error line for log-based alerting to page on.
+        if (!result.why.empty()) monitoring::log(monitoring::level::info, w.log_ctx(), result.why);
         return result.why.empty() ? 0 : 1;
       case loop_end::failed:
         monitoring::log(monitoring::level::error, w.log_ctx(), result.why);

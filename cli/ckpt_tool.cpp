@@ -138,25 +138,13 @@ usage_error usage(const std::string& sub, const std::string& what) {
 /// as "--opt V" or "--opt=V"). Anything else starting with '-' is a usage error.
 parsed_args parse_args(const std::string& sub, const std::vector<std::string>& args,
                        const std::set<std::string>& allowed) {
+  command_line cl("troupe ckpt " + sub);
+  for (const auto& flag : allowed) cl.value(flag);
+  cl.parse(args, args.size());
   parsed_args out;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    if (flag.empty() || flag[0] != '-') {
-      out.positional.push_back(flag);
-      continue;
-    }
-    std::optional<std::string> value;
-    if (auto eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    if (!allowed.contains(flag)) throw usage(sub, "unknown option '" + flag + "'");
-    if (!value) {
-      if (i + 1 >= args.size()) throw usage(sub, "option " + flag + " needs a value");
-      value = args[++i];
-    }
-    out.options[flag] = *value;
-  }
+  out.positional = cl.positional();
+  for (const auto& [flag, value] : cl.given())
+    if (flag != "--help") out.options[flag] = value;
   return out;
 }
 

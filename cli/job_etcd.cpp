@@ -21,6 +21,7 @@
 #include "monitoring/log.hpp"
 #include "runtime/etcd/etcd_client.hpp"
 #include "runtime/etcd/leader_election.hpp"
+#include "runtime/sys/run_paths.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -37,6 +38,9 @@ constexpr const char* etcd_binary = "/usr/bin/etcd";
 // standby could lead before the members give up; long enough that the election's keepalive
 // (every ttl / 4) survives a second or two of etcd being slow without stepping down.
 constexpr std::chrono::seconds leader_ttl{5};
+// How long an ended job's state and config stay in etcd (troupe status and a late standby read
+// them); then etcd removes them.
+constexpr std::chrono::seconds ended_keys_ttl{600};
 
 void require_readable(const std::string& path, const char* option) {
   if (path.empty()) return;
@@ -118,7 +122,22 @@ struct job_etcd::state {
   bool stopping = false;
   bool campaign_stopped = false;  // stop_campaign(): a standby gives up waiting
   std::string found_state;        // /troupe/<job>/state when elected
-  std::string client_urls;        // the job is over: a step-down now is ours, not a loss
+  // RUN_DIR/incarnation: the job's state in etcd carries it, with the run directory and host,
+  // so that a job under an id another job used never reads that job's numbers.
+  std::string incarnation;
+  // /troupe/<job>/state written by another job under the same id: refused while that job
+  // runs (config_error naming --job-id), passed over once it ended. Returns whether `doc`
+  // is this job's own state (or one from before incarnations were kept).
+  bool is_ours(const nlohmann::json& doc) const;
+  void mark_identity(nlohmann::json& doc) const {
+    doc["incarnation"] = incarnation;
+    doc["run_dir"] = cfg.run_dir;
+    doc["host"] = host_name();
+  }
+  // The job ended: its keys go with a lease of ended_keys_ttl, not at once (a standby elected
+  // as the leader resigns must still read that the job ended).
+  void lease_keys_of_ended_job();
+  std::string client_urls;  // the job is over: a step-down now is ours, not a loss
   std::string lost;
   // Held while on_lost runs, so that forget_on_lost() returns only once it cannot run again.
   std::mutex callback_mutex;
@@ -252,6 +271,54 @@ bool job_etcd::state::fenced_put(const std::string& key, const std::string& valu
   return client->txn(txn, call).succeeded;
 }
 
+void job_etcd::state::lease_keys_of_ended_job() {
+  nlohmann::json last;
+  {
+    std::lock_guard lock(mutex);
+    if (!ended || !mirroring || !election) return;
+    last = {{"generation", generation},
+            {"committed_step", committed_step},
+            {"checkpoint_step", checkpoint_step},
+            {"world", world},
+            {"ended", *ended},
+            {"epoch", led_epoch}};
+    if (!skipped_steps.empty()) last["skipped_steps"] = skipped_steps;
+  }
+  mark_identity(last);
+  try {
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(std::min(cfg.etcd.timeout_ms, 5000));
+    const int64_t lease = client->lease_grant(ended_keys_ttl, call);
+    etcd::txn_request txn;
+    txn.compares.push_back(election->fence());
+    txn.then.push_back(etcd::txn_op::put("/troupe/" + job + "/state", last.dump(), lease));
+    txn.then.push_back(etcd::txn_op::put("/troupe/" + job + "/config", to_json(cfg).dump(), lease));
+    client->txn(txn, call);
+  } catch (const std::exception& e) {
+    monitoring::log(
+        monitoring::level::warn, etcd_ctx,
+        std::string("etcd: the ended job's keys stay (they could not be leased): ") + e.what());
+  }
+}
+
+bool job_etcd::state::is_ours(const nlohmann::json& doc) const {
+  if (!doc.is_object() || !doc.contains("incarnation") || incarnation.empty()) return true;
+  if (doc.value("incarnation", std::string()) == incarnation) return true;
+  const std::string theirs = "run directory " + doc.value("run_dir", std::string("?")) +
+                             " on host " + doc.value("host", std::string("?"));
+  if (!doc.contains("ended"))
+    throw config_error("etcd: job id '" + job + "' is in use by another job (" + theirs +
+                       ", at step " + std::to_string(doc.value("committed_step", int64_t{0})) +
+                       "); give this job another --job-id. If that job is gone, remove its "
+                       "keys: etcdctl del --prefix /troupe/" +
+                       job + "/");
+  monitoring::log(monitoring::level::info, etcd_ctx,
+                  "etcd: job id '" + job + "' was used by an earlier job (" + theirs +
+                      ", ended with exit " + std::to_string(doc.value("ended", 0)) +
+                      "); its state is not this job's and is replaced");
+  return false;
+}
+
 // Off the supervisor's thread: a slow etcd delays the mirror, never the job. Only the newest
 // state matters, so one that arrives while a write is in flight replaces any older one waiting.
 void job_etcd::state::write_loop() {
@@ -280,6 +347,10 @@ job_etcd::job_etcd(const train_config& cfg, monitoring::metrics_registry& regist
   if (cfg.etcd.endpoints.empty()) return;
   auto s = std::make_unique<state>(cfg, events);
   s->job = etcd_job_id(cfg);
+  {
+    std::ifstream in(run_paths::incarnation(cfg.run_dir));
+    std::getline(in, s->incarnation);
+  }
   s->leader_gauge = &registry.add_gauge(
       "troupe_coordinator_leader", "1 while this coordinator leads the job through etcd, else 0");
   s->epoch_gauge =
@@ -315,6 +386,7 @@ job_etcd::~job_etcd() {
   s.wake.notify_all();
   if (s.writer.joinable()) s.writer.join();  // the last state goes out before stepping down
   if (s.pause_watcher.joinable()) s.pause_watcher.join();
+  s.lease_keys_of_ended_job();
   if (s.election) {
     try {
       s.election->resign();
@@ -452,6 +524,16 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     s.wake.notify_all();
   };
   const std::string id = options.id;
+  try {
+    // Another job under this id is refused before campaigning, not after a whole
+    // --etcd-timeout-ms spent waiting for its leader to go.
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(std::min(s.cfg.etcd.timeout_ms, 10000));
+    if (const auto found = s.client->get("/troupe/" + s.job + "/state", call))
+      (void)s.is_ours(nlohmann::json::parse(found->value, nullptr, false));
+  } catch (const etcd::etcd_error& e) {
+    throw std::runtime_error(std::string("etcd: reading the job's state failed: ") + e.what());
+  }
   s.election = std::make_unique<etcd::leader_election>(*s.client, std::move(options));
   s.election->start();
   {
@@ -487,9 +569,9 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     call.deadline = steady_clock::now() + milliseconds(std::min(s.cfg.etcd.timeout_ms, 10000));
     const auto found = s.client->get("/troupe/" + s.job + "/state", call);
     std::lock_guard lock(s.mutex);
-    if (found) {
+    const auto doc = found ? nlohmann::json::parse(found->value, nullptr, false) : nlohmann::json();
+    if (found && s.is_ours(doc)) {
       s.found_state = found->value;
-      const auto doc = nlohmann::json::parse(found->value, nullptr, false);
       if (doc.is_object()) {
         s.generation = doc.value("generation", uint64_t{0});
         s.committed_step = doc.value("committed_step", int64_t{0});
@@ -518,6 +600,7 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     nlohmann::json marked = nlohmann::json::parse(s.found_state, nullptr, false);
     if (!marked.is_object()) marked = nlohmann::json::object();
     marked["epoch"] = epoch;
+    s.mark_identity(marked);
     try {
       s.fenced_put("/troupe/" + s.job + "/state", marked.dump());
     } catch (const etcd::etcd_error& e) {
@@ -529,8 +612,8 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
   s.leader_gauge->set(1);
   s.epoch_gauge->set(static_cast<double>(epoch));
   s.events.write(ev::to_json(ev::leader{.epoch = epoch, .id = id, .address = address}));
-  std::fprintf(stderr, "troupe: leading job %s through etcd %s (epoch %lld)\n", s.job.c_str(),
-               s.endpoints_words.c_str(), static_cast<long long>(epoch));
+  say("leading job %s through etcd %s (epoch %lld)", s.job.c_str(), s.endpoints_words.c_str(),
+      static_cast<long long>(epoch));
   try {
     if (!s.fenced_put("/troupe/" + s.job + "/config", to_json(s.cfg).dump()))
       throw std::runtime_error("etcd: this coordinator lost leadership of job " + s.job +
@@ -706,6 +789,7 @@ void job_etcd::observe(const ev::job_event& event) {
     if (!s.skipped_steps.empty()) s.pending["skipped_steps"] = s.skipped_steps;
     if (s.ended) s.pending["ended"] = *s.ended;
     s.pending["epoch"] = s.led_epoch;
+    s.mark_identity(s.pending);
   }
   s.wake.notify_all();
 }

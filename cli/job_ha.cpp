@@ -94,8 +94,7 @@ class launcher {
       coordinators_[pid] = true;
       index_[pid] = i;
     }
-    std::fprintf(stderr, "troupe: started %d coordinators (one leads through etcd %s)\n", count_,
-                 etcd_.client_urls().c_str());
+    say("started %d coordinators (one leads through etcd %s)", count_, etcd_.client_urls().c_str());
   }
 
   // Every coordinator publishes before it campaigns; the agents get all their addresses.

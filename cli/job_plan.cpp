@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include "actors/child_process.hpp"
@@ -24,6 +26,29 @@ namespace troupe::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The default corpus: where this build rendered it, or beside an installed binary
+// (`cmake --install`: PREFIX/bin/troupe and PREFIX/share/troupe/kjv.txt).
+std::string default_corpus() {
+  std::error_code ec;
+  if (fs::exists(TROUPE_DEFAULT_CORPUS, ec)) return TROUPE_DEFAULT_CORPUS;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path installed = exe.parent_path().parent_path() / "share" / "troupe" / "kjv.txt";
+    if (fs::exists(installed, ec)) return installed.string();
+  }
+  return TROUPE_DEFAULT_CORPUS;  // missing: preflight says so, naming scripts/setup.sh
+}
+
+// The run directory's name (as etcd_job_id makes it) and eight random hex digits.
+std::string unique_job_id(const train_config& cfg) {
+  std::string name = etcd_job_id(cfg);
+  if (name.size() > 110) name.resize(110);
+  std::random_device random;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "-%08x", static_cast<unsigned>(random()));
+  return name + suffix;
+}
 
 // The layout for this world, from the planner. The coordinator plans again, for the ranks
 // that are left, whenever the world changes.
@@ -141,10 +166,20 @@ job_plan plan_job(const job_options& opts, bool launch_local_agent) {
                           job.cfg.elastic.nodes, session_last_step(job.cfg), job.cfg.steps);
   // Empty only when --data and the config file left it out: an explicit "" is refused as it is
   // read (runtime/config.cpp), so that it never means the default corpus.
-  if (job.cfg.data.empty()) job.cfg.data = TROUPE_DEFAULT_CORPUS;
+  if (job.cfg.data.empty()) job.cfg.data = default_corpus();
   job.cfg.run_dir = absolute_run_dir(job.cfg.run_dir);
   place_listeners(opts, job);
   preflight(job.cfg, launch_local_agent && !job.slurm);
+  // config.json keeps the files the job reads as absolute paths: `troupe status` and a
+  // --resume from another directory find them. Made so after preflight, whose messages name
+  // them as the user wrote them.
+  for (std::string* path : {&job.cfg.data, &job.cfg.metrics_token_file, &job.cfg.etcd.cacert,
+                            &job.cfg.etcd.cert, &job.cfg.etcd.key})
+    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  // A new job gets an id no other job has, so that jobs sharing an etcd never meet by
+  // accident; config.json keeps it for --resume and the standby coordinators.
+  if (job.cfg.job_id.empty() && !job.cfg.resume) job.cfg.job_id = unique_job_id(job.cfg);
+  job.saved = opts.saved;
   return job;
 }
 

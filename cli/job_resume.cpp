@@ -121,8 +121,7 @@ bool take_checkpoint(const train_config& cfg, const nlohmann::json& config, int6
 
 void print_fallbacks(const resume_choice& out) {
   for (const auto& f : out.fallbacks)
-    std::fprintf(
-        stderr, "troupe: resume: passing over %s: %s%s\n",
+    say("resume: passing over %s: %s%s",
         f.step < 0 ? "LATEST" : ("checkpoint step " + std::to_string(f.step)).c_str(),
         sys::printable(f.error).c_str(),
         f.quarantined.empty()
@@ -136,26 +135,24 @@ void settle_on(const train_config& cfg, const std::vector<int64_t>& uncommitted,
                std::optional<int64_t> latest, resume_choice& out) {
   for (int64_t step : uncommitted) {
     const std::string where = ckpt::quarantine_checkpoint(cfg.run_dir, step, "never-committed");
-    std::fprintf(stderr,
-                 "troupe: resume: step %lld was written but never committed (newer than LATEST); "
-                 "moved it to %s\n",
-                 static_cast<long long>(step), sys::printable(where).c_str());
+    say("resume: step %lld was written but never committed (newer than LATEST); "
+        "moved it to %s\n",
+        static_cast<long long>(step), sys::printable(where).c_str());
   }
   if (latest != out.step) {
     ckpt::point_latest_at(cfg.run_dir, out.step);
     out.latest_was = latest;
     out.latest_repaired = true;
-    std::fprintf(stderr, "troupe: resume: LATEST now names %s (it %s)\n",
-                 ckpt::format::step_dir_name(out.step).c_str(),
-                 latest ? ("named " + ckpt::format::step_dir_name(*latest)).c_str()
-                        : "was missing or unreadable");
+    say("resume: LATEST now names %s (it %s)", ckpt::format::step_dir_name(out.step).c_str(),
+        latest ? ("named " + ckpt::format::step_dir_name(*latest)).c_str()
+               : "was missing or unreadable");
   }
-  std::fprintf(stderr, "troupe: resuming from checkpoint step %lld (written by %s, format %d)%s\n",
-               static_cast<long long>(out.step), out.layout.c_str(), out.format,
-               std::any_of(out.fallbacks.begin(), out.fallbacks.end(),
-                           [](const passed_over& f) { return f.step >= 0; })
-                   ? ", an earlier one than the newest"
-                   : "");
+  say("resuming from checkpoint step %lld (written by %s, format %d)%s",
+      static_cast<long long>(out.step), out.layout.c_str(), out.format,
+      std::any_of(out.fallbacks.begin(), out.fallbacks.end(),
+                  [](const passed_over& f) { return f.step >= 0; })
+          ? ", an earlier one than the newest"
+          : "");
 }
 
 }  // namespace

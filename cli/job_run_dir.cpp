@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "checkpoint/durable_io.hpp"
 #include "cli/job_steps.hpp"
 #include "runtime/auth/credentials.hpp"
+#include "runtime/optim/adamw.hpp"
+#include "runtime/settings.hpp"
+#include "runtime/sys/printable.hpp"
 #include "runtime/sys/process_clock.hpp"
 #include "runtime/sys/run_paths.hpp"
 
@@ -49,9 +53,8 @@ void archive_earlier_run(const std::string& run_dir) {
   while (fs::symlink_status(archived, unreadable).type() != fs::file_type::not_found &&
          !unreadable);
   fs::rename(run_dir, archived);
-  std::fprintf(stderr,
-               "troupe: %s held an earlier run; moved it to %s (use --resume to continue a run)\n",
-               run_dir.c_str(), archived.c_str());
+  say("%s held an earlier run; moved it to %s (use --resume to continue a run)", run_dir.c_str(),
+      archived.c_str());
   ckpt::io::make_dirs_durable(run_paths::checkpoints(run_dir));
   fs::rename(run_paths::run_lock(archived), run_paths::run_lock(run_dir));
 }
@@ -68,7 +71,7 @@ ckpt::run_lock take_run_dir(const train_config& cfg) {
   if (earlier_run) archive_earlier_run(cfg.run_dir);
   // Nobody else holds the run: what an interrupted write left behind is garbage now.
   for (const auto& path : ckpt::remove_stale_temp_files(cfg.run_dir, *lock))
-    std::fprintf(stderr, "troupe: removed %s, left by an interrupted write\n", path.c_str());
+    say("removed %s, left by an interrupted write", path.c_str());
   return std::move(*lock);
 }
 
@@ -121,6 +124,45 @@ monitoring::event_log open_events(const job_plan& job, const nlohmann::json& con
   return events;
 }
 
+// A resume says which settings it changed: the run's own config is where it started from.
+void say_what_changed(const train_config& saved, const train_config& cfg) {
+  std::string changes;
+  for (const auto& c : changed_settings(saved, cfg)) {
+    if (c.what->key == "resume" || c.what->key == "run_dir") continue;
+    changes += (changes.empty() ? "" : ", ") + c.what->key + " " + sys::printable(c.before) +
+               " -> " + sys::printable(c.after);
+  }
+  say("resume: the run's config from %s%s%s", run_paths::config(cfg.run_dir).c_str(),
+      changes.empty() ? ", unchanged" : "; changed: ", changes.c_str());
+}
+
+// A resume that changed the run's length goes on from the learning rate the run had reached,
+// never with a jump: past the warm-up, the cosine is re-based at the resumed step. Returns
+// whether the schedule changed.
+bool continue_schedule(train_config& cfg, const train_config& saved, int64_t step) {
+  if (saved.steps == cfg.steps || step < cfg.optim.warmup_steps) return false;
+  const double now = scheduled_lr(saved.optim, step, saved.steps);
+  cfg.optim.rebase_step = static_cast<int>(step);
+  cfg.optim.rebase_lr = now;
+  say("resume: --steps %d -> %d: the learning rate goes on from %.4g (its value "
+      "at step %lld) and decays to %.4g at step %d\n",
+      saved.steps, cfg.steps, now, static_cast<long long>(step + 1),
+      cfg.optim.lr * cfg.optim.min_lr_ratio, cfg.steps);
+  return true;
+}
+
+// A new run draws its incarnation; a resumed one keeps it (or draws one, from before).
+void mark_incarnation(const train_config& cfg) {
+  const fs::path path = run_paths::incarnation(cfg.run_dir);
+  std::error_code ec;
+  if (cfg.resume && fs::is_regular_file(path, ec)) return;
+  std::random_device random;
+  char text[24];
+  std::snprintf(text, sizeof text, "%08x%08x\n", static_cast<unsigned>(random()),
+                static_cast<unsigned>(random()));
+  ckpt::io::write_file_atomically(path, text);
+}
+
 }  // namespace
 
 run_dir_state prepare_run_dir(job_plan& job) {
@@ -129,8 +171,13 @@ run_dir_state prepare_run_dir(job_plan& job) {
   ckpt::run_lock lock = take_run_dir(cfg);
   std::vector<int64_t> skipped = skipped_batches(cfg);
   create_credentials(cfg.run_dir);
-  const nlohmann::json config = to_json(cfg);
+  mark_incarnation(cfg);
+  nlohmann::json config = to_json(cfg);
   const resume_choice resumed = cfg.resume ? resume_point(cfg, config) : resume_choice{};
+  if (cfg.resume && job.saved) {
+    say_what_changed(*job.saved, cfg);
+    if (continue_schedule(cfg, *job.saved, resumed.step)) config = to_json(cfg);
+  }
   // Replaced by rename, never written through: a link planted in the run directory is not
   // followed (docs/SECURITY.md).
   ckpt::io::write_file_atomically(run_paths::config(cfg.run_dir), config.dump(2) + "\n");

@@ -6,9 +6,11 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cstdarg>
 #include <cstdio>
 
 #include "cli/job_steps.hpp"
+#include "monitoring/log.hpp"
 #include "runtime/sys/signal_route.hpp"
 
 namespace troupe::cli {
@@ -30,6 +32,15 @@ sigset_t block_job_signals() {
 }
 
 }  // namespace
+
+void say(const char* format, ...) {
+  char text[2048];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof text, format, args);
+  va_end(args);
+  monitoring::log(monitoring::level::info, {.role = "coordinator"}, text);
+}
 
 int run_job(const job_options& opts, bool launch_local_agent) {
   const sigset_t signals = block_job_signals();

@@ -35,6 +35,9 @@
 
 namespace troupe::cli {
 
+/// One line of the coordinator's log at info (timestamped, like every log line), printf-style.
+void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
+
 // ---- plan: nothing started, nothing written ----------------------------------------------
 
 /// The job as it will run: its config (the default corpus filled in, the run directory
@@ -52,6 +55,8 @@ struct job_plan {
   uint16_t listen_port = 0;              ///< the coordinator's port; 0 = any free port
   std::string rendezvous_host;           ///< --slurm: where the agents dial (never the wildcard)
   std::vector<std::string> srun_agents;  ///< `troupe run --slurm`: the srun that starts them
+  /// --resume: the run's config.json as this session found it (the schedule's length in it).
+  std::optional<train_config> saved;
 };
 
 /// Plans the job from its options and checks it against this machine and its files

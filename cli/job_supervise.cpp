@@ -301,8 +301,7 @@ uint16_t job_supervision::publish() {
                                     endpoint + "\n");
   }
   if (const auto* metrics = listeners_.metrics()) {
-    std::fprintf(stderr, "troupe: metrics on http://%s:%u/metrics\n", job_.cfg.metrics_host.c_str(),
-                 metrics->port());
+    say("metrics on http://%s:%u/metrics", job_.cfg.metrics_host.c_str(), metrics->port());
     // Where `troupe status RUN_DIR` finds this coordinator's /status.
     ckpt::io::write_file_atomically(
         job_.standby ? standby_metrics_address_file(job_.cfg.run_dir, getpid())
@@ -318,8 +317,7 @@ void job_supervision::announce_rendezvous(uint16_t port) const {
   write_rendezvous(job_.cfg.run_dir,
                    rendezvous{slurm.attempt(), job_.rendezvous_host, port, slurm.node_name,
                               job_.cfg.elastic.nodes, static_cast<int64_t>(getpid())});
-  std::fprintf(
-      stderr, "troupe: Slurm job %s%s: coordinator on %s at %s:%u (%s)\n", slurm.job_id.c_str(),
+  say("Slurm job %s%s: coordinator on %s at %s:%u (%s)", slurm.job_id.c_str(),
       slurm.restart_count > 0 ? (" (restart " + std::to_string(slurm.restart_count) + ")").c_str()
                               : "",
       slurm.node_name.empty() ? "this node" : slurm.node_name.c_str(), job_.rendezvous_host.c_str(),
@@ -334,7 +332,7 @@ void job_supervision::start_agents(const std::string& endpoint) {
     // One agent per node of the allocation; srun --no-kill keeps the step when a node is lost.
     std::string words;
     for (const auto& w : job_.srun_agents) words += (words.empty() ? "" : " ") + w;
-    std::fprintf(stderr, "troupe: starting %d agents: %s\n", job_.cfg.elastic.nodes, words.c_str());
+    say("starting %d agents: %s", job_.cfg.elastic.nodes, words.c_str());
     agents_.push_back(actors::spawn_child(job_.srun_agents, true, SIGTERM));
   } else if (job_.slurm) {
     std::printf(

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -13,11 +15,13 @@
 #include "actors/rank.hpp"
 #include "bench/comm_bench.hpp"
 #include "cli/ckpt_tool.hpp"
+#include "cli/command_line.hpp"
 #include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "cli/scheduler.hpp"
 #include "cli/status_tool.hpp"
+#include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/preflight.hpp"
 #include "runtime/sys/descriptors.hpp"
@@ -39,6 +43,16 @@ int parse_count(const std::string& command, const std::string& flag, const std::
   }
 }
 
+// --log-level for this process and, through the environment, every process it starts.
+void apply_log_level(const std::string& command, const std::string& text) {
+  const auto lvl = troupe::monitoring::parse_level(text);
+  if (!lvl)
+    throw usage_error("troupe " + command +
+                      ": --log-level must be debug, info, warn or error, got '" + text + "'");
+  troupe::monitoring::set_log_threshold(*lvl);
+  ::setenv("TROUPE_LOG_LEVEL", std::string(troupe::monitoring::level_name(*lvl)).c_str(), 1);
+}
+
 // Parses `--coordinator HOST:PORT` and `--join-token FILE` (both), `--iface NAME` or
 // `--advertise ADDR` (both commands; without them the environment) into `advertise`, checked
 // against this host, `--member M` and `--node N` (workers), `--ranks K` and `--run-dir DIR`
@@ -50,17 +64,19 @@ void parse_member_args(const std::string& command, const std::vector<std::string
                        std::vector<troupe::actors::endpoint>& coordinators, int* node = nullptr,
                        int* ranks = nullptr, bool* standby = nullptr,
                        troupe::cli::agent_plan* scheduled = nullptr) {
+  troupe::cli::command_line cl("troupe " + command);
+  for (const char* v : {"--coordinator", "--join-token", "--iface", "--advertise", "--log-level"})
+    cl.value(v);
+  if (scheduled) cl.value("--run-dir");
+  if (rank) cl.value("--member,--rank");
+  if (node) cl.value("--node");
+  if (ranks) cl.value("--ranks");
+  if (standby) cl.flag("--standby");
+  cl.parse(args);
   bool have_endpoint = false;
   std::string token_path, iface_flag, advertise_flag, coordinator_text, run_dir_flag;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size())
-        throw usage_error("troupe " + command + ": option " + a + " needs a value");
-      return args[++i];
-    };
+  for (const auto& [a, v] : cl.given()) {
     if (a == "--coordinator") {
-      std::string v = value();
       // Several: the job's coordinators, one leading and the others standing by (takeover).
       if (!troupe::actors::parse_endpoints(v, coordinators))
         throw usage_error("troupe " + command +
@@ -71,14 +87,14 @@ void parse_member_args(const std::string& command, const std::vector<std::string
       port = coordinators.front().port;
       have_endpoint = true;
       coordinator_text = v;
-    } else if (a == "--run-dir" && scheduled) {
-      run_dir_flag = value();
+    } else if (a == "--run-dir") {
+      run_dir_flag = v;
       if (run_dir_flag.empty())
         throw usage_error(
             "troupe agent: --run-dir must name the job's run directory, got an "
             "empty value");
     } else if (a == "--join-token") {
-      token_path = value();
+      token_path = v;
       if (token_path.empty())
         throw usage_error("troupe " + command +
                           ": --join-token must name the job's join token file, got an empty "
@@ -86,23 +102,22 @@ void parse_member_args(const std::string& command, const std::vector<std::string
       troupe::check_path_length(token_path, "join token", "--join-token");
     } else if (a == "--iface" || a == "--advertise") {
       std::string& into = a == "--iface" ? iface_flag : advertise_flag;
-      into = value();
+      into = v;
       if (into.empty())
         throw usage_error("troupe " + command + ": " + a + " needs " +
                           (a == "--iface" ? "an interface name" : "an address") +
                           ", got an empty value");
-    } else if ((a == "--member" || a == "--rank") && rank) {
-      *rank = parse_count(command, a, value());
-    } else if (a == "--node" && node) {
-      *node = parse_count(command, a, value());
-    } else if (a == "--standby" && standby) {
+    } else if (a == "--member") {
+      *rank = parse_count(command, a, v);
+    } else if (a == "--node") {
+      *node = parse_count(command, a, v);
+    } else if (a == "--standby") {
       *standby = true;
-    } else if (a == "--ranks" && ranks) {
-      *ranks = parse_count(command, a, value());
+    } else if (a == "--ranks") {
+      *ranks = parse_count(command, a, v);
       if (*ranks < 1) throw usage_error("troupe agent: --ranks must be at least 1");
-    } else {
-      throw usage_error("troupe " + command + ": unknown option '" + a + "'; see troupe " +
-                        command + " --help");
+    } else if (a == "--log-level") {
+      apply_log_level(command, v);
     }
   }
   if (scheduled) {  // agents: the scheduler's environment where the options are silent
@@ -179,9 +194,19 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
   }
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
-  if (command == "--help" || command == "-h" || command == "help") {
+  if (command == "--help" || command == "-h" || (command == "help" && args.empty())) {
     std::fputs(troupe::cli::main_help().c_str(), stdout);
     return 0;
+  }
+  if (command == "help" && !args.empty()) {
+    if (args[0] == "options") {
+      std::fputs(troupe::cli::job_options_help().c_str(), stdout);
+      return 0;
+    }
+    throw usage_error(
+        "troupe help: say `troupe help`, `troupe help options` or `troupe COMMAND "
+        "--help`; got '" +
+        args[0] + "'");
   }
   if (command == "--version") {
     std::puts("troupe 0.1.0");
@@ -194,6 +219,11 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
       std::fputs(
           (coordinator_only ? troupe::cli::coordinator_help() : troupe::cli::run_help()).c_str(),
           stdout);
+      return 0;
+    }
+    if (!opts.log_level.empty()) apply_log_level(command, opts.log_level);
+    if (opts.print_config) {
+      std::fputs((troupe::to_config_file(opts.cfg).dump(2) + "\n").c_str(), stdout);
       return 0;
     }
     const auto& cfg = opts.cfg;
@@ -220,7 +250,19 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
         std::fputs(troupe::cli::bench_help().c_str(), stdout);
         return 0;
       }
-      return troupe::bench::run_comm_bench({args.begin() + 1, args.end()});
+      // Tokenised here (`--opt=value` too); the benchmark checks the values.
+      troupe::cli::command_line cl("troupe bench comm");
+      for (const char* v :
+           {"--ranks", "--ops", "--min-bytes", "--max-bytes", "--batches", "--batch-seconds",
+            "--transport", "--nodes", "--node", "--serve-store", "--store", "--bind"})
+        cl.value(v);
+      cl.parse({args.begin() + 1, args.end()});
+      std::vector<std::string> options;
+      for (const auto& [flag, value] : cl.given()) {
+        options.push_back(flag);
+        options.push_back(value);
+      }
+      return troupe::bench::run_comm_bench(options);
     }
     throw usage_error("troupe bench: unknown benchmark '" + args[0] + "'; benchmarks: comm");
   }

@@ -1,130 +1,137 @@
 #include "cli/options.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
+
+#include "runtime/settings.hpp"
 
 namespace troupe::cli {
 namespace {
 
-// Command-line spellings of the config fields a user sets most; anything else goes
-// through --set KEY=VALUE with the config file's dotted names.
-const std::map<std::string, std::string>& flag_fields() {
-  static const std::map<std::string, std::string> table = {
-      {"--world", "world"},
-      {"--steps", "steps"},
-      {"--seed", "seed"},
-      {"--run-dir", "run_dir"},
-      {"--metrics-port", "metrics_port"},
-      {"--metrics-host", "metrics_host"},
-      {"--metrics-token", "metrics_token_file"},
-      {"--metrics-rank-labels", "metrics_rank_labels"},
-      {"--checkpoint-every", "checkpoint_every"},
-      {"--exit-after-step", "exit_after_step"},
-      {"--checkpoint-overlap", "checkpoint_overlap"},
-      {"--verify-checkpoints", "verify_checkpoints"},
-      {"--checkpoint-chunk-kib", "checkpoint_chunk_kib"},
-      {"--keep-last", "keep_last"},
-      {"--keep-every", "keep_every"},
-      {"--freeze", "optim.freeze"},
-      {"--batch", "batch"},
-      {"--micro-batch", "micro_batch"},
-      {"--lr", "optim.lr"},
-      {"--data", "data"},
-      {"--eval-every", "eval_every"},
-      {"--layers", "model.n_layer"},
-      {"--heads", "model.n_head"},
-      {"--d-model", "model.d_model"},
-      {"--context", "model.context"},
-      {"--step-timeout-ms", "step_timeout_ms"},
-      {"--blas-threads", "blas_threads"},
-      {"--peak-flops", "peak_flops"},
-      {"--zero", "parallel.zero"},
-      {"--tp", "parallel.tp"},
-      {"--pp", "parallel.pp"},
-      {"--ep", "parallel.ep"},
-      {"--micro-batches", "parallel.micro_batches"},
-      {"--schedule", "parallel.schedule"},
-      {"--experts", "model.experts"},
-      {"--top-k", "model.top_k"},
-      {"--nodes", "elastic.nodes"},
-      {"--min-ranks", "elastic.min_ranks"},
-      {"--max-ranks", "elastic.max_ranks"},
-      {"--spares", "elastic.spares"},
-      {"--max-restarts", "elastic.max_restarts"},
-      {"--heartbeat-timeout-ms", "elastic.heartbeat_timeout_ms"},
-      {"--coordinator-timeout-ms", "elastic.coordinator_timeout_ms"},
-      {"--join-timeout-ms", "elastic.join_timeout_ms"},
-      {"--replacement-wait-ms", "elastic.replacement_wait_ms"},
-      {"--straggler-policy", "elastic.straggler_policy"},
-      {"--fault", "elastic.faults"},
-      {"--on-divergence", "on_divergence"},
-      {"--max-rollbacks", "max_rollbacks"},
-      {"--data-plane-auth", "data_plane_auth"},
-      {"--job-id", "job_id"},
-      {"--etcd", "etcd.endpoints"},
-      {"--etcd-cacert", "etcd.cacert"},
-      {"--etcd-cert", "etcd.cert"},
-      {"--etcd-key", "etcd.key"},
-      {"--etcd-timeout-ms", "etcd.timeout_ms"},
-  };
-  return table;
+namespace fs = std::filesystem;
+
+// What `troupe run` and `troupe coordinator` take besides the settings table.
+void declare_command_options(command_line& cl) {
+  for (const auto& s : settings()) {
+    if (s.flag.empty()) continue;  // set by troupe itself (config files and --set still reach it)
+    if (s.is_switch())
+      cl.flag(s.flag);
+    else
+      cl.value(s.flag);
+  }
+  for (const char* v :
+       {"--config", "--set", "--host", "--port", "--coordinators", "--join-token", "--log-level"})
+    cl.value(v);
+  for (const char* f : {"--slurm", "--print-config"}) cl.flag(f);
+}
+
+// One setting given on the command line: a switch sets its value, an option its text.
+void apply_setting(const command_line& cl, train_config& cfg, const setting& s,
+                   const std::string& value) {
+  try {
+    if (s.is_switch())
+      s.set(cfg, nlohmann::json(s.switch_sets));
+    else
+      set_config_field(cfg, s.key, value);
+  } catch (const config_error& e) {
+    throw usage_error(cl.command() + ": bad value for " + s.flag + ": '" + value + "' (" +
+                      e.what() + ")");
+  }
+}
+
+// The run directory a resume continues: --run-dir, else the config file's, else the default.
+std::string run_dir_of(const command_line& cl, const train_config& from_file) {
+  if (auto dir = cl.last("--run-dir")) return *dir;
+  return from_file.run_dir;
+}
+
+// --resume: the run's own config (RUN_DIR/config.json) is where the options start from. A run
+// without one (written before troupe kept it) starts from the defaults, as it was started.
+std::optional<train_config> saved_config(const std::string& run_dir) {
+  const fs::path path = fs::path(run_dir) / "config.json";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    if (fs::exists(fs::path(run_dir) / "checkpoints", ec)) {
+      std::fprintf(stderr,
+                   "troupe: resume: %s has checkpoints but no config.json; the options given "
+                   "(and the defaults) describe the run\n",
+                   run_dir.c_str());
+      return std::nullopt;
+    }
+    throw config_error("resume: no run to continue in " + run_dir +
+                       ": it holds no config.json and no committed checkpoint; point --run-dir "
+                       "at a run, or leave out --resume to start one");
+  }
+  train_config saved;
+  try {
+    load_config_file(path.string(), saved);
+  } catch (const config_error& e) {
+    throw config_error("resume: the run's own config cannot be read: " + std::string(e.what()) +
+                       "; repair or remove it (then the options given decide everything)");
+  }
+  // What one session asked for is not the run's: a fault or an early exit is given again.
+  saved.exit_after_step = 0;
+  saved.elastic.faults.clear();
+  saved.resume = true;
+  return saved;
 }
 
 }  // namespace
+
+std::vector<setting_change> changed_settings(const train_config& before,
+                                             const train_config& after) {
+  std::vector<setting_change> out;
+  for (const auto& s : settings())
+    if (s.get(before) != s.get(after))
+      out.push_back({&s, setting_text(s, before), setting_text(s, after)});
+  return out;
+}
 
 job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only,
                               const env_reader& env) {
   job_options out;
   const std::string command = coordinator_only ? "coordinator" : "run";
-  // Split "--flag=value" and find the config file first, so command-line options win.
-  std::vector<std::pair<std::string, std::string>> items;  // flag, value ("" if none)
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = flag.find('='); flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
-    }
-    bool boolean = flag == "--resume" || flag == "--help" || flag == "-h" ||
-                   flag == "--no-progress" || flag == "--replicate-checkpoints" ||
-                   flag == "--slurm";
-    if (flag.rfind("-", 0) != 0)
-      throw usage_error("troupe " + command + ": unexpected argument '" + flag + "'; see troupe " +
-                        command + " --help");
-    if (!boolean && !has_value) {
-      if (i + 1 >= args.size())
-        throw usage_error("troupe " + command + ": option " + flag + " needs a value; see troupe " +
-                          command + " --help");
-      value = args[++i];
-    }
-    items.emplace_back(flag, value);
+  command_line cl("troupe " + command);
+  declare_command_options(cl);
+  cl.parse(args);
+  if (cl.help()) {
+    out.help = true;
+    return out;
   }
+  out.print_config = cl.has("--print-config");
+  out.log_level = cl.last("--log-level").value_or("");
   // `troupe run --slurm` is a coordinator too: it takes --host and --port.
-  bool slurm = false;
-  for (const auto& [flag, value] : items) slurm = slurm || flag == "--slurm";
+  const bool slurm = cl.has("--slurm");
   const bool listens = coordinator_only || slurm;
-  for (const auto& [flag, value] : items)
-    if (flag == "--config") load_config_file(value, out.cfg);
-  const train_config from_file = out.cfg;
+  // Where the settings start from: the defaults, or with --resume the run's own config; then
+  // the config file; then every option in command-line order.
+  train_config from_file;
+  if (auto file = cl.last("--config")) load_config_file(*file, from_file);
+  const bool resume = cl.has("--resume") || from_file.resume;
+  if (resume) {
+    out.saved = saved_config(run_dir_of(cl, from_file));
+    out.cfg = out.saved ? *out.saved : train_config{};
+    if (auto file = cl.last("--config")) load_config_file(*file, out.cfg);
+  } else {
+    out.cfg = from_file;
+  }
   bool world_given = false, nodes_given = false;
-  for (const auto& [flag, value] : items) {
+  for (const auto& [flag, value] : cl.given()) {
     world_given =
         world_given || flag == "--world" || (flag == "--set" && value.rfind("world=", 0) == 0);
     nodes_given = nodes_given || flag == "--nodes" ||
                   (flag == "--set" && value.rfind("elastic.nodes=", 0) == 0);
   }
-  for (const auto& [flag, value] : items) {
-    if (flag == "--config" || flag == "--slurm") continue;
-    if (flag == "--help" || flag == "-h") {
-      out.help = true;
-    } else if (flag == "--resume") {
-      out.cfg.resume = true;
-    } else if (flag == "--no-progress") {
-      out.cfg.progress = false;
-    } else if (flag == "--replicate-checkpoints") {
-      out.cfg.replicate_checkpoints = true;
+  for (const auto& [flag, value] : cl.given()) {
+    if (flag == "--config" || flag == "--slurm" || flag == "--print-config" ||
+        flag == "--log-level")
+      continue;
+    if (const setting* s = find_setting_by_flag(flag)) {
+      apply_setting(cl, out.cfg, *s, value);
     } else if (flag == "--set") {
       auto eq = value.find('=');
       if (eq == std::string::npos || eq == 0)
@@ -166,22 +173,27 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
         throw usage_error("troupe " + command + ": --port must be a number in 0..65535, got '" +
                           value + "'");
       }
-    } else if (auto it = flag_fields().find(flag); it != flag_fields().end()) {
-      try {
-        set_config_field(out.cfg, it->second, value);
-      } catch (const config_error& e) {
-        throw usage_error("troupe " + command + ": bad value for " + flag + ": '" + value + "' (" +
-                          e.what() + ")");
-      }
     } else if (flag == "--host" || flag == "--port") {
       throw usage_error("troupe run: " + flag +
                         " is an option of the coordinator: troupe coordinator, or troupe run "
                         "--slurm (whose coordinator the agents of other nodes reach)");
     } else {
-      throw usage_error("troupe " + command + ": unknown option '" + flag + "'; see troupe " +
-                        command + " --help");
+      throw cl.error("option " + flag + " is not one of troupe " + command + "'s");
     }
   }
+  if (out.saved) {
+    // A resume changes only what may change; the rest is the run's and shapes its math.
+    for (const auto& c : changed_settings(*out.saved, out.cfg))
+      if (!c.what->resumable)
+        throw usage_error(
+            "troupe " + command + " --resume: " + c.what->key +
+            (c.what->flag.empty() ? std::string() : " (" + c.what->flag + ")") +
+            " cannot change on a resume: the run in " + out.cfg.run_dir + " has " + c.before +
+            ", given " + c.after +
+            "; it shapes what is computed. Leave it out to continue the run, or start a new "
+            "run in another --run-dir");
+  }
+  const train_config& from_file_cfg = from_file;
   if (slurm && !out.help) {
     out.slurm_job = read_slurm_env(env);
     if (!out.slurm_job)
@@ -192,8 +204,8 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     const int have = job.job_num_nodes;
     // What the allocation says counts where no option (nor the config file) did; an option is
     // honoured, or refused when the allocation cannot give it.
-    nodes_given = nodes_given || from_file.elastic.nodes != train_config{}.elastic.nodes;
-    world_given = world_given || from_file.world != train_config{}.world;
+    nodes_given = nodes_given || from_file_cfg.elastic.nodes != train_config{}.elastic.nodes;
+    world_given = world_given || from_file_cfg.world != train_config{}.world;
     if (have < 1)
       throw usage_error("troupe " + command +
                         " --slurm: the Slurm environment names no nodes (SLURM_JOB_NUM_NODES, "
@@ -244,111 +256,88 @@ Run `troupe <command> --help` for a command's options.
 }
 
 namespace {
-const char* job_flags =
-    R"(  --config FILE          JSON config file (keys as in `--set`); options below override it
-  --world N              worker ranks (default 2)
-  --steps N              training steps (default 400)
-  --seed N               seed for initialisation and data order (default 1337)
-  --batch N              global batch in sequences per step, for any world size (default 16)
-  --micro-batch N        sequences per forward/backward (default 4)
-  --lr X                 peak learning rate (default 0.003)
-  --layers N, --heads N, --d-model N, --context N    model shape (default 4, 4, 128, 64)
-  --data FILE            training text (default: the King James Bible corpus built at setup)
-  --run-dir DIR          where events.jsonl and checkpoints go (default runs/latest)
-  --resume               continue from the latest committed checkpoint in --run-dir
-  --checkpoint-every K   checkpoint every K steps; 0 = only at the end (default 100)
-  --exit-after-step N    stop cleanly after step N with a checkpoint (the schedule still
-                         runs to --steps; --resume continues); 0 = off
-  --keep-last K          committed checkpoints kept; older ones and their unshared chunks
-                         are removed after each commit; 0 = keep all (default 3)
-  --keep-every N         also keep every checkpoint whose step is a multiple of N
-  --checkpoint-overlap wait|skip   a checkpoint due while the previous one is still being
-                         written or committed waits for it, or is skipped (default wait)
-  --verify-checkpoints after-write|off   each rank reads every chunk it wrote back from the
-                         disk (not its cache) and checks it before the checkpoint may be
-                         committed (default off; costs one read of what was written)
-  --checkpoint-chunk-kib K   chunk size of the deduplicating checkpoint store (default 1024;
-                         boxes under K/4 KiB share chunks, larger ones are deduplicated alone);
-                         --set checkpoint_async=false writes inside the step instead
-  --replicate-checkpoints   also hold each rank's latest checkpoint chunks in the memory
-                         of a rank on another node (needs --nodes 2+); a restore after a
-                         loss reads them from there before the disk
-  --freeze PATTERN       parameters whose name matches (substring, '*' wildcard) are not
-                         trained; their checkpoint chunks are then shared, not rewritten
-  --eval-every K         validation loss every K steps; 0 = only at the end (default 100)
-  --zero 0|1             1 = ZeRO-1: optimizer state sharded over the data-parallel ranks
-  --tp N, --pp N, --ep N tensor, pipeline and expert parallel sizes; dp is the rest of the
-                         world. The layout planner checks them (and picks them when left
-                         at 1), naming the constraint a layout breaks (exit 2)
-  --micro-batches M      pipeline micro-batches per step (default batch / micro-batch)
-  --schedule gpipe|1f1b  pipeline schedule (default 1f1b)
-  --experts E, --top-k K MoE MLP with E experts (0 = dense) routing each token to K
-  --metrics-port PORT    Prometheus metrics on 127.0.0.1:PORT/metrics; 0 = off (default 9400)
-  --metrics-host HOST    address the metrics endpoint binds (default 127.0.0.1)
-  --metrics-token FILE   GET /metrics needs "Authorization: Bearer <the file's first line>"
-                         (the file must be mode 0600; Prometheus: authorization.credentials_file)
-  --metrics-rank-labels N   per-rank series (heartbeat age, straggler score) up to N ranks;
-                         above N, one series per node with its worst rank (default 64)
-  --peak-flops F          one rank's peak FLOP/s for the MFU estimate (troupe_mfu); default:
-                         measured when the job starts (a short single-threaded sgemm x
-                         --blas-threads)
-  --step-timeout-ms MS   deadline for one step's collectives (default 60000)
-  --on-divergence stop|rollback   a step with a non-finite loss or gradient norm, or a
-                         negative loss, is never committed: stop (exit 3, default), or roll
-                         back to the last committed checkpoint and skip the batch that diverged
-  --max-rollbacks K      rollbacks before the job stops with exit 3 anyway (default 3)
-  --data-plane-auth tcp-md5|none   the data plane's TCP pairs between nodes: signed with a key
-                         from the job's secret while they connect, so the kernel drops a
-                         stranger's connection (default tcp-md5), or open to whoever is first
 
-elastic recovery (a lost rank is replaced in place; the job goes on with the same model):
-  --nodes N              agents (simulated nodes) this machine runs, sharing the ranks (default 1)
-  --min-ranks N          fewer live ranks than this ends the job (default 1)
-  --max-ranks N          the world grows back up to this when workers join (default --world)
-  --spares K             K started, idle workers that take a lost rank's place (default 0)
-  --max-restarts N       each agent restarts a dead worker up to N times; it rejoins (default 0)
-  --heartbeat-timeout-ms MS   a worker silent this long is declared hung and replaced (default 2000)
-  --coordinator-timeout-ms MS workers and agents wait this long for a silent coordinator before
-                         they fence themselves and exit (with --coordinators K, workers and
-                         agents look for the new leader after a heartbeat timeout of silence,
-                         for as long as this, then fence); a coordinator paused for less
-                         (SIGSTOP, a VM stall) costs only the pause. Workers and agents give the
-                         coordinator longer than it gives them: it must be longer than the
-                         heartbeat timeout (default 5 x --heartbeat-timeout-ms)
-  --join-timeout-ms MS   every first worker must join within this; a worker that dies before
-                         it joins is restarted (--max-restarts) or left out while --min-ranks
-                         allows, else the job fails naming it (default 60000)
-  --replacement-wait-ms MS    with --max-restarts: a recovery waits this long for a crashed
-                         worker's restart, which takes its old place (default 1000; 0 = shrink at once)
-  --straggler-policy P   warn | rebalance | evict a rank whose compute stays 1.3x the median (default warn)
-  --fault SPEC           inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12,
-                         stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10,
-                         kill:coordinator:step=15 (the leader, when there are several),
-                         kill:coordinator:step=15:commits=1 (the leader dies in the middle of
-                         committing step 15, its commit sent to one rank), random:kills=10:seed=3,
-                         diverge:step=8[:rank=0] (that step's batch gives a NaN loss)
+// `text` wrapped to lines of at most `width` characters, each after `indent` spaces (the
+// first line's indent is the caller's).
+std::string wrapped(const std::string& text, size_t indent, size_t first_used, size_t width) {
+  std::string out, line;
+  size_t used = first_used;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(' ', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string word = text.substr(at, end - at);
+    if (!line.empty() && used + 1 + word.size() > width) {
+      out += line + "\n" + std::string(indent, ' ');
+      line.clear();
+      used = indent;
+    }
+    if (!line.empty()) {
+      line += ' ';
+      ++used;
+    }
+    line += word;
+    used += word.size();
+    at = end + 1;
+  }
+  return out + line + "\n";
+}
 
-coordinator leadership through etcd (one coordinator leads; standbys take a running job over):
-  --etcd ENDPOINTS       comma-separated http:// or https:// URLs of an etcd cluster, or
-                         `local` for one etcd member of the job's own (/usr/bin/etcd, data in
-                         RUN_DIR/etcd, log in RUN_DIR/etcd.log, stopped with the job). The
-                         coordinator is elected leader before it supervises and mirrors the
-                         job's config and state to /troupe/JOB_ID/. A leader that cannot renew
-                         its lease pauses the job (nothing is committed) until it leads again;
-                         after --etcd-timeout-ms without etcd the job ends (exit 1)
-  --coordinators K       run K coordinator processes (run only; needs --etcd): one leads, the
-                         others stand by. When the leader dies or stalls past its lease, a
-                         standby takes the job over: workers keep their processes and state,
-                         and training goes on from the last committed step (default 1)
-  --etcd-cacert FILE     CA that signed etcd's certificate (required for https)
-  --etcd-cert FILE, --etcd-key FILE   client certificate and key (etcd --client-cert-auth)
-  --etcd-timeout-ms MS   how long to wait for etcd and the election, and how long a job may go
-                         without a leader before it ends (default 60000)
-  --job-id ID            the job's name in etcd (default: the run directory's name)
-  --set KEY=VALUE        any config field by its dotted name (e.g. optim.weight_decay=0)
-  --no-progress          no progress line
-  -h, --help             this help
+std::string number_text(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.15g", x);
+  return buf;
+}
+
+// "(1..1024)" or "(0, 1]" from a setting's bounds; "" when it has none.
+std::string range_text(const setting& s) {
+  if (std::isnan(s.lo) || s.lo == s.hi) return "";
+  if (s.lo_open || s.hi_open)
+    return std::string(s.lo_open ? "(" : "[") + number_text(s.lo) + ", " + number_text(s.hi) +
+           (s.hi_open ? ")" : "]");
+  return number_text(s.lo) + ".." + number_text(s.hi);
+}
+
+constexpr size_t help_width = 96;
+constexpr size_t help_column = 27;
+
+std::string option_line(const std::string& left, const std::string& text) {
+  std::string head = "  " + left;
+  if (head.size() + 1 > help_column)
+    return head + "\n" + std::string(help_column, ' ') +
+           wrapped(text, help_column, help_column, help_width);
+  head += std::string(help_column - head.size(), ' ');
+  return head + wrapped(text, help_column, help_column, help_width);
+}
+
+}  // namespace
+
+std::string job_options_help() {
+  std::string out =
+      "job options (in brackets: the config file's key; `fixed`: it shapes the math, and a\n"
+      "--resume keeps the run's value):\n";
+  for (const auto& group : setting_groups()) {
+    out += "\n " + group + ":\n";
+    for (const auto& s : settings()) {
+      if (s.group != group || s.flag.empty()) continue;
+      std::string text = s.help;
+      if (const auto range = range_text(s); !range.empty()) text += "; " + range;
+      text += " [" + s.key + (s.resumable ? "" : ", fixed") + "]";
+      out += option_line(s.flag + (s.is_switch() ? "" : " " + s.value_name), text);
+    }
+  }
+  out += R"(
+ the command line:
+  --config FILE            JSON config file (keys as in brackets above); options override it
+  --set KEY=VALUE          any setting by its key (e.g. --set optim.weight_decay=0)
+  --print-config           print the effective config as JSON (a file --config reads back),
+                           with --resume the run's own with the changes given, and exit
+  --log-level LEVEL        debug, info, warn or error (default info; TROUPE_LOG_LEVEL too)
+  -h, --help               this help
+
+Every option takes its value as `--opt VALUE` or `--opt=VALUE`.
 )";
+  return out;
 }
 
 std::string run_help() {
@@ -386,8 +375,14 @@ Under Slurm (deploy/slurm/troupe.sbatch runs it for you):
   --host HOST, --port PORT   with --slurm: where the coordinator listens (default this node's
                          address, any free port)
 
-options:
-)") + job_flags;
+Standby coordinators (with --etcd):
+  --coordinators K       run K coordinator processes: one leads, the others stand by. When
+                         the leader dies or stalls past its lease, a standby takes the job
+                         over: workers keep their processes and state, and training goes on
+                         from the last committed step (default 1). Coordinator i serves its
+                         metrics on --metrics-port + i
+
+)") + job_options_help();
 }
 
 std::string coordinator_help() {
@@ -395,7 +390,8 @@ std::string coordinator_help() {
 
 Runs the job's coordinator and waits for an agent (`troupe agent --coordinator HOST:PORT`)
 to start the workers. Takes every option of `troupe run` (signals and exit codes as there:
-SIGTERM and SIGUSR1 checkpoint the next step and exit 75), plus:
+SIGTERM and SIGUSR1 checkpoint the next step and exit 75; `troupe help options` lists
+them), plus:
   --host HOST            address to listen on (default 127.0.0.1); across hosts, one the
                          agents reach (0.0.0.0: every address; workers then reach the store
                          at the address their agent was given)
@@ -410,9 +406,7 @@ SIGTERM and SIGUSR1 checkpoint the next step and exit 75), plus:
                          when elected takes the job over; it writes RUN_DIR/coordinators/PID.addr.
                          Exit 76 when it stops without ending the job (it stood by, or another
                          coordinator leads now)
-
-options:
-)") + job_flags;
+)");
 }
 
 namespace {

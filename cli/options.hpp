@@ -3,19 +3,16 @@
 // every mistake becomes a usage_error naming the option and the fix (exit code 2).
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cli/cluster_env.hpp"
+#include "cli/command_line.hpp"
 #include "runtime/config.hpp"
 
 namespace troupe::cli {
-
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 /// `troupe run` and `troupe coordinator`.
 struct job_options {
@@ -35,7 +32,25 @@ struct job_options {
   /// whose run directory another process prepared (`troupe run --coordinators K`); it campaigns,
   /// stands by, and leads when elected.
   std::string join_token;
+  /// --print-config: write the effective config (a file --config reads back) and exit.
+  bool print_config = false;
+  /// --log-level: debug, info, warn or error (empty: TROUPE_LOG_LEVEL, else info).
+  std::string log_level;
+  /// --resume: the run's own config.json, as this session found it (cfg starts from it).
+  std::optional<train_config> saved;
 };
+
+}  // namespace troupe::cli
+namespace troupe {
+struct setting;
+}
+namespace troupe::cli {
+/// One setting whose value differs between two configs, as text.
+struct setting_change {
+  const setting* what;
+  std::string before, after;
+};
+std::vector<setting_change> changed_settings(const train_config& before, const train_config& after);
 
 /// Applies `--config FILE` first, then every other option in order, then (--slurm) what the
 /// Slurm allocation says where no option did, then validates.
@@ -43,6 +58,8 @@ struct job_options {
 job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only,
                               const env_reader& env = process_environment());
 
+/// Every job option, from the settings table (troupe run --help, troupe help options).
+std::string job_options_help();
 std::string run_help();
 std::string coordinator_help();
 std::string agent_help();

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "cli/command_line.hpp"
 #include "cli/options.hpp"
 #include "cli/report_svg.hpp"
 #include "runtime/sys/printable.hpp"
@@ -476,21 +477,13 @@ Exit codes: 0 written; 1 the file cannot be written; 2 no such run directory or 
 }
 
 int run_report(const std::vector<std::string>& args) {
-  std::string run_dir, output;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-o" || a == "--output") {
-      if (i + 1 >= args.size() || args[i + 1].empty())
-        throw usage_error("troupe report: " + a + " needs a file name");
-      output = args[++i];
-    } else if (!a.empty() && a[0] == '-') {
-      throw usage_error("troupe report: unknown option '" + a + "'; see troupe report --help");
-    } else if (run_dir.empty()) {
-      run_dir = a;
-    } else {
-      throw usage_error("troupe report: one run directory, got '" + run_dir + "' and '" + a + "'");
-    }
-  }
+  command_line cl("troupe report");
+  cl.value("-o,--output");
+  cl.parse(args, 1, "run directories (one)");
+  std::string run_dir = cl.positional().empty() ? "" : cl.positional().front();
+  std::string output = cl.last("--output").value_or("");
+  if (cl.has("--output") && output.empty())
+    throw usage_error("troupe report: --output needs a file name");
   if (run_dir.empty()) run_dir = "runs/latest";
   std::error_code ec;
   const fs::path dir(run_dir);

@@ -71,34 +71,31 @@ int parse_ms(const std::string& command, const std::string& flag, const std::str
 
 status_args parse_args(const std::vector<std::string>& args, bool top) {
   const std::string command = top ? "top" : "status";
+  command_line cl("troupe " + command);
+  cl.value("--token-file");
+  cl.value("--timeout-ms");
+  if (top)
+    cl.value("--interval-ms");
+  else
+    cl.flag("--json");
+  cl.parse(args, 1, "targets (one: RUN_DIR or HOST:PORT)");
   status_args a;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size())
-        throw usage_error("troupe " + command + ": option " + arg + " needs a value");
-      return args[++i];
-    };
-    if (arg == "--token-file") {
-      a.token_file = value();
+  for (const auto& [flag, value] : cl.given()) {
+    if (flag == "--token-file") {
+      a.token_file = value;
       if (a.token_file.empty())
         throw usage_error("troupe " + command + ": --token-file needs a file name");
-    } else if (arg == "--json" && !top) {
+    } else if (flag == "--json") {
       a.json_out = true;
-    } else if (arg == "--interval-ms" && top) {
-      a.interval_ms = parse_ms(command, arg, value(), 100, 3600 * 1000);
-    } else if (arg == "--timeout-ms") {
-      a.timeout_ms = parse_ms(command, arg, value(), 100, 60000);
-    } else if (!arg.empty() && arg[0] == '-') {
-      throw usage_error("troupe " + command + ": unknown option '" + arg + "'; see troupe " +
-                        command + " --help");
-    } else if (a.target.empty()) {
-      a.target = arg;
-      if (a.target.empty()) throw usage_error("troupe " + command + ": an empty target");
-    } else {
-      throw usage_error("troupe " + command + ": one target only (RUN_DIR or HOST:PORT), got '" +
-                        a.target + "' and '" + arg + "'");
+    } else if (flag == "--interval-ms") {
+      a.interval_ms = parse_ms(command, flag, value, 100, 3600 * 1000);
+    } else if (flag == "--timeout-ms") {
+      a.timeout_ms = parse_ms(command, flag, value, 100, 60000);
     }
+  }
+  if (!cl.positional().empty()) {
+    a.target = cl.positional().front();
+    if (a.target.empty()) throw usage_error("troupe " + command + ": an empty target");
   }
   if (a.target.empty()) a.target = "runs/latest";
   return a;

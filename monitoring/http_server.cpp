@@ -237,8 +237,8 @@ tcp::endpoint resolve_endpoint(asio::io_context& ioc, const std::string& host, s
 metrics_port_in_use::metrics_port_in_use(const std::string& host, std::uint16_t port)
     : metrics_server_error("metrics server: " + describe(host, port) +
                            " is already in use (another troupe process or exporter?); choose "
-                           "another port with --metrics-port, or --metrics-port 0 to let the OS "
-                           "pick one"),
+                           "another port with --metrics-port, or --metrics-port 0 to serve no "
+                           "metrics"),
       port_(port) {}
 
 struct metrics_server::impl {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <mutex>
 
 #include "runtime/sys/printable.hpp"
@@ -97,9 +99,24 @@ std::string format_log_line(level lvl, const log_context& ctx, std::string_view 
   return line;
 }
 
+std::string utc_timestamp(std::chrono::system_clock::time_point at) {
+  const auto since_epoch = at.time_since_epoch();
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(since_epoch);
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(since_epoch - seconds);
+  const std::time_t t = seconds.count();
+  std::tm utc{};
+  gmtime_r(&t, &utc);
+  char buf[96];  // room for any int the format could be given
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900,
+                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                static_cast<int>(millis.count()));
+  return buf;
+}
+
 void log(level lvl, const log_context& ctx, std::string_view msg) {
   if (!log_enabled(lvl)) return;
-  const std::string line = format_log_line(lvl, ctx, msg);
+  const std::string line =
+      utc_timestamp(std::chrono::system_clock::now()) + " " + format_log_line(lvl, ctx, msg);
   std::lock_guard lock(stderr_mutex());
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);

@@ -2,6 +2,7 @@
 // generation, step).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,7 +23,8 @@ struct log_context {
 };
 
 /// Writes one line to stderr if `lvl` is at or above the threshold, e.g.
-/// `[troupe coordinator gen=1 step=12] message` or `[troupe worker rank=3] warn: message`.
+/// `2026-12-06T13:25:01.042Z [troupe coordinator gen=1 step=12] message` or
+/// `2026-12-06T13:25:01.042Z [troupe worker rank=3] warn: message`.
 /// Each line is written with one call under a lock, so lines from threads never interleave.
 void log(level lvl, const log_context& ctx, std::string_view msg);
 
@@ -42,7 +44,10 @@ void set_log_threshold(level lvl);
 /// The lowercase name of a level.
 [[nodiscard]] std::string_view level_name(level lvl);
 
-/// The line log() would write, including the trailing newline.
+/// `at` in UTC, ISO 8601 with milliseconds: 2026-12-06T13:25:01.042Z.
+[[nodiscard]] std::string utc_timestamp(std::chrono::system_clock::time_point at);
+
+/// The line log() would write after its timestamp, including the trailing newline.
 [[nodiscard]] std::string format_log_line(level lvl, const log_context& ctx, std::string_view msg);
 
 }  // namespace troupe::monitoring

@@ -14,177 +14,12 @@
 #include <sstream>
 
 #include "runtime/preflight.hpp"
+#include "runtime/settings.hpp"
 
 namespace troupe {
 namespace {
 
 using json = nlohmann::json;
-
-// One table of every field: its dotted name and how to read and write it. The config
-// file, the command line and to_json all go through this table, so a knob is declared
-// once.
-struct field {
-  std::string name;
-  std::function<void(train_config&, const json&)> set;
-  std::function<json(const train_config&)> get;
-};
-
-// A value as a message quotes it: JSON text, cut short so a huge value cannot flood the console.
-std::string shown(const json& v) {
-  if (v.is_string() && v.get_ref<const std::string&>().empty()) return "an empty value";
-  std::string s = v.dump();
-  if (s.size() > 64) s = s.substr(0, 60) + "...";
-  return s;
-}
-
-// Numbers are read strictly: the whole text and nothing else (no blanks, no trailing
-// characters, no "nan" or "inf"), and an integer that does not fit its field is out of range,
-// never wrapped. A JSON integer is range-checked the same way.
-template <class T>
-T parse_number(const std::string& name, const json& v) {
-  if constexpr (std::is_same_v<T, bool>) {
-    if (v.is_boolean()) return v.get<bool>();
-    if (v.is_string()) {
-      auto s = v.get<std::string>();
-      if (s == "true" || s == "1" || s == "yes") return true;
-      if (s == "false" || s == "0" || s == "no") return false;
-    }
-    throw config_error("config: '" + name + "' must be true or false, got " + shown(v));
-  } else if constexpr (std::is_integral_v<T>) {
-    const std::string range = std::to_string(std::numeric_limits<T>::min()) + ".." +
-                              std::to_string(std::numeric_limits<T>::max());
-    const auto out_of_range = [&] {
-      return config_error("config: '" + name + "' is out of range: it must be an integer in " +
-                          range + ", got " + shown(v));
-    };
-    if (v.is_number_unsigned()) {
-      const auto x = v.get<uint64_t>();
-      if (x > static_cast<uint64_t>(std::numeric_limits<T>::max())) throw out_of_range();
-      return static_cast<T>(x);
-    }
-    if (v.is_number_integer()) {
-      const auto x = v.get<int64_t>();
-      if (x < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-          (x > 0 &&
-           static_cast<uint64_t>(x) > static_cast<uint64_t>(std::numeric_limits<T>::max())))
-        throw out_of_range();
-      return static_cast<T>(x);
-    }
-    if (v.is_string()) {
-      const auto& s = v.get_ref<const std::string&>();
-      const char* first = s.data();
-      const char* last = s.data() + s.size();
-      T x{};
-      auto [end, ec] = std::from_chars(first, last, x);
-      if (ec == std::errc() && end == last) return x;
-      if (ec == std::errc::result_out_of_range && end == last) throw out_of_range();
-      // "2e9" or "1e30": a number, but not an integer's text.
-      double d = 0;
-      auto [dend, dec] = std::from_chars(first, last, d);
-      if (!s.empty() && dend == last &&
-          (dec == std::errc::result_out_of_range || (dec == std::errc() && std::isfinite(d)))) {
-        if (dec == std::errc::result_out_of_range ||
-            (d == std::floor(d) && (d < static_cast<double>(std::numeric_limits<T>::min()) ||
-                                    d > static_cast<double>(std::numeric_limits<T>::max()))))
-          throw out_of_range();
-        throw config_error("config: '" + name + "' must be an integer in " + range +
-                           " written as digits, got " + shown(v));
-      }
-    }
-    throw config_error("config: '" + name + "' must be an integer (" + range + "), got " +
-                       shown(v));
-  } else {
-    double x = 0;
-    bool parsed = false;
-    if (v.is_number()) {
-      x = v.get<double>();
-      parsed = true;
-    } else if (v.is_string()) {
-      const auto& s = v.get_ref<const std::string&>();
-      auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
-      if (end == s.data() + s.size() && !s.empty()) {
-        if (ec == std::errc::result_out_of_range)
-          throw config_error("config: '" + name + "' must be a finite number, got " + shown(v) +
-                             ", which is out of range for a double");
-        parsed = ec == std::errc();
-      }
-    }
-    if (parsed && std::isfinite(x)) return static_cast<T>(x);
-    throw config_error("config: '" + name + "' must be a finite number, got " + shown(v));
-  }
-}
-
-template <class T>
-field make_field(std::string name, T train_config::*member) {
-  return {name,
-          [name, member](train_config& c, const json& v) { c.*member = parse_number<T>(name, v); },
-          [member](const train_config& c) { return json(c.*member); }};
-}
-template <class S, class T>
-field make_field(std::string name, S train_config::*section, T S::*member) {
-  return {name,
-          [name, section, member](train_config& c, const json& v) {
-            (c.*section).*member = parse_number<T>(name, v);
-          },
-          [section, member](const train_config& c) { return json((c.*section).*member); }};
-}
-template <class S>
-field section_string_field(std::string name, S train_config::*section, std::string S::*member) {
-  return {name,
-          [name, section, member](train_config& c, const json& v) {
-            if (!v.is_string())
-              throw config_error("config: '" + name + "' must be a string, got " + shown(v));
-            (c.*section).*member = v.get<std::string>();
-          },
-          [section, member](const train_config& c) { return json((c.*section).*member); }};
-}
-// The fault list: an array of specs in a config file, one spec per --fault (appended).
-field faults_field() {
-  const std::string name = "elastic.faults";
-  return {name,
-          [name](train_config& c, const json& v) {
-            auto add = [&](const json& item) {
-              if (!item.is_string())
-                throw config_error("config: '" + name + "' must hold strings, got " + shown(item));
-              const auto spec = item.get<std::string>();
-              if (spec.empty())
-                throw config_error("config: '" + name +
-                                   "' holds an empty fault spec; give one such as "
-                                   "kill:rank=1:step=8, or leave it out");
-              if (spec.find(';') != std::string::npos)
-                throw config_error("config: '" + name + "': a fault spec has no ';', got '" + spec +
-                                   "'");
-              c.elastic.faults += (c.elastic.faults.empty() ? "" : ";") + spec;
-            };
-            if (v.is_array()) {
-              c.elastic.faults.clear();
-              for (const auto& item : v) add(item);
-            } else {
-              add(v);
-            }
-          },
-          [](const train_config& c) {
-            json out = json::array();
-            size_t start = 0;
-            while (start < c.elastic.faults.size()) {
-              auto end = c.elastic.faults.find(';', start);
-              if (end == std::string::npos) end = c.elastic.faults.size();
-              out.push_back(c.elastic.faults.substr(start, end - start));
-              start = end + 1;
-            }
-            return out;
-          }};
-}
-
-field string_field(std::string name, std::string train_config::*member) {
-  return {name,
-          [name, member](train_config& c, const json& v) {
-            if (!v.is_string())
-              throw config_error("config: '" + name + "' must be a string, got " + shown(v));
-            c.*member = v.get<std::string>();
-          },
-          [member](const train_config& c) { return json(c.*member); }};
-}
 
 // The string fields whose empty value means "not set". A user's explicit "" is refused, never
 // read as not set: `--data "$CORPUS"` with CORPUS unset must not train on the default corpus,
@@ -204,118 +39,26 @@ constexpr unset_when_empty empty_rules[] = {
 };
 
 // Refuses an explicit "" for a field where "" means "not set" (empty_rules).
-void refuse_empty(const field& f, const json& v, bool in_file) {
+void refuse_empty(const setting& f, const json& v, bool in_file) {
   if (!v.is_string() || !v.get_ref<const std::string&>().empty()) return;
   for (const auto& rule : empty_rules)
-    if (f.name == rule.name && !(in_file && rule.in_files))
-      throw config_error("config: '" + f.name + "' is empty; give " + rule.give +
+    if (f.key == rule.name && !(in_file && rule.in_files))
+      throw config_error("config: '" + f.key + "' is empty; give " + rule.give +
                          ", or leave it out to " + rule.means +
                          ": an empty value is not read as left out");
 }
 
-const std::vector<field>& fields() {
-  static const std::vector<field> table = {
-      make_field("model.n_layer", &train_config::model, &model_config::n_layer),
-      make_field("model.n_head", &train_config::model, &model_config::n_head),
-      make_field("model.d_model", &train_config::model, &model_config::d_model),
-      make_field("model.context", &train_config::model, &model_config::context),
-      make_field("model.vocab", &train_config::model, &model_config::vocab),
-      make_field("model.experts", &train_config::model, &model_config::experts),
-      make_field("model.top_k", &train_config::model, &model_config::top_k),
-      make_field("model.capacity_factor", &train_config::model, &model_config::capacity_factor),
-      make_field("model.aux_loss_coef", &train_config::model, &model_config::aux_loss_coef),
-      make_field("parallel.tp", &train_config::parallel, &parallel_config::tp),
-      make_field("parallel.pp", &train_config::parallel, &parallel_config::pp),
-      make_field("parallel.ep", &train_config::parallel, &parallel_config::ep),
-      make_field("parallel.micro_batches", &train_config::parallel,
-                 &parallel_config::micro_batches),
-      make_field("parallel.zero", &train_config::parallel, &parallel_config::zero),
-      section_string_field("parallel.schedule", &train_config::parallel,
-                           &parallel_config::schedule),
-      make_field("elastic.nodes", &train_config::elastic, &elastic_config::nodes),
-      make_field("elastic.min_ranks", &train_config::elastic, &elastic_config::min_ranks),
-      make_field("elastic.max_ranks", &train_config::elastic, &elastic_config::max_ranks),
-      make_field("elastic.spares", &train_config::elastic, &elastic_config::spares),
-      make_field("elastic.max_restarts", &train_config::elastic, &elastic_config::max_restarts),
-      make_field("elastic.heartbeat_timeout_ms", &train_config::elastic,
-                 &elastic_config::heartbeat_timeout_ms),
-      make_field("elastic.coordinator_timeout_ms", &train_config::elastic,
-                 &elastic_config::coordinator_timeout_ms),
-      make_field("elastic.join_timeout_ms", &train_config::elastic,
-                 &elastic_config::join_timeout_ms),
-      make_field("elastic.replacement_wait_ms", &train_config::elastic,
-                 &elastic_config::replacement_wait_ms),
-      section_string_field("elastic.straggler_policy", &train_config::elastic,
-                           &elastic_config::straggler_policy),
-      faults_field(),
-      section_string_field("etcd.endpoints", &train_config::etcd, &etcd_config::endpoints),
-      section_string_field("etcd.cacert", &train_config::etcd, &etcd_config::cacert),
-      section_string_field("etcd.cert", &train_config::etcd, &etcd_config::cert),
-      section_string_field("etcd.key", &train_config::etcd, &etcd_config::key),
-      make_field("etcd.timeout_ms", &train_config::etcd, &etcd_config::timeout_ms),
-      make_field("optim.lr", &train_config::optim, &optim_config::lr),
-      make_field("optim.min_lr_ratio", &train_config::optim, &optim_config::min_lr_ratio),
-      make_field("optim.warmup_steps", &train_config::optim, &optim_config::warmup_steps),
-      make_field("optim.weight_decay", &train_config::optim, &optim_config::weight_decay),
-      make_field("optim.beta1", &train_config::optim, &optim_config::beta1),
-      make_field("optim.beta2", &train_config::optim, &optim_config::beta2),
-      make_field("optim.eps", &train_config::optim, &optim_config::eps),
-      make_field("optim.grad_clip", &train_config::optim, &optim_config::grad_clip),
-      section_string_field("optim.freeze", &train_config::optim, &optim_config::freeze),
-      make_field("world", &train_config::world),
-      make_field("steps", &train_config::steps),
-      make_field("batch", &train_config::batch),
-      make_field("micro_batch", &train_config::micro_batch),
-      make_field("seed", &train_config::seed),
-      string_field("data", &train_config::data),
-      make_field("val_fraction", &train_config::val_fraction),
-      make_field("eval_every", &train_config::eval_every),
-      make_field("eval_batches", &train_config::eval_batches),
-      string_field("run_dir", &train_config::run_dir),
-      make_field("resume", &train_config::resume),
-      make_field("checkpoint_every", &train_config::checkpoint_every),
-      make_field("exit_after_step", &train_config::exit_after_step),
-      make_field("checkpoint_async", &train_config::checkpoint_async),
-      string_field("checkpoint_overlap", &train_config::checkpoint_overlap),
-      string_field("verify_checkpoints", &train_config::verify_checkpoints),
-      make_field("checkpoint_chunk_kib", &train_config::checkpoint_chunk_kib),
-      make_field("keep_last", &train_config::keep_last),
-      make_field("keep_every", &train_config::keep_every),
-      make_field("replicate_checkpoints", &train_config::replicate_checkpoints),
-      make_field("metrics_port", &train_config::metrics_port),
-      string_field("metrics_host", &train_config::metrics_host),
-      string_field("metrics_token_file", &train_config::metrics_token_file),
-      make_field("metrics_rank_labels", &train_config::metrics_rank_labels),
-      make_field("blas_threads", &train_config::blas_threads),
-      make_field("peak_flops", &train_config::peak_flops),
-      make_field("step_timeout_ms", &train_config::step_timeout_ms),
-      make_field("bucket_bytes", &train_config::bucket_bytes),
-      make_field("progress", &train_config::progress),
-      string_field("on_divergence", &train_config::on_divergence),
-      make_field("max_rollbacks", &train_config::max_rollbacks),
-      string_field("data_plane_auth", &train_config::data_plane_auth),
-      string_field("job_id", &train_config::job_id),
-  };
-  return table;
-}
-
-const field* find_field(const std::string& name) {
-  for (const auto& f : fields())
-    if (f.name == name) return &f;
-  return nullptr;
-}
-
 std::string known_names() {
   std::string out;
-  for (const auto& f : fields()) out += (out.empty() ? "" : ", ") + f.name;
+  for (const auto& f : settings()) out += (out.empty() ? "" : ", ") + f.key;
   return out;
 }
 
 // True when `name` is a section of the config ("model", "optim", ...), not a field.
 bool is_section(const std::string& name) {
-  for (const auto& f : fields())
-    if (f.name.size() > name.size() && f.name.compare(0, name.size(), name) == 0 &&
-        f.name[name.size()] == '.')
+  for (const auto& f : settings())
+    if (f.key.size() > name.size() && f.key.compare(0, name.size(), name) == 0 &&
+        f.key[name.size()] == '.')
       return true;
   return false;
 }
@@ -324,9 +67,9 @@ bool is_section(const std::string& name) {
 std::string keys_in(const std::string& prefix) {
   std::vector<std::string> out;
   const std::string lead = prefix.empty() ? "" : prefix + ".";
-  for (const auto& f : fields()) {
-    if (f.name.compare(0, lead.size(), lead) != 0) continue;
-    std::string rest = f.name.substr(lead.size());
+  for (const auto& f : settings()) {
+    if (f.key.compare(0, lead.size(), lead) != 0) continue;
+    std::string rest = f.key.substr(lead.size());
     if (auto dot = rest.find('.'); dot != std::string::npos) rest = rest.substr(0, dot) + ".";
     if (std::find(out.begin(), out.end(), rest) == out.end()) out.push_back(rest);
   }
@@ -337,7 +80,7 @@ std::string keys_in(const std::string& prefix) {
 
 // A config file says what a value is: a number where a number goes (not its text), true or
 // false for a switch, a string for a name. The field's own value says which.
-void require_json_type(const field& f, const train_config& cfg, const json& v) {
+void require_json_type(const setting& f, const train_config& cfg, const json& v) {
   const json now = f.get(cfg);
   bool ok = false;
   std::string want;
@@ -358,8 +101,8 @@ void require_json_type(const field& f, const train_config& cfg, const json& v) {
     want = "a string or an array of strings";
   }
   if (!ok)
-    throw config_error("config: '" + f.name + "' must be " + want + ", got " +
-                       std::string(v.type_name()) + " " + shown(v));
+    throw config_error("config: '" + f.key + "' must be " + want + ", got " +
+                       std::string(v.type_name()) + " " + quoted_value(v));
 }
 
 // `from_file`: a user's config file (an explicit "" is refused where it means "not set"); else
@@ -367,12 +110,12 @@ void require_json_type(const field& f, const train_config& cfg, const json& v) {
 void apply_object(train_config& cfg, const json& obj, const std::string& prefix, bool from_file) {
   for (auto it = obj.begin(); it != obj.end(); ++it) {
     std::string name = prefix.empty() ? it.key() : prefix + "." + it.key();
-    const field* f = find_field(name);
+    const setting* f = find_setting(name);
     if (!f && is_section(name)) {
       if (!it.value().is_object())
         throw config_error("config: '" + name + "' must be an object with the keys " +
                            keys_in(name) + ", got " + std::string(it.value().type_name()) + " " +
-                           shown(it.value()));
+                           quoted_value(it.value()));
       apply_object(cfg, it.value(), name, from_file);
       continue;
     }
@@ -540,7 +283,7 @@ void load_config_file(const std::string& path, train_config& cfg) {
 }
 
 void set_config_field(train_config& cfg, const std::string& name, const std::string& value) {
-  const field* f = find_field(name);
+  const setting* f = find_setting(name);
   if (!f) throw config_error("config: unknown setting '" + name + "'; known: " + known_names());
   refuse_empty(*f, json(value), false);
   f->set(cfg, json(value));
@@ -592,48 +335,38 @@ void one_of(const std::string& v, const char* key, const char* flag,
 
 namespace {
 void validate_etcd(const train_config& c);
+
+// The bounds and choices the settings table declares (runtime/settings.cpp).
+void check_table_bounds(const train_config& c) {
+  for (const auto& s : settings()) {
+    const json v = s.get(c);
+    if (!s.choices.empty()) {
+      one_of(v.get<std::string>(), s.key.c_str(), s.flag.c_str(), s.choices);
+    } else if (!std::isnan(s.lo)) {
+      if (v.is_number_integer())
+        int_in(v.get<int64_t>(), s.key.c_str(), s.flag.c_str(), static_cast<int64_t>(s.lo),
+               static_cast<int64_t>(s.hi), s.bound_note);
+      else
+        real_in(v.get<double>(), s.key.c_str(), s.flag.c_str(), s.lo, s.lo_open, s.hi, s.hi_open,
+                s.bound_note);
+    }
+  }
+}
 }  // namespace
 
 void validate(const train_config& c) {
-  // One shape's sizes, bounded so every product of them (parameters, activations, buffers)
-  // fits the types that hold it; the memory check (runtime/preflight.hpp) then asks whether
-  // this machine has room.
+  check_table_bounds(c);
+  // The table bounds one shape's sizes so that every product of them (parameters,
+  // activations, buffers) fits the types that hold it; the memory check
+  // (runtime/preflight.hpp) then asks whether this machine has room.
   const auto& m = c.model;
-  int_in(m.n_layer, "model.n_layer", "--layers", 1, 1024);
-  int_in(m.n_head, "model.n_head", "--heads", 1, 1024);
-  int_in(m.d_model, "model.d_model", "--d-model", 1, 65536);
   require(m.d_model % m.n_head == 0,
           "config: model.n_head (" + std::to_string(m.n_head) + ") must divide model.d_model (" +
               std::to_string(m.d_model) + "); pick a head count that divides it");
-  int_in(m.context, "model.context", "--context", 2, 65536);
-  int_in(m.vocab, "model.vocab", "", 256, 256, " (the model reads bytes)");
-  int_in(m.experts, "model.experts", "--experts", 0, 1024, " (0 = dense MLP)");
-  int_in(m.top_k, "model.top_k", "--top-k", 1, 2);
   require(m.experts == 0 || m.top_k <= m.experts,
           "config: model.top_k (--top-k) must not exceed model.experts (--experts), got top_k " +
               std::to_string(m.top_k) + " with " + std::to_string(m.experts) + " experts");
-  real_in(m.capacity_factor, "model.capacity_factor", "", 0, true, 64, false);
-  real_in(m.aux_loss_coef, "model.aux_loss_coef", "", 0, false, 100, false);
-  const auto& o = c.optim;
-  real_in(o.lr, "optim.lr", "--lr", 0, true, 1e6, false);
-  real_in(o.min_lr_ratio, "optim.min_lr_ratio", "", 0, false, 1, false);
-  int_in(o.warmup_steps, "optim.warmup_steps", "", 0, 1000000000);
-  real_in(o.weight_decay, "optim.weight_decay", "", 0, false, 100, false);
-  real_in(o.beta1, "optim.beta1", "", 0, false, 1, true);
-  real_in(o.beta2, "optim.beta2", "", 0, false, 1, true);
-  real_in(o.eps, "optim.eps", "", 0, true, 1, false);
-  real_in(o.grad_clip, "optim.grad_clip", "", 0, false, 1e6, false, " (0 = off)");
   const auto& p = c.parallel;
-  int_in(p.tp, "parallel.tp", "--tp", 1, 256);
-  int_in(p.pp, "parallel.pp", "--pp", 1, 256);
-  int_in(p.ep, "parallel.ep", "--ep", 1, 256);
-  one_of(p.schedule, "parallel.schedule", "--schedule", {"gpipe", "1f1b"});
-  int_in(p.zero, "parallel.zero", "--zero", 0, 1);
-  int_in(p.micro_batches, "parallel.micro_batches", "--micro-batches", 0, 1 << 20,
-         " (0 = batch / micro_batch)");
-  int_in(c.world, "world", "--world", 1, 256);
-  int_in(c.steps, "steps", "--steps", 1, 1000000000);
-  int_in(c.batch, "batch", "--batch", 1, 1 << 20);
   int_in(c.micro_batch, "micro_batch", "--micro-batch", 1, c.batch, " (at most batch)");
   require(c.batch % c.micro_batch == 0, "config: batch (" + std::to_string(c.batch) +
                                             ") must be a multiple of micro_batch (" +
@@ -648,57 +381,30 @@ void validate(const train_config& c) {
           ? "--micro-batches " + std::to_string(p.micro_batches)
           : "batch " + std::to_string(c.batch) + " / micro_batch " + std::to_string(c.micro_batch);
   // With model parallelism fixed by the user the layout planner checks the data-parallel
-  // share; for plain data parallelism every rank is a replica, so say it here in its terms.
-  require(p.tp > 1 || p.pp > 1 || micro_batches % c.world == 0,
-          "config: world (" + std::to_string(c.world) + ") must divide the " +
+  // share. For plain data parallelism every rank is a replica with at least one micro-batch of
+  // the step; they need not split evenly (3 ranks take 2, 1 and 1 of 4), as after a shrink.
+  require(p.tp > 1 || p.pp > 1 || micro_batches >= c.world,
+          "config: world (" + std::to_string(c.world) + ") is more than the " +
               std::to_string(micro_batches) + " micro-batches of a step (" + origin +
-              "); use --world " + std::to_string(micro_batches) +
-              " or fewer that divides it, or change " +
+              "): a rank would have nothing to compute; use --world " +
+              std::to_string(micro_batches) + " or fewer, or change " +
               (p.micro_batches > 0 ? "--micro-batches" : "batch/micro_batch"));
-  real_in(c.val_fraction, "val_fraction", "", 0, true, 0.5, true);
-  int_in(c.eval_every, "eval_every", "--eval-every", 0, 1000000000, " (0 = only at the end)");
-  int_in(c.eval_batches, "eval_batches", "", 1, 1 << 20);
   require(!c.run_dir.empty(), "config: run_dir (--run-dir) must not be empty");
-  int_in(c.checkpoint_every, "checkpoint_every", "--checkpoint-every", 0, 1000000000,
-         " (0 = only at the end)");
-  one_of(c.checkpoint_overlap, "checkpoint_overlap", "--checkpoint-overlap", {"wait", "skip"});
-  one_of(c.verify_checkpoints, "verify_checkpoints", "--verify-checkpoints",
-         {"after-write", "off"});
-  int_in(c.checkpoint_chunk_kib, "checkpoint_chunk_kib", "--checkpoint-chunk-kib", 4, 262144);
-  int_in(c.keep_last, "keep_last", "--keep-last", 0, 1000000000, " (0 = keep all)");
-  int_in(c.keep_every, "keep_every", "--keep-every", 0, 1000000000, " (0 = off)");
   require(!c.replicate_checkpoints || c.elastic.nodes >= 2,
           "config: replicate_checkpoints (--replicate-checkpoints) holds each rank's checkpoint in "
           "the memory of a rank on another node, so it needs --nodes 2 or more");
   int_in(c.exit_after_step, "exit_after_step", "--exit-after-step", 0, c.steps,
          " (0 = off; at most steps)");
-  int_in(c.metrics_port, "metrics_port", "--metrics-port", 0, 65535, " (0 = off)");
   require(!c.metrics_host.empty() && c.metrics_host.size() <= 253 &&
               c.metrics_host.find_first_of(" \t\r\n/") == std::string::npos,
           "config: metrics_host (--metrics-host) must be a host name or address, got '" +
               c.metrics_host.substr(0, 60) + "'");
-  int_in(c.blas_threads, "blas_threads", "--blas-threads", 1, 1024);
-  int_in(c.metrics_rank_labels, "metrics_rank_labels", "--metrics-rank-labels", 0, 100000,
-         " (0 = always per node)");
-  real_in(c.peak_flops, "peak_flops", "--peak-flops", 0, false, 1e21, false);
-  // Deadlines are added to clocks and doubled in places: a day is far past any step and far
-  // from overflowing a millisecond count.
-  int_in(c.step_timeout_ms, "step_timeout_ms", "--step-timeout-ms", 100, 86400000,
-         " (100 ms to 24 h)");
-  int_in(c.bucket_bytes, "bucket_bytes", "", 1024, 1 << 30);
-  one_of(c.on_divergence, "on_divergence", "--on-divergence", {"stop", "rollback"});
-  int_in(c.max_rollbacks, "max_rollbacks", "--max-rollbacks", 0, 1000);
-  one_of(c.data_plane_auth, "data_plane_auth", "--data-plane-auth", {"tcp-md5", "none"});
   const auto& e = c.elastic;
-  int_in(e.max_restarts, "elastic.max_restarts", "--max-restarts", 0, 1000000);
-  int_in(e.spares, "elastic.spares", "--spares", 0, 256);
   int_in(e.nodes, "elastic.nodes", "--nodes", 1, c.world + e.spares, " (world + spares)");
   int_in(e.min_ranks, "elastic.min_ranks", "--min-ranks", 1, c.world, " (at most world)");
   require(e.max_ranks == 0 || (e.max_ranks >= c.world && e.max_ranks <= 256),
           "config: elastic.max_ranks (--max-ranks) must be 0 (= world) or in world..256, got " +
               std::to_string(e.max_ranks));
-  int_in(e.heartbeat_timeout_ms, "elastic.heartbeat_timeout_ms", "--heartbeat-timeout-ms", 100,
-         3600000);
   // Both ways the same bound would make a stopped coordinator and its members give up on
   // each other at once: the members must outwait the coordinator's own verdict on them.
   require(e.coordinator_timeout_ms == 0 || (e.coordinator_timeout_ms > e.heartbeat_timeout_ms &&
@@ -709,11 +415,6 @@ void validate(const train_config& c) {
               " ms), at most 5 h, or 0 for 5 x the heartbeat timeout: workers and agents must "
               "wait for a silent coordinator longer than it waits for them; got " +
               std::to_string(e.coordinator_timeout_ms));
-  int_in(e.join_timeout_ms, "elastic.join_timeout_ms", "--join-timeout-ms", 1000, 86400000,
-         " (1 s to 24 h)");
-  int_in(e.replacement_wait_ms, "elastic.replacement_wait_ms", "--replacement-wait-ms", 0, 600000);
-  one_of(e.straggler_policy, "elastic.straggler_policy", "--straggler-policy",
-         {"warn", "rebalance", "evict"});
   validate_etcd(c);
 }
 
@@ -750,7 +451,6 @@ void validate_etcd(const train_config& c) {
           "config: job_id (--job-id) names the job's keys in etcd, so it must be letters, "
           "digits, '.', '_' and '-', at most 128 of them; got '" +
               c.job_id.substr(0, 60) + "'");
-  int_in(e.timeout_ms, "etcd.timeout_ms", "--etcd-timeout-ms", 100, 86400000, " (100 ms to 24 h)");
   const bool any_tls_file = !e.cacert.empty() || !e.cert.empty() || !e.key.empty();
   require(!e.endpoints.empty() || !any_tls_file,
           "config: etcd.cacert/cert/key (--etcd-cacert, --etcd-cert, --etcd-key) must come "
@@ -805,12 +505,24 @@ int coordinator_timeout_ms(const elastic_config& e) {
 
 json to_json(const train_config& cfg) {
   json out = json::object();
-  for (const auto& f : fields()) {
-    auto dot = f.name.find('.');
+  for (const auto& f : settings()) {
+    auto dot = f.key.find('.');
     if (dot == std::string::npos)
-      out[f.name] = f.get(cfg);
+      out[f.key] = f.get(cfg);
     else
-      out[f.name.substr(0, dot)][f.name.substr(dot + 1)] = f.get(cfg);
+      out[f.key.substr(0, dot)][f.key.substr(dot + 1)] = f.get(cfg);
+  }
+  return out;
+}
+
+json to_config_file(const train_config& cfg) {
+  json out = to_json(cfg);
+  for (const auto& rule : empty_rules) {
+    const std::string key = rule.name;
+    const auto dot = key.find('.');
+    json& holder = dot == std::string::npos ? out : out[key.substr(0, dot)];
+    const std::string leaf = dot == std::string::npos ? key : key.substr(dot + 1);
+    if (holder.contains(leaf) && holder[leaf] == "") holder.erase(leaf);
   }
   return out;
 }

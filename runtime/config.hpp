@@ -83,6 +83,11 @@ struct optim_config {
   /// Parameters not trained: comma-separated patterns, each a substring of the tensor name or,
   /// with '*', a glob of the whole name ("h.0.*"). Their moments stay zero.
   std::string freeze;
+  /// Set by troupe, never by hand: a resume that changed `steps` after the warm-up goes on
+  /// from the rate the run had reached. From rebase_step on, the cosine decays from
+  /// rebase_lr to the floor at `steps`. 0 = the plain schedule.
+  int rebase_step = 0;
+  double rebase_lr = 0;
 };
 
 struct train_config {
@@ -133,7 +138,9 @@ struct train_config {
   /// connect: `tcp-md5` signs their segments with a key from the job's secret, so the kernel
   /// drops a stranger's (runtime/comm/tcp_signature.hpp); `none` accepts whoever connects first.
   std::string data_plane_auth = "tcp-md5";
-  /// The job's name in etcd (/troupe/<job_id>/); empty: the run directory's name.
+  /// The job's name in etcd (/troupe/<job_id>/). A new job without one gets the run
+  /// directory's name and eight random hex digits (config.json keeps it for --resume and the
+  /// standby coordinators); empty only in runs written before.
   std::string job_id;
   etcd_config etcd;
 };
@@ -141,8 +148,8 @@ struct train_config {
 /// The coordinator timeout in effect: coordinator_timeout_ms, or its default when 0.
 int coordinator_timeout_ms(const elastic_config& e);
 
-/// The job's name in etcd: job_id, or else the run directory's last component made safe for
-/// a key (anything but [A-Za-z0-9._-] becomes '_').
+/// The job's name in etcd: job_id, or else (a run from before ids were drawn) the run
+/// directory's last component made safe for a key (anything but [A-Za-z0-9._-] becomes '_').
 std::string etcd_job_id(const train_config& c);
 
 /// A configuration error names the field and the fix; the CLI prints it and exits 2.
@@ -174,6 +181,9 @@ inline int64_t session_last_step(const train_config& c) {
 /// directory (config.json), the job_start event and the checkpoint manifest, and sent to the
 /// workers as its dump().
 nlohmann::json to_json(const train_config& cfg);
+/// The config as a file that load_config_file reads back (--print-config): to_json without
+/// the settings that are empty for "not set" (an explicit "" is refused in a file).
+nlohmann::json to_config_file(const train_config& cfg);
 /// Parses the text of what to_json returned.
 train_config config_from_json(const std::string& text);
 

@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
-# Installs every Debian package troupe's build and tests need; does nothing when they are
-# all present. Usage: scripts/setup.sh [--bench]   (--bench adds the peers that
-# bench/ compares against: PyTorch and Open MPI)
+# Installs the Debian packages troupe needs; does nothing when they are all present.
+#   scripts/setup.sh           what building troupe and running a job need
+#   scripts/setup.sh --test    also what the tests need (scripts/test.sh passes it)
+#   scripts/setup.sh --bench   also the peers bench/ compares against (PyTorch, Open MPI)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache                # rebuilds of unchanged files are nearly free
   libcaf-dev            # actors: the control plane (CAF 0.17)
   libssl-dev            # the job's credentials and TLS on the control plane
   libgloo-dev           # data plane on CPUs
   libopenblas-dev       # sgemm
   libcereal-dev         # format 1 checkpoint shards (still read)
-  libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store
+  libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store, etcd client
   nlohmann-json3-dev    # config files, events.jsonl, manifests
   libxxhash-dev         # checkpoint chunks: names (XXH3-128)
-  clang libclang-rt-14-dev    # libFuzzer + sanitizers: scripts/fuzz.sh, checkpoint_fuzz_smoke
-  cppzmq-dev libzmq3-dev
-  libgtest-dev
-  prometheus            # promtool + the real server the tests scrape with
-  etcd-server etcd-client   # a real etcd 3.4 for tests/runtime/etcd (coordinator HA)
-  slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
+  libcli11-dev          # the command line of every subcommand
+  cppzmq-dev libzmq3-dev   # checkpoint replicas in a peer's memory
   bible-kjv             # renders the default corpus (King James Bible, public domain)
-  chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
   python3
 )
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine
-             zstd                 # the CLI bench/delta_estimate.py compresses with
-             python3-etcd)        # torchrun's etcd rendezvous (bench/torchrun_takeover.py)
-fi
+test_packages=(
+  libgtest-dev
+  clang libclang-rt-14-dev    # libFuzzer + sanitizers: scripts/fuzz.sh, checkpoint_fuzz_smoke
+  prometheus            # promtool + the real server the tests scrape with
+  etcd-server etcd-client   # a real etcd 3.4 (coordinator HA tests; also `--etcd local`)
+  slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
+  chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
+  tmux                  # a terminal of a given size for `troupe top`'s tests
+)
+for arg in "$@"; do
+  case "$arg" in
+    --test) packages+=("${test_packages[@]}") ;;
+    --bench) packages+=(python3-torch openmpi-bin libopenmpi-dev hyperfine
+                        zstd                 # the CLI bench/delta_estimate.py compresses with
+                        python3-etcd) ;;     # torchrun's etcd rendezvous (bench/torchrun_takeover.py)
+    *) echo "setup: unknown option '$arg' (options: --test, --bench)" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -183,7 +183,9 @@ class Stage:
 
     def leader_key(self):
         """(lease id, value) of the job's leader key in etcd, or (0, None)."""
-        job_id = os.path.basename(os.path.normpath(self.run_dir))
+        # The job's id in etcd: unique to the run, kept in its config.json.
+        with open(os.path.join(self.run_dir, "config.json")) as f:
+            job_id = json.load(f)["job_id"]
         r = self.etcdctl(["get", f"/troupe/{job_id}/leader", "-w", "json"], check=False)
         if r.returncode != 0:
             return 0, None

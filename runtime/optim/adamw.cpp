@@ -62,17 +62,20 @@ bool adamw::is_frozen(const std::string& patterns, const std::string& name) {
   return false;
 }
 
-double adamw::learning_rate(int64_t step, int64_t total_steps) const {
-  const double peak = cfg_.lr;
-  const double floor = cfg_.lr * cfg_.min_lr_ratio;
-  if (step < cfg_.warmup_steps) {
-    return peak * static_cast<double>(step + 1) / static_cast<double>(cfg_.warmup_steps);
+double scheduled_lr(const optim_config& cfg, int64_t step, int64_t total_steps) {
+  const double peak = cfg.lr;
+  const double floor = cfg.lr * cfg.min_lr_ratio;
+  if (step < cfg.warmup_steps) {
+    return peak * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
   }
-  const int64_t decay_steps = total_steps - cfg_.warmup_steps;
-  if (decay_steps <= 0) return peak;
-  const double progress = std::clamp(
-      static_cast<double>(step - cfg_.warmup_steps) / static_cast<double>(decay_steps), 0.0, 1.0);
-  return floor + 0.5 * (peak - floor) * (1.0 + std::cos(std::numbers::pi * progress));
+  const bool rebased = cfg.rebase_step > 0 && step >= cfg.rebase_step;
+  const int64_t from = rebased ? cfg.rebase_step : cfg.warmup_steps;
+  const double start = rebased ? cfg.rebase_lr : peak;
+  const int64_t decay_steps = total_steps - from;
+  if (decay_steps <= 0) return rebased ? floor : peak;
+  const double progress =
+      std::clamp(static_cast<double>(step - from) / static_cast<double>(decay_steps), 0.0, 1.0);
+  return floor + 0.5 * (start - floor) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
 double adamw::grad_norm(const float* grads, size_t n) {

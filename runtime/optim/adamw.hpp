@@ -12,6 +12,12 @@
 
 namespace troupe {
 
+/// The learning rate of 0-based `step` in a run of `total_steps`: linear warm-up over
+/// warmup_steps reaching lr at step warmup_steps - 1, then cosine decay to lr * min_lr_ratio
+/// at step total_steps. From cfg.rebase_step on (set when a resume changed the run's length),
+/// the cosine starts at cfg.rebase_lr there instead, so the rate goes on without a jump.
+double scheduled_lr(const optim_config& cfg, int64_t step, int64_t total_steps);
+
 /// The optimizer of one rank. Its state (moments, step count) covers num_params values in
 /// the layout of the model's flat buffer; a rank that owns a shard passes that shard's
 /// table (offsets relative to the shard) and size.
@@ -22,9 +28,10 @@ class adamw {
   /// outside [0, num_params).
   adamw(const optim_config& cfg, const std::vector<param_tensor>& table, size_t num_params);
 
-  /// Learning rate of 0-based `step`: linear warm-up over warmup_steps reaching lr at step
-  /// warmup_steps - 1, then cosine decay to lr * min_lr_ratio at step total_steps.
-  double learning_rate(int64_t step, int64_t total_steps) const;
+  /// scheduled_lr with this optimizer's config.
+  double learning_rate(int64_t step, int64_t total_steps) const {
+    return scheduled_lr(cfg_, step, total_steps);
+  }
 
   /// Scales grads so that their global L2 norm is at most grad_clip (0 = never), with
   /// PyTorch's factor grad_clip / (norm + 1e-6). Returns the norm before clipping

@@ -11,6 +11,7 @@ fs::path events(const fs::path& run_dir) { return run_dir / "events.jsonl"; }
 fs::path coordinator_address(const fs::path& run_dir) { return run_dir / "coordinator.addr"; }
 fs::path rendezvous(const fs::path& run_dir) { return run_dir / "rendezvous.json"; }
 fs::path join_token(const fs::path& run_dir) { return run_dir / "join.token"; }
+fs::path incarnation(const fs::path& run_dir) { return run_dir / "incarnation"; }
 fs::path skipped_batches(const fs::path& run_dir) { return run_dir / "skipped_batches.json"; }
 
 fs::path checkpoints(const fs::path& run_dir) { return run_dir / "checkpoints"; }

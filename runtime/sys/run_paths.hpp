@@ -22,6 +22,10 @@ std::filesystem::path coordinator_address(const std::filesystem::path& run_dir);
 std::filesystem::path rendezvous(const std::filesystem::path& run_dir);
 /// RUN_DIR/join.token: the job's credentials (mode 0600).
 std::filesystem::path join_token(const std::filesystem::path& run_dir);
+/// RUN_DIR/incarnation: sixteen hex digits drawn when the run started, kept by --resume: what
+/// the job's state in etcd is marked with, so that a later job under the same id never takes
+/// it for its own.
+std::filesystem::path incarnation(const std::filesystem::path& run_dir);
 /// RUN_DIR/skipped_batches.json: the batches skipped after divergences, which a resumed
 /// session skips too.
 std::filesystem::path skipped_batches(const std::filesystem::path& run_dir);

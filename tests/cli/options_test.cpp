@@ -3,12 +3,16 @@
 #include "cli/options.hpp"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "runtime/settings.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -35,16 +39,101 @@ TEST(OptionsTest, DefaultsAreValid) {
 
 TEST(OptionsTest, FlagsAndEqualsFormsSetFields) {
   auto o =
-      parse({"--world", "4", "--steps=20", "--seed", "7", "--run-dir", "/tmp/x", "--resume",
-             "--metrics-port", "0", "--checkpoint-every", "5", "--set", "optim.weight_decay=0"});
+      parse({"--world", "4", "--steps=20", "--seed", "7", "--run-dir", "/tmp/x", "--metrics-port",
+             "0", "--checkpoint-every", "5", "--set", "optim.weight_decay=0"});
   EXPECT_EQ(o.cfg.world, 4);
   EXPECT_EQ(o.cfg.steps, 20);
   EXPECT_EQ(o.cfg.seed, 7u);
   EXPECT_EQ(o.cfg.run_dir, "/tmp/x");
-  EXPECT_TRUE(o.cfg.resume);
   EXPECT_EQ(o.cfg.metrics_port, 0);
   EXPECT_EQ(o.cfg.checkpoint_every, 5);
   EXPECT_EQ(o.cfg.optim.weight_decay, 0.0);
+}
+
+TEST(OptionsTest, EverySettingHasItsFlagAndEqualsForm) {
+  // Each setting in the table is reachable as --flag VALUE and --flag=VALUE, and --help
+  // lists it with its config key.
+  const std::string help = job_options_help();
+  for (const auto& s : settings()) {
+    if (s.flag.empty()) continue;
+    EXPECT_NE(help.find(s.flag), std::string::npos) << s.flag << " is not in --help";
+    EXPECT_NE(help.find("[" + s.key), std::string::npos) << s.key << " is not in --help";
+    if (s.key == "resume") continue;  // needs a run: ResumeStartsFromTheRunsOwnConfig
+    if (s.is_switch()) {
+      std::vector<std::string> args = {s.flag + "=true"};
+      if (s.key == "replicate_checkpoints") args.insert(args.end(), {"--nodes", "2"});
+      auto o = parse(args);
+      EXPECT_EQ(s.get(o.cfg), nlohmann::json(s.switch_sets)) << s.flag;
+      continue;
+    }
+    train_config defaults;
+    const std::string now = setting_text(s, defaults);
+    if (now.empty()) continue;  // the empty string is refused where it means "not set"
+    auto spaced = parse({s.flag, now});
+    auto joined = parse({s.flag + "=" + now});
+    EXPECT_EQ(s.get(spaced.cfg), s.get(joined.cfg)) << s.flag;
+    EXPECT_EQ(s.get(spaced.cfg), s.get(defaults)) << s.flag;
+  }
+}
+
+TEST(OptionsTest, UnknownOptionSuggestsTheClosest) {
+  auto msg = error_of<usage_error>({"--resum", "--steps", "5"});
+  EXPECT_NE(msg.find("unknown option '--resum'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean --resume?"), std::string::npos) << msg;
+  msg = error_of<usage_error>({"--stpes=5"});
+  EXPECT_NE(msg.find("did you mean --steps?"), std::string::npos) << msg;
+  msg = error_of<usage_error>({"--world", "--steps", "5"});
+  EXPECT_NE(msg.find("--world needs a value"), std::string::npos) << msg;
+}
+
+TEST(OptionsTest, ResumeStartsFromTheRunsOwnConfig) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("troupe-options-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  train_config run;
+  run.model.n_layer = 2;
+  run.model.d_model = 64;
+  run.steps = 30;
+  run.exit_after_step = 15;
+  run.elastic.faults = "kill:rank=1:step=8";
+  run.run_dir = dir.string();
+  {
+    std::ofstream out(dir / "config.json");
+    out << to_config_file(run).dump(2);
+  }
+  // Only --run-dir and --resume: the run's shape comes back; a session's early exit and
+  // faults do not.
+  auto o = parse({"--run-dir", dir.string(), "--resume"});
+  EXPECT_TRUE(o.cfg.resume);
+  EXPECT_EQ(o.cfg.model.n_layer, 2);
+  EXPECT_EQ(o.cfg.model.d_model, 64);
+  EXPECT_EQ(o.cfg.steps, 30);
+  EXPECT_EQ(o.cfg.exit_after_step, 0);
+  EXPECT_TRUE(o.cfg.elastic.faults.empty());
+  ASSERT_TRUE(o.saved.has_value());
+  // What may change does; what shapes the math is refused, naming the setting.
+  o = parse({"--run-dir", dir.string(), "--resume", "--steps", "60", "--world", "4"});
+  EXPECT_EQ(o.cfg.steps, 60);
+  EXPECT_EQ(o.cfg.world, 4);
+  auto changes = changed_settings(*o.saved, o.cfg);
+  EXPECT_EQ(changes.size(), 2u);
+  auto msg = error_of<usage_error>({"--run-dir", dir.string(), "--resume", "--layers", "3"});
+  EXPECT_NE(msg.find("model.n_layer (--layers) cannot change"), std::string::npos) << msg;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(OptionsTest, PrintConfigReadsBack) {
+  auto o = parse({"--layers", "2", "--lr=0.001", "--print-config"});
+  EXPECT_TRUE(o.print_config);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("troupe-print-config-" + std::to_string(::getpid()) + ".json");
+  {
+    std::ofstream out(path);
+    out << to_config_file(o.cfg).dump(2);
+  }
+  auto back = parse({"--config", path.string()});
+  EXPECT_EQ(to_json(back.cfg), to_json(o.cfg));
+  std::filesystem::remove(path);
 }
 
 TEST(OptionsTest, UnknownOptionIsNamed) {
@@ -64,7 +153,9 @@ TEST(OptionsTest, ImpossibleCombinationsNameTheConstraint) {
   auto heads = error_of<config_error>({"--heads", "3"});
   EXPECT_NE(heads.find("model.n_head"), std::string::npos);
   EXPECT_NE(heads.find("model.d_model"), std::string::npos);
-  auto world = error_of<config_error>({"--world", "3"});  // 16 / 4 = 4 micro-batches
+  // 16 / 4 = 4 micro-batches: 3 ranks take 2, 1 and 1 (as after a shrink); 5 would idle one.
+  EXPECT_EQ(parse({"--world", "3"}).cfg.world, 3);
+  auto world = error_of<config_error>({"--world", "5"});
   EXPECT_NE(world.find("world"), std::string::npos);
   EXPECT_NE(world.find("micro-batches"), std::string::npos);
   EXPECT_NE(error_of<config_error>({"--batch", "10"}).find("micro_batch"), std::string::npos);

@@ -91,7 +91,7 @@ def test():
         expect_usage_error(["run", "--world", "abc"], "--world", "integer")
         expect_usage_error(["run", "--steps", "0"], "steps")
         expect_usage_error(["run", "--heads", "3"], "model.n_head", "model.d_model")
-        expect_usage_error(["run", "--world", "3"], "world", "micro-batches")
+        expect_usage_error(["run", "--world", "5"], "world", "micro-batches")
         expect_usage_error(["run", "--world", "64"], "world")
         expect_usage_error(["run", "--batch", "10", "--micro-batch", "4"], "batch", "micro_batch")
         expect_usage_error(["run", "--set", "optim.lr"], "--set", "KEY=VALUE")

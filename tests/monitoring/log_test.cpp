@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <regex>
+
 namespace troupe::monitoring {
 namespace {
 
@@ -48,8 +51,19 @@ TEST(log, threshold_filters_lower_levels) {
   log(level::info, {.role = "worker"}, "hidden");
   log(level::error, {.role = "worker"}, "shown");
   const std::string captured = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(captured, "[troupe worker] error: shown\n");
+  // A UTC timestamp with milliseconds, then the line.
+  EXPECT_TRUE(std::regex_match(captured, std::regex(R"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z )"
+                                                    R"(\[troupe worker\] error: shown\n)")))
+      << captured;
   set_log_threshold(before);
+}
+
+TEST(log, timestamps_are_utc_iso8601_with_milliseconds) {
+  using namespace std::chrono;
+  // 2026-12-06 13:25:01.042 UTC
+  const sys_time<milliseconds> at =
+      sys_days{year{2026} / 12 / 6} + hours{13} + minutes{25} + seconds{1} + milliseconds{42};
+  EXPECT_EQ(utc_timestamp(at), "2026-12-06T13:25:01.042Z");
 }
 
 }  // namespace

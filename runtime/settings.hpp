@@ -1,0 +1,56 @@
+#pragma once
+// The table of a job's settings: each one declared once, with its config key, its flag, its
+// default (train_config's), its bounds, its help and whether a resumed job may change it. The
+// command line, `--help`, the config file, validation, `--print-config`, the resume check and
+// the README's option list all read this table.
+
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/config.hpp"
+
+namespace troupe {
+
+struct setting {
+  std::string key;         ///< the config file's dotted name ("model.n_layer"), also --set KEY=V
+  std::string flag;        ///< the command line's name ("--layers")
+  std::string value_name;  ///< placeholder in help ("N"); empty for a switch (no value)
+  std::string group;       ///< the help section it is listed under
+  std::string help;
+  /// A resumed job may give it another value (how or how long to run); the others shape
+  /// the math and must match the checkpoint's.
+  bool resumable = false;
+  /// Bounds checked by validate() ("must be in lo..hi"); NaN: none. Bounds that depend on
+  /// another setting (micro_batch <= batch) are validate()'s own.
+  double lo = std::numeric_limits<double>::quiet_NaN();
+  double hi = std::numeric_limits<double>::quiet_NaN();
+  bool lo_open = false, hi_open = false;  ///< for real numbers: (lo, ...] and [..., hi)
+  std::string bound_note;                 ///< said after the range: " (0 = off)"
+  std::vector<std::string> choices;       ///< for a string: its allowed values
+  /// A switch sets this value (a `--no-...` switch sets false).
+  bool switch_sets = true;
+
+  std::function<void(train_config&, const nlohmann::json&)> set;
+  std::function<nlohmann::json(const train_config&)> get;
+
+  bool is_switch() const { return value_name.empty(); }
+};
+
+/// A value as an error message quotes it: JSON text, cut short.
+std::string quoted_value(const nlohmann::json& v);
+
+/// Every setting, in the order `--help` lists them.
+const std::vector<setting>& settings();
+/// By config key or by flag; nullptr when there is none.
+const setting* find_setting(const std::string& key);
+const setting* find_setting_by_flag(const std::string& flag);
+/// The help sections, in order.
+const std::vector<std::string>& setting_groups();
+
+/// A setting's value as text, the way a flag takes it ("0.003", "1f1b"; a list comma-separated).
+std::string setting_text(const setting& s, const train_config& cfg);
+
+}  // namespace troupe
