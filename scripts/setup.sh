@@ -21,6 +21,7 @@ packages=(
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   bible-kjv             # renders the default corpus (King James Bible, public domain)
   chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
+  tmux                  # a terminal of a chosen size: tests/integration/top_screen_test.py
   python3
 )
 if [[ "${1:-}" == "--bench" ]]; then
