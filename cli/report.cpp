@@ -6,8 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -16,6 +19,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "actors/job/goodput.hpp"
 #include "cli/command_line.hpp"
 #include "cli/options.hpp"
 #include "cli/report_svg.hpp"
@@ -27,14 +31,46 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The phases of a step event's "phases" (rank-seconds summed over the ranks), in stacking
-// order; a phase not named here is stacked after them.
-const std::vector<std::string> known_phases = {
-    "compute",          "exposed_comm", "bubble", "straggler_wait", "control",
-    "checkpoint_stall", "recovery",     "redone", "forming",        "idle"};
-const std::vector<std::string> palette = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                          "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-constexpr size_t max_points = 1500;  // per chart: longer runs are drawn from evenly spaced steps
+// A colour for each phase of the goodput accounting (actors/job/goodput.hpp), by its place in
+// that enum: the same phase has the same colour in every report, whichever phases a run has.
+constexpr std::array<const char*, actors::phase_count> phase_colours = {
+    "#2ca02c",  // compute: the useful work
+    "#1f77b4",  // exposed_comm
+    "#9ecae1",  // bubble
+    "#ff7f0e",  // straggler_wait
+    "#7f7f7f",  // control
+    "#9467bd",  // checkpoint_stall
+    "#d62728",  // recovery
+    "#e377c2",  // redone
+    "#8c564b",  // forming
+    "#c7c7c7",  // idle
+};
+// Runs written before the accounting split steps into the ranks' own measures (per-rank means,
+// drawn times the world): each takes the colour of the phase it became.
+const std::vector<std::pair<std::string, actors::phase>> legacy_phases = {
+    {"compute (mean x world)", actors::phase::compute},
+    {"comm (mean x world)", actors::phase::exposed_comm},
+    {"control (mean x world)", actors::phase::control},
+    {"peer wait (mean x world)", actors::phase::straggler_wait}};
+// For a phase this build does not know (a newer writer): chosen by the name's hash, so stable.
+const std::vector<std::string> spare_colours = {"#bcbd22", "#17becf", "#393b79", "#637939",
+                                                "#8c6d31", "#843c39", "#7b4173", "#5254a3"};
+
+// Where a phase stacks (bottom first) and its colour.
+std::pair<int, std::string> phase_place(const std::string& name) {
+  for (int i = 0; i < actors::phase_count; ++i)
+    if (actors::phase_name(static_cast<actors::phase>(i)) == name) return {i, phase_colours[i]};
+  for (const auto& [legacy, p] : legacy_phases)
+    if (legacy == name) return {static_cast<int>(p), phase_colours[static_cast<size_t>(p)]};
+  uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 16777619u;
+  return {actors::phase_count, spare_colours[h % spare_colours.size()]};
+}
+
+// Per chart: a series longer than this is drawn from the means (and ranges) of runs of steps.
+constexpr size_t max_points = 1500;
+// The phase chart's columns: stacked areas need a few pixels per column to be read.
+constexpr size_t max_phase_columns = 450;
 
 struct step_row {
   double loss = NAN, tokens_per_s = NAN, step_s = NAN;
@@ -69,8 +105,11 @@ struct run_facts {
   std::optional<recovery> open_recovery;
   std::vector<timed> faults, lost, committed, failed;
   std::optional<json> goodput;
-  std::optional<json> done;
+  std::optional<json> done;  // job_done or job_failed: the last session's end
   std::vector<std::string> phase_order;
+  json config;                           // the last session's (job_start), or config.json's
+  json first_layout, last_layout;        // plan documents: at the start and the last generation
+  std::optional<double> first_start_ms;  // the first session's job_start
 };
 
 std::optional<double> number_of(const json& e, const char* key) {
@@ -169,6 +208,13 @@ void take(run_facts& f, const json& e) {
   const double at = t_ms / 1000.0;
   if (kind == "job_start") {
     ++f.jobs;
+    if (!f.first_start_ms && ms) f.first_start_ms = *ms;
+    if (auto it = e.find("config"); it != e.end() && it->is_object()) f.config = *it;
+    if (auto it = e.find("layout"); it != e.end() && it->is_object()) {
+      if (f.first_layout.is_null()) f.first_layout = *it;
+      f.last_layout = *it;
+    }
+    f.done.reset();  // a resumed run: the earlier session's end is not the run's
   } else if (kind == "step") {
     take_step(f, e, t_ms);
   } else if (kind == "validation") {
@@ -178,6 +224,10 @@ void take(run_facts& f, const json& e) {
   } else if (kind == "generation") {
     f.generations.push_back(
         {at, count_of(e, "number").value_or(0), count_of(e, "world").value_or(0)});
+    if (auto it = e.find("plan"); it != e.end() && it->is_object()) {
+      if (f.first_layout.is_null()) f.first_layout = *it;
+      f.last_layout = *it;
+    }
   } else if (kind == "state") {
     const std::string from = text_of(e, "from"), to = text_of(e, "to");
     if (to == "recovering" && !f.open_recovery)
@@ -203,7 +253,7 @@ void take(run_facts& f, const json& e) {
         {at, "checkpoint of " + step_words(e) + " abandoned: " + text_of(e, "reason")});
   } else if (kind == "goodput") {
     f.goodput = e;
-  } else if (kind == "job_done") {
+  } else if (kind == "job_done" || kind == "job_failed") {
     f.done = e;
   }
 }
@@ -260,54 +310,135 @@ std::string seconds_words(double s) {
   return svg::number(s / 3600, 3) + " h";
 }
 
-// Every `stride`-th entry of `steps` and the last one: at most max_points per chart.
-std::vector<std::map<long long, step_row>::const_iterator> sampled(
-    const std::map<long long, step_row>& steps) {
-  std::vector<std::map<long long, step_row>::const_iterator> out;
-  const size_t stride = std::max<size_t>(1, (steps.size() + max_points - 1) / max_points);
-  size_t i = 0;
-  for (auto it = steps.begin(); it != steps.end(); ++it, ++i)
-    if (i % stride == 0 || std::next(it) == steps.end()) out.push_back(it);
+// Centred moving means of `ys` over `window` values (missing values left out): a curve that
+// keeps the series' level without its step-to-step noise. Near either end the window narrows
+// to what is there on both sides, so the curve starts and ends where the series does (a
+// one-sided mean would bend the steep start of a loss curve).
+std::vector<double> centred_means(const std::vector<double>& ys, size_t window) {
+  std::vector<double> sum(ys.size() + 1, 0.0);
+  std::vector<size_t> count(ys.size() + 1, 0);
+  for (size_t i = 0; i < ys.size(); ++i) {
+    const bool ok = std::isfinite(ys[i]);
+    sum[i + 1] = sum[i] + (ok ? ys[i] : 0.0);
+    count[i + 1] = count[i] + (ok ? 1 : 0);
+  }
+  std::vector<double> out(ys.size(), NAN);
+  for (size_t i = 0; i < ys.size(); ++i) {
+    const size_t half = std::min({window / 2, i, ys.size() - 1 - i});
+    const size_t lo = i - half, hi = i + half + 1;
+    const size_t n = count[hi] - count[lo];
+    if (n > 0 && std::isfinite(ys[i])) out[i] = (sum[hi] - sum[lo]) / static_cast<double>(n);
+  }
   return out;
 }
 
+// The smoothing window for a series of n steps: about 2 % of the run, odd, at least 5.
+size_t smoothing_window(size_t n) { return std::max<size_t>(5, n / 50) | 1; }
+
+// A per-step series drawn as its raw values (a faint line, or the band of each run of steps
+// when there are more steps than max_points) beside its centred moving mean.
+struct drawn_series {
+  std::vector<svg::series> lines;
+  std::vector<svg::band> bands;
+};
+
+drawn_series raw_and_smoothed(const std::vector<double>& xs, const std::vector<double>& ys,
+                              const std::string& name, const std::string& colour) {
+  drawn_series out;
+  const size_t n = xs.size();
+  const size_t window = smoothing_window(n);
+  const std::vector<double> smooth = centred_means(ys, window);
+  const size_t stride = std::max<size_t>(1, (n + max_points - 1) / max_points);
+  svg::series mean{name + ", mean of " + std::to_string(window) + " steps", colour, {}};
+  if (stride == 1) {
+    svg::series raw{name + " (each step)", colour, {}};
+    raw.stroke_width = 1;
+    raw.opacity = 0.35;
+    for (size_t i = 0; i < n; ++i) raw.points.emplace_back(xs[i], ys[i]);
+    out.lines.push_back(std::move(raw));
+  } else {
+    svg::band range{name + " (range of each " + std::to_string(stride) + " steps)", colour, {}};
+    for (size_t i = 0; i < n; i += stride) {
+      double lo = INFINITY, hi = -INFINITY, x = 0;
+      size_t k = 0;
+      for (size_t j = i; j < std::min(n, i + stride); ++j, ++k) {
+        x += xs[j];
+        if (!std::isfinite(ys[j])) continue;
+        lo = std::min(lo, ys[j]);
+        hi = std::max(hi, ys[j]);
+      }
+      if (lo <= hi) range.points.push_back({x / static_cast<double>(k), {lo, hi}});
+    }
+    out.bands.push_back(std::move(range));
+  }
+  // The mean is smooth over `window` >= stride steps: every stride-th of it loses nothing.
+  for (size_t i = 0; i < n; i += stride) mean.points.emplace_back(xs[i], smooth[i]);
+  if (n > 0 && (n - 1) % stride != 0) mean.points.emplace_back(xs[n - 1], smooth[n - 1]);
+  out.lines.push_back(std::move(mean));
+  return out;
+}
+
+const char* const step_axis = "training step (steps)";
+
 std::string loss_chart(const run_facts& f) {
-  svg::series train{"train loss", "#1f77b4", {}};
+  std::vector<double> xs, ys;
+  for (const auto& [step, row] : f.steps) {
+    xs.push_back(static_cast<double>(step));
+    ys.push_back(row.loss);
+  }
+  drawn_series d = raw_and_smoothed(xs, ys, "train loss", "#1f77b4");
   svg::series val{"validation loss", "#d62728", {}, true, true};
-  for (auto it : sampled(f.steps)) train.points.emplace_back(it->first, it->second.loss);
   for (const auto& [step, v] : f.val_loss) val.points.emplace_back(step, v);
-  return svg::line_chart("chart-loss", {"Loss by step", "step", "loss"}, {train, val});
+  d.lines.push_back(std::move(val));
+  return svg::line_chart("chart-loss", {"Loss by step", step_axis, "loss (nats/token)"}, d.lines,
+                         d.bands);
 }
 
 std::string throughput_chart(const run_facts& f) {
-  svg::series tps{"tokens/s", "#2ca02c", {}};
-  for (auto it : sampled(f.steps)) tps.points.emplace_back(it->first, it->second.tokens_per_s);
-  return svg::line_chart("chart-throughput", {"Throughput by step", "step", "tokens/s"}, {tps});
+  std::vector<double> xs, ys;
+  for (const auto& [step, row] : f.steps) {
+    xs.push_back(static_cast<double>(step));
+    ys.push_back(row.tokens_per_s);
+  }
+  const drawn_series d = raw_and_smoothed(xs, ys, "throughput", "#2ca02c");
+  return svg::line_chart("chart-throughput",
+                         {"Throughput by step", step_axis, "throughput (tokens/s)"}, d.lines,
+                         d.bands);
 }
 
+// The phases of every step, stacked as the accounting measured them. Runs of consecutive steps
+// share a column when there are more steps than columns; a column is their mean, so that each
+// colour's area stays in proportion to its phase's seconds (a spike is spread over its run,
+// never dropped or repeated).
 std::string phases_chart(const run_facts& f) {
-  std::vector<std::string> order;
-  for (const auto& p : known_phases)
-    if (std::find(f.phase_order.begin(), f.phase_order.end(), p) != f.phase_order.end())
-      order.push_back(p);
-  for (const auto& p : f.phase_order)
-    if (std::find(order.begin(), order.end(), p) == order.end()) order.push_back(p);
-  std::vector<double> xs;
+  std::vector<std::string> order = f.phase_order;
+  std::stable_sort(order.begin(), order.end(), [](const std::string& a, const std::string& b) {
+    return phase_place(a).first < phase_place(b).first;
+  });
   std::vector<svg::layer> layers;
-  for (size_t i = 0; i < order.size(); ++i)
-    layers.push_back({order[i], palette[i % palette.size()], {}});
-  for (auto it : sampled(f.steps)) {
-    xs.push_back(static_cast<double>(it->first));
-    for (size_t i = 0; i < order.size(); ++i) {
-      double v = 0;
+  for (const auto& name : order) layers.push_back({name, phase_place(name).second, {}});
+  const size_t n = f.steps.size();
+  const size_t per_column = std::max<size_t>(1, (n + max_phase_columns - 1) / max_phase_columns);
+  std::vector<double> xs;
+  auto it = f.steps.begin();
+  while (it != f.steps.end()) {
+    double x = 0;
+    std::vector<double> sums(order.size(), 0.0);
+    size_t k = 0;
+    for (; k < per_column && it != f.steps.end(); ++k, ++it) {
+      x += static_cast<double>(it->first);
       for (const auto& [name, value] : it->second.phases)
-        if (name == order[i]) v += value;
-      layers[i].values.push_back(v);
+        for (size_t i = 0; i < order.size(); ++i)
+          if (name == order[i]) sums[i] += value;
     }
+    xs.push_back(x / static_cast<double>(k));
+    for (size_t i = 0; i < order.size(); ++i)
+      layers[i].values.push_back(sums[i] / static_cast<double>(k));
   }
-  return svg::stacked_area_chart(
-      "chart-phases",
-      {"Where each step's time went (rank-seconds, stacked)", "step", "rank-seconds"}, xs, layers);
+  std::string title = "Where each step's time went (rank-seconds by phase, stacked)";
+  if (per_column > 1) title += ", mean of each " + std::to_string(per_column) + " steps";
+  return svg::stacked_area_chart("chart-phases", {title, step_axis, "rank-seconds per step (s)"},
+                                 xs, layers);
 }
 
 std::string timeline_chart(const run_facts& f) {
@@ -335,13 +466,135 @@ std::string timeline_chart(const run_facts& f) {
   for (const auto& t : f.committed) marks.push_back({4, t.at, t.label, "#2ca02c", 'o'});
   for (const auto& t : f.failed) marks.push_back({4, t.at, t.label, "#d62728", 'x'});
   return svg::timeline_chart(
-      "chart-timeline", {"Timeline", "seconds since the run's first event", ""},
+      "chart-timeline", {"Timeline", "time since the run's first event (s)", ""},
       {"generations", "faults", "recoveries", "ranks lost", "checkpoints"}, 0, end, spans, marks,
       {{"generation", "#2171b5"},
        {"fault / failed checkpoint", "#d62728"},
        {"recovery", "#ff7f0e"},
        {"rank lost", "#9467bd"},
        {"checkpoint committed", "#2ca02c"}});
+}
+
+// The value at a dotted path of a config ("model.n_layer"), trying each spelling given in turn
+// (config keys have been renamed before): null when none is there.
+json config_at(const json& config, std::initializer_list<const char*> paths) {
+  for (const char* path : paths) {
+    const json* at = &config;
+    std::string rest = path;
+    while (at && at->is_object()) {
+      const auto dot = rest.find('.');
+      const auto it = at->find(rest.substr(0, dot));
+      at = it == at->end() ? nullptr : &*it;
+      if (dot == std::string::npos) break;
+      rest = rest.substr(dot + 1);
+    }
+    if (at && !at->is_null() && !at->is_structured()) return *at;
+  }
+  return nullptr;
+}
+
+std::string words_of(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_number_integer()) return v.dump();
+  if (v.is_number()) return svg::number(v.get<double>());
+  return "\xE2\x80\x93";
+}
+
+std::string utc_time(double unix_ms) {
+  const auto t = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return buf;
+}
+
+// "dp 2 x tp 1 x pp 1 x ep 1" of a plan document (strategies::plan_doc), or its own words.
+std::string layout_words(const json& plan) {
+  if (!plan.is_object()) return "";
+  std::string out;
+  if (auto it = plan.find("layout"); it != plan.end() && it->is_object()) {
+    for (const char* axis : {"dp", "tp", "pp", "ep"})
+      if (auto v = count_of(*it, axis))
+        out += (out.empty() ? "" : " \xC3\x97 ") + std::string(axis) + " " + std::to_string(*v);
+  }
+  if (auto z = count_of(plan, "zero"); z && *z > 0) out += ", ZeRO " + std::to_string(*z);
+  if (out.empty()) out = text_of(plan, "describe");
+  return out;
+}
+
+std::string troupe_version() {
+  std::string v = TROUPE_VERSION;
+  const std::string git = TROUPE_GIT_DESCRIBE;
+  if (!git.empty()) v += " (git " + git + ")";
+  return v;
+}
+
+// What produced the run: its config, layout, the tool's version, when it ran and how it ended.
+std::string run_table(const run_facts& f, const json& config_file) {
+  // The config the run's last session started with; config.json where no session recorded it.
+  const json& cfg = f.config.is_object() ? f.config : config_file;
+  const auto at = [&cfg](std::initializer_list<const char*> paths) {
+    return words_of(config_at(cfg, paths));
+  };
+  std::vector<std::pair<std::string, std::string>> rows;
+  std::string model = at({"model.n_layer", "model.layers", "layers"}) + " layers, " +
+                      at({"model.n_head", "model.heads", "heads"}) + " heads, d_model " +
+                      at({"model.d_model", "d_model"}) + ", context " +
+                      at({"model.context", "context"}) + " tokens, vocabulary " +
+                      at({"model.vocab", "vocab"});
+  const json experts = config_at(cfg, {"model.experts", "experts"});
+  if (experts.is_number() && experts.get<double>() > 0)
+    model += ", " + words_of(experts) + " experts (top-" + at({"model.top_k", "top_k"}) + ")";
+  rows.emplace_back("model", model);
+  std::string layout = layout_words(f.first_layout);
+  const std::string last = layout_words(f.last_layout);
+  if (layout.empty()) layout = "\xE2\x80\x93";
+  if (!last.empty() && last != layout) layout += "; last generation: " + last;
+  rows.emplace_back("layout", layout + " (world " + at({"world"}) + ", spares " +
+                                  at({"elastic.spares", "spares"}) + ")");
+  rows.emplace_back("learning rate",
+                    at({"optim.lr", "lr"}) + " (warmup " +
+                        at({"optim.warmup_steps", "warmup_steps"}) + " steps, down to " +
+                        at({"optim.min_lr_ratio", "min_lr_ratio"}) + " \xC3\x97 at the end)");
+  rows.emplace_back("optimizer", "beta1 " + at({"optim.beta1", "beta1"}) + ", beta2 " +
+                                     at({"optim.beta2", "beta2"}) + ", weight decay " +
+                                     at({"optim.weight_decay", "weight_decay"}) +
+                                     ", gradient clip " + at({"optim.grad_clip", "grad_clip"}));
+  rows.emplace_back("batch",
+                    at({"batch"}) + " sequences per step, micro-batch " + at({"micro_batch"}));
+  rows.emplace_back("data", at({"data", "data.path"}));
+  rows.emplace_back("steps configured", at({"steps"}) + " (seed " + at({"seed"}) +
+                                            ", checkpoint every " + at({"checkpoint_every"}) +
+                                            " steps)");
+  rows.emplace_back("troupe", troupe_version() + ", the build that wrote this report");
+  const auto start = f.first_start_ms ? f.first_start_ms : f.first_ms;
+  rows.emplace_back("started", start ? utc_time(*start) : "\xE2\x80\x93");
+  if (f.done) {
+    const auto end = number_of(*f.done, "unix_ms");
+    rows.emplace_back("ended", end ? utc_time(*end) : "\xE2\x80\x93");
+  } else {
+    rows.emplace_back("ended", "not recorded (still running, or stopped without ending)");
+  }
+  if (f.done) {
+    // A stop that was asked for is not a failure: 75 (SIGTERM or SIGUSR1, "requeue me") and
+    // 130 (Ctrl-C).
+    const auto code = count_of(*f.done, "exit_code").value_or(-1);
+    const char* how = code == 0     ? "done"
+                      : code == 75  ? "stopped on request (SIGTERM or SIGUSR1); --resume goes on"
+                      : code == 130 ? "interrupted (Ctrl-C)"
+                                    : "failed";
+    rows.emplace_back("outcome", std::string(how) + ", exit code " + std::to_string(code));
+  } else {
+    const auto last_ms = f.last_ms ? utc_time(*f.last_ms) : "\xE2\x80\x93";
+    rows.emplace_back("outcome", "no end recorded; the last event was at " + last_ms);
+  }
+  std::string s = "<table id=\"run\" class=\"facts\">\n<caption>The run</caption>\n";
+  for (const auto& [name, value] : rows)
+    s += "<tr><th scope=\"row\">" + svg::escape(name) + "</th><td>" + svg::escape(value) +
+         "</td></tr>\n";
+  return s + "</table>\n";
 }
 
 std::string headline_table(const run_facts& f, const std::string& run_dir) {
@@ -421,14 +674,14 @@ std::string headline_table(const run_facts& f, const std::string& run_dir) {
   }
   rows.emplace_back("events read", std::to_string(f.events));
   rows.emplace_back("malformed lines skipped", std::to_string(f.skipped));
-  std::string s = "<table id=\"headline\">\n<caption>Headline numbers</caption>\n";
+  std::string s = "<table id=\"headline\" class=\"facts\">\n<caption>Headline numbers</caption>\n";
   for (const auto& [name, value] : rows)
     s += "<tr><th scope=\"row\">" + svg::escape(name) + "</th><td>" + svg::escape(value) +
          "</td></tr>\n";
   return s + "</table>\n";
 }
 
-std::string html(const run_facts& f, const std::string& run_dir) {
+std::string html(const run_facts& f, const std::string& run_dir, const json& config_file) {
   std::string s =
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>troupe "
       "report: " +
@@ -436,17 +689,18 @@ std::string html(const run_facts& f, const std::string& run_dir) {
       "</title>\n<style>\n"
       "body { font-family: sans-serif; margin: 24px; color: #222; background: #fafafa; }\n"
       "h1 { font-size: 22px; }\n"
-      "table#headline { border-collapse: collapse; margin-bottom: 24px; background: #fff; "
-      "max-width: 1000px; }\n"
-      "table#headline th, table#headline td { border: 1px solid #ddd; padding: 4px 10px; "
+      "table.facts { border-collapse: collapse; margin-bottom: 24px; background: #fff; "
+      "width: 1000px; max-width: 100%; }\n"
+      "table.facts th, table.facts td { border: 1px solid #ddd; padding: 4px 10px; "
       "text-align: left; font-size: 14px; }\n"
-      "table#headline th { background: #f0f0f0; font-weight: normal; }\n"
+      "table.facts th { background: #f0f0f0; font-weight: normal; width: 220px; }\n"
       "caption { text-align: left; font-weight: bold; padding: 6px 0; }\n"
       "svg { display: block; margin: 0 0 24px 0; border: 1px solid #ddd; max-width: 100%; "
       "height: auto; }\n"
       "text { font-family: sans-serif; }\n"
       "</style>\n</head>\n<body>\n<h1>troupe report: " +
       svg::escape(run_dir) + "</h1>\n";
+  s += run_table(f, config_file);
   s += headline_table(f, run_dir);
   s += loss_chart(f);
   s += throughput_chart(f);
@@ -464,9 +718,11 @@ std::string report_help() {
   return R"(usage: troupe report [RUN_DIR] [-o FILE]
 
 Writes one self-contained HTML file (inline SVG, no scripts, nothing fetched) about a run,
-finished or still running, from RUN_DIR/events.jsonl: loss and validation loss, tokens/s and
-where each step's time went, by step; a timeline of generations, faults, recoveries, lost ranks
-and checkpoints; and a table of headline numbers.
+finished or still running, from RUN_DIR/events.jsonl and RUN_DIR/config.json: what produced it
+(model, layout, learning rate, batch, data, troupe's version, start, end and outcome); a table
+of headline numbers; loss and validation loss, tokens/s (each step's and a moving mean) and
+where each step's time went, by step; and a timeline of generations, faults, recoveries, lost
+ranks and checkpoints.
 
   RUN_DIR            the run directory (default runs/latest)
   -o, --output FILE  where to write it (default RUN_DIR/report.html)
@@ -502,7 +758,15 @@ int run_report(const std::vector<std::string>& args) {
   if (::access(events.c_str(), R_OK) != 0)
     throw usage_error("troupe report: cannot read " + events.string() + ": check its permissions");
   const run_facts facts = read_events(events);
-  const std::string page = html(facts, run_dir);
+  // The config as the job wrote it; the report does without it (events carry the same).
+  json config_file;
+  if (fs::file_size(dir / "config.json", ec) <= (1u << 20) && !ec) {
+    std::ifstream in(dir / "config.json", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (shallow(text)) config_file = json::parse(text, nullptr, false);
+    if (!config_file.is_object()) config_file = json();
+  }
+  const std::string page = html(facts, run_dir, config_file);
 
   const fs::path out = output.empty() ? dir / "report.html" : fs::path(output);
   // Written beside its place and renamed: a reader never sees half a report.

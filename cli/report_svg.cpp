@@ -164,17 +164,23 @@ std::string number(double v, int digits) {
 }
 
 std::string line_chart(const std::string& id, const chart_text& text,
-                       const std::vector<series>& lines) {
+                       const std::vector<series>& lines, const std::vector<band>& bands) {
   constexpr double height = 360;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  const auto include = [&](double x, double y) {
+    if (!std::isfinite(x) || !std::isfinite(y)) return;
+    x0 = std::min(x0, x);
+    x1 = std::max(x1, x);
+    y0 = std::min(y0, y);
+    y1 = std::max(y1, y);
+  };
   for (const auto& l : lines)
-    for (auto [x, y] : l.points)
-      if (std::isfinite(x) && std::isfinite(y)) {
-        x0 = std::min(x0, x);
-        x1 = std::max(x1, x);
-        y0 = std::min(y0, y);
-        y1 = std::max(y1, y);
-      }
+    for (auto [x, y] : l.points) include(x, y);
+  for (const auto& b : bands)
+    for (const auto& [x, range] : b.points) {
+      include(x, range.first);
+      include(x, range.second);
+    }
   const bool empty = !(x0 <= x1);
   auto [ax0, ax1] = widened(x0, x1);
   auto [ay0, ay1] = widened(y0, y1);
@@ -183,6 +189,20 @@ std::string line_chart(const std::string& id, const chart_text& text,
   std::string s = open_svg(id, height, text.title) + axes(f, text);
   if (empty) s += no_data(f);
   std::vector<legend_entry> entries;
+  for (const auto& b : bands) {
+    entries.push_back({b.name, b.color});
+    std::string upper, lower;
+    for (const auto& [x, range] : b.points)
+      if (std::isfinite(x) && std::isfinite(range.first) && std::isfinite(range.second)) {
+        upper += (upper.empty() ? "" : " ") + coord(f.px(x)) + "," + coord(f.py(range.second));
+        lower =
+            coord(f.px(x)) + "," + coord(f.py(range.first)) + (lower.empty() ? "" : " ") + lower;
+      }
+    if (upper.empty()) continue;
+    s += "<polygon class=\"band\" fill=\"" + escape(b.color) +
+         "\" fill-opacity=\"0.3\" stroke=\"none\" points=\"" + upper + " " + lower + "\"><title>" +
+         escape(b.name) + "</title></polygon>\n";
+  }
   for (const auto& l : lines) {
     entries.push_back({l.name, l.color});
     std::string pts;
@@ -191,8 +211,10 @@ std::string line_chart(const std::string& id, const chart_text& text,
         pts += (pts.empty() ? "" : " ") + coord(f.px(x)) + "," + coord(f.py(y));
     if (pts.empty()) continue;
     s += "<polyline class=\"series\" fill=\"none\" stroke=\"" + escape(l.color) +
-         "\" stroke-width=\"2\"" + (l.dashed ? " stroke-dasharray=\"6 4\"" : "") + " points=\"" +
-         pts + "\"><title>" + escape(l.name) + "</title></polyline>\n";
+         "\" stroke-width=\"" + number(l.stroke_width, 3) + "\"" +
+         (l.opacity < 1 ? " stroke-opacity=\"" + number(l.opacity, 3) + "\"" : "") +
+         (l.dashed ? " stroke-dasharray=\"6 4\"" : "") + " points=\"" + pts + "\"><title>" +
+         escape(l.name) + "</title></polyline>\n";
     if (l.markers)
       for (auto [x, y] : l.points)
         if (std::isfinite(x) && std::isfinite(y))
@@ -213,8 +235,19 @@ std::string stacked_area_chart(const std::string& id, const chart_text& text,
       if (std::isfinite(l.values[i]) && l.values[i] > 0) total[i] += l.values[i];
   double top_value = 0;
   for (double t : total) top_value = std::max(top_value, t);
+  // Each x owns the column from halfway to the x before it to halfway to the one after: a value
+  // is drawn as a flat top over its column, so that a layer's area is its values' sum (a line
+  // from one x to the next would halve a one-step spike and smear it over its neighbours).
+  std::vector<double> edges;
+  for (size_t i = 0; i + 1 < xs.size(); ++i) edges.push_back((xs[i] + xs[i + 1]) / 2);
+  if (!xs.empty()) {
+    const double first = xs.size() > 1 ? xs.front() - (edges.front() - xs.front()) : xs[0] - 0.5;
+    const double last = xs.size() > 1 ? xs.back() + (xs.back() - edges.back()) : xs[0] + 0.5;
+    edges.insert(edges.begin(), first);
+    edges.push_back(last);
+  }
   const bool empty = xs.empty();
-  auto [ax0, ax1] = empty ? std::pair{0.0, 1.0} : widened(xs.front(), xs.back());
+  auto [ax0, ax1] = empty ? std::pair{0.0, 1.0} : widened(edges.front(), edges.back());
   frame f{ax0, ax1, 0, top_value > 0 ? top_value * 1.05 : 1, 40, height - 100};
   std::string s = open_svg(id, height, text.title) + axes(f, text);
   if (empty) s += no_data(f);
@@ -229,15 +262,16 @@ std::string stacked_area_chart(const std::string& id, const chart_text& text,
         above[i] += l.values[i];
         any = true;
       }
-    if (any && !xs.empty()) {
+    if (any) {
       std::string d;
       for (size_t i = 0; i < xs.size(); ++i)
-        d += (i == 0 ? "M" : " L") + coord(f.px(xs[i])) + "," + coord(f.py(above[i]));
+        d += (i == 0 ? "M" : " L") + coord(f.px(edges[i])) + "," + coord(f.py(above[i])) + " L" +
+             coord(f.px(edges[i + 1])) + "," + coord(f.py(above[i]));
       for (size_t i = xs.size(); i-- > 0;)
-        d += " L" + coord(f.px(xs[i])) + "," + coord(f.py(below[i]));
+        d += " L" + coord(f.px(edges[i + 1])) + "," + coord(f.py(below[i])) + " L" +
+             coord(f.px(edges[i])) + "," + coord(f.py(below[i]));
       s += "<path class=\"layer\" d=\"" + d + " Z\" fill=\"" + escape(l.color) +
-           "\" fill-opacity=\"0.85\" stroke=\"" + escape(l.color) +
-           "\" stroke-width=\"0.5\"><title>" + escape(l.name) + "</title></path>\n";
+           "\" stroke=\"none\"><title>" + escape(l.name) + "</title></path>\n";
     }
     below = std::move(above);
   }

@@ -24,19 +24,32 @@ struct chart_text {
 };
 
 /// One line of a line chart: (x, y) points in drawing order; points that are not finite are
-/// left out. `dashed` draws it dashed, `markers` puts a dot on each point (for sparse series).
+/// left out. `dashed` draws it dashed, `markers` puts a dot on each point (for sparse series);
+/// a faint line (`opacity` below 1, a thin `stroke_width`) sits behind a bold one, as raw
+/// values behind their smoothed curve.
 struct series {
   std::string name;
   std::string color;
   std::vector<std::pair<double, double>> points;
   bool dashed = false;
   bool markers = false;
+  double stroke_width = 2;
+  double opacity = 1;
 };
 
-/// A line chart with axes, tick labels and a legend. With no finite point at all it draws
-/// the frame and says that there is no data yet.
+/// The range of values around a line: for each x the lowest and the highest y (a series with
+/// more points than the chart has pixels, drawn as the band its points fill).
+struct band {
+  std::string name;
+  std::string color;
+  std::vector<std::pair<double, std::pair<double, double>>> points;  ///< x, (low, high)
+};
+
+/// A line chart with axes, tick labels and a legend; bands are drawn first, under the lines.
+/// With no finite point at all it draws the frame and says that there is no data yet.
 [[nodiscard]] std::string line_chart(const std::string& id, const chart_text& text,
-                                     const std::vector<series>& lines);
+                                     const std::vector<series>& lines,
+                                     const std::vector<band>& bands = {});
 
 /// One layer of a stacked area chart: a value for each x of the chart.
 struct layer {
@@ -45,7 +58,9 @@ struct layer {
   std::vector<double> values;
 };
 
-/// Layers stacked bottom to top in the order given, over the shared, increasing `xs`.
+/// Layers stacked bottom to top in the order given, over the shared, increasing `xs`. Each
+/// layer is filled without an outline: a layer that is nearly empty must not paint the edge
+/// of the stack below it in its colour.
 [[nodiscard]] std::string stacked_area_chart(const std::string& id, const chart_text& text,
                                              const std::vector<double>& xs,
                                              const std::vector<layer>& layers);

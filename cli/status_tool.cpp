@@ -5,6 +5,7 @@
 #include "cli/status_tool.hpp"
 
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -301,13 +302,28 @@ std::string frame_of(const look& l) {
   return out;
 }
 
+// The terminal on stdout, asked anew for every frame (it may have been resized since); nothing
+// when stdout is not a terminal or does not say.
+std::optional<monitoring::screen_size> terminal_size() {
+  if (isatty(STDOUT_FILENO) != 1) return std::nullopt;
+  struct winsize ws {};
+  if (ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0 || ws.ws_row == 0)
+    return std::nullopt;
+  return monitoring::screen_size{ws.ws_col, ws.ws_row};
+}
+
 bool ended(const json& doc) {
   const std::string s = doc.value("state", std::string());
   return s == "done" || s == "failed";
 }
 
 std::atomic<bool> interrupted{false};
+std::atomic<bool> resized{false};
 extern "C" void on_interrupt(int) { interrupted = true; }
+extern "C" void on_resize(int) { resized = true; }
+
+// A size for terminals that do not say theirs (a serial console, a pipe under `script`).
+constexpr monitoring::screen_size fallback_screen{80, 24};
 
 int run_top(const status_args& a) {
   struct sigaction sa {};
@@ -316,33 +332,63 @@ int run_top(const status_args& a) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const bool tty = isatty(STDOUT_FILENO) == 1;
+  if (tty) {
+    struct sigaction wa {};
+    wa.sa_handler = on_resize;
+    sigemptyset(&wa.sa_mask);
+    sigaction(SIGWINCH, &wa, nullptr);
+  }
   bool seen_live = false;
-  for (int frame = 1;; ++frame) {
-    look l;
+  std::optional<look> shown;
+  // Draws the last look again: a resize redraws at once, without asking the job again.
+  const auto draw = [&] {
+    if (tty) {
+      const std::string text = monitoring::render_status(
+          *shown->doc, shown->where, terminal_size().value_or(fallback_screen), shown->note);
+      // Home, then each line over the last frame's (erasing its rest), then below: no flicker
+      // of a cleared screen, and never a line more than the screen holds (it would scroll).
+      std::string frame = "\x1b[H";
+      for (std::size_t from = 0; from <= text.size();) {
+        const auto nl = std::min(text.find('\n', from), text.size());
+        frame += text.substr(from, nl - from) + "\x1b[K";
+        if (nl < text.size()) frame += "\r\n";
+        from = nl + 1;
+      }
+      std::printf("%s\x1b[J", frame.c_str());
+    } else {
+      std::printf("%s\n", frame_of(*shown).c_str());
+    }
+    std::fflush(stdout);
+  };
+  if (tty) std::printf("\x1b[2J");
+  for (;;) {
     try {
-      l = look_once(a);
+      shown = look_once(a);
     } catch (const target_error& e) {
       if (!seen_live) throw;
       std::fprintf(stderr, "troupe top: %s; the job's coordinator stopped answering\n", e.what());
       return 0;
     }
-    const bool live = l.doc->value("source", std::string("live")) == "live";
+    const bool live = shown->doc->value("source", std::string("live")) == "live";
     seen_live = seen_live || live;
-    const std::string text = frame_of(l);
-    if (tty)
-      std::printf("\x1b[H\x1b[2J%s", text.c_str());
-    else
-      std::printf("%s\n", text.c_str());
-    std::fflush(stdout);
-    // Ends with the job: its last frame stays on the screen.
-    if (ended(*l.doc)) return 0;
-    if (seen_live && !live) return 0;  // its coordinator is gone: the record is the last word
+    resized = false;
+    draw();
+    // Ends with the job, its last frame left on the screen; also when the coordinator that
+    // answered is gone: the record in events.jsonl is then the last word.
+    if (ended(*shown->doc) || (seen_live && !live)) {
+      if (tty) std::printf("\n");
+      return 0;
+    }
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(a.interval_ms);
     while (std::chrono::steady_clock::now() < until) {
-      if (interrupted) return 0;
+      if (interrupted) break;
+      if (resized.exchange(false)) draw();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (interrupted) return 0;
+    if (interrupted) {
+      if (tty) std::printf("\n");
+      return 0;
+    }
   }
 }
 
@@ -357,7 +403,13 @@ int run_status_tool(const std::vector<std::string>& args, bool top) {
     if (a.json_out) {
       std::printf("%s\n", l.doc->dump(2, ' ', false, json::error_handler_t::replace).c_str());
     } else {
-      std::fputs(frame_of(l).c_str(), stdout);
+      // On a terminal the lines are cut to its width rather than wrapped into one another.
+      if (const auto screen = terminal_size())
+        std::printf(
+            "%s\n",
+            monitoring::render_status(*l.doc, l.where, {screen->columns, 0}, l.note).c_str());
+      else
+        std::fputs(frame_of(l).c_str(), stdout);
     }
     return 0;
   } catch (const target_error& e) {
@@ -387,7 +439,9 @@ std::string top_help() {
   return R"(usage: troupe top [RUN_DIR | HOST:PORT] [--token-file FILE] [--interval-ms N] [--timeout-ms N]
 
 `troupe status`, redrawn every --interval-ms (default 1000) until Ctrl-C or the job ends. On a
-terminal each frame replaces the last; otherwise the frames follow one another.
+terminal each frame replaces the last, fitted to the terminal's size (and redrawn at once when
+it is resized): the job's state and the rank table stay, the newest events fill the lines left.
+Otherwise the frames follow one another.
 )";
 }
 

@@ -85,4 +85,23 @@ class status_board {
 /// breakdown and the last events. `where` names the target (and how it was reached).
 [[nodiscard]] std::string render_status(const nlohmann::json& doc, const std::string& where);
 
+/// The terminal a summary is drawn on, in character cells; 0 rows: as many lines as it takes.
+struct screen_size {
+  int columns = 80;
+  int rows = 24;
+};
+
+/// render_status fitted to `screen` (what `troupe top` draws): every line cut to its width and
+/// at most screen.rows lines, none ending in a newline. The job's state and the rank table
+/// stay (a table too long for the screen shows as many ranks as fit and "... N more ranks");
+/// the facts, phases, `note` (a sentence about where the document came from; wrapped) and
+/// then the newest events take the lines left, in that order.
+[[nodiscard]] std::string render_status(const nlohmann::json& doc, const std::string& where,
+                                        const screen_size& screen, const std::string& note = "");
+
+/// One event as the summary lists it: its time, its kind and its step first, then the fields
+/// that say most about that kind (loss, world, generation, cause...), then the rest, cut to
+/// `width` characters ("..." marks a cut).
+[[nodiscard]] std::string event_line(const nlohmann::json& event, std::size_t width);
+
 }  // namespace troupe::monitoring

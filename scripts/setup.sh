@@ -27,7 +27,7 @@ test_packages=(
   etcd-server etcd-client   # a real etcd 3.4 (coordinator HA tests; also `--etcd local`)
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
-  tmux                  # a terminal of a given size for `troupe top`'s tests
+  tmux                  # a terminal of a chosen size: tests/integration/top_screen_test.py
 )
 for arg in "$@"; do
   case "$arg" in

@@ -21,6 +21,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+import time
 import zlib
 
 import harness
@@ -46,8 +47,11 @@ class Page(html.parser.HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.rows, self.svgs, self.scripts = {}, {}, 0
-        self._svg, self._cell, self._th, self._td, self._in_table = None, None, "", "", False
+        # rows: the headline table's; run: the run table's ("The run": config, version, times);
+        # labels: per chart, the text of its x-label and y-label; a shape's <title> is its "title"
+        self.rows, self.run, self.svgs, self.labels, self.scripts = {}, {}, {}, {}, 0
+        self._svg, self._cell, self._th, self._td, self._table = None, None, "", "", None
+        self._label, self._shape, self._in_title = None, None, False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -55,12 +59,20 @@ class Page(html.parser.HTMLParser):
             self.scripts += 1
         elif tag == "svg":
             self._svg = a.get("id", "")
-            self.svgs[self._svg] = {"polyline": [], "path": [], "rect": [], "circle": []}
-        elif self._svg is not None and tag in ("polyline", "path", "rect", "circle"):
+            self.svgs[self._svg] = {"polyline": [], "path": [], "rect": [], "circle": [],
+                                    "polygon": []}
+            self.labels[self._svg] = {}
+        elif self._svg is not None and tag in ("polyline", "path", "rect", "circle", "polygon"):
             self.svgs[self._svg][tag].append(a)
-        elif tag == "table" and a.get("id") == "headline":
-            self._in_table = True
-        elif self._in_table and tag in ("th", "td"):
+            self._shape = a
+        elif self._svg is not None and tag == "title":
+            self._in_title = True
+        elif self._svg is not None and tag == "text" and a.get("class") in ("x-label", "y-label"):
+            self._label = a["class"]
+            self.labels[self._svg][self._label] = ""
+        elif tag == "table" and a.get("id") in ("headline", "run"):
+            self._table = self.rows if a["id"] == "headline" else self.run
+        elif self._table is not None and tag in ("th", "td"):
             self._cell = tag
             if tag == "th":
                 self._th, self._td = "", ""
@@ -68,10 +80,16 @@ class Page(html.parser.HTMLParser):
     def handle_endtag(self, tag):
         if tag == "svg":
             self._svg = None
+        elif tag == "title":
+            self._in_title = False
+        elif tag == "text":
+            self._label = None
+        elif tag in ("polyline", "path", "rect", "circle", "polygon"):
+            self._shape = None
         elif tag == "table":
-            self._in_table = False
-        elif tag == "td" and self._in_table:
-            self.rows[self._th.strip()] = self._td.strip()
+            self._table = None
+        elif tag == "td" and self._table is not None:
+            self._table[self._th.strip()] = self._td.strip()
         if tag in ("th", "td"):
             self._cell = None
 
@@ -80,6 +98,10 @@ class Page(html.parser.HTMLParser):
             self._th += data
         elif self._cell == "td":
             self._td += data
+        elif self._label is not None:
+            self.labels[self._svg][self._label] += data
+        elif self._in_title and self._shape is not None:
+            self._shape["title"] = self._shape.get("title", "") + data
 
 
 def parse(text):
@@ -126,6 +148,106 @@ def check_charts(page, what):
     if len(spans) < 3 or len(marks) < 5:
         fail(f"{what}: the timeline has {len(spans)} bars and {len(marks)} marks, expected at "
              f"least 3 and 5")
+
+
+# Each chart's axes name their unit: (x, y); the timeline's lanes have none.
+UNITS = {"chart-loss": ("(steps)", "(nats/token)"), "chart-throughput": ("(steps)", "(tokens/s)"),
+         "chart-phases": ("(steps)", "(s)"), "chart-timeline": ("(s)", None)}
+
+
+def check_units(page, what):
+    for cid, (x_unit, y_unit) in UNITS.items():
+        labels = page.labels.get(cid, {})
+        if x_unit not in labels.get("x-label", ""):
+            fail(f"{what}: {cid}'s x axis '{labels.get('x-label')}' does not name {x_unit}")
+        if y_unit and y_unit not in labels.get("y-label", ""):
+            fail(f"{what}: {cid}'s y axis '{labels.get('y-label')}' does not name {y_unit}")
+
+
+def find_key(doc, key):
+    """The first value under `key` anywhere in a nested config (None if there is none)."""
+    if isinstance(doc, dict):
+        if key in doc and not isinstance(doc[key], (dict, list)):
+            return doc[key]
+        for value in doc.values():
+            found = find_key(value, key)
+            if found is not None:
+                return found
+    return None
+
+
+def utc(unix_ms):
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_ms // 1000))
+
+
+def check_run_table(page, events, what):
+    """The report names what produced the run: its config, the version, start, end, outcome."""
+    start = next(e for e in events if e.get("event") == "job_start")
+    done = [e for e in events if e.get("event") in ("job_done", "job_failed")][-1]
+    cfg = start["config"]
+    version = subprocess.run([TROUPE, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.split()[1]
+    lr = find_key(cfg, "lr")
+    check_rows(page.run, what, {
+        "model": lambda v: v.startswith(f"{find_key(cfg, 'n_layer')} layers, "
+                                        f"{find_key(cfg, 'n_head')} heads, d_model "
+                                        f"{find_key(cfg, 'd_model')}, context "
+                                        f"{find_key(cfg, 'context')} tokens"),
+        "layout": lambda v: v.startswith(f"dp {start['world']} ") and "tp 1" in v,
+        "learning rate": lambda v: abs(float(v.split()[0]) - lr) <= 1e-9 * lr and "warmup" in v,
+        "batch": lambda v: v.startswith(f"{cfg['batch']} sequences per step, micro-batch "
+                                        f"{cfg['micro_batch']}"),
+        "data": lambda v: v == find_key(cfg, "data"),
+        "steps configured": lambda v: v.startswith(f"{cfg['steps']} "),
+        "troupe": lambda v: v.startswith(version),
+        "started": lambda v: v == utc(start["unix_ms"]),
+        "ended": lambda v: v == utc(done["unix_ms"]),
+        "outcome": lambda v: v.startswith(f"done, exit code {done['exit_code']}")
+        if done["exit_code"] == 0 else "exit code" in v,
+    })
+
+
+def y_values(a):
+    return [float(p.split(",")[1]) for p in points_of(a)]
+
+
+def check_smoothed(page, what):
+    """Each step's value is drawn, and beside it a centred mean over the same steps that moves
+    less from one step to the next."""
+    for cid in ("chart-loss", "chart-throughput"):
+        lines = page.svgs[cid]["polyline"]
+        raw = [a for a in lines if "(each step)" in a.get("title", "")]
+        mean = [a for a in lines if ", mean of " in a.get("title", "")]
+        if not raw or not mean:
+            fail(f"{what}: {cid} lacks the raw line or its smoothed curve: "
+                 f"{[a.get('title') for a in lines]}")
+        r, m = y_values(raw[0]), y_values(mean[0])
+        if len(r) != len(m) or len(r) < 10:
+            fail(f"{what}: {cid}: {len(r)} raw points and {len(m)} smoothed")
+
+        def wiggle(ys):
+            return sum(abs(b - a) for a, b in zip(ys, ys[1:]))
+        if not wiggle(m) < wiggle(r):
+            fail(f"{what}: {cid}'s mean curve is not smoother than the raw values")
+
+
+def phase_fills(page):
+    return {a.get("title"): a.get("fill") for a in page.svgs["chart-phases"]["path"]
+            if a.get("class") == "layer"}
+
+
+def check_same_colours(pages):
+    """A phase has one colour in every report, and no two phases share one."""
+    seen = {}
+    for what, page in pages:
+        fills = phase_fills(page)
+        if len(set(fills.values())) != len(fills):
+            fail(f"{what}: two phases share a colour: {fills}")
+        for name, fill in fills.items():
+            if seen.setdefault(name, (what, fill))[1] != fill:
+                fail(f"phase '{name}' is {seen[name][1]} in {seen[name][0]} but {fill} in {what}")
+    print(f"phase colours agree across {len(pages)} reports: "
+          f"{ {n: f for n, (_, f) in seen.items()} }", flush=True)
 
 
 def decode_png(data):
@@ -233,6 +355,57 @@ def check_in_browser(report_path, tmp):
           f"in the screenshot", flush=True)
 
 
+HEALTHY = ["--layers", "2", "--heads", "2", "--d-model", "96", "--context", "64", "--batch", "8",
+           "--micro-batch", "2", "--no-progress", "--metrics-port", "0", "--world", "2",
+           "--steps", "200", "--checkpoint-every", "50", "--eval-every", "50"]
+
+
+def check_phase_pixels(report_text, events, tmp):
+    """The phase chart of a healthy run, alone on a page in chromium: each phase's share of the
+    chart's coloured pixels is its share of the steps' rank-seconds (within 5 points), so
+    compute, the largest, has the most pixels."""
+    if not os.access(CHROMIUM, os.X_OK):
+        harness.skip(f"{CHROMIUM} is not installed: the phase chart's pixels are not counted")
+        return
+    start = report_text.index('<svg id="chart-phases"')
+    chart = report_text[start:report_text.index("</svg>", start) + len("</svg>")]
+    page = os.path.join(tmp, "phases.html")
+    with open(page, "w", encoding="utf-8") as f:
+        f.write('<!DOCTYPE html><html><body style="margin:0;background:#fff">' + chart +
+                "</body></html>")
+    shot = os.path.join(tmp, "phases.png")
+    Browser.run([f"--screenshot={shot}", "--window-size=1000,400"],
+                pathlib.Path(page).resolve().as_uri(), tmp)
+    with open(shot, "rb") as f:
+        _, _, rows = decode_png(f.read())
+    fills = phase_fills(parse(report_text))
+    rgb = {name: tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for name, c in fills.items()}
+    counts = {name: 0 for name in rgb}
+    by_colour = {c: name for name, c in rgb.items()}
+    for row in rows:
+        for p in row:
+            if p in by_colour:
+                counts[by_colour[p]] += 1
+    seconds = {name: 0.0 for name in rgb}
+    for e in events:
+        if e.get("event") == "step":
+            for name, v in (e.get("phases") or {}).items():
+                if name in seconds:
+                    seconds[name] += v
+    pixels, total = sum(counts.values()), sum(seconds.values())
+    if pixels < 10000:
+        fail(f"the phase chart shows only {pixels} pixels of phase colours: {counts}")
+    shares = {n: (counts[n] / pixels, seconds[n] / total) for n in rgb}
+    print("phase chart, pixels vs rank-seconds: " +
+          ", ".join(f"{n} {p:.1%}/{s:.1%}" for n, (p, s) in shares.items()), flush=True)
+    for name, (p, s) in shares.items():
+        if abs(p - s) > 0.05:
+            fail(f"phase '{name}' has {p:.1%} of the phase chart's pixels but {s:.1%} of the "
+                 f"steps' rank-seconds: the chart does not draw what was measured")
+    if max(counts, key=counts.get) != "compute":
+        fail(f"the phase chart of a healthy run is not mostly compute: {counts}")
+
+
 def test():
     if not TROUPE:
         fail("TROUPE_BIN is not set")
@@ -282,7 +455,25 @@ def test():
         else:
             expect["goodput, MFU"] = lambda v: v.startswith("not recorded")
         check_rows(page.rows, "the faulted job", expect)
+        check_run_table(page, events, "the faulted job")
+        check_units(page, "the faulted job")
+        check_smoothed(page, "the faulted job")
+        faulted = page
         check_in_browser(path, tmp)
+
+        # A healthy run: its phase chart is mostly compute, in compute's colour of every report.
+        healthy_dir = os.path.join(tmp, "healthy")
+        healthy_events = harness.run_ok("the healthy job", HEALTHY, healthy_dir, timeout=300)
+        code, out = report([healthy_dir])
+        if code != 0:
+            fail(f"troupe report of the healthy job exited {code}: {out}")
+        with open(os.path.join(healthy_dir, "report.html"), encoding="utf-8") as f:
+            healthy_text = f.read()
+        healthy = parse(healthy_text)
+        check_run_table(healthy, healthy_events, "the healthy job")
+        check_units(healthy, "the healthy job")
+        check_smoothed(healthy, "the healthy job")
+        check_phase_pixels(healthy_text, healthy_events, tmp)
 
         # Garbage among the lines, hostile text, and the goodput accounting's fields.
         hostile = os.path.join(tmp, "hostile")
@@ -312,13 +503,16 @@ def test():
         check_html_is_self_contained(text, "the hostile events")
         if "<script>alert" in text or "&lt;script&gt;alert(1)&lt;/script&gt;" not in text:
             fail("text from events.jsonl is not escaped into the report")
-        page = parse(text)
-        check_rows(page.rows, "the hostile events", {
+        hostile_page = parse(text)
+        check_rows(hostile_page.rows, "the hostile events", {
             "malformed lines skipped": lambda v: v == str(len(garbage)),
             "goodput": lambda v: v == "87.5 %",
             "MFU": lambda v: v == "1.23 %",
             "steps": lambda v: v.startswith("31 of 30"),
         })
+        check_same_colours([("the faulted job's report", faulted),
+                            ("the healthy job's report", healthy),
+                            ("the hostile events' report", hostile_page)])
         legend = text[text.index('id="chart-phases"'):text.index('id="chart-timeline"')]
         for phase in ("exposed_comm", "bubble", "redone"):
             if f">{phase}<" not in legend:

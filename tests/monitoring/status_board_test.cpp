@@ -13,7 +13,9 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "monitoring/http_client.hpp"
 #include "monitoring/http_server.hpp"
@@ -198,6 +200,86 @@ TEST(StatusBoard, IgnoresWhatIsNotAnEventAndFieldsOfTheWrongType) {
   EXPECT_EQ(doc["step"], 4);
   EXPECT_FALSE(doc.contains("loss"));
   EXPECT_EQ(doc["events"].size(), 1u);  // two steps in a row: the newest
+}
+
+// The lines of a fitted summary.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  for (;;) {
+    const auto nl = text.find('\n', from);
+    out.push_back(text.substr(from, nl == std::string::npos ? std::string::npos : nl - from));
+    if (nl == std::string::npos) return out;
+    from = nl + 1;
+  }
+}
+
+TEST(StatusBoard, AnEventLineStartsWithTimeKindAndStep) {
+  json step = step_event(1234, 2.5);
+  step["unix_ms"] = 1796563698000;
+  const std::string line = event_line(step, 200);
+  EXPECT_EQ(line.rfind("  ", 0), 0u) << line;
+  EXPECT_EQ(line.find("step               step=1234 loss=2.500 world=4 generation=2"), 12u) << line;
+  // Cut to the width, the cut marked.
+  const std::string narrow = event_line(step, 50);
+  EXPECT_EQ(narrow.size(), 50u) << narrow;
+  EXPECT_EQ(narrow.substr(47), "...") << narrow;
+  EXPECT_NE(narrow.find("step=1234"), std::string::npos) << narrow;
+  // A kind longer than its column is not cut; fields that say most come first.
+  const std::string lost = event_line({{"event", "checkpoint_abandoned"},
+                                       {"aaa", 1},
+                                       {"step", 7},
+                                       {"reason", "rank lost"},
+                                       {"unix_ms", 1796563698000}},
+                                      200);
+  EXPECT_NE(lost.find("checkpoint_abandoned step=7 reason=rank lost aaa=1"), std::string::npos)
+      << lost;
+}
+
+// A job of `ranks` ranks with a run of events, as the summary sees it.
+json busy_document(int ranks) {
+  status_board board;
+  board.set_job("/runs/busy", 1000, ranks, "dp" + std::to_string(ranks));
+  board.observe({{"event", "state"}, {"from", "forming"}, {"to", "training"}, {"generation", 1}});
+  std::vector<status_rank> rows;
+  for (int r = 0; r < ranks; ++r)
+    rows.push_back({r, r, 0, "a-host-with-a-rather-long-name", 100 + r, 0.1, 1.0});
+  board.set_ranks(1, rows);
+  for (int i = 0; i < 30; ++i) {
+    board.observe(step_event(i + 1, 3.0));
+    board.observe({{"event", "checkpoint"}, {"step", i + 1}, {"path", "/runs/busy/ckpt"}});
+  }
+  return board.snapshot();
+}
+
+TEST(StatusBoard, AFittedSummaryKeepsTheStateAndTheRankTable) {
+  const json doc = busy_document(4);
+  const auto lines = lines_of(render_status(doc, "/runs/busy", {80, 24}));
+  ASSERT_EQ(lines.size(), 24u);
+  for (const auto& l : lines) EXPECT_LE(l.size(), 80u) << l;
+  EXPECT_EQ(lines[0].rfind("troupe status: /runs/busy", 0), 0u);
+  EXPECT_EQ(lines[1].rfind("job         training", 0), 0u);
+  std::size_t table = 0;
+  while (table < lines.size() && lines[table].rfind("rank member node host", 0) != 0) ++table;
+  ASSERT_LT(table + 4, lines.size());
+  EXPECT_EQ(lines[table + 4].substr(0, 4), "   3");
+  // The newest events fill the rest: the last line is the newest step.
+  EXPECT_NE(lines.back().find("step=30"), std::string::npos) << lines.back();
+
+  // Too short for the table: as many ranks as fit, and how many are not shown.
+  const auto short_lines = lines_of(render_status(doc, "/runs/busy", {80, 9}));
+  ASSERT_EQ(short_lines.size(), 9u);
+  EXPECT_EQ(short_lines[1].rfind("job         training", 0), 0u);
+  EXPECT_EQ(short_lines[6].rfind("rank member node host", 0), 0u);
+  EXPECT_EQ(short_lines[7].substr(0, 4), "   0");
+  EXPECT_EQ(short_lines[8].rfind("... 3 more ranks", 0), 0u) << short_lines[8];
+
+  // No limit on lines: everything, cut to the width; the note wrapped at the end.
+  const std::string note(150, 'x');
+  const auto all = lines_of(render_status(doc, "/runs/busy", {60, 0}, note));
+  EXPECT_EQ(all[all.size() - 3], std::string(60, 'x'));
+  EXPECT_EQ(all.back(), std::string(30, 'x'));
+  for (const auto& l : all) EXPECT_LE(l.size(), 60u) << l;
 }
 
 TEST(StatusBoard, ReadersAndAWriterAtOnce) {
