@@ -8,7 +8,9 @@
 (d) a SIGTERM stop (exit 75) logs no `error`;
 (e) `troupe status RUN_DIR` from another directory works when --metrics-token was relative;
 (f) every flag of the settings table is in `troupe run --help` and in the README's list, which
-    is exactly `troupe help options`.
+    is exactly `troupe help options`;
+(g) `cmake --install` puts the binary and the default corpus under a prefix, and the installed
+    binary runs.
 """
 
 import os
@@ -185,9 +187,27 @@ def help_and_readme():
     print(f"ok: all {len(flags)} job options are in --help and in the README")
 
 
+def install_works(tmp):
+    build = os.path.dirname(os.path.dirname(TROUPE))  # TROUPE is BUILD/cli/troupe
+    prefix = os.path.join(tmp, "prefix")
+    p = subprocess.run(["cmake", "--install", build, "--prefix", prefix], capture_output=True,
+                       text=True, timeout=120)
+    if p.returncode != 0:
+        fail(f"cmake --install exited {p.returncode}:\n{p.stdout}{p.stderr}")
+    installed = os.path.join(prefix, "bin", "troupe")
+    corpus = os.path.join(prefix, "share", "troupe", "kjv.txt")
+    if not os.access(installed, os.X_OK) or not os.path.getsize(corpus):
+        fail(f"cmake --install left no {installed} or no {corpus}")
+    v = subprocess.run([installed, "--version"], capture_output=True, text=True, timeout=30)
+    if v.returncode != 0 or not v.stdout.startswith("troupe "):
+        fail(f"the installed troupe --version: {v.returncode} {v.stdout}{v.stderr}")
+    print(f"ok: cmake --install: {installed} ({v.stdout.strip()}) and the default corpus")
+
+
 def test():
     with tempfile.TemporaryDirectory(prefix="troupe-first-hour-") as tmp:
         help_and_readme()
+        install_works(tmp)
         resume_remembers(tmp)
         steps_extended(tmp)
         equals_everywhere(tmp)
