@@ -340,7 +340,9 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
                    .control_s = v.control_s / w,
                    .peer_wait_s = v.peer_wait_s / w,
                    .total_steps = cfg.steps,
-                   .phases = std::move(phases_doc)}});
+                   .phases = std::move(phases_doc),
+                   .goodput = ledger_.goodput(now),
+                   .mfu = mfu(ledger_.totals(now).total())}});
   for (const auto& m : members()) {
     if (!m.live || m.rank < 0) continue;
     c.peer_wait_s = seconds_between(v.arrived[static_cast<size_t>(m.rank)], now);
@@ -533,9 +535,15 @@ events::goodput job_logic::goodput_event(logic_time now) const {
   g.goodput = g.rank_seconds > 0 ? t[phase::compute] / g.rank_seconds : 0;
   g.peak_flops = params_.peak_flops;
   g.tokens = steps_.tokens_trained();
-  const double available = params_.peak_flops * g.rank_seconds;
-  g.mfu = available > 0 ? params_.flops_per_token * static_cast<double>(g.tokens) / available : 0;
+  g.mfu = mfu(g.rank_seconds);
   return g;
+}
+
+double job_logic::mfu(double rank_seconds) const {
+  const double available = params_.peak_flops * rank_seconds;
+  return available > 0
+             ? params_.flops_per_token * static_cast<double>(steps_.tokens_trained()) / available
+             : 0;
 }
 
 void job_logic::finish(int exit_code, const std::string& message, actions& out) {

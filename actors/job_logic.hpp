@@ -151,6 +151,9 @@ class job_logic {
   const goodput_ledger& ledger() const { return ledger_; }
   /// The `goodput` event for the time up to `now`.
   events::goodput goodput_event(logic_time now) const;
+  /// Model FLOPs utilisation of the tokens committed so far over `rank_seconds` of the job's
+  /// slots at their peak FLOP/s; 0 while the peak is unknown.
+  double mfu(double rank_seconds) const;
 
  private:
   void set_state(job_state s, actions& out, const std::string& why);

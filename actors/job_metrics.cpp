@@ -2,14 +2,22 @@
 #include "actors/job_metrics.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <string>
 
 #include "actors/job/goodput.hpp"
 #include "actors/tls_transport.hpp"
+#include "runtime/config.hpp"
 
 namespace troupe::actors {
+
+namespace {
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 job_metrics::job_metrics(monitoring::metrics_registry& r)
     : steps(&r.add_counter("troupe_steps_total", "Training steps committed")),
@@ -30,6 +38,13 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
       state(&r.add_gauge("troupe_job_state",
                          "Job state: 0 forming, 1 training, 2 recovering, 3 done, 4 failed")),
       step(&r.add_gauge("troupe_step", "Last committed step")),
+      last_step_time(&r.add_gauge("troupe_last_step_timestamp_seconds",
+                                  "Unix time of the last committed step (before the first: "
+                                  "when this coordinator began leading the job)")),
+      exit_code(&r.add_gauge("troupe_job_exit_code",
+                             "The job's exit code once it ended (0 done, 1 failed, 3 diverged, "
+                             "4 checkpoint failed, 75 stopped to be requeued, 76 another "
+                             "coordinator leads, 130 interrupted); -1 while it runs")),
       lr(&r.add_gauge("troupe_learning_rate", "Learning rate of the last committed step")),
       compute_s(&r.add_gauge("troupe_step_compute_seconds",
                              "Mean forward+backward time per rank, last step")),
@@ -75,12 +90,23 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
           "troupe_rank_seconds_total",
           "Rank-seconds of the job by phase; the phases sum to wall time x rank slots")),
       goodput(&r.add_gauge("troupe_goodput_ratio",
-                           "Useful compute over all rank-seconds of the job so far")),
-      mfu(&r.add_gauge("troupe_mfu",
-                       "Model FLOPs utilisation: committed tokens' training FLOPs "
-                       "over peak FLOP/s x rank-seconds")),
+                           "Useful compute over all rank-seconds of the job so far, as of the "
+                           "last commit, generation change or end")),
+      mfu_ratio(&r.add_gauge("troupe_mfu_ratio",
+                             "Model FLOPs utilisation of the job so far, as of the last commit, "
+                             "generation change or end: committed tokens' training FLOPs over "
+                             "peak FLOP/s x all rank-seconds")),
+      mfu(&r.add_gauge("troupe_mfu", "Deprecated: use troupe_mfu_ratio (the same value)")),
       peak_flops(
-          &r.add_gauge("troupe_peak_flops", "One rank's peak FLOP/s the MFU is measured against")) {
+          &r.add_gauge("troupe_peak_flops", "One rank's peak FLOP/s the MFU is measured against")),
+      job_info(&r.add_gauge_family(
+          "troupe_job_info", "Always 1: the job's id, run directory, model and first layout")) {
+  // A stall is judged by the time since the last commit, and the job has not ended yet.
+  last_step_time->set(unix_seconds_now());
+  exit_code->set(-1);
+  r.add_gauge_family("troupe_build_info", "Always 1: the troupe version and compiler")
+      .with({{"version", TROUPE_VERSION}, {"compiler", compiler_words()}})
+      .set(1);
   // The causes a recovery can have are exported at 0 from the start, so that the first
   // recovery of each is an increase a rate() sees.
   for (const char* cause : {"exit", "connection", "hang", "straggler", "error", "divergence"})
@@ -146,6 +172,40 @@ void job_metrics::add_phases(const nlohmann::json& phases, bool totals) {
   }
 }
 
+void job_metrics::set_mfu(double value) {
+  mfu_ratio->set(value);
+  mfu->set(value);
+}
+
+void job_metrics::set_job_info(const std::string& job_id, const std::string& run_dir,
+                               const std::string& model, const std::string& layout) {
+  const monitoring::label_set labels{
+      {"job_id", job_id}, {"run_dir", run_dir}, {"model", model}, {"layout", layout}};
+  job_info->with(labels).set(1);
+  job_info->retain_only({labels});
+}
+
+std::string model_words(const model_config& m) {
+  std::string out = "n_layer=" + std::to_string(m.n_layer) + " n_head=" + std::to_string(m.n_head) +
+                    " d_model=" + std::to_string(m.d_model) +
+                    " context=" + std::to_string(m.context) + " vocab=" + std::to_string(m.vocab);
+  if (m.experts > 0)
+    out += " experts=" + std::to_string(m.experts) + " top_k=" + std::to_string(m.top_k);
+  return out;
+}
+
+std::string compiler_words() {
+#if defined(__clang__)
+  return "clang-" + std::to_string(__clang_major__) + "." + std::to_string(__clang_minor__) + "." +
+         std::to_string(__clang_patchlevel__);
+#elif defined(__GNUC__)
+  return "gcc-" + std::to_string(__GNUC__) + "." + std::to_string(__GNUC_MINOR__) + "." +
+         std::to_string(__GNUC_PATCHLEVEL__);
+#else
+  return "unknown";
+#endif
+}
+
 void job_metrics::observe(const events::job_event& event) {
   using namespace events;
   std::visit(overloaded{
@@ -155,17 +215,20 @@ void job_metrics::observe(const events::job_event& event) {
                    loss->set(e.loss);
                    tokens_per_s->set(e.tokens_per_s);
                    step->set(static_cast<double>(e.step));
+                   last_step_time->set(unix_seconds_now());
                    lr->set(e.lr);
                    compute_s->set(e.compute_s);
                    comm_s->set(e.comm_s);
                    control_s->set(e.control_s);
                    step_seconds->observe(e.step_s);
                    if (e.phases) add_phases(*e.phases, false);
+                   if (e.goodput) goodput->set(*e.goodput);
+                   if (e.mfu) set_mfu(*e.mfu);
                  },
                  [this](const events::goodput& e) {
                    add_phases(e.phases, true);
                    goodput->set(e.goodput);
-                   mfu->set(e.mfu);
+                   set_mfu(e.mfu);
                    peak_flops->set(e.peak_flops);
                  },
                  [this](const events::state& e) { state->set(e.value); },
@@ -195,6 +258,7 @@ void job_metrics::observe(const events::job_event& event) {
                    if (e.action == "rollback") rollbacks->inc();
                  },
                  [this](const validation& e) { val_loss->set(e.val_loss); },
+                 [this](const job_ended& e) { exit_code->set(e.exit_code); },
                  [](const auto&) {},
              },
              event);

@@ -8,6 +8,10 @@
 #include "actors/job/events.hpp"
 #include "monitoring/metrics.hpp"
 
+namespace troupe {
+struct model_config;
+}
+
 namespace troupe::actors {
 
 /// The metrics the coordinator exports, kept up to date from the event stream alone
@@ -26,6 +30,8 @@ struct job_metrics {
   monitoring::gauge* generation;
   monitoring::gauge* state;
   monitoring::gauge* step;
+  monitoring::gauge* last_step_time;
+  monitoring::gauge* exit_code;
   monitoring::gauge* lr;
   monitoring::gauge* compute_s;
   monitoring::gauge* comm_s;
@@ -46,14 +52,21 @@ struct job_metrics {
   monitoring::counter* stage_rejections;
   monitoring::counter_family* rank_seconds;  // by phase (actors/job/goodput.hpp)
   monitoring::gauge* goodput;
-  monitoring::gauge* mfu;
+  monitoring::gauge* mfu_ratio;
+  monitoring::gauge* mfu;  // troupe_mfu, the old name of troupe_mfu_ratio: kept one release
   monitoring::gauge* peak_flops;
+  monitoring::gauge_family* job_info;
 
   /// Registers every metric in `registry`, which must outlive this.
   explicit job_metrics(monitoring::metrics_registry& registry);
 
   /// Updates the metrics that `event` changes.
   void observe(const events::job_event& event);
+
+  /// Names the job in troupe_job_info (the one series replaces any earlier one). `model` and
+  /// `layout` are short descriptions (model_words, strategies::describe).
+  void set_job_info(const std::string& job_id, const std::string& run_dir, const std::string& model,
+                    const std::string& layout);
 
   /// The per-rank gauges (heartbeat age, straggler score) for a generation of ages.size()
   /// ranks: labelled by rank up to `max_rank_labels` ranks, and above that by node (the
@@ -65,7 +78,15 @@ struct job_metrics {
   // Adds the rank-seconds of `phases` (a step's) or brings the counters up to `phases`
   // (the goodput event's totals, which include the steps already added).
   void add_phases(const nlohmann::json& phases, bool totals);
+  void set_mfu(double value);  // under both names
   std::map<std::string, double> phase_counted_;
 };
+
+/// The model's shape as troupe_job_info's `model` label: its config keys and values, such as
+/// "n_layer=4 n_head=4 d_model=128 context=64 vocab=256" (experts and top_k added for MoE).
+std::string model_words(const model_config& m);
+
+/// The compiler that built this binary, as troupe_build_info's `compiler` label ("gcc-12.2.0").
+std::string compiler_words();
 
 }  // namespace troupe::actors

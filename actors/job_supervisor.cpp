@@ -548,6 +548,11 @@ caf::behavior leading(self_ptr self) {
   st.metrics->world->set(st.setup.plan.shape.world());
   st.metrics->step->set(static_cast<double>(st.setup.start_step));
   st.metrics->state->set(0);
+  std::error_code ec;
+  const auto run_dir = std::filesystem::absolute(st.setup.cfg.run_dir, ec).lexically_normal();
+  st.metrics->set_job_info(etcd_job_id(st.setup.cfg), ec ? st.setup.cfg.run_dir : run_dir.string(),
+                           model_words(st.setup.cfg.model),
+                           strategies::describe(st.setup.plan.shape));
   if (st.setup.cfg.model.experts > 0) {
     expert_group_setup eg;
     eg.blocks = st.setup.cfg.model.n_layer;

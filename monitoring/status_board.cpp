@@ -264,6 +264,7 @@ void status_board::apply(const std::string& kind, const json& e) {
       doc_["step_phases"] = *it;
     if (const auto tokens = number_at(e, "tokens"))
       doc_["tokens"] = doc_.value("tokens", 0.0) + *tokens;
+    so_far(e);
   } else if (kind == "validation") {
     copy_number(doc_, e, "val_loss");
     copy_number(doc_, e, "step", "val_step");
@@ -313,6 +314,28 @@ void status_board::apply(const std::string& kind, const json& e) {
     copy_number(ended, e, "step");
     doc_["ended"] = std::move(ended);
   }
+}
+
+void status_board::so_far(const json& step) {
+  const auto goodput = number_at(step, "goodput");
+  if (!goodput) return;  // a log written before steps carried it: the last goodput record stays
+  json& g = doc_["goodput"];
+  if (!g.is_object()) g = json::object();
+  g["goodput"] = *goodput;
+  copy_number(g, step, "mfu");
+  copy_number(g, step, "step");
+  // The step's rank-seconds bring the last record's phases up to this commit (as the ledger
+  // adds them); without a record to add to, only the ratios are known.
+  const auto p = step.find("phases");
+  if (p == step.end() || !p->is_object() || !g.contains("phases") || !g["phases"].is_object())
+    return;
+  double added = 0;
+  for (const auto& [name, value] : p->items()) {
+    if (!value.is_number()) continue;
+    g["phases"][name] = g["phases"].value(name, 0.0) + value.get<double>();
+    added += value.get<double>();
+  }
+  if (const auto total = number_at(g, "rank_seconds")) g["rank_seconds"] = *total + added;
 }
 
 void status_board::set_ranks(uint64_t generation, std::vector<status_rank> ranks) {
@@ -485,11 +508,10 @@ summary summarise(const json& doc, const std::string& where, std::size_t host_wi
   if (const auto it = doc.find("goodput"); it != doc.end() && it->is_object()) {
     std::string head_line = "phases of every rank-second";
     if (const auto s = number_at(*it, "step")) head_line += " up to step " + fixed(*s, 0);
-    head_line += " (the last goodput record";
-    if (const auto g = number_at(*it, "goodput"))
-      head_line += ", goodput " + fixed(100 * *g, 1) + "%";
-    if (const auto m = number_at(*it, "mfu")) head_line += ", MFU " + fixed(100 * *m, 1) + "%";
-    phase(head_line + "):");
+    std::string ratios;
+    if (const auto g = number_at(*it, "goodput")) ratios += ", goodput " + fixed(100 * *g, 1) + "%";
+    if (const auto m = number_at(*it, "mfu")) ratios += ", MFU " + fixed(100 * *m, 1) + "%";
+    phase(head_line + (ratios.empty() ? "" : " (" + ratios.substr(2) + ")") + ":");
     if (const auto p = it->find("phases"); p != it->end() && p->is_object()) phase(phase_words(*p));
   }
   if (const auto it = doc.find("step_phases"); it != doc.end() && it->is_object()) {

@@ -29,8 +29,10 @@ struct status_rank {
 ///   epoch (with etcd), run_dir, state, state_reason, generation, step, total_steps, world,
 ///   spares, layout, loss, val_loss, tokens_per_s, step_s, lr, step_breakdown {compute_s,
 ///   comm_s, control_s, peer_wait_s}, step_phases (rank-seconds of the last step by phase, when
-///   the job records them), goodput (the last goodput event: wall_s, rank_seconds, phases,
-///   goodput, mfu, peak_flops), checkpoint {step, path}, ranks [{rank, member, node, host, pid,
+///   the job records them), goodput (the job so far: the last goodput event's wall_s,
+///   rank_seconds, phases, goodput, mfu and peak_flops, each later step bringing goodput, mfu,
+///   step, phases and rank_seconds up to its commit), checkpoint {step, path},
+///   ranks [{rank, member, node, host, pid,
 ///   step_s, compute_s, heartbeat_age_s, straggler_score, lost}], ended {exit_code, message},
 ///   events (the last few, oldest first; of consecutive steps only the newest is kept).
 ///   Fields not known yet are absent or null.
@@ -70,6 +72,7 @@ class status_board {
   };
   void apply(const std::string& kind, const nlohmann::json& e);
   void remember(const nlohmann::json& e);
+  void so_far(const nlohmann::json& step);  // a step's goodput and MFU so far
 
   mutable std::mutex mutex_;
   std::size_t max_events_;

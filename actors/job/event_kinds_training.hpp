@@ -54,6 +54,11 @@ struct step {
   /// Rank-seconds of this step by phase, summed over the ranks (actors/job/goodput.hpp);
   /// absent in logs written before phases were accounted.
   std::optional<nlohmann::json> phases;
+  /// Goodput and MFU of the job so far, up to this commit (what a goodput event at this
+  /// instant would say), so that live views need not wait for the next goodput event; absent
+  /// in logs written before they were carried here.
+  std::optional<double> goodput;
+  std::optional<double> mfu;
   template <class S, class F>
   static void fields(S& e, F&& f) {
     f("step", e.step);
@@ -70,11 +75,14 @@ struct step {
     f("peer_wait_s", e.peer_wait_s);
     f("total_steps", e.total_steps);
     f("phases", e.phases);
+    f("goodput", e.goodput);
+    f("mfu", e.mfu);
   }
   friend bool operator==(const struct step&, const struct step&) = default;
 };
 
-/// Where the job's time went so far ("goodput"): at each change of generation and at the end.
+/// Where the job's time went so far ("goodput"), by phase: at each change of generation and at
+/// the end. Every step event carries the goodput and MFU so far in between.
 struct goodput {
   static constexpr std::string_view name = "goodput";
   int64_t step = 0;

@@ -310,6 +310,32 @@ TEST_P(JobLogicTest, CommitsOnlyWhenEveryRankVotedAndDropsStaleVotes) {
   EXPECT_TRUE(has_event(a, "step"));
 }
 
+// Issue 35: the live goodput and MFU read 0 until the next goodput event (a generation change,
+// the end). Each step carries them so far: what a goodput event at its commit would say.
+TEST_P(JobLogicTest, EachStepCarriesTheGoodputAndMfuSoFar) {
+  logic_harness h(small_config(2), 0, 0, 1, "warn", [](job_params& p) {
+    p.flops_per_token = 1e6;
+    p.peak_flops = 1e9;
+  });
+  h.form();
+  for (int64_t s = 1; s <= 3; ++s) {
+    h.advance(1s);
+    const auto a = h.step(s);
+    std::vector<events::step> steps;
+    for (const auto& e : all_of<emit_event>(a))
+      if (const auto* p = std::get_if<events::step>(&e.event)) steps.push_back(*p);
+    ASSERT_EQ(steps.size(), 1u);
+    const events::goodput g = h.logic().goodput_event(h.now());
+    ASSERT_TRUE(steps[0].goodput && steps[0].mfu);
+    // Each 1 s step of 2 ranks computed 0.1 s on each: a tenth of the rank-seconds.
+    EXPECT_NEAR(*steps[0].goodput, 0.1, 1e-9);
+    EXPECT_DOUBLE_EQ(*steps[0].goodput, g.goodput);
+    // 4 tokens a step at 1 MFLOP each over 2 rank-seconds at 1 GFLOP/s.
+    EXPECT_NEAR(*steps[0].mfu, 0.002, 1e-12);
+    EXPECT_DOUBLE_EQ(*steps[0].mfu, g.mfu);
+  }
+}
+
 TEST_P(JobLogicTest, LostDataParallelRankShrinksTheWorldAndKeepsEveryState) {
   logic_harness h(small_config(4));
   h.form();

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 
 #include "actors/job/events.hpp"
 #include "monitoring/metrics.hpp"
+#include "runtime/config.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -304,6 +306,7 @@ TEST_F(job_metrics_exposition, phases_and_goodput_set_the_rank_seconds_and_ratio
   for (const char* p : phases)  // every phase from the first scrape, at 0
     EXPECT_EQ(sample(std::string("troupe_rank_seconds_total{phase=\"") + p + "\"}"), 0) << p;
   EXPECT_EQ(sample("troupe_goodput_ratio"), 0);
+  EXPECT_EQ(sample("troupe_mfu_ratio"), 0);
   EXPECT_EQ(sample("troupe_mfu"), 0);
   EXPECT_EQ(sample("troupe_peak_flops"), 0);
 
@@ -342,8 +345,78 @@ TEST_F(job_metrics_exposition, phases_and_goodput_set_the_rank_seconds_and_ratio
     EXPECT_EQ(sample("troupe_rank_seconds_total{phase=\"" + phase + "\"}"), value.get<double>())
         << phase;
   EXPECT_EQ(sample("troupe_goodput_ratio"), 0.2333);
+  EXPECT_EQ(sample("troupe_mfu_ratio"), 0.0421);
   EXPECT_EQ(sample("troupe_mfu"), 0.0421);
   EXPECT_EQ(sample("troupe_peak_flops"), 1.5e11);
+}
+
+// Issue 35: goodput and MFU read 0 through a whole healthy run, as goodput events come only
+// at generation changes and the end. Each step carries them so far, and sets both gauges.
+TEST_F(job_metrics_exposition, each_step_sets_goodput_and_mfu_so_far) {
+  json step = step_line();
+  feed(step);  // a log written before steps carried them: the gauges stay as they were
+  EXPECT_EQ(sample("troupe_goodput_ratio"), 0);
+  EXPECT_EQ(sample("troupe_mfu_ratio"), 0);
+  step["goodput"] = 0.4375;
+  step["mfu"] = 0.03125;
+  feed(step);
+  EXPECT_EQ(sample("troupe_goodput_ratio"), 0.4375);
+  EXPECT_EQ(sample("troupe_mfu_ratio"), 0.03125);
+  EXPECT_EQ(sample("troupe_mfu"), 0.03125);  // the deprecated name, one more release
+  step["goodput"] = 0.5;
+  step["mfu"] = 0.0625;
+  feed(step);
+  EXPECT_EQ(sample("troupe_goodput_ratio"), 0.5);
+  EXPECT_EQ(sample("troupe_mfu_ratio"), 0.0625);
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What TroupeStepsStalled and TroupeJobFailed (monitoring/prometheus/troupe.rules.yml) read:
+// when the last step committed, and how the job ended (-1 while it runs).
+TEST_F(job_metrics_exposition, the_last_step_time_and_the_exit_code_say_when_and_how) {
+  EXPECT_EQ(sample("troupe_job_exit_code"), -1);
+  const double started = sample("troupe_last_step_timestamp_seconds");
+  EXPECT_GT(started, unix_now() - 60);  // from the start: a stall counts from it
+  const double before = unix_now();
+  feed(step_line());
+  const double committed = sample("troupe_last_step_timestamp_seconds");
+  EXPECT_GE(committed, before);
+  EXPECT_LE(committed, unix_now());
+  feed({{"event", "job_failed"},
+        {"exit_code", 75},
+        {"message", "preempted"},
+        {"step", 9},
+        {"generation", 1}});
+  EXPECT_EQ(sample("troupe_job_exit_code"), 75);
+}
+
+TEST_F(job_metrics_exposition, build_and_job_info_name_the_binary_and_the_job) {
+  const std::string build = std::string("troupe_build_info{compiler=\"") + compiler_words() +
+                            "\",version=\"" + TROUPE_VERSION_FOR_TEST + "\"}";
+  EXPECT_EQ(sample(build), 1);
+  EXPECT_NE(compiler_words(), "unknown");
+  model_config m;
+  m.n_layer = 2;
+  m.d_model = 64;
+  EXPECT_EQ(model_words(m), "n_layer=2 n_head=4 d_model=64 context=64 vocab=256");
+  m.experts = 4;
+  m.top_k = 2;
+  EXPECT_EQ(model_words(m), "n_layer=2 n_head=4 d_model=64 context=64 vocab=256 experts=4 top_k=2");
+  metrics.set_job_info("j1", "/runs/a", "n_layer=2", "dp2xtp1xpp1");
+  EXPECT_EQ(sample("troupe_job_info{job_id=\"j1\",layout=\"dp2xtp1xpp1\",model=\"n_layer=2\","
+                   "run_dir=\"/runs/a\"}"),
+            1);
+  // Named again (a takeover in the same process): one series, the new one.
+  metrics.set_job_info("j1", "/runs/b", "n_layer=2", "dp2xtp1xpp1");
+  EXPECT_FALSE(
+      has("troupe_job_info{job_id=\"j1\",layout=\"dp2xtp1xpp1\",model=\"n_layer=2\","
+          "run_dir=\"/runs/a\"}"));
+  EXPECT_EQ(sample("troupe_job_info{job_id=\"j1\",layout=\"dp2xtp1xpp1\",model=\"n_layer=2\","
+                   "run_dir=\"/runs/b\"}"),
+            1);
 }
 
 // Kinds that move no metric leave every sample as it was (a kind wired by mistake would not).

@@ -42,6 +42,25 @@ MUTATIONS = [
     ("quantile", "histogram_quantile(0.90,", "histogram_quantile(0.95,"),
     ("recovery rate window", "rate(troupe_recoveries_total[15m])",
      "increase(troupe_recoveries_total[15m])"),
+    ("usual step time", "rate(troupe_step_seconds_sum[1h]) / rate(troupe_step_seconds_count[1h])",
+     "rate(troupe_step_seconds_sum[1h])"),
+    ("stall: N x the usual step time", "10 * troupe:step_seconds:mean_rate1h",
+     "2 * troupe:step_seconds:mean_rate1h"),
+    ("stall: the floor over the usual time", "mean_rate1h > 300)", "mean_rate1h > 3000)"),
+    ("stall: the floor without a usual time", "+ 300)", "+ 3000)"),
+    ("stall: states", "and on (job, instance) (troupe_job_state == 1 or troupe_job_state == 2)",
+     "and on (job, instance) troupe_job_state >= 0"),
+    ("failed state", "troupe_job_state[15m]) == 4", "troupe_job_state[15m]) >= 3"),
+    ("failed: stops on request", "troupe_job_exit_code[15m]) >= 75",
+     "troupe_job_exit_code[15m]) >= 200"),
+    ("failed: the last state counts", "last_over_time(troupe_job_state[15m])",
+     "last_over_time(troupe_job_state[30m])"),
+    ("divergence threshold", "increase(troupe_divergences_total[15m]) > 0",
+     "increase(troupe_divergences_total[15m]) > 1"),
+    ("target down", 'up{job="troupe"} == 0', 'up{job="troupe"} >= 0'),
+    ("target down: troupe's scrape job", 'up{job="troupe"}', "up"),
+    ("target down: ended jobs", "troupe_job_exit_code[1h]) >= 0",
+     "troupe_job_exit_code[1h]) >= 1"),
 ]
 
 
@@ -102,7 +121,8 @@ def test():
         fail(f"promtool found {found and found.group(1)} rules, this test read {len(entries)}")
     alerts = {name for kind, name, _ in entries if kind == "alert"}
     for want in ("TroupeStraggler", "TroupeRecoveryStorm", "TroupeNoCheckpointCommitted",
-                 "TroupeLowGoodput", "TroupeJobStuckForming"):
+                 "TroupeLowGoodput", "TroupeJobStuckForming", "TroupeStepsStalled",
+                 "TroupeJobFailed", "TroupeJobDiverged", "TroupeTargetDown"):
         if want not in alerts:
             fail(f"no alert {want}")
     check_coverage(entries)

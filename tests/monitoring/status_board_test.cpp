@@ -122,6 +122,45 @@ TEST(StatusBoard, ShowsPhasesAndGoodputWhenTheJobRecordsThem) {
   EXPECT_NE(text.find("exposed_comm 15.0%"), std::string::npos) << text;
 }
 
+// Issue 35: between goodput records (a generation change, the end) the view showed the last
+// record's goodput (0 through a healthy run). Each step brings it forward to its commit.
+TEST(StatusBoard, EachStepBringsTheGoodputAndMfuForward) {
+  status_board board;
+  board.observe({{"event", "goodput"},
+                 {"wall_s", 2.0},
+                 {"rank_seconds", 8.0},
+                 {"phases", {{"compute", 0.0}, {"forming", 8.0}}},
+                 {"goodput", 0.0},
+                 {"mfu", 0.0},
+                 {"peak_flops", 1e11},
+                 {"step", 0},
+                 {"generation", 1}});
+  for (int64_t s = 1; s <= 2; ++s) {
+    json step = step_event(s, 2.0);
+    step["phases"] = {{"compute", 3.0}, {"control", 1.0}};
+    step["goodput"] = 3.0 * static_cast<double>(s) / (8.0 + 4.0 * static_cast<double>(s));
+    step["mfu"] = 0.01 * static_cast<double>(s);
+    board.observe(step);
+  }
+  const json doc = board.snapshot();
+  EXPECT_DOUBLE_EQ(doc["goodput"]["goodput"].get<double>(), 0.375);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["mfu"].get<double>(), 0.02);
+  EXPECT_EQ(doc["goodput"]["step"], 2);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["rank_seconds"].get<double>(), 16.0);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["phases"]["compute"].get<double>(), 6.0);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["phases"]["control"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(doc["goodput"]["phases"]["forming"].get<double>(), 8.0);
+  const std::string text = render_status(doc, "here");
+  EXPECT_NE(text.find("up to step 2 (goodput 37.5%, MFU 2.0%)"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute 37.5%"), std::string::npos) << text;  // 6 of 16
+
+  // A log written before steps carried them leaves the last record as it was.
+  status_board old;
+  old.observe({{"event", "goodput"}, {"goodput", 0.25}, {"step", 0}});
+  old.observe(step_event(1, 2.0));
+  EXPECT_DOUBLE_EQ(old.snapshot()["goodput"]["goodput"].get<double>(), 0.25);
+}
+
 TEST(StatusBoard, RankTableFromTheTickWithEachRanksLastStep) {
   status_board board;
   board.note_rank_step(3, 1, 0.4, 0.3);

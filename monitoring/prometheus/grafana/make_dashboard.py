@@ -77,11 +77,11 @@ panels.append(panel("Generation", "Generations formed so far (a new one per reco
                     {"h": 4, "w": 4, "x": 8, "y": y}, [(f"troupe_generation{{{SEL}}}", "{{instance}}")], kind="stat"))
 panels.append(panel("World", "Ranks in the current generation.", {"h": 4, "w": 4, "x": 12, "y": y},
                     [(f"troupe_world_size{{{SEL}}}", "{{instance}}")], kind="stat"))
-panels.append(panel("Goodput (whole run)", "troupe_goodput_ratio: compute rank-seconds over all rank-seconds since the job started.",
+panels.append(panel("Goodput (whole run)", "troupe_goodput_ratio: compute rank-seconds over all rank-seconds since the job started, as of the last committed step.",
                     {"h": 4, "w": 4, "x": 16, "y": y}, [(f"troupe_goodput_ratio{{{SEL}}}", "{{instance}}")],
                     unit="percentunit", kind="stat", min_=0, max_=1))
-panels.append(panel("MFU", "troupe_mfu: model FLOPs per second over the ranks' peak (troupe_peak_flops each).",
-                    {"h": 4, "w": 4, "x": 20, "y": y}, [(f"troupe_mfu{{{SEL}}}", "{{instance}}")],
+panels.append(panel("MFU", "troupe_mfu_ratio: the committed tokens' model FLOPs over the job's rank-seconds at peak (troupe_peak_flops each), as of the last committed step.",
+                    {"h": 4, "w": 4, "x": 20, "y": y}, [(f"troupe_mfu_ratio{{{SEL}}}", "{{instance}}")],
                     unit="percentunit", kind="stat", min_=0, max_=1))
 y += 4
 panels.append(row("Training", y)); y += 1
@@ -112,11 +112,11 @@ panels.append(panel("Phase breakdown", "Rank-seconds per second in each phase (t
                     {"h": 9, "w": 12, "x": 0, "y": y},
                     [(f"sum by (phase) (rate(troupe_rank_seconds_total{{{SEL}}}[$__rate_interval]))", "{{phase}}")],
                     stack=True))
-panels.append(panel("Goodput and MFU", "Goodput over 5 minutes (troupe:goodput:ratio_rate5m) and since the start (troupe_goodput_ratio); model-FLOPs utilisation (troupe_mfu).",
+panels.append(panel("Goodput and MFU", "Goodput over 5 minutes (troupe:goodput:ratio_rate5m) and since the start (troupe_goodput_ratio); model-FLOPs utilisation since the start (troupe_mfu_ratio).",
                     {"h": 9, "w": 12, "x": 12, "y": y},
                     [(f"troupe:goodput:ratio_rate5m{{{SEL}}}", "goodput 5m {{instance}}"),
                      (f"troupe_goodput_ratio{{{SEL}}}", "goodput whole run {{instance}}"),
-                     (f"troupe_mfu{{{SEL}}}", "MFU {{instance}}")], unit="percentunit", min_=0, max_=1))
+                     (f"troupe_mfu_ratio{{{SEL}}}", "MFU {{instance}}")], unit="percentunit", min_=0, max_=1))
 y += 9
 panels.append(row("Membership and recovery", y)); y += 1
 panels.append(panel("Generation and world", "The job's generation and its world size; state 0 forming, 1 training, 2 recovering, 3 done, 4 failed.",
@@ -164,7 +164,7 @@ panels.append(panel("Straggler score per rank", "Each rank's typical compute tim
 dash = {
     "title": "troupe training job",
     "uid": "troupe-job",
-    "description": "A troupe job's coordinator metrics (monitoring/prometheus/README.md).",
+    "description": "One troupe job's coordinator metrics, picked by its job id (monitoring/prometheus/README.md).",
     "tags": ["troupe", "training"],
     "schemaVersion": 38,
     "version": 1,
@@ -186,9 +186,18 @@ dash = {
         {"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [],
          "refresh": 1, "regex": "", "skipUrlSync": False},
-        {"name": "instance", "label": "Job (coordinator)", "type": "query", "datasource": DS,
-         "definition": "label_values(troupe_job_state, instance)",
-         "query": {"query": "label_values(troupe_job_state, instance)", "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+        # One job at a time: its id (troupe_job_info's job_id, the --job-id or the run
+        # directory's name), then the coordinator endpoints that export it, which every panel
+        # selects by. A job's series carry no job_id label of their own: troupe_job_info says
+        # which scrape target is which job.
+        {"name": "job_id", "label": "Job", "type": "query", "datasource": DS,
+         "definition": "label_values(troupe_job_info, job_id)",
+         "query": {"query": "label_values(troupe_job_info, job_id)", "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+         "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [],
+         "refresh": 2, "regex": "", "skipUrlSync": False, "sort": 1},
+        {"name": "instance", "label": "Coordinator", "type": "query", "datasource": DS,
+         "definition": 'label_values(troupe_job_info{job_id="$job_id"}, instance)',
+         "query": {"query": 'label_values(troupe_job_info{job_id="$job_id"}, instance)', "refId": "PrometheusVariableQueryEditor-VariableQuery"},
          "current": {}, "hide": 0, "includeAll": True, "multi": True, "options": [],
          "refresh": 2, "regex": "", "skipUrlSync": False, "sort": 1},
     ]},
