@@ -83,6 +83,10 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
                                  "negative loss) and were not committed")),
       rollbacks(&r.add_counter("troupe_divergence_rollbacks_total",
                                "Rollbacks to the last committed checkpoint after a divergence")),
+      etcd_state_lost(&r.add_counter(
+          "troupe_etcd_state_lost_total",
+          "Takeovers that found no state of this run in etcd (deleted, lost, unreadable or "
+          "another run's) and took the job over from the run directory and the members")),
       stage_rejections(
           &r.add_counter_family("troupe_rejected_connections_total", rejected_connections_help)
                .with({{"listener", "stage"}})),
@@ -258,6 +262,7 @@ void job_metrics::observe(const events::job_event& event) {
                    if (e.action == "rollback") rollbacks->inc();
                  },
                  [this](const validation& e) { val_loss->set(e.val_loss); },
+                 [this](const events::etcd_state_lost&) { etcd_state_lost->inc(); },
                  [this](const job_ended& e) { exit_code->set(e.exit_code); },
                  [](const auto&) {},
              },

@@ -49,6 +49,7 @@ struct job_metrics {
   monitoring::gauge* ckpt_snapshot_bytes;
   monitoring::counter* divergences;
   monitoring::counter* rollbacks;
+  monitoring::counter* etcd_state_lost;
   monitoring::counter* stage_rejections;
   monitoring::counter_family* rank_seconds;  // by phase (actors/job/goodput.hpp)
   monitoring::gauge* goodput;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -148,6 +149,22 @@ void emit(self_ptr self, const events::job_event& event) {
 
 void run(self_ptr self, actions todo);
 void inject_faults(self_ptr self);
+
+// Whether the job formed before this coordinator came to lead it: a committed checkpoint, or a
+// generation in events.jsonl (read from its start, where the first one comes early; at most
+// 64 MiB of it).
+bool job_formed_before(const std::string& run_dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(run_paths::latest(run_dir), ec)) return true;
+  std::ifstream in(run_paths::events(run_dir));
+  std::string line;
+  size_t read = 0;
+  while (read < (size_t{64} << 20) && std::getline(in, line)) {
+    read += line.size() + 1;
+    if (line.find("\"event\":\"generation\"") != std::string::npos) return true;
+  }
+  return false;
+}
 
 void send_result(self_ptr self, const finish_job& f) {
   auto& st = self->state;
@@ -476,18 +493,36 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         st.setup.epoch = epoch;
         st.setup.standby = false;
         std::optional<job_logic::takeover> t;
+        // Members that lost the old leader look for the new one for up to their coordinator
+        // timeout; they are waited for as long.
+        const std::chrono::milliseconds wait(coordinator_timeout_ms(st.setup.cfg.elastic));
+        std::string lost = "etcd holds no state of this run for the job (its keys were deleted, "
+                           "lost with etcd's data, or written by another run)";
         if (!state_json.empty()) {
           try {
-            // Members that lost the old leader look for the new one for up to their coordinator
-            // timeout; they are waited for as long.
-            t = read_takeover(
-                state_json, epoch,
-                std::chrono::milliseconds(coordinator_timeout_ms(st.setup.cfg.elastic)));
+            t = read_takeover(state_json, epoch, wait);
           } catch (const std::exception& e) {
-            monitoring::log(monitoring::level::error, {"coordinator", -1, 0, -1},
-                            std::string("the job's state in etcd does not read back (") + e.what() +
-                                "); forming the job afresh from its checkpoint");
+            lost = std::string("the job's state in etcd does not read back (") + e.what() + ")";
           }
+        }
+        if (!t && job_formed_before(st.setup.cfg.run_dir)) {
+          // What etcd lacks, the run directory and the members still prove: a job that ran is
+          // taken over from there, never started again from step 0.
+          t = job_logic::takeover{.epoch = epoch, .wait = wait};
+          monitoring::log(monitoring::level::error, ctx(self),
+                          lost + "; taking the job over from the run directory and what the "
+                                 "members hold, and writing the state again");
+          events::etcd_state_lost e{.reason = lost, .epoch = epoch};
+          try {
+            e.checkpoint_step = ckpt::read_latest_step(st.setup.cfg.run_dir).value_or(-1);
+          } catch (const std::exception&) {  // said below, where LATEST is read again
+          }
+          // The members say how far they got; the checkpoint is the floor.
+          t->committed_step = std::max<int64_t>(e.checkpoint_step, 0);
+          emit(self, e);
+        } else if (!t && !state_json.empty()) {
+          monitoring::log(monitoring::level::error, ctx(self),
+                          lost + "; the job never formed, so it is formed afresh");
         }
         if (t) {
           // LATEST is the commit point of checkpoints; etcd's copy may lag behind it.

@@ -232,6 +232,7 @@ void job_etcd::state::stop_local() {
 // Until etcd answers a read. A TLS failure will not mend by waiting: it is the options.
 void job_etcd::state::wait_until_answering(steady_clock::time_point deadline, bool local) {
   std::string last;
+  int bad_answers = 0;  // it answered, but not as etcd does (too large, not JSON, ...)
   while (true) {
     if (local && actors::try_reap(local_pid)) {
       local_pid = 0;
@@ -252,7 +253,14 @@ void job_etcd::state::wait_until_answering(steady_clock::time_point deadline, bo
             "belong to this etcd (" +
             e.what() + ")");
       last = e.what();
+      if (e.kind() == etcd::error_kind::protocol) ++bad_answers;
     }
+    if (steady_clock::now() >= deadline && bad_answers > 0)
+      throw std::runtime_error("etcd: " + endpoints_words + " answered " +
+                               std::to_string(bad_answers) +
+                               " times within --etcd-timeout-ms (" +
+                               std::to_string(cfg.etcd.timeout_ms) +
+                               " ms), but never as etcd does: " + last);
     if (steady_clock::now() >= deadline)
       throw std::runtime_error(
           "etcd: " + endpoints_words + " did not answer within --etcd-timeout-ms (" +
@@ -403,6 +411,26 @@ job_etcd::~job_etcd() {
 
 bool job_etcd::enabled() const { return state_ != nullptr; }
 
+void job_etcd::refuse_another_job() {
+  if (!state_) return;
+  auto& s = *state_;
+  try {
+    // Another job under this id is refused before campaigning, not after a whole
+    // --etcd-timeout-ms spent waiting for its leader to go.
+    etcd::call_options call;
+    call.deadline = steady_clock::now() + milliseconds(std::min(s.cfg.etcd.timeout_ms, 10000));
+    if (const auto found = s.client->get("/troupe/" + s.job + "/state", call))
+      (void)s.is_ours(nlohmann::json::parse(found->value, nullptr, false));
+  } catch (const etcd::etcd_error& e) {
+    // Not known now: the campaign that follows waits for etcd and says what is wrong with it,
+    // and checks again once it answers.
+    monitoring::log(monitoring::level::warn, etcd_ctx,
+                    std::string("etcd: could not check that no other job holds this job's id "
+                                "yet: ") +
+                        e.what());
+  }
+}
+
 void job_etcd::lead(const std::string& address, std::function<void()> on_lost) {
   campaign(address, std::move(on_lost), false);
 }
@@ -524,16 +552,7 @@ bool job_etcd::campaign(const std::string& address, std::function<void()> on_los
     s.wake.notify_all();
   };
   const std::string id = options.id;
-  try {
-    // Another job under this id is refused before campaigning, not after a whole
-    // --etcd-timeout-ms spent waiting for its leader to go.
-    etcd::call_options call;
-    call.deadline = steady_clock::now() + milliseconds(std::min(s.cfg.etcd.timeout_ms, 10000));
-    if (const auto found = s.client->get("/troupe/" + s.job + "/state", call))
-      (void)s.is_ours(nlohmann::json::parse(found->value, nullptr, false));
-  } catch (const etcd::etcd_error& e) {
-    throw std::runtime_error(std::string("etcd: reading the job's state failed: ") + e.what());
-  }
+  refuse_another_job();
   s.election = std::make_unique<etcd::leader_election>(*s.client, std::move(options));
   s.election->start();
   {

@@ -57,7 +57,10 @@ class launcher {
         checked_((check_etcd_options(job_.cfg), true)),
         run_(prepare_run_dir(job_)),
         etcd_(job_.cfg, registry_, run_.events),
-        count_(opts.coordinators) {}
+        count_(opts.coordinators) {
+    // Before any coordinator starts: they would only stand by for another job's leader.
+    etcd_.refuse_another_job();
+  }
 
   int run() {
     start_coordinators();
@@ -90,7 +93,7 @@ class launcher {
 
   void start_coordinators() {
     for (int i = 0; i < count_; ++i) {
-      const pid_t pid = actors::spawn_child(coordinator_command(i), true, SIGTERM);
+      const pid_t pid = actors::spawn_child(coordinator_command(i), true, launcher_died);
       coordinators_[pid] = true;
       index_[pid] = i;
     }
@@ -145,7 +148,7 @@ class launcher {
     const int index = index_[dead];
     pid_t pid = -1;
     try {
-      pid = actors::spawn_child(coordinator_command(index, port), true, SIGTERM);
+      pid = actors::spawn_child(coordinator_command(index, port), true, launcher_died);
     } catch (const std::exception& e) {
       monitoring::log(
           monitoring::level::warn, launcher_ctx,

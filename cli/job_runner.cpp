@@ -19,15 +19,20 @@ namespace {
 // Signals are taken by one thread with sigwait (job_supervision::run); blocked here, before
 // any thread starts, so a Ctrl-C never lands on a server thread and kills the process
 // mid-write.
-sigset_t block_job_signals() {
+// One of several coordinators (--join-token) also takes launcher_died.
+sigset_t block_job_signals(bool launched) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGUSR1);
+  if (launched) sigaddset(&signals, launcher_died);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A library's thread born before main (OpenBLAS) does not block them: handed on from there.
-  troupe::sys::route_signals({SIGINT, SIGTERM, SIGUSR1});
+  if (launched)
+    troupe::sys::route_signals({SIGINT, SIGTERM, SIGUSR1, launcher_died});
+  else
+    troupe::sys::route_signals({SIGINT, SIGTERM, SIGUSR1});
   return signals;
 }
 
@@ -43,7 +48,7 @@ void say(const char* format, ...) {
 }
 
 int run_job(const job_options& opts, bool launch_local_agent) {
-  const sigset_t signals = block_job_signals();
+  const sigset_t signals = block_job_signals(!opts.join_token.empty());
   if (launch_local_agent && opts.coordinators > 1)
     return run_with_standby_coordinators(opts, signals);
   job_plan job = plan_job(opts, launch_local_agent);

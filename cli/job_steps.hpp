@@ -35,6 +35,11 @@
 
 namespace troupe::cli {
 
+/// What a coordinator started by `troupe run --coordinators K` is sent when that launcher dies
+/// (PR_SET_PDEATHSIG): its agents and workers die with the launcher, and an etcd it started,
+/// so the coordinator ends at once instead of waiting for them (or that etcd) to come back.
+inline constexpr int launcher_died = SIGHUP;
+
 /// One line of the coordinator's log at info (timestamped, like every log line), printf-style.
 void say(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
@@ -157,6 +162,9 @@ class job_etcd {
   job_etcd& operator=(const job_etcd&) = delete;
 
   [[nodiscard]] bool enabled() const;
+  /// Refuses (config_error, exit 2) when etcd holds the state of another run under this job's
+  /// id that has not ended, naming the id, that run's directory and host, and --job-id.
+  void refuse_another_job();
   /// Campaigns as `address` and returns once elected, having logged the leader event and
   /// written the job's config. `on_lost` runs (on the election's thread) if leadership is lost
   /// later. Throws config_error for a TLS failure, std::runtime_error when etcd does not answer

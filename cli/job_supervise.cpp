@@ -96,6 +96,15 @@ class signal_watcher {
     for (int count = 1;; ++count) {
       int sig = 0;
       if (sigwait(&signals_, &sig) != 0 || done_) return;
+      if (sig == launcher_died) {
+        // The launcher's agents and workers died with it (and an etcd it started): there is
+        // nothing left to lead or to wait for.
+        std::fprintf(stderr,
+                     "troupe coordinator: the launcher that started this coordinator died, and "
+                     "its agents and workers with it; ending now. --resume continues from %s\n",
+                     committed_checkpoint_words(run_dir_).c_str());
+        _exit(1);
+      }
       if (standing_by_ && standing_by_()) continue;  // a standby just stops campaigning
       if (count == 1 && sig == SIGINT) {
         std::fprintf(stderr,

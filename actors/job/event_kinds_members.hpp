@@ -118,6 +118,24 @@ struct leader {
   friend bool operator==(const leader&, const leader&) = default;
 };
 
+/// The coordinator that took the job over found no state of this run in etcd
+/// ("etcd_state_lost"): its keys deleted, lost with etcd's data, unreadable, or another run's.
+/// It took the job over from what the run directory (LATEST) and the members hold instead,
+/// never from step 0, and wrote the state again.
+struct etcd_state_lost {
+  static constexpr std::string_view name = "etcd_state_lost";
+  std::string reason;
+  int64_t checkpoint_step = -1;  ///< the newest committed checkpoint (LATEST); -1 = none
+  int64_t epoch = 0;             ///< this coordinator's leadership epoch
+  template <class S, class F>
+  static void fields(S& e, F&& f) {
+    f("reason", e.reason);
+    f("checkpoint_step", e.checkpoint_step);
+    f("epoch", e.epoch);
+  }
+  friend bool operator==(const etcd_state_lost&, const etcd_state_lost&) = default;
+};
+
 /// A worker was admitted ("rank_joined"); "rank" repeats the member id, as it always has.
 struct rank_joined {
   static constexpr std::string_view name = "rank_joined";

@@ -601,17 +601,47 @@ json parse_answer(const endpoint& ep, const std::string& target, unsigned status
   return j;
 }
 
+// "16 MiB", "50000000 bytes (47.7 MiB)": sizes as an error message says them.
+std::string size_text(std::uint64_t bytes) {
+  char buf[64];
+  if (bytes % (1u << 20) == 0) {
+    std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(bytes >> 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu bytes (%.1f MiB)", static_cast<unsigned long long>(bytes),
+                  static_cast<double>(bytes) / (1 << 20));
+  }
+  return buf;
+}
+
+// An answer is read within max_response_bytes: one that announces more is refused from its
+// header, before a byte of its body is read; one that sends more without saying so is cut off
+// at the limit. Either is a protocol error that says the size, so that a stand-in or a
+// misconfigured proxy is reported for what it is.
 json post_once(etcd_client::impl& client, const endpoint& ep, const std::string& target,
                const std::string& body, time_point deadline) {
   net::io_context ioc;
   connection conn(ioc, client, ep);
   http::response_parser<http::string_body> parser;
-  parser.body_limit(client.options.max_response_bytes);
+  const std::size_t limit = client.options.max_response_bytes;
+  parser.header_limit(64u << 10);
+  parser.body_limit(limit);
+  const auto too_large = [&](const std::string& how) {
+    return attempt_failure{
+        etcd_error(error_kind::protocol, "etcd at " + ep.url + " answered " + target + " with " +
+                                             how + "; the limit is " + size_text(limit) +
+                                             " (is this etcd's client URL?)"),
+        true};
+  };
   try {
     conn.open(deadline);
     conn.send(target, body, deadline);
+    conn.read_header(parser, deadline);
+    if (const auto length = parser.content_length(); length && *length > limit)
+      throw too_large("a body of " + size_text(*length));
     conn.read_all(parser, deadline);
   } catch (const etcd_error& e) {
+    if (e.kind() == error_kind::protocol && parser.is_header_done() && !parser.is_done())
+      throw too_large("more than " + size_text(limit));
     throw attempt_failure{e, true};
   }
   return parse_answer(ep, target, parser.get().result_int(), parser.get().body());
