@@ -588,7 +588,8 @@ std::vector<setting> build_table() {
        0, 100000, " (0 = always per node)"});
   add(make_field("peak_flops", &tc::peak_flops),
       {"--peak-flops", "F", g_out, may_change,
-       "one rank's peak FLOP/s for the MFU estimate; 0 = measured when the job starts (a short "
+       "one rank's peak FLOP/s for the MFU estimate (troupe_mfu_ratio); 0 = measured when the job "
+       "starts (a short "
        "sgemm) (default 0)",
        0, 1e21});
   add(make_field("blas_threads", &tc::blas_threads),
