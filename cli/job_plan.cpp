@@ -55,7 +55,11 @@ std::string unique_job_id(const train_config& cfg) {
 strategies::layout_plan first_layout(const train_config& cfg) {
   auto planned = strategies::plan_layout(cfg.world, cfg);
   if (!strategies::has_plan(planned))
-    throw config_error("layout: " + strategies::reason_of(planned));
+    throw config_error("layout: " + strategies::reason_of(planned) +
+                       (cfg.resume ? ". A resume keeps the run's own --tp, --pp, --ep and --zero "
+                                     "(its config.json) unless they are given: give the sizes "
+                                     "for the new world"
+                                   : ""));
   const auto& plan = strategies::plan_of(planned);
   const auto& shape = plan.shape;
   // What the planner allows but no engine backend runs yet (strategies/engine.cpp).

@@ -209,12 +209,7 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
         args[0] + "'");
   }
   if (command == "--version") {
-#if defined(TROUPE_VERSION) && defined(TROUPE_GIT_DESCRIBE)
-    std::printf("troupe %s%s%s\n", TROUPE_VERSION, TROUPE_GIT_DESCRIBE[0] ? " " : "",
-                TROUPE_GIT_DESCRIBE);
-#else
-    std::puts("troupe 0.1.0");
-#endif
+    std::puts("troupe " TROUPE_VERSION);  // as troupe_build_info{version} says it
     return 0;
   }
   if (command == "run" || command == "coordinator") {

@@ -193,7 +193,6 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
             "; it shapes what is computed. Leave it out to continue the run, or start a new "
             "run in another --run-dir");
   }
-  const train_config& from_file_cfg = from_file;
   if (slurm && !out.help) {
     out.slurm_job = read_slurm_env(env);
     if (!out.slurm_job)
@@ -204,8 +203,8 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     const int have = job.job_num_nodes;
     // What the allocation says counts where no option (nor the config file) did; an option is
     // honoured, or refused when the allocation cannot give it.
-    nodes_given = nodes_given || from_file_cfg.elastic.nodes != train_config{}.elastic.nodes;
-    world_given = world_given || from_file_cfg.world != train_config{}.world;
+    nodes_given = nodes_given || from_file.elastic.nodes != train_config{}.elastic.nodes;
+    world_given = world_given || from_file.world != train_config{}.world;
     if (have < 1)
       throw usage_error("troupe " + command +
                         " --slurm: the Slurm environment names no nodes (SLURM_JOB_NUM_NODES, "

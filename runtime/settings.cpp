@@ -248,16 +248,14 @@ std::vector<setting> build_table() {
   add(make_field("model.top_k", &tc::model, &model_config::top_k),
       {"--top-k", "K", g_model, shapes_math, "experts each token is routed to (default 1)", 1, 2});
   add(make_field("model.capacity_factor", &tc::model, &model_config::capacity_factor),
-      {"--capacity-factor",
-       "X",
-       g_model,
-       shapes_math,
-       "expert capacity = ceil(X x tokens x top-k / experts) (default 1.25)",
-       0,
-       64,
-       "",
-       {},
-       true});
+      {.flag = "--capacity-factor",
+       .value_name = "X",
+       .group = g_model,
+       .resumable = shapes_math,
+       .help = "expert capacity = ceil(X x tokens x top-k / experts) (default 1.25)",
+       .lo = 0,
+       .hi = 64,
+       .lo_open = true});
   add(make_field("model.aux_loss_coef", &tc::model, &model_config::aux_loss_coef),
       {"--aux-loss-coef", "X", g_model, shapes_math,
        "weight of the MoE load-balancing loss (default 0.01)", 0, 100});
@@ -279,16 +277,14 @@ std::vector<setting> build_table() {
   add(make_field("seed", &tc::seed), {"--seed", "N", g_train, shapes_math,
                                       "seed for initialisation and data order (default 1337)"});
   add(make_field("optim.lr", &tc::optim, &optim_config::lr),
-      {"--lr",
-       "X",
-       g_train,
-       shapes_math,
-       "peak learning rate of the warmup + cosine schedule (default 0.003)",
-       0,
-       1e6,
-       "",
-       {},
-       true});
+      {.flag = "--lr",
+       .value_name = "X",
+       .group = g_train,
+       .resumable = shapes_math,
+       .help = "peak learning rate of the warmup + cosine schedule (default 0.003)",
+       .lo = 0,
+       .hi = 1e6,
+       .lo_open = true});
   add(make_field("optim.min_lr_ratio", &tc::optim, &optim_config::min_lr_ratio),
       {"--min-lr-ratio", "X", g_train, shapes_math,
        "the cosine decays to lr x X at --steps (default 0.1)", 0, 1});
@@ -297,38 +293,33 @@ std::vector<setting> build_table() {
   add(make_field("optim.weight_decay", &tc::optim, &optim_config::weight_decay),
       {"--weight-decay", "X", g_train, shapes_math, "AdamW's decoupled weight decay (default 0.1)",
        0, 100});
-  add(make_field("optim.beta1", &tc::optim, &optim_config::beta1), {"--beta1",
-                                                                    "X",
-                                                                    g_train,
-                                                                    shapes_math,
-                                                                    "AdamW's beta1 (default 0.9)",
-                                                                    0,
-                                                                    1,
-                                                                    "",
-                                                                    {},
-                                                                    false,
-                                                                    true});
-  add(make_field("optim.beta2", &tc::optim, &optim_config::beta2), {"--beta2",
-                                                                    "X",
-                                                                    g_train,
-                                                                    shapes_math,
-                                                                    "AdamW's beta2 (default 0.95)",
-                                                                    0,
-                                                                    1,
-                                                                    "",
-                                                                    {},
-                                                                    false,
-                                                                    true});
-  add(make_field("optim.eps", &tc::optim, &optim_config::eps), {"--adam-eps",
-                                                                "X",
-                                                                g_train,
-                                                                shapes_math,
-                                                                "AdamW's epsilon (default 1e-8)",
-                                                                0,
-                                                                1,
-                                                                "",
-                                                                {},
-                                                                true});
+  add(make_field("optim.beta1", &tc::optim, &optim_config::beta1),
+      {.flag = "--beta1",
+       .value_name = "X",
+       .group = g_train,
+       .resumable = shapes_math,
+       .help = "AdamW's beta1 (default 0.9)",
+       .lo = 0,
+       .hi = 1,
+       .hi_open = true});
+  add(make_field("optim.beta2", &tc::optim, &optim_config::beta2),
+      {.flag = "--beta2",
+       .value_name = "X",
+       .group = g_train,
+       .resumable = shapes_math,
+       .help = "AdamW's beta2 (default 0.95)",
+       .lo = 0,
+       .hi = 1,
+       .hi_open = true});
+  add(make_field("optim.eps", &tc::optim, &optim_config::eps),
+      {.flag = "--adam-eps",
+       .value_name = "X",
+       .group = g_train,
+       .resumable = shapes_math,
+       .help = "AdamW's epsilon (default 1e-8)",
+       .lo = 0,
+       .hi = 1,
+       .lo_open = true});
   add(make_field("optim.grad_clip", &tc::optim, &optim_config::grad_clip),
       {"--grad-clip", "X", g_train, shapes_math,
        "clip the gradients' global L2 norm to X; 0 = off (default 1)", 0, 1e6, " (0 = off)"});
@@ -346,17 +337,15 @@ std::vector<setting> build_table() {
       {"--data", "FILE", g_train, may_change,
        "training text (default: the King James Bible corpus built at setup)"});
   add(make_field("val_fraction", &tc::val_fraction),
-      {"--val-fraction",
-       "X",
-       g_train,
-       shapes_math,
-       "tail of the corpus held out for validation (default 0.05)",
-       0,
-       0.5,
-       "",
-       {},
-       true,
-       true});
+      {.flag = "--val-fraction",
+       .value_name = "X",
+       .group = g_train,
+       .resumable = shapes_math,
+       .help = "tail of the corpus held out for validation (default 0.05)",
+       .lo = 0,
+       .hi = 0.5,
+       .lo_open = true,
+       .hi_open = true});
   add(make_field("eval_every", &tc::eval_every),
       {"--eval-every", "K", g_train, may_change,
        "validation loss every K steps; 0 = only at the end (default 100)", 0, big,
@@ -379,15 +368,12 @@ std::vector<setting> build_table() {
        "pipeline micro-batches per step; 0 = batch / micro-batch (default 0)", 0, 1 << 20,
        " (0 = batch / micro_batch)"});
   add(section_string_field("parallel.schedule", &tc::parallel, &parallel_config::schedule),
-      {"--schedule",
-       "NAME",
-       g_layout,
-       may_change,
-       "pipeline schedule (default 1f1b)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"gpipe", "1f1b"}});
+      {.flag = "--schedule",
+       .value_name = "NAME",
+       .group = g_layout,
+       .resumable = may_change,
+       .help = "pipeline schedule (default 1f1b)",
+       .choices = {"gpipe", "1f1b"}});
   add(make_field("parallel.zero", &tc::parallel, &parallel_config::zero),
       {"--zero", "0|1", g_layout, may_change,
        "1 = ZeRO-1: the optimizer state sharded over the data-parallel ranks (default 0)", 0, 1});
@@ -408,40 +394,28 @@ std::vector<setting> build_table() {
        "stop cleanly after step N with a checkpoint (the schedule still runs to --steps; "
        "--resume continues); 0 = off"});
   add(make_field("checkpoint_async", &tc::checkpoint_async),
-      {"--no-checkpoint-async",
-       "",
-       g_ckpt,
-       may_change,
-       "write checkpoints inside the step instead of in the background",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {},
-       false,
-       false,
-       false});
+      {.flag = "--no-checkpoint-async",
+       .value_name = "",
+       .group = g_ckpt,
+       .resumable = may_change,
+       .help = "write checkpoints inside the step instead of in the background",
+       .switch_sets = false});
   add(string_field("checkpoint_overlap", &tc::checkpoint_overlap),
-      {"--checkpoint-overlap",
-       "wait|skip",
-       g_ckpt,
-       may_change,
-       "a checkpoint due while the previous one is still being written waits for it, or is "
-       "skipped (default wait)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"wait", "skip"}});
+      {.flag = "--checkpoint-overlap",
+       .value_name = "wait|skip",
+       .group = g_ckpt,
+       .resumable = may_change,
+       .help = "a checkpoint due while the previous one is still being written waits for it, or is "
+               "skipped (default wait)",
+       .choices = {"wait", "skip"}});
   add(string_field("verify_checkpoints", &tc::verify_checkpoints),
-      {"--verify-checkpoints",
-       "after-write|off",
-       g_ckpt,
-       may_change,
-       "each rank reads every chunk it wrote back from the disk and checks it before the "
-       "checkpoint may commit (default off)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"after-write", "off"}});
+      {.flag = "--verify-checkpoints",
+       .value_name = "after-write|off",
+       .group = g_ckpt,
+       .resumable = may_change,
+       .help = "each rank reads every chunk it wrote back from the disk and checks it before the "
+               "checkpoint may commit (default off)",
+       .choices = {"after-write", "off"}});
   add(make_field("checkpoint_chunk_kib", &tc::checkpoint_chunk_kib),
       {"--checkpoint-chunk-kib", "K", g_ckpt, may_change,
        "chunk size of the deduplicating checkpoint store (default 1024)", 4, 262144});
@@ -500,15 +474,12 @@ std::vector<setting> build_table() {
        0, 600000});
   add(section_string_field("elastic.straggler_policy", &tc::elastic,
                            &elastic_config::straggler_policy),
-      {"--straggler-policy",
-       "P",
-       g_elastic,
-       may_change,
-       "what is done about a rank whose compute stays 1.3x the median (default warn)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"warn", "rebalance", "evict"}});
+      {.flag = "--straggler-policy",
+       .value_name = "P",
+       .group = g_elastic,
+       .resumable = may_change,
+       .help = "what is done about a rank whose compute stays 1.3x the median (default warn)",
+       .choices = {"warn", "rebalance", "evict"}});
   // ---- faults, divergence, deadlines
   add(faults_field(),
       {"--fault", "SPEC", g_safety, may_change,
@@ -516,16 +487,14 @@ std::vector<setting> build_table() {
        "stop:rank=2:step=5[:for=3s], slow:rank=0:factor=2:from=10, kill:coordinator:step=15"
        "[:commits=N], random:kills=10:seed=3, diverge:step=8[:rank=0]"});
   add(string_field("on_divergence", &tc::on_divergence),
-      {"--on-divergence",
-       "stop|rollback",
-       g_safety,
-       may_change,
-       "a step with a non-finite loss or gradient norm is never committed: stop (exit 3), or "
-       "roll back to the last checkpoint and skip the batch (default stop)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"stop", "rollback"}});
+      {.flag = "--on-divergence",
+       .value_name = "stop|rollback",
+       .group = g_safety,
+       .resumable = may_change,
+       .help =
+           "a step with a non-finite loss or gradient norm is never committed: stop (exit 3), or "
+           "roll back to the last checkpoint and skip the batch (default stop)",
+       .choices = {"stop", "rollback"}});
   add(make_field("max_rollbacks", &tc::max_rollbacks),
       {"--max-rollbacks", "K", g_safety, may_change,
        "rollbacks before the job stops with exit 3 anyway (default 3)", 0, 1000});
@@ -534,17 +503,15 @@ std::vector<setting> build_table() {
        "deadline for one step's collectives and votes (default 60000)", 100, 86400000,
        " (100 ms to 24 h)"});
   add(string_field("data_plane_auth", &tc::data_plane_auth),
-      {"--data-plane-auth",
-       "tcp-md5|none",
-       g_safety,
-       may_change,
-       "the data plane's TCP pairs between nodes are signed with a key from the job's secret, "
-       "so the kernel drops a stranger's connection, or open to whoever is first (default "
-       "tcp-md5)",
-       std::nan(""),
-       std::nan(""),
-       "",
-       {"tcp-md5", "none"}});
+      {.flag = "--data-plane-auth",
+       .value_name = "tcp-md5|none",
+       .group = g_safety,
+       .resumable = may_change,
+       .help =
+           "the data plane's TCP pairs between nodes are signed with a key from the job's secret, "
+           "so the kernel drops a stranger's connection, or open to whoever is first (default "
+           "tcp-md5)",
+       .choices = {"tcp-md5", "none"}});
   // ---- etcd
   add(section_string_field("etcd.endpoints", &tc::etcd, &etcd_config::endpoints),
       {"--etcd", "ENDPOINTS", g_etcd, may_change,
@@ -588,7 +555,8 @@ std::vector<setting> build_table() {
        0, 100000, " (0 = always per node)"});
   add(make_field("peak_flops", &tc::peak_flops),
       {"--peak-flops", "F", g_out, may_change,
-       "one rank's peak FLOP/s for the MFU estimate; 0 = measured when the job starts (a short "
+       "one rank's peak FLOP/s for the MFU estimate (troupe_mfu_ratio); 0 = measured when the job "
+       "starts (a short "
        "sgemm) (default 0)",
        0, 1e21});
   add(make_field("blas_threads", &tc::blas_threads),
@@ -598,18 +566,12 @@ std::vector<setting> build_table() {
   add(make_field("bucket_bytes", &tc::bucket_bytes),
       {"--bucket-bytes", "N", g_out, may_change,
        "gradient all-reduce bucket size in bytes (default 4194304)", 1024, 1 << 30});
-  add(make_field("progress", &tc::progress), {"--no-progress",
-                                              "",
-                                              g_out,
-                                              may_change,
-                                              "no progress line on stderr",
-                                              std::nan(""),
-                                              std::nan(""),
-                                              "",
-                                              {},
-                                              false,
-                                              false,
-                                              false});
+  add(make_field("progress", &tc::progress), {.flag = "--no-progress",
+                                              .value_name = "",
+                                              .group = g_out,
+                                              .resumable = may_change,
+                                              .help = "no progress line on stderr",
+                                              .switch_sets = false});
   return t;
 }
 

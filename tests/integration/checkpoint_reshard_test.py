@@ -11,12 +11,14 @@ from harness import (SMALL_MODEL, checkpoint_param_diff, fail, last_job, main, r
 
 COMMON = SMALL_MODEL + ["--steps", "20", "--checkpoint-every", "10", "--metrics-port", "0"]
 
-# (name, saving layout, resuming layout)
+# (name, saving layout, resuming layout). A resume keeps the run's own layout settings
+# (config.json) unless they are given: the resuming layouts say every size they change.
 PAIRS = [
     ("dp2 -> tp2", ["--world", "2"], ["--world", "2", "--tp", "2"]),
-    ("dp2+zero1 -> dp4 on 2 nodes", ["--world", "2", "--zero", "1"], ["--world", "4", "--nodes", "2"]),
-    ("tp2 -> dp2xpp2", ["--world", "2", "--tp", "2"], ["--world", "4", "--pp", "2"]),
-    ("pp2 -> dp1", ["--world", "2", "--pp", "2"], ["--world", "1"]),
+    ("dp2+zero1 -> dp4 on 2 nodes", ["--world", "2", "--zero", "1"],
+     ["--world", "4", "--nodes", "2", "--zero", "0"]),
+    ("tp2 -> dp2xpp2", ["--world", "2", "--tp", "2"], ["--world", "4", "--tp", "1", "--pp", "2"]),
+    ("pp2 -> dp1", ["--world", "2", "--pp", "2"], ["--world", "1", "--pp", "1"]),
     ("dp4 on 2 nodes -> tp2xpp2+zero1", ["--world", "4", "--nodes", "2"],
      ["--world", "4", "--tp", "2", "--pp", "2", "--zero", "1"]),
 ]

@@ -61,7 +61,9 @@ def check_info(parsed, run_dir):
     job = [labels for n, labels, v in parsed if n == "troupe_job_info" and v == 1]
     if len(job) != 1:
         fail(f"expected one troupe_job_info 1, found {job}")
-    want = {"job_id": os.path.basename(run_dir), "run_dir": os.path.abspath(run_dir),
+    with open(os.path.join(run_dir, "config.json")) as f:
+        job_id = json.load(f)["job_id"]  # a new job's own id (the run directory's name + hex)
+    want = {"job_id": job_id, "run_dir": os.path.abspath(run_dir),
             "layout": "dp2xtp1xpp1"}
     for key, expected in want.items():
         if job[0].get(key) != expected:
@@ -129,7 +131,7 @@ def test():
         if have_prometheus():
             expects = ["troupe_goodput_ratio > 0", "troupe_mfu_ratio > 0",
                        'troupe_build_info{version!="",compiler!=""} == 1',
-                       'troupe_job_info{job_id="run",layout="dp2xtp1xpp1"} == 1']
+                       'troupe_job_info{job_id=~"run-[0-9a-f]{8}",layout="dp2xtp1xpp1"} == 1']
             scrape = subprocess.run([sys.executable, HARNESS, "--target", f"127.0.0.1:{port}",
                                      "--timeout", "90"] + [a for q in expects
                                                            for a in ("--expect", q)],
