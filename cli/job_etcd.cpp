@@ -312,7 +312,8 @@ void job_etcd::state::lease_keys_of_ended_job() {
 bool job_etcd::state::is_ours(const nlohmann::json& doc) const {
   if (!doc.is_object() || !doc.contains("incarnation") || incarnation.empty()) return true;
   if (doc.value("incarnation", std::string()) == incarnation) return true;
-  const std::string theirs = "run directory " + doc.value("run_dir", std::string("?")) +
+  const std::string theirs = "incarnation " + doc.value("incarnation", std::string("?")) +
+                             ", run directory " + doc.value("run_dir", std::string("?")) +
                              " on host " + doc.value("host", std::string("?"));
   if (!doc.contains("ended"))
     throw config_error("etcd: job id '" + job + "' is in use by another job (" + theirs +
