@@ -493,11 +493,13 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         st.setup.epoch = epoch;
         st.setup.standby = false;
         std::optional<job_logic::takeover> t;
+        std::optional<events::etcd_state_lost> lost_event;  // emitted once leading
         // Members that lost the old leader look for the new one for up to their coordinator
         // timeout; they are waited for as long.
         const std::chrono::milliseconds wait(coordinator_timeout_ms(st.setup.cfg.elastic));
-        std::string lost = "etcd holds no state of this run for the job (its keys were deleted, "
-                           "lost with etcd's data, or written by another run)";
+        std::string lost =
+            "etcd holds no state of this run for the job (its keys were deleted, "
+            "lost with etcd's data, or written by another run)";
         if (!state_json.empty()) {
           try {
             t = read_takeover(state_json, epoch, wait);
@@ -508,10 +510,13 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         if (!t && job_formed_before(st.setup.cfg.run_dir)) {
           // What etcd lacks, the run directory and the members still prove: a job that ran is
           // taken over from there, never started again from step 0.
-          t = job_logic::takeover{.epoch = epoch, .wait = wait};
+          t = job_logic::takeover{};
+          t->epoch = epoch;
+          t->wait = wait;
           monitoring::log(monitoring::level::error, ctx(self),
-                          lost + "; taking the job over from the run directory and what the "
-                                 "members hold, and writing the state again");
+                          lost +
+                              "; taking the job over from the run directory and what the "
+                              "members hold, and writing the state again");
           events::etcd_state_lost e{.reason = lost, .epoch = epoch};
           try {
             e.checkpoint_step = ckpt::read_latest_step(st.setup.cfg.run_dir).value_or(-1);
@@ -519,7 +524,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
           }
           // The members say how far they got; the checkpoint is the floor.
           t->committed_step = std::max<int64_t>(e.checkpoint_step, 0);
-          emit(self, e);
+          lost_event = e;
         } else if (!t && !state_json.empty()) {
           monitoring::log(monitoring::level::error, ctx(self),
                           lost + "; the job never formed, so it is formed afresh");
@@ -538,6 +543,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         }
         st.takeover = t;
         self->become(leading(self));
+        if (lost_event) emit(self, *lost_event);
         if (t) {
           monitoring::log(monitoring::level::warn, ctx(self),
                           "taking the job over (epoch " + std::to_string(epoch) + "): generation " +

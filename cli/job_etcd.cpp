@@ -233,6 +233,7 @@ void job_etcd::state::stop_local() {
 void job_etcd::state::wait_until_answering(steady_clock::time_point deadline, bool local) {
   std::string last;
   int bad_answers = 0;  // it answered, but not as etcd does (too large, not JSON, ...)
+  std::string last_bad;
   while (true) {
     if (local && actors::try_reap(local_pid)) {
       local_pid = 0;
@@ -253,14 +254,16 @@ void job_etcd::state::wait_until_answering(steady_clock::time_point deadline, bo
             "belong to this etcd (" +
             e.what() + ")");
       last = e.what();
-      if (e.kind() == etcd::error_kind::protocol) ++bad_answers;
+      if (e.kind() == etcd::error_kind::protocol) {
+        ++bad_answers;
+        last_bad = e.what();
+      }
     }
     if (steady_clock::now() >= deadline && bad_answers > 0)
       throw std::runtime_error("etcd: " + endpoints_words + " answered " +
-                               std::to_string(bad_answers) +
-                               " times within --etcd-timeout-ms (" +
+                               std::to_string(bad_answers) + " times within --etcd-timeout-ms (" +
                                std::to_string(cfg.etcd.timeout_ms) +
-                               " ms), but never as etcd does: " + last);
+                               " ms), but never as etcd does: " + last_bad);
     if (steady_clock::now() >= deadline)
       throw std::runtime_error(
           "etcd: " + endpoints_words + " did not answer within --etcd-timeout-ms (" +

@@ -554,7 +554,9 @@ class connection {
   const std::atomic<bool>* abort_;
   std::optional<beast::tcp_stream> plain_;
   std::optional<beast::ssl_stream<beast::tcp_stream>> secure_;
-  beast::flat_buffer buffer_;
+  // Bytes read ahead of the parser: it takes them as they come, so a large body never sits
+  // here whole.
+  beast::flat_buffer buffer_{256u << 10};
 };
 
 // The JSON answer of one endpoint, or an error that says whether another endpoint may do.
@@ -640,8 +642,12 @@ json post_once(etcd_client::impl& client, const endpoint& ep, const std::string&
       throw too_large("a body of " + size_text(*length));
     conn.read_all(parser, deadline);
   } catch (const etcd_error& e) {
-    if (e.kind() == error_kind::protocol && parser.is_header_done() && !parser.is_done())
-      throw too_large("more than " + size_text(limit));
+    if (e.kind() == error_kind::protocol && parser.is_header_done() && !parser.is_done()) {
+      // Beast refuses a Content-Length over the limit as it reads the header.
+      const auto length = parser.content_length();
+      throw too_large(length && *length > limit ? "a body of " + size_text(*length)
+                                                : "more than " + size_text(limit));
+    }
     throw attempt_failure{e, true};
   }
   return parse_answer(ep, target, parser.get().result_int(), parser.get().body());

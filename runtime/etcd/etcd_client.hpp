@@ -77,7 +77,9 @@ struct client_options {
   /// How long one endpoint may take to answer one request before the next one is tried.
   std::chrono::milliseconds request_timeout{2000};
   /// The largest answer accepted; a larger one is a protocol error, never an allocation.
-  std::size_t max_response_bytes = 16u << 20;
+  /// etcd itself refuses requests over 1.5 MiB by default, and troupe reads single keys and
+  /// small prefixes, so 4 MiB is far above any real answer.
+  std::size_t max_response_bytes = 4u << 20;
 };
 
 /// A deadline for one call across all endpoints; without one the call may take

@@ -7,7 +7,8 @@
     `etcd_state_lost` event.
 (2) A second job under the id a running job holds (`--coordinators 2`) is refused within 5 s
     with exit 2 naming `--job-id`; the first job goes on untouched.
-(3) An endpoint that answers every request with a 50 MB body (a stand-in HTTP server): the job
+(3) An endpoint that answers every request with a 50 MB body, announced or not (a stand-in HTTP
+    server): the job
     ends with exit 1 within --etcd-timeout-ms + 5 s naming the size, and the coordinator never
     holds more than the cap (its peak RSS stays below 64 MiB); one that answers garbage is
     reported as answering, not as silent.
@@ -74,7 +75,8 @@ def keys_deleted(tmp, etcd):
         fail(f"a generation after the first started from step 0: {generations}")
     lost = of(events, "etcd_state_lost")
     if not lost:
-        fail("no etcd_state_lost event was written")
+        fail("no etcd_state_lost event was written; leaders "
+             f"{of(events, 'leader')}, generations {generations}:\n{output[-3000:]}")
     worst = max(harness.relative_difference(ref[s], e["loss"])
                 for e in of(events, "step") for s in [e["step"]])
     if worst > 1e-5:
@@ -119,11 +121,15 @@ class StandIn(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", "0"))
         self.rfile.read(length)
         StandIn.answers += 1
-        if StandIn.mode == "huge":
+        if StandIn.mode in ("huge", "stream"):
+            # "stream": no length, the body ends when the connection closes (HTTP/1.0 style)
             size = 50_000_000
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(size))
+            if StandIn.mode == "huge":
+                self.send_header("Content-Length", str(size))
+            else:
+                self.send_header("Connection", "close")
             self.end_headers()
             chunk = b"[" * (1 << 20)
             try:
@@ -160,7 +166,8 @@ def bad_answers(tmp):
     url = f"http://127.0.0.1:{server.server_address[1]}"
     timeout_ms = 4000
     try:
-        for mode, words in (("huge", r"50000000 bytes"), ("garbage", r"not JSON")):
+        for mode, words in (("huge", r"50000000 bytes"), ("stream", r"more than 4 MiB"),
+                            ("garbage", r"not JSON")):
             StandIn.mode = mode
             run_dir = os.path.join(tmp, f"stand-in-{mode}")
             log_path = os.path.join(tmp, f"stand-in-{mode}.log")
