@@ -173,39 +173,14 @@ accessors string_field(std::string name, std::string train_config::*member) {
           [member](const train_config& c) { return json(c.*member); }};
 }
 
-// What the table says of a setting besides its accessors.
-struct about {
-  std::string flag;
-  std::string value_name;  // "" = a switch
-  std::string group;
-  bool resumable;
-  std::string help;
-  double lo = std::nan("");
-  double hi = std::nan("");
-  std::string bound_note = "";
-  std::vector<std::string> choices = {};
-  bool lo_open = false;
-  bool hi_open = false;
-  bool switch_sets = true;
-};
+using about = setting_about;
 
 setting make(accessors a, about m) {
   setting s;
+  static_cast<setting_about&>(s) = std::move(m);
   s.key = std::move(a.key);
   s.set = std::move(a.set);
   s.get = std::move(a.get);
-  s.flag = std::move(m.flag);
-  s.value_name = std::move(m.value_name);
-  s.group = std::move(m.group);
-  s.resumable = m.resumable;
-  s.help = std::move(m.help);
-  s.lo = m.lo;
-  s.hi = m.hi;
-  s.bound_note = std::move(m.bound_note);
-  s.choices = std::move(m.choices);
-  s.lo_open = m.lo_open;
-  s.hi_open = m.hi_open;
-  s.switch_sets = m.switch_sets;
   return s;
 }
 

@@ -14,25 +14,29 @@
 
 namespace troupe {
 
-struct setting {
-  std::string key;         ///< the config file's dotted name ("model.n_layer"), also --set KEY=V
-  std::string flag;        ///< the command line's name ("--layers")
+/// What the table says of a setting besides its key and accessors, in the order a table row
+/// gives it.
+struct setting_about {
+  std::string flag;        ///< the command line's name ("--layers"); "" = none (set by troupe)
   std::string value_name;  ///< placeholder in help ("N"); empty for a switch (no value)
   std::string group;       ///< the help section it is listed under
-  std::string help;
   /// A resumed job may give it another value (how or how long to run); the others shape
   /// the math and must match the checkpoint's.
   bool resumable = false;
+  std::string help;
   /// Bounds checked by validate() ("must be in lo..hi"); NaN: none. Bounds that depend on
   /// another setting (micro_batch <= batch) are validate()'s own.
   double lo = std::numeric_limits<double>::quiet_NaN();
   double hi = std::numeric_limits<double>::quiet_NaN();
-  bool lo_open = false, hi_open = false;  ///< for real numbers: (lo, ...] and [..., hi)
-  std::string bound_note;                 ///< said after the range: " (0 = off)"
-  std::vector<std::string> choices;       ///< for a string: its allowed values
-  /// A switch sets this value (a `--no-...` switch sets false).
-  bool switch_sets = true;
+  std::string bound_note = "";            ///< said after the range: " (0 = off)"
+  std::vector<std::string> choices = {};  ///< for a string: its allowed values
+  bool lo_open = false;                   ///< for a real number: (lo, ...
+  bool hi_open = false;                   ///< ... hi)
+  bool switch_sets = true;                ///< what a switch sets (a `--no-...` switch sets false)
+};
 
+struct setting : setting_about {
+  std::string key;  ///< the config file's dotted name ("model.n_layer"), also --set KEY=V
   std::function<void(train_config&, const nlohmann::json&)> set;
   std::function<nlohmann::json(const train_config&)> get;
 
