@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/settings.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::cli {
 namespace {
@@ -54,18 +55,24 @@ std::string run_dir_of(const command_line& cl, const train_config& from_file) {
 std::optional<train_config> saved_config(const std::string& run_dir) {
   const fs::path path = fs::path(run_dir) / "config.json";
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
+  if (!fs::exists(fs::symlink_status(path, ec))) {
     if (fs::exists(fs::path(run_dir) / "checkpoints", ec)) {
       std::fprintf(stderr,
                    "troupe: resume: %s has checkpoints but no config.json; the options given "
                    "(and the defaults) describe the run\n",
-                   run_dir.c_str());
+                   sys::printable(run_dir).c_str());
       return std::nullopt;
     }
     throw config_error("resume: no run to continue in " + run_dir +
                        ": it holds no config.json and no committed checkpoint; point --run-dir "
                        "at a run, or leave out --resume to start one");
   }
+  // The run directory is input too: a FIFO there would hang the open, a link point anywhere.
+  if (!fs::is_regular_file(fs::symlink_status(path, ec)))
+    throw config_error("resume: " + path.string() +
+                       " is not a regular file (a link, a FIFO or a directory); troupe writes "
+                       "it as a plain file: restore it from a copy, or remove it and give the "
+                       "run's options");
   train_config saved;
   try {
     load_config_file(path.string(), saved);

@@ -3,6 +3,7 @@
 #include "cli/options.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -119,6 +120,11 @@ TEST(OptionsTest, ResumeStartsFromTheRunsOwnConfig) {
   EXPECT_EQ(changes.size(), 2u);
   auto msg = error_of<usage_error>({"--run-dir", dir.string(), "--resume", "--layers", "3"});
   EXPECT_NE(msg.find("model.n_layer (--layers) cannot change"), std::string::npos) << msg;
+  // A config.json that is not a plain file (here a FIFO, whose open would block) is refused.
+  std::filesystem::remove(dir / "config.json");
+  ASSERT_EQ(::mkfifo((dir / "config.json").c_str(), 0600), 0);
+  msg = error_of<config_error>({"--run-dir", dir.string(), "--resume"});
+  EXPECT_NE(msg.find("not a regular file"), std::string::npos) << msg;
   std::filesystem::remove_all(dir);
 }
 
