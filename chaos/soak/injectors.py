@@ -208,17 +208,33 @@ class Injectors:
                 "t0": t0, "until": now_ms(), "detected": failed}
 
     def damage(self):
-        """One byte flipped in a chunk of the newest committed checkpoint."""
+        """One byte flipped in a chunk of the newest committed checkpoint that no older
+        checkpoint on disk shares. Bit rot in a shared chunk damages every checkpoint holding
+        it, and a rollback then may find none intact and end the job (exit 1, as
+        tests/integration/checkpoint_fallback_test.py expects); the soak damages one
+        checkpoint at a time so that the job has an intact one to fall back to."""
         step = self.view.latest_checkpoint_on_disk()
         if step is None:
             return {"target": "no checkpoint to damage", "t0": now_ms()}
         ckpt = os.path.join(self.view.run_dir, "checkpoints")
+
+        def chunks_of(name):
+            with open(os.path.join(ckpt, name, "manifest.json")) as f:
+                return {c for p in json.load(f)["pieces"] for c in p["chunks"]}
+
         try:
-            with open(os.path.join(ckpt, f"step-{step:08d}", "manifest.json")) as f:
-                chunks = sorted({c for p in json.load(f)["pieces"] for c in p["chunks"]})
+            chunks = chunks_of(f"step-{step:08d}")
         except (OSError, ValueError, KeyError):
             return {"target": f"step {step}'s manifest went meanwhile", "t0": now_ms()}
-        chunk = self.rng.choice(chunks)
+        for name in os.listdir(ckpt):
+            if name.startswith("step-") and name != f"step-{step:08d}":
+                try:
+                    chunks -= chunks_of(name)
+                except (OSError, ValueError, KeyError):
+                    pass  # collected meanwhile: it holds nothing the damage could reach
+        if not chunks:
+            return {"target": f"step {step} has no chunk of its own", "t0": now_ms()}
+        chunk = self.rng.choice(sorted(chunks))
         path = os.path.join(ckpt, "chunks", chunk[:2], chunk)
         t0 = now_ms()
         try:

@@ -11,8 +11,8 @@ under it), slow (a worker stopped half the time for 2 s), node (kill -9 of an ag
 workers; a new agent starts), coordinator (kill -9 of the leading or the standby coordinator;
 a new standby starts at its address), cut (a node's link down until its ranks are lost), delay
 and loss (on a node's link for 2 s), disk_full (the run directory's filesystem filled for
-1.5 s), damage (a byte flipped in a chunk of the newest checkpoint) and diverge (poisoned
-batches: `--fault diverge:step=S` at seeded data positions; the job rolls back and skips them).
+1.5 s), damage (a byte flipped in a chunk of the newest checkpoint that no older one shares)
+and diverge (poisoned batches: `--fault diverge:step=S` at seeded data positions; the job rolls back and skips them).
 
 After each fault: the job has not failed, LATEST names no older step than before (unless a
 damaged checkpoint was passed over), the job commits a step past every step committed before
