@@ -29,6 +29,7 @@ import time
 import harness
 from etcd_members import ETCD, EtcdCluster
 from harness import SMALL_MODEL, TROUPE, Job, fail, pid_alive, wait_until
+from procfs import kill_tagged, tagged_env, tagged_pids
 
 BASE = SMALL_MODEL + ["--checkpoint-every", "5", "--metrics-port", "0", "--step-timeout-ms",
                       "30000"]
@@ -200,28 +201,13 @@ def bad_answers(tmp):
         server.shutdown()
 
 
-def job_processes(run_dir):
-    """Pids of every process whose command line names the run directory."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if run_dir in cmd and int(name) != os.getpid():
-            found.append(int(name))
-    return found
-
-
 def launcher_killed(tmp):
     run_dir = os.path.join(tmp, "launcher-killed")
+    env, tag = tagged_env()  # every process the job starts inherits the tag
     with Job(BASE + SLOW + ["--steps", "2000", "--coordinators", "2", "--etcd", "local"],
-             run_dir=run_dir) as job:
+             run_dir=run_dir, env=env) as job:
         wait_until(lambda: len(step_events(run_dir)) >= 3, 180, "3 steps")
-        before = job_processes(run_dir)
+        before = [p for p in tagged_pids(tag) if p != job.proc.pid]
         job.extra_pids += before
         os.kill(job.proc.pid, signal.SIGKILL)
         job.proc.wait()
@@ -242,6 +228,7 @@ def launcher_killed(tmp):
                     words.append(f"{p}: {cmd[:160]}")
                 except OSError:
                     pass
+            kill_tagged(tag)
             fail("5 s after the launcher's kill -9, processes of the job remain:\n" +
                  "\n".join(words))
         print(f"ok: launcher killed: all {len(before)} processes of the job gone in "
