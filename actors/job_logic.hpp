@@ -122,6 +122,10 @@ class job_logic {
   job_state state() const { return state_; }
   /// Whether a takeover still waits for members to rejoin.
   bool taking_over() const { return takeover_ && !takeover_done_; }
+  /// Why a member's process that asks to rejoin in place (hello::rejoin) may not: its member
+  /// was declared lost meanwhile (removed_prefix, or evicted_prefix for an evicted straggler).
+  /// Empty when the member is live: the hello is judged as usual.
+  std::string rejoin_refusal(int32_t member) const { return members_.rejoin_refusal(member); }
   uint64_t generation() const { return members_.generation(); }
   int64_t committed() const { return steps_.committed(); }
   int world() const { return generations_.world(); }

@@ -779,6 +779,12 @@ caf::behavior leading_behavior(self_ptr self) {
             run(self, s.logic->on_member_rejoined(h.member, now(self)));
             return w;
           }
+          // Declared lost meanwhile: this process does not come back in place; its agent
+          // starts the member again, and the new process joins like any other.
+          if (auto refusal = s.logic->rejoin_refusal(h.member); !refusal.empty()) {
+            w.error = std::move(refusal);
+            return w;
+          }
         }
         // Handles first: the logic's first actions may already address this member.
         auto previous = s.members.find(h.member);

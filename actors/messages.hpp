@@ -183,6 +183,10 @@ struct agent_hello {
   std::vector<int32_t> pids = {};
   int32_t restarts_left = 0;
   int64_t epoch_seen = 0;
+  /// A rejoining agent that was cut off from every coordinator and stopped its workers: the
+  /// members it ran before (`members` is then empty). The leader hands back those that no
+  /// process holds any more, to be started again.
+  std::vector<int32_t> former_members = {};
 };
 struct launch_plan {
   uint64_t generation = 0;
@@ -195,6 +199,9 @@ struct launch_plan {
   /// With several coordinators, a leader silent this long is looked past: the agent asks for
   /// the leader again (0: not said, the coordinator timeout serves)
   int32_t heartbeat_timeout_ms = 0;
+  /// How long an agent cut off from every coordinator keeps looking for the leader to rejoin
+  /// the job (--rejoin-timeout-ms); 0 = it exits at once.
+  int32_t rejoin_timeout_ms = 0;
 };
 
 /// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
@@ -261,6 +268,20 @@ inline constexpr std::string_view evicted_prefix = "evicted: ";
 inline std::string evicted_reason(const std::string& why) {
   return std::string(evicted_prefix) + why + "; the job goes on without this member";
 }
+
+/// The start of what a coordinator tells a process of a member it declared lost (it was cut
+/// off, or stopped, past the heartbeat timeout) when that process speaks again: in a final
+/// abort_generation answering its heartbeat, or in the welcome::error answering its rejoin.
+/// The process exits with rejoin_exit_code and its agent starts the member again, as a new
+/// process that joins the job at the next generation (the job grows back).
+inline constexpr std::string_view removed_prefix = "removed: ";
+inline std::string removed_reason(const std::string& why) {
+  return std::string(removed_prefix) + why +
+         "; its agent starts this member again and it rejoins the job";
+}
+/// A worker's exit code after removed_prefix: its agent starts the member again (not counted
+/// against --max-restarts: the process did not fail).
+inline constexpr int rejoin_exit_code = 3;
 
 /// A rank's share of a checkpoint is durable on disk (or was skipped, or failed).
 struct shard_written {
@@ -373,12 +394,13 @@ typename Inspector::result_type inspect(Inspector& f, heartbeat& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, agent_hello& x) {
   return f(caf::meta::type_name("troupe::agent_hello"), x.protocol, x.host, x.pid, x.slots,
-           x.rejoin, x.node, x.members, x.pids, x.restarts_left, x.epoch_seen);
+           x.rejoin, x.node, x.members, x.pids, x.restarts_left, x.epoch_seen, x.former_members);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
-           x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch, x.heartbeat_timeout_ms);
+           x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch, x.heartbeat_timeout_ms,
+           x.rejoin_timeout_ms);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {

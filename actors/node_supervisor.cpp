@@ -14,13 +14,16 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "actors/child_process.hpp"
 #include "actors/connect.hpp"
 #include "actors/messages.hpp"
+#include "actors/tls_transport.hpp"
 #include "actors/worker_control.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
@@ -150,8 +153,28 @@ struct agent_state {
   std::chrono::steady_clock::time_point search_deadline;
   std::chrono::milliseconds search_hello_timeout{3000};
   std::vector<std::string> search_last;  // what each coordinator said last
+  // The coordinator asked now, monitored: a hello sent over a connection that dies (a long cut)
+  // is never answered, and its loss moves the search on instead of the hello's timeout.
+  caf::actor asking;
+  size_t asking_index = 0;
+  uint64_t ask_id = 0;  // answers to an earlier hello, given up on, are dropped
   std::vector<worker_exited> unsent_exits;
   bool unsent_preempt = false;
+  // Members whose process the leader removed (rejoin_exit_code) while this agent looked for a
+  // leader: started again once one takes the node back on.
+  std::vector<int32_t> removed_while_rehoming;
+  // Cut off from every coordinator (for the coordinator timeout): the workers are stopped and
+  // the agent looks for the leader until cut_at + rejoin_timeout, with backoff, to rejoin the
+  // job and start its former members again. rejoin_timeout 0: it exits instead (fence_node).
+  bool cut_off = false;
+  std::string cut_why;
+  std::chrono::steady_clock::time_point cut_at;
+  std::chrono::milliseconds rejoin_timeout{0};
+  std::chrono::milliseconds rejoin_backoff{0};
+  // Every member a coordinator gave this node, whether its process still runs or not: a node
+  // that rejoins after a cut asks for all of them back.
+  std::set<int32_t> given_members;
+  bool ticking = false;
   std::string host_name;
   bool several_coordinators() const { return args.coordinators.size() > 1; }
   // How long the coordinator this agent follows may stay silent before the agent acts: with
@@ -244,6 +267,25 @@ pid_t restart_worker(self_ptr self, int32_t member) {
   return pid;
 }
 
+// A member whose process the leader removed (it was cut off or stopped past the heartbeat
+// timeout, and said so with rejoin_exit_code): a new process joins the job in its place at the
+// next generation. Not a restart of a failed process, so --max-restarts is not spent.
+// Returns the new process, -1 if it could not be started.
+pid_t start_again(self_ptr self, int32_t member) {
+  try {
+    const pid_t pid = restart_worker(self, member);
+    monitoring::log(monitoring::level::warn, agent_ctx,
+                    "member " + std::to_string(member) +
+                        " was removed from the job while it was cut off; started it again to "
+                        "rejoin");
+    return pid;
+  } catch (const std::exception& e) {
+    monitoring::log(monitoring::level::error, agent_ctx,
+                    "cannot start member " + std::to_string(member) + " again: " + e.what());
+    return -1;
+  }
+}
+
 // What the coordinator is told goes to the current one; while there is none (between leaders)
 // it waits for the next.
 void report_exit(self_ptr self, const worker_exited& what) {
@@ -305,6 +347,97 @@ void fence_node(self_ptr self, const std::string& why) {
   self->delayed_send(self, kill, stop_atom::value, int32_t{2});
 }
 
+void start_search(self_ptr self, agent_hello hello, size_t first,
+                  std::chrono::steady_clock::time_point deadline,
+                  std::chrono::milliseconds hello_timeout);
+
+template <class Members>
+std::string members_text(const Members& members) {
+  std::string text;
+  for (int32_t m : members) text += (text.empty() ? "" : ", ") + std::to_string(m);
+  return "[" + text + "]";
+}
+
+// Cut off from every coordinator for the coordinator timeout (or the connection closed): the
+// job has gone on without this node, so its workers stop now (they stopped computing already
+// and fence themselves; any still running get SIGTERM, then SIGKILL) and nothing is restarted.
+// But the agent stays: under a scheduler (srun --no-kill) or a Kubernetes Job nothing would
+// start it again, and the node would be lost for the rest of the job. It looks for the leader
+// until --rejoin-timeout-ms has passed (rejoin_search, from the tick once the workers are
+// gone), and rejoins with its former members started again. Without a rejoin timeout it
+// fences and exits, as before.
+void enter_cut_off(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  if (st.rejoin_timeout.count() <= 0 || st.stopping) {
+    fence_node(self, why);
+    return;
+  }
+  const auto timeout =
+      st.coordinator_timeout.count() > 0 ? st.coordinator_timeout : std::chrono::milliseconds(2000);
+  const auto term = std::min<std::chrono::milliseconds>(timeout / 4, std::chrono::seconds(1));
+  st.searching = false;
+  ++st.search_id;  // answers to a search in flight are dropped
+  st.rehoming = false;
+  if (st.coordinator) self->demonitor(st.coordinator);
+  st.coordinator = caf::actor{};
+  drop_standby(self);
+  if (!st.cut_off) {
+    st.cut_off = true;
+    st.cut_why = why;
+    st.cut_at = std::chrono::steady_clock::now();
+    st.rejoin_backoff = std::chrono::milliseconds(250);
+  }
+  st.removed_while_rehoming.clear();  // given_members has them: they come back with the node
+  monitoring::log(monitoring::level::error, agent_ctx,
+                  why + "; fenced: this node's workers stop (any still running get SIGTERM in " +
+                      std::to_string(term.count()) +
+                      " ms), and this agent looks for the leader for up to " +
+                      std::to_string(st.rejoin_timeout.count()) +
+                      " ms (--rejoin-timeout-ms) to rejoin the job with members " +
+                      members_text(st.given_members) + " started again");
+  st.stop_stage = 0;
+  if (!st.workers.empty()) {
+    self->delayed_send(self, term, stop_atom::value, int32_t{1});
+    self->delayed_send(self, term * 3 / 2, stop_atom::value, int32_t{2});
+  }
+}
+
+// The rejoin timeout passed (or the leader refused this node): the agent ends, saying so.
+void give_up_rejoining(self_ptr self, const std::string& why) {
+  auto& st = self->state;
+  st.searching = false;
+  const auto cut_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - st.cut_at);
+  monitoring::log(monitoring::level::error, agent_ctx,
+                  "cut off from the coordinator for " + std::to_string(cut_ms.count()) + " ms (" +
+                      st.cut_why + "); " + why +
+                      "; this agent exits (start it again, or resume the job, to bring this node "
+                      "back)");
+  begin_stop(self, 1);
+}
+
+// One search for the leader while cut off, asking each coordinator in turn with backoff
+// between tries, until the rejoin deadline. The hello names the members this node ran: the
+// leader hands back those that no process holds any more.
+void rejoin_search(self_ptr self) {
+  auto& s = self->state;
+  agent_hello hello{protocol_version, s.host_name, getpid(), s.args.ranks};
+  hello.rejoin = true;
+  hello.node = s.node;
+  hello.former_members.assign(s.given_members.begin(), s.given_members.end());
+  hello.restarts_left = s.restarts_left;
+  hello.epoch_seen = s.epoch;
+  const auto deadline = s.cut_at + s.rejoin_timeout;
+  // Alone, one hello waits as long as it must: a connection that survived the cut delivers it
+  // once the link heals (a new one is made when it broke). With standbys, each gets a turn.
+  const auto hello_timeout = s.several_coordinators()
+                                 ? std::chrono::milliseconds(3000)
+                                 : std::max(std::chrono::milliseconds(1000),
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                deadline - std::chrono::steady_clock::now()));
+  start_search(self, std::move(hello), s.coordinator_index, deadline, hello_timeout);
+}
+
 // The coordinator's launch plan, accepted: this agent becomes node plan.node and starts its
 // members.
 void follow_plan(self_ptr self, const launch_plan& plan) {
@@ -316,6 +449,8 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
   s.restarts_left = plan.max_restarts;
   s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
   s.heartbeat_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
+  s.rejoin_timeout = std::chrono::milliseconds(std::max(0, plan.rejoin_timeout_ms));
+  set_control_socket_timeout(2 * s.coordinator_timeout);
   s.coordinator_seen = std::chrono::steady_clock::now();
   s.epoch = plan.epoch;
   s.exe = self_executable();
@@ -324,6 +459,7 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
                    ? endpoints_text(s.args.coordinators)
                    : s.args.coordinator_host + ":" + std::to_string(s.args.coordinator_port);
   for (int32_t m : plan.members) {
+    s.given_members.insert(m);
     try {
       s.workers[m] = spawn_child(worker_command(s, m));
     } catch (const std::exception& e) {
@@ -333,7 +469,10 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
     }
   }
   start_standby(self);
-  self->send(self, tick_atom::value);
+  if (!s.ticking) {
+    s.ticking = true;
+    self->send(self, tick_atom::value);
+  }
 }
 
 void try_candidate(self_ptr self);
@@ -347,6 +486,24 @@ void search_succeeded(self_ptr self, const caf::actor& leader, size_t index,
   s.coordinator = leader;
   s.coordinator_index = index;
   self->monitor(leader);
+  if (s.cut_off) {
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - s.cut_at);
+    s.cut_off = false;
+    s.stop_stage = 0;
+    monitoring::log(
+        monitoring::level::warn, agent_ctx,
+        "cut off from the coordinator for " + std::to_string(took.count()) + " ms (" + s.cut_why +
+            "); rejoined the leader at " + endpoint_text(s.args.coordinators[index]) + " (epoch " +
+            std::to_string(plan.epoch) + "), starting members " + members_text(plan.members) +
+            " again (this node ran " + members_text(s.given_members) + ")");
+    for (const auto& w : s.unsent_exits) self->send(s.coordinator, w);
+    s.unsent_exits.clear();
+    follow_plan(self, plan);
+    if (s.unsent_preempt) self->send(s.coordinator, preempt_atom::value);
+    s.unsent_preempt = false;
+    return;
+  }
   if (!s.rehoming) {
     follow_plan(self, plan);
     return;
@@ -383,15 +540,21 @@ void search_succeeded(self_ptr self, const caf::actor& leader, size_t index,
   s.unsent_exits.clear();
   if (s.unsent_preempt) self->send(s.coordinator, preempt_atom::value);
   s.unsent_preempt = false;
+  for (int32_t member : std::exchange(s.removed_while_rehoming, {}))
+    if (const pid_t pid = start_again(self, member); pid > 0) s.workers[member] = pid;
 }
 
 // The search ends without a leader: at start the agent gives up, when rehoming it fences.
 void search_failed(self_ptr self, const std::string& why) {
   auto& s = self->state;
   s.searching = false;
+  if (s.cut_off) {
+    give_up_rejoining(self, why);
+    return;
+  }
   if (s.rehoming) {
     s.rehoming = false;
-    fence_node(self, "lost the coordinator (" + s.lost_why + "); " + why);
+    enter_cut_off(self, "lost the coordinator (" + s.lost_why + "); " + why);
     return;
   }
   monitoring::log(monitoring::level::error, agent_ctx, why);
@@ -402,8 +565,24 @@ void search_failed(self_ptr self, const std::string& why) {
 // be electing one right now).
 void next_candidate(self_ptr self, size_t index, std::string what) {
   auto& s = self->state;
+  if (s.cut_off && !s.several_coordinators() &&
+      what.find("Connection refused") != std::string::npos) {
+    // The address answers, and nothing listens there: the only coordinator's process is gone
+    // (the job ended, or it died), not behind a cut. Waiting would only hold this node.
+    give_up_rejoining(self, "the coordinator's address " +
+                                endpoint_text(s.args.coordinators[index]) +
+                                " refuses connections: no coordinator runs there any more (if the "
+                                "job did not finish, `troupe run --resume` continues it)");
+    return;
+  }
   s.search_last[index] = std::move(what);
-  constexpr auto pacing = std::chrono::milliseconds(100);
+  auto pacing = std::chrono::milliseconds(100);
+  if (s.cut_off) {
+    // The link may stay down for minutes: each try after a failed one waits longer, up to 5 s,
+    // which is also the most a healed link waits for the next.
+    pacing = s.rejoin_backoff;
+    s.rejoin_backoff = std::min(s.rejoin_backoff * 2, std::chrono::milliseconds(5000));
+  }
   self->delayed_send(self, pacing, search_step{s.search_id});
 }
 
@@ -437,6 +616,12 @@ void try_candidate(self_ptr self) {
     for (size_t i = 0; i < n; ++i)
       said += (i ? "; " : "") + endpoint_text(s.args.coordinators[i]) + ": " + s.search_last[i];
     const auto took = duration_cast<milliseconds>(now - (s.rehoming ? s.lost_at : now));
+    if (s.cut_off) {
+      search_failed(self, "no coordinator took it back on within " +
+                              std::to_string(s.rejoin_timeout.count()) +
+                              " ms (--rejoin-timeout-ms; " + said + ")");
+      return;
+    }
     search_failed(self, s.rehoming ? "no coordinator took this node on as leader within " +
                                          std::to_string(took.count()) + " ms (" + said + ")"
                                    : "no coordinator of " + endpoints_text(s.args.coordinators) +
@@ -464,6 +649,13 @@ void try_candidate(self_ptr self) {
   });
 }
 
+void done_asking(self_ptr self, const caf::actor& whom) {
+  auto& s = self->state;
+  if (!s.asking || s.asking != whom) return;
+  self->demonitor(s.asking);
+  s.asking = caf::actor{};
+}
+
 void greet_candidate(self_ptr self, const candidate_found& found) {
   using namespace std::chrono;
   auto& s = self->state;
@@ -475,10 +667,16 @@ void greet_candidate(self_ptr self, const candidate_found& found) {
   const auto left = duration_cast<milliseconds>(s.search_deadline - steady_clock::now());
   const auto timeout = std::max(std::min(left, s.search_hello_timeout), milliseconds(1000));
   const auto id = s.search_id;
+  s.asking = found.handle;
+  s.asking_index = found.index;
+  const auto ask = ++s.ask_id;
+  self->monitor(found.handle);
   self->request(found.handle, timeout, s.search_hello)
       .then(
           [=](const launch_plan& plan) {
             auto& st = self->state;
+            if (ask != st.ask_id) return;
+            done_asking(self, found.handle);
             if (!st.searching || st.stopping || id != st.search_id) return;
             const auto where = endpoint_text(st.args.coordinators[found.index]);
             switch (judge_leader_answer(plan, st.epoch)) {
@@ -504,6 +702,8 @@ void greet_candidate(self_ptr self, const candidate_found& found) {
           },
           [=](caf::error& e) {
             auto& st = self->state;
+            if (ask != st.ask_id) return;
+            done_asking(self, found.handle);
             if (!st.searching || st.stopping || id != st.search_id) return;
             next_candidate(self, found.index, self->system().render(e));
           });
@@ -556,16 +756,26 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   st.exit_code = std::move(exit_code);
   st.searches = std::move(searches);
   st.host_name = local_host_name();
+  if (st.args.coordinators.empty())  // alone: the rejoin search asks it
+    st.args.coordinators.push_back(endpoint{st.args.coordinator_host, st.args.coordinator_port});
   if (coordinator) self->monitor(coordinator);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
+    if (s.asking && dm.source == s.asking.address()) {
+      s.asking = caf::actor{};
+      ++s.ask_id;
+      if (s.searching && !s.stopping)
+        next_candidate(self, s.asking_index,
+                       "its connection closed: " + self->system().render(dm.reason));
+      return;
+    }
     if (!s.coordinator || dm.source != s.coordinator.address()) return;
     if (!s.stopping) {
       const std::string why = self->system().render(dm.reason);
       if (s.several_coordinators())
         begin_rehome(self, "its connection closed: " + why);
       else
-        fence_node(self, "lost the coordinator (" + why + ")");
+        enter_cut_off(self, "lost the coordinator (" + why + ")");
       return;
     }
     begin_stop(self, s.exit_code->load());
@@ -615,11 +825,27 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
         }
         for (auto it = s.workers.begin(); it != s.workers.end();) {
           if (auto ended = try_reap(it->second)) {
-            if (!s.stopping)
+            if (!s.stopping && !s.cut_off)
               report_exit(self,
                           worker_exited{it->first, it->second, ended->exit_code, ended->signal});
+            const bool removed = ended->signal == 0 && ended->exit_code == rejoin_exit_code;
+            if (removed && !s.stopping && !s.cut_off) {
+              const int32_t member = it->first;
+              if (s.rehoming) {  // the next leader takes the node on first
+                s.removed_while_rehoming.push_back(member);
+                it = s.workers.erase(it);
+                continue;
+              }
+              if (const pid_t pid = start_again(self, member); pid > 0) {
+                it->second = pid;
+                ++it;
+              } else {
+                it = s.workers.erase(it);
+              }
+              continue;
+            }
             const bool died = ended->signal != 0 || ended->exit_code != 0;
-            if (!s.stopping && died && s.restarts_left > 0) {
+            if (!s.stopping && !s.cut_off && died && s.restarts_left > 0) {
               // The same member starts again and rejoins; the job admits it at a step boundary.
               --s.restarts_left;
               const int32_t member = it->first;
@@ -646,7 +872,17 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
         }
         const auto now = std::chrono::steady_clock::now();
         const auto limit = s.silence_limit();
-        if (!s.stopping && !s.rehoming && limit.count() > 0 && now - s.coordinator_seen > limit) {
+        if (s.cut_off && !s.stopping) {
+          if (now >= s.cut_at + s.rejoin_timeout) {
+            give_up_rejoining(self, "no coordinator took it back on within " +
+                                        std::to_string(s.rejoin_timeout.count()) +
+                                        " ms (--rejoin-timeout-ms)");
+          } else if (s.workers.empty() && !s.searching) {
+            rejoin_search(self);
+          }
+        }
+        if (!s.stopping && !s.rehoming && !s.cut_off && limit.count() > 0 &&
+            now - s.coordinator_seen > limit) {
           const bool early = limit < s.coordinator_timeout;
           const std::string silent =
               "no heartbeat from it for " + std::to_string(limit.count()) +
@@ -654,7 +890,7 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
           if (s.several_coordinators())
             begin_rehome(self, silent);
           else
-            fence_node(self, "lost the coordinator: " + silent);
+            enter_cut_off(self, "lost the coordinator: " + silent);
         }
 
         self->delayed_send(self, reap_interval, tick_atom::value);
@@ -688,6 +924,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
       },
       [=](stop_atom, int32_t stage) {
         auto& s = self->state;
+        // A cut-off node's stop that comes after it rejoined would hit its new workers.
+        if (!s.stopping && !s.cut_off) return;
         if (s.workers.empty() || stage <= s.stop_stage) return;
         s.stop_stage = stage;
         signal_all(self, stage == 1 ? SIGTERM : SIGKILL);

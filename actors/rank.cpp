@@ -25,6 +25,7 @@
 #include "actors/messages.hpp"
 #include "actors/rank_worker.hpp"
 #include "actors/stage.hpp"
+#include "actors/tls_transport.hpp"
 #include "actors/worker_control.hpp"
 #include "chaos/schedule.hpp"
 #include "checkpoint/async_checkpointer.hpp"
@@ -86,7 +87,7 @@ bool from_current_coordinator(worker& w) {
 std::optional<loop_result> on_control(worker& w, const abort_generation& a) {
   if (ignore_older(w, a.epoch)) return std::nullopt;
   w.newest_generation = std::max(w.newest_generation, a.generation);
-  if (a.final && a.reason.starts_with(evicted_prefix))
+  if (a.final && (a.reason.starts_with(evicted_prefix) || a.reason.starts_with(removed_prefix)))
     return loop_result{loop_end::stopped, 0, a.reason};
   if (a.final) return loop_result{loop_end::stopped, 0, "the job ended: " + a.reason};
   if (a.generation > w.current.generation) {
@@ -109,11 +110,11 @@ std::optional<loop_result> on_coordinator_down(worker& w, const caf::down_msg& d
   return loop_result{loop_end::failed, 0, why};
 }
 
-// The heartbeat thread's word that the coordinator fell silent (HA mode only). It clears
-// `rehoming` only once a new leader took this member on, so a notice that waited in the
-// mailbox while that happened finds it clear and means nothing.
+// The heartbeat thread's word that the coordinator fell silent. It clears `rehoming` only once
+// a leader took this member back on, so a notice that waited in the mailbox while that
+// happened finds it clear and means nothing.
 std::optional<loop_result> on_silent(worker& w) {
-  if (!w.ha() || !w.shared->rehoming().load()) return std::nullopt;
+  if (!w.shared->rehoming().load()) return std::nullopt;
   char said[96];
   std::snprintf(said, sizeof said, "lost the coordinator (no heartbeat from it for %.2f s)",
                 w.shared->coordinator_silence());
@@ -414,6 +415,19 @@ loop_result await_stop(worker& w) {
   }
 }
 
+// The coordinator stopped this member: says why and returns the process's exit code. Removed
+// or evicted, the process was told to go (its agent starts a removed member again); otherwise
+// the job stopped (a scheduler's SIGTERM, a Ctrl-C, the job's end): no failure of this rank's,
+// so no error line for log-based alerting to page on.
+int log_stop(worker& w, const std::string& why) {
+  const int code = exit_code_after_stop(why);
+  const bool told_to_go = why.starts_with(evicted_prefix) || why.starts_with(removed_prefix);
+  if (!why.empty())
+    monitoring::log(told_to_go ? monitoring::level::warn : monitoring::level::info, w.log_ctx(),
+                    why);
+  return code;
+}
+
 // The member's life: wait for a generation, train in it, report after an abort, repeat.
 int serve(worker& w) {
   const auto wait_limit = std::chrono::seconds(86400);  // the coordinator's loss ends any wait
@@ -451,16 +465,15 @@ int serve(worker& w) {
           [&](silent_atom) { end = on_silent(w); }, caf::after(wait_limit) >> [] {});
     }
     if (end && end->how == loop_end::coordinator_lost) {
-      if (!rehome(w, end->why)) return 1;
-      continue;  // the new leader's abort and reconfigure come next
+      if (auto code = rehome(w, end->why)) return *code;
+      continue;  // the leader's abort and reconfigure come next
     }
     if (end) {
       if (end->how == loop_end::failed) {
         monitoring::log(monitoring::level::error, w.log_ctx(), end->why);
         return 1;
       }
-      if (!end->why.empty()) monitoring::log(monitoring::level::info, w.log_ctx(), end->why);
-      return end->why.rfind("the job ended", 0) == 0 ? 1 : 0;
+      return log_stop(w, end->why);
     }
     if (!pending) continue;
     const reconfigure r = *pending;
@@ -492,24 +505,30 @@ int serve(worker& w) {
           tell_coordinator(w, report_for(w, result.next_generation));
         break;
       case loop_end::stopped:
-        if (result.why.starts_with(evicted_prefix)) {  // told to go: not a failure to restart
-          monitoring::log(monitoring::level::warn, w.log_ctx(), result.why);
-          return 0;
-        }
-        // The coordinator stopped the job (a scheduler's SIGTERM, a Ctrl-C, the job's end):
-        // no failure of this rank's, so no error line for log-based alerting to page on.
-        if (!result.why.empty()) monitoring::log(monitoring::level::info, w.log_ctx(), result.why);
-        return result.why.empty() ? 0 : 1;
+        return log_stop(w, result.why);
       case loop_end::failed:
         monitoring::log(monitoring::level::error, w.log_ctx(), result.why);
         return 1;
       case loop_end::coordinator_lost:
-        if (!rehome(w, result.why)) return 1;
-        break;  // the new leader's abort and reconfigure come next
+        if (auto code = rehome(w, result.why)) return *code;
+        break;  // the leader's abort and reconfigure come next
       case loop_end::finished:
         return 0;
     }
   }
+}
+
+// When the heartbeat thread acts on a silent coordinator. With standbys, a leader silent for a
+// heartbeat timeout is looked for anew (the old one, if it comes back first, takes this member
+// back): a takeover need not wait for the coordinator timeout. Alone, the coordinator has
+// declared this member lost after a heartbeat timeout of the same silence (a cut is silent
+// both ways), so the member stops computing at twice that, leaving a paused coordinator (a
+// stalled VM) time to wake first, and asks it back until the coordinator timeout.
+silence_policy silence_policy_of(const worker& w) {
+  const auto heartbeat = std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms);
+  const auto coordinator = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
+  if (w.ha()) return {heartbeat, std::chrono::milliseconds(0)};
+  return {std::min(2 * heartbeat, coordinator), coordinator};
 }
 
 // Warming more than this would delay a large model's first generation for little gain.
@@ -527,6 +546,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
   w.leader_index = first;
   w.leader =
       w.ha() ? w.coordinators[first] : endpoint{args.coordinator_host, args.coordinator_port};
+  if (w.coordinators.empty()) w.coordinators = {w.leader};  // rehoming asks it alone
   w.shared = std::make_shared<worker_shared>();
   auto control = self->spawn(control_actor, w.shared, caf::actor_cast<caf::actor>(self));
   w.control = control;
@@ -580,6 +600,10 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
                            limits.hard,
                            "a worker of this job (world " + std::to_string(w.cfg.world) + ")");
     set_blas_threads(w.cfg.blas_threads);
+    // As the coordinator does: a connection whose data stays unacknowledged past twice the
+    // coordinator timeout belongs to a cut that everyone has acted on.
+    set_control_socket_timeout(2 *
+                               std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)));
     // Before the first reconfigure. A member of a forming job has the time to write what an
     // old and a new engine will use; one that joins a running job may be on a recovery's
     // path (a reconfigure may already wait), so it only marks its heap for huge pages and
@@ -596,16 +620,11 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.epoch_seen = answer->epoch;
     w.shared->epoch_seen().store(w.epoch_seen);
     w.shared->set_coordinator(w.coordinator);
-    // With standby coordinators a silent coordinator is not the end: the heartbeat thread
-    // tells this actor, which looks for the new leader (rehome).
+    // A silent coordinator is not the end: the heartbeat thread tells this actor, which stops
+    // computing and asks for the leader again (rehome).
     beats.emplace(w.coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
-                  // With standbys, a leader silent for a heartbeat timeout is looked for anew
-                  // (the old one, if it comes back first, takes this member back): a takeover
-                  // need not wait for the longer timeout that ends a member otherwise.
-                  std::chrono::milliseconds(w.ha() ? w.cfg.elastic.heartbeat_timeout_ms
-                                                   : coordinator_timeout_ms(w.cfg.elastic)),
-                  w.ha() ? caf::actor_cast<caf::actor>(self) : caf::actor{});
+                  silence_policy_of(w), caf::actor_cast<caf::actor>(self));
     w.beats = &*beats;
     const std::string store_host = store_host_of(*answer, w.leader);
     const auto store_port = static_cast<uint16_t>(answer->store_port);

@@ -1,5 +1,6 @@
-// A worker whose job has standby coordinators (worker_args::coordinators): finding the leader
-// among them at start-up, and rehoming to the next leader when the one it followed is lost.
+// Finding the leader among a job's coordinators at start-up (with standbys), and rehoming when
+// the one a worker followed is lost: to the next leader, or back to the only coordinator after
+// a silence (a healed cut).
 // Part of the worker (actors/rank_worker.hpp); nothing outside the worker uses it.
 
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,6 +87,10 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
             out.last = where + " leads epoch " + std::to_string(got->epoch) +
                        ", older than epoch " + std::to_string(epoch_seen);
             break;
+          case welcome_verdict::told_to_go:
+            out.last = where + ": " + got->error;
+            out.told_to_go = got->error;
+            return out;
           case welcome_verdict::refused:
             out.last = "the coordinator at " + where + " refused this member: " + got->error;
             if (stop_on_refusal) {
@@ -110,16 +116,26 @@ std::string joined(const std::vector<std::string>& parts) {
   return out;
 }
 
-// The coordinator was lost while standby coordinators exist: keep what this member holds
-// (its engine's committed state; a voted step is never applied) and ask each coordinator in
-// turn to take it back on, until the coordinator timeout. The leader that does answers with
-// an abort and a reconfigure, which serve() then waits for as usual. False: nobody led in
-// time, and the process is fenced.
-bool rehome(worker& w, const std::string& why) {
+// The coordinator was lost: keep what this member holds (its engine's committed state; a voted
+// step is never applied) and ask each coordinator in turn (the only one, without standbys) to
+// take it back on, until the coordinator timeout. The leader that does answers with an abort
+// and a reconfigure, which serve() then waits for as usual. One that declared this member lost
+// meanwhile says so (welcome_verdict::told_to_go): the process exits and its agent starts the
+// member again. Nobody answering in time fences the process.
+std::optional<int> rehome(worker& w, const std::string& why) {
   const auto start = clock_type::now();
   w.shared->rehoming().store(true);
   w.shared->abort_running(why);
-  const auto timeout = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
+  const auto limit = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
+  // With standbys a takeover may take the whole timeout from here. Alone, the coordinator is
+  // given the coordinator timeout from its last word, as before it ever fell silent, but at
+  // least half a second to answer (a process that woke from a SIGSTOP asks once).
+  auto timeout = limit;
+  if (!w.ha()) {
+    const auto silent =
+        std::chrono::milliseconds(static_cast<int64_t>(w.shared->coordinator_silence() * 1000));
+    timeout = std::max(limit - silent, std::chrono::milliseconds(500));
+  }
   const auto deadline = start + timeout;
   hello h{protocol_version,          w.member, getpid(), this_host(), w.node, w.control,
           comm::transport_identity()};
@@ -143,12 +159,24 @@ bool rehome(worker& w, const std::string& why) {
     auto found = find_leader(
         w.self, w.coordinators, first, {}, h, w.epoch_seen, deadline,
         std::chrono::milliseconds(250),
-        // A cut-off coordinator is silent, not refusing: a try at it must
-        // leave time in the window for the others.
-        std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4), false);
+        // A cut-off coordinator is silent, not refusing: a try at it must leave time in the
+        // window for the others. Alone, one hello waits for the whole window: each repeat
+        // would reach it after a healed cut, and each would form the generation again.
+        w.ha() ? std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4)
+               : timeout,
+        false);
     for (auto& a : found.asked)
       if (std::find(asked.begin(), asked.end(), a) == asked.end()) asked.push_back(a);
     if (!found.last.empty()) last = found.last;
+    if (!found.told_to_go.empty()) {
+      w.shared->fence();
+      w.shared->abort_older_than(0, true, found.told_to_go);
+      const int code = exit_code_after_stop(found.told_to_go);
+      monitoring::log(monitoring::level::warn, w.log_ctx(),
+                      why + "; the leader at " + last.substr(0, last.find(": ")) +
+                          " said: " + found.told_to_go + " (exit " + std::to_string(code) + ")");
+      return code;
+    }
     if (!found.actor) break;
     const endpoint& e = w.coordinators[found.index];
     // The new leader serves a store of its own: the data plane meets there from now on.
@@ -185,7 +213,7 @@ bool rehome(worker& w, const std::string& why) {
                     why + "; rejoined the leader at " + endpoint_name(e) + " (epoch " +
                         std::to_string(w.epoch_seen) + ") in " + std::to_string(took.count()) +
                         " ms, holding step " + std::to_string(held.held_step));
-    return true;
+    return std::nullopt;
   }
   w.shared->fence();
   w.shared->abort_older_than(0, true, "the coordinator is gone");
@@ -195,7 +223,13 @@ bool rehome(worker& w, const std::string& why) {
                       "; last answer: " + (last.empty() ? "none" : last) +
                       "); fenced: this worker sends no vote, writes no checkpoint and exits (if "
                       "no coordinator leads the job any more, resume it with --resume)");
-  return false;
+  return 1;
+}
+
+int exit_code_after_stop(const std::string& why) {
+  if (why.starts_with(removed_prefix)) return rejoin_exit_code;
+  if (why.starts_with(evicted_prefix)) return 0;  // told to go: not a failure to restart
+  return why.empty() ? 0 : 1;
 }
 
 }  // namespace troupe::actors::worker_detail

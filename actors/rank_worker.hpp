@@ -47,8 +47,9 @@ struct generation_context {
 };
 
 // How the step loop of one generation ended.
-// coordinator_lost: with standby coordinators, the leader went away (its down message, or the
-// heartbeat thread's silent_atom); serve() looks for the new leader instead of failing.
+// coordinator_lost: the coordinator fell silent (the heartbeat thread's silent_atom), or with
+// standby coordinators the leader's connection closed; serve() asks for the leader again
+// instead of failing.
 enum class loop_end { finished, aborted, stopped, failed, coordinator_lost };
 struct loop_result {
   loop_end how = loop_end::finished;
@@ -120,8 +121,9 @@ struct leader_search {
   welcome answer;
   size_t index = 0;  // its place in the list
   std::vector<std::string> asked;
-  std::string last;      // the last answer that was not a welcome
-  bool refused = false;  // a coordinator refused for a reason other than not leading
+  std::string last;        // the last answer that was not a welcome
+  bool refused = false;    // a coordinator refused for a reason other than not leading
+  std::string told_to_go;  // the leader removed or evicted this member (welcome_verdict)
 };
 /// Asks the job's coordinators in turn, from `first` (`connected`, when valid, is that one
 /// reached already), until one that leads an epoch no older than `epoch_seen` takes `h` on, or
@@ -130,10 +132,14 @@ leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>
                           size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
                           clock_type::time_point deadline, std::chrono::milliseconds connect_try,
                           std::chrono::milliseconds request_try, bool stop_on_refusal);
-/// The coordinator was lost while standby coordinators exist: keeps what this member holds and
-/// asks each coordinator in turn to take it back on, until the coordinator timeout. False:
-/// nobody led in time, and the process is fenced.
-bool rehome(worker& w, const std::string& why);
+/// The coordinator was lost (silent, or with standbys its connection closed): keeps what this
+/// member holds and asks each coordinator in turn to take it back on, until the coordinator
+/// timeout. nullopt: a leader did. Otherwise the exit code of this process: 1 when nobody led
+/// in time (the process is fenced), rejoin_exit_code when the leader had removed this member
+/// meanwhile (its agent starts it again), 0 when it had evicted it.
+std::optional<int> rehome(worker& w, const std::string& why);
+/// The exit code of a worker whose coordinator stopped it with `why` (loop_end::stopped).
+int exit_code_after_stop(const std::string& why);
 
 /// Sizes the snapshot buffers for this generation's state before its first step.
 void prepare_checkpoints(worker& w);

@@ -26,6 +26,7 @@ struct member_info {
   std::string host;
   std::string transport;  ///< hello::transport: "<request>\n<host identity>"
   bool live = true;
+  bool evicted = false;          ///< lost as a straggler: told to go, never started again
   int32_t rank = -1;             ///< in the current generation; -1 = spare (or not placed yet)
   uint64_t held_generation = 0;  ///< the generation whose layout its state is in
   int32_t held_rank = -1;

@@ -1,10 +1,13 @@
 #include "actors/tls_transport.hpp"
 
+#include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -19,11 +22,14 @@
 #include <caf/io/network/stream_impl.hpp>
 #include <caf/io/scribe.hpp>
 #include <caf/send.hpp>
+#include <cerrno>
 #include <condition_variable>
 #include <csignal>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "monitoring/log.hpp"
@@ -369,10 +375,62 @@ struct accept_policy {
 // first six tries). And a small message goes out at once, not after the acknowledgement of
 // the one before it (Nagle: a round trip). Best effort: a kernel without the options keeps
 // its defaults.
+// The control sockets open now, for set_control_socket_timeout.
+std::mutex control_sockets_mutex;
+std::set<int> control_sockets;
+unsigned control_user_timeout_ms = 0;  // guarded by control_sockets_mutex
+
+void apply_user_timeout(int fd, unsigned ms) {
+  if (ms > 0) ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+}
+
 void tune_control_socket(int fd) {
   const int on = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
   ::setsockopt(fd, IPPROTO_TCP, TCP_THIN_LINEAR_TIMEOUTS, &on, sizeof on);
+  std::lock_guard lock(control_sockets_mutex);
+  apply_user_timeout(fd, control_user_timeout_ms);
+}
+
+// A TCP connection to host:port within control_connect_deadline, as a blocking socket (the
+// TLS handshake reads it with timeouts; CAF makes it non-blocking when it takes it over).
+caf::expected<int> connect_within_deadline(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || !found)
+    return caf::make_error(caf::sec::cannot_connect_to_node, "cannot resolve " + host);
+  std::string last = "no address";
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    const int fd =
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      last = std::strerror(errno);
+      continue;
+    }
+    int error = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, static_cast<int>(control_connect_deadline.count()));
+      if (ready == 1) {
+        socklen_t len = sizeof error;
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) error = errno;
+      } else {
+        error = ready == 0 ? ETIMEDOUT : errno;
+      }
+    }
+    if (error == 0 && ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0) {
+      ::freeaddrinfo(found);
+      return fd;
+    }
+    last = std::strerror(error != 0 ? error : errno);
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return caf::make_error(caf::sec::cannot_connect_to_node,
+                         "cannot connect to " + host + ":" + std::to_string(port) + " within " +
+                             std::to_string(control_connect_deadline.count()) + " ms: " + last);
 }
 
 // ---- CAF servants over the policies ----
@@ -382,7 +440,14 @@ class tls_scribe : public caf::io::scribe {
   tls_scribe(net::default_multiplexer& mpx, int fd, std::shared_ptr<tls_context> context, SSL* ssl,
              bool handshake_done)
       : scribe(net::conn_hdl_from_socket(fd)),
-        stream_(mpx, fd, std::move(context), ssl, handshake_done, fd) {}
+        stream_(mpx, fd, std::move(context), ssl, handshake_done, fd) {
+    std::lock_guard lock(control_sockets_mutex);
+    control_sockets.insert(fd);
+  }
+  ~tls_scribe() override {  // before stream_ closes the socket
+    std::lock_guard lock(control_sockets_mutex);
+    control_sockets.erase(stream_.fd());
+  }
 
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
@@ -509,7 +574,7 @@ class tls_middleman_actor : public caf::io::middleman_actor_impl {
 
  protected:
   caf::expected<caf::io::scribe_ptr> connect(const std::string& host, uint16_t port) override {
-    auto fd = net::new_tcp_connection(host, port);
+    auto fd = connect_within_deadline(host, port);
     if (!fd) return std::move(fd.error());
     tune_control_socket(*fd);
     auto ssl = client_handshake(*context_, *fd, host + ":" + std::to_string(port));
@@ -566,6 +631,13 @@ caf::io::middleman_actor tls_middleman(caf::actor_system& sys) {
 }
 
 }  // namespace
+
+void set_control_socket_timeout(std::chrono::milliseconds timeout) {
+  const auto ms = static_cast<unsigned>(std::max<int64_t>(0, timeout.count()));
+  std::lock_guard lock(control_sockets_mutex);
+  control_user_timeout_ms = ms;
+  for (int fd : control_sockets) apply_user_timeout(fd, ms);
+}
 
 void set_rejection_listener(rejection_listener listener) {
   std::lock_guard lock(listener_mutex);

@@ -47,6 +47,16 @@ caf::expected<uint16_t> tls_publish(caf::actor_system& sys, const caf::actor& wh
                                     const std::string& host, bool reuse,
                                     const std::string& listener);
 
+/// How long a control connection's TCP connect may take before it fails (a peer behind a cut
+/// link drops the SYN, and the kernel alone would retry for two minutes).
+inline constexpr std::chrono::milliseconds control_connect_deadline{3000};
+
+/// The TCP_USER_TIMEOUT of every control connection of this process, open now or made later:
+/// one whose sent data stays unacknowledged this long is closed (a long cut), so that after
+/// the link heals the peers meet over a new connection instead of one whose retransmissions
+/// have backed off for a minute or more. 0 = the kernel's default (about 15 minutes).
+void set_control_socket_timeout(std::chrono::milliseconds timeout);
+
 /// Connects to an actor published with tls_publish. A peer that shows another job's
 /// certificate is refused with an error that names both jobs.
 caf::expected<caf::actor> tls_remote_actor(caf::actor_system& sys, const std::string& host,

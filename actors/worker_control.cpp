@@ -49,6 +49,8 @@ void worker_shared::abort_running(const std::string& why) {
 
 welcome_verdict judge_welcome(const welcome& w, int64_t epoch_seen) {
   if (w.error.starts_with(not_leading_prefix)) return welcome_verdict::not_leading;
+  if (w.error.starts_with(removed_prefix) || w.error.starts_with(evicted_prefix))
+    return welcome_verdict::told_to_go;
   if (!w.error.empty()) return welcome_verdict::refused;
   if (from_older_epoch(w.epoch, epoch_seen)) return welcome_verdict::stale;
   return welcome_verdict::leader;
@@ -80,10 +82,10 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
 
 heartbeat_thread::heartbeat_thread(caf::actor coordinator, int32_t member,
                                    std::shared_ptr<worker_shared> shared,
-                                   std::chrono::milliseconds interval,
-                                   std::chrono::milliseconds coordinator_timeout, caf::actor rank)
+                                   std::chrono::milliseconds interval, silence_policy policy,
+                                   caf::actor rank)
     : coordinator_(std::move(coordinator)), shared_(std::move(shared)), rank_(std::move(rank)) {
-  thread_ = std::thread([=, this] { run(member, interval, coordinator_timeout); });
+  thread_ = std::thread([=, this] { run(member, interval, policy); });
 }
 
 void heartbeat_thread::retarget(caf::actor coordinator) {
@@ -93,20 +95,37 @@ void heartbeat_thread::retarget(caf::actor coordinator) {
   silence_told_ = false;
 }
 
+void heartbeat_thread::fence_and_exit(double silent, std::chrono::milliseconds limit) {
+  // Cut off from the coordinator (a partition), or it hung or died: nobody can commit a step
+  // of ours any more, and a live coordinator has replaced us already.
+  shared_->fence();
+  char said[64];
+  std::snprintf(said, sizeof said, "%.2f s (limit %.2f s)", silent,
+                static_cast<double>(limit.count()) / 1000);
+  monitoring::log(monitoring::level::error,
+                  {"rank", -1, shared_->generation().load(), shared_->step().load()},
+                  std::string("lost the coordinator: no heartbeat from it for ") + said +
+                      "; fenced: this worker sends no vote, writes no checkpoint and "
+                      "exits (a live coordinator goes on without it; if the "
+                      "coordinator is gone, resume the job with --resume)");
+  shared_->abort_older_than(0, true, "the coordinator is gone");
+  std::_Exit(1);
+}
+
 void heartbeat_thread::run(int32_t member, std::chrono::milliseconds interval,
-                           std::chrono::milliseconds coordinator_timeout) {
+                           silence_policy policy) {
   using clock = std::chrono::steady_clock;
   const auto& shared = shared_;
   std::unique_lock lock(m_);
   shared->coordinator_seen();
-  const auto limit = coordinator_timeout;
+  const auto limit = policy.act;
   // The silence is checked more often than the beats go out, so the fence falls within
   // a twentieth of the timeout of its limit.
-  const auto check =
-      std::min(interval, std::max(std::chrono::milliseconds(10), coordinator_timeout / 20));
+  const auto check = std::min(interval, std::max(std::chrono::milliseconds(10), limit / 20));
   auto next_beat = clock::now();
   while (!stop_) {
-    if (const auto now = clock::now(); now >= next_beat) {
+    const auto now = clock::now();
+    if (now >= next_beat) {
       heartbeat beat{member, shared->generation().load(), shared->step().load(),
                      tls_rejected_connections()};
       beat.epoch = shared->epoch_seen().load();
@@ -117,28 +136,21 @@ void heartbeat_thread::run(int32_t member, std::chrono::milliseconds interval,
     const bool too_long = silent * 1000 > static_cast<double>(limit.count());
     if (!too_long) silence_told_ = false;
     if (too_long && rank_ && !silence_told_) {
-      // Standby coordinators exist: one of them may lead by now. The step loop looks for it;
-      // until then nothing of this generation can be committed, so its collectives stop here
-      // (without counting as an abort: the next leader's generations are not superseded).
+      // Nothing of this generation can be committed while the coordinator is silent, so its
+      // collectives stop here (without counting as an abort: the leader's next generations
+      // are not superseded), and the step loop asks for the leader.
       silence_told_ = true;
+      told_at_ = now;
       shared->rehoming().store(true);
       shared->abort_running("the coordinator is silent");
       caf::anon_send(rank_, silent_atom::value);
+    } else if (too_long && rank_ && policy.give_up.count() > 0 &&
+               now - told_at_ > policy.give_up + std::chrono::seconds(1) &&
+               shared->rehoming().load()) {
+      // The step loop's search has a deadline of its own; this one holds if it never returns.
+      fence_and_exit(silent, policy.give_up);
     } else if (too_long && !rank_) {
-      // Cut off from the coordinator (a partition), or it hung or died: nobody can commit
-      // a step of ours any more, and a live coordinator has replaced us already.
-      shared->fence();
-      char said[64];
-      std::snprintf(said, sizeof said, "%.2f s (limit %.2f s)", silent,
-                    static_cast<double>(limit.count()) / 1000);
-      monitoring::log(monitoring::level::error,
-                      {"rank", -1, shared->generation().load(), shared->step().load()},
-                      std::string("lost the coordinator: no heartbeat from it for ") + said +
-                          "; fenced: this worker sends no vote, writes no checkpoint and "
-                          "exits (a live coordinator goes on without it; if the "
-                          "coordinator is gone, resume the job with --resume)");
-      shared->abort_older_than(0, true, "the coordinator is gone");
-      std::_Exit(1);
+      fence_and_exit(silent, limit);
     }
     cv_.wait_for(lock, check, [this] { return stop_; });
   }

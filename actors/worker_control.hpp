@@ -94,6 +94,9 @@ enum class welcome_verdict {
   not_leading,  ///< a standby (or a deposed leader): ask the next one
   stale,        ///< it leads an epoch older than one the member followed already: ask the next
   refused,      ///< it leads but refused the member for another reason
+  /// it leads, and declared this member lost while the process was away (removed_prefix) or
+  /// evicted it (evicted_prefix): the process exits, and its agent starts a removed one again
+  told_to_go,
 };
 welcome_verdict judge_welcome(const welcome& w, int64_t epoch_seen);
 
@@ -115,18 +118,31 @@ inline size_t endpoint_after(size_t i, size_t count) { return count == 0 ? 0 : (
 caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker_shared> shared,
                             caf::actor rank);
 
+/// When a worker acts on its coordinator's silence.
+struct silence_policy {
+  /// After this much silence: fence and exit without `rank`; with it, abort the running data
+  /// plane and tell `rank` (silent_atom), which asks for the leader again.
+  std::chrono::milliseconds act;
+  /// With `rank`: when it has not been taken back on this long after it was told (its search
+  /// for the leader outlasts its own deadline), the thread fences and ends the process.
+  /// 0 = never (with standbys, the rank's search decides alone).
+  std::chrono::milliseconds give_up{0};
+  silence_policy(std::chrono::milliseconds act_after,  // NOLINT: a bare limit is a policy
+                 std::chrono::milliseconds give_up_after = std::chrono::milliseconds(0))
+      : act(act_after), give_up(give_up_after) {}
+};
+
 /// Beats from its own thread, so compute cannot silence it; only a stopped or dead process
-/// is. When the coordinator has been silent for longer than `coordinator_timeout` (a
-/// partition, or the coordinator hung or gone), this process fences itself: it sends nothing
-/// more, aborts the data plane, says so, and ends (exit code 1), whatever its agent does.
-/// With standby coordinators (`rank` valid) the process may outlive its coordinator instead:
-/// the thread aborts the running data plane and tells `rank` (silent_atom, once per silence),
-/// whose step loop looks for the new leader and then points the thread at it (retarget).
+/// is. When the coordinator has been silent for longer than `policy.act` (a partition, or the
+/// coordinator hung or gone), a process without `rank` fences itself: it sends nothing more,
+/// aborts the data plane, says so, and ends (exit code 1), whatever its agent does. With
+/// `rank` the process may outlive the silence: the thread aborts the running data plane and
+/// tells `rank` (silent_atom, once per silence), whose step loop asks for the leader again
+/// and then points the thread at it (retarget).
 class heartbeat_thread {
  public:
   heartbeat_thread(caf::actor coordinator, int32_t member, std::shared_ptr<worker_shared> shared,
-                   std::chrono::milliseconds interval,
-                   std::chrono::milliseconds coordinator_timeout, caf::actor rank = {});
+                   std::chrono::milliseconds interval, silence_policy policy, caf::actor rank = {});
   ~heartbeat_thread();
   heartbeat_thread(const heartbeat_thread&) = delete;
   heartbeat_thread& operator=(const heartbeat_thread&) = delete;
@@ -134,8 +150,8 @@ class heartbeat_thread {
   void retarget(caf::actor coordinator);
 
  private:
-  void run(int32_t member, std::chrono::milliseconds interval,
-           std::chrono::milliseconds coordinator_timeout);
+  void run(int32_t member, std::chrono::milliseconds interval, silence_policy policy);
+  [[noreturn]] void fence_and_exit(double silent, std::chrono::milliseconds limit);
 
   std::mutex m_;
   std::condition_variable cv_;
@@ -144,6 +160,7 @@ class heartbeat_thread {
   std::shared_ptr<worker_shared> shared_;
   caf::actor rank_;
   bool silence_told_ = false;  ///< the rank actor knows of the silence going on now
+  std::chrono::steady_clock::time_point told_at_;
   std::thread thread_;
 };
 

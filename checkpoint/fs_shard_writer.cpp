@@ -334,7 +334,10 @@ class fs_shard_writer final : public shard_writer {
     std::error_code ec;
     for (const fs::directory_entry& f : fs::directory_iterator(recycled_root_, ec)) {
       std::error_code type_ec;
-      if (f.symlink_status(type_ec).type() != fs::file_type::regular) {
+      const fs::file_type type = f.symlink_status(type_ec).type();
+      // Gone between the listing and the look: another rank of this host took it meanwhile.
+      if (type == fs::file_type::not_found) continue;
+      if (type != fs::file_type::regular) {
         report_foreign(f.path(), "is not a regular file; skipped", r);
         continue;
       }

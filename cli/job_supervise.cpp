@@ -14,6 +14,7 @@
 #include "actors/connect.hpp"
 #include "actors/job/events.hpp"
 #include "actors/job_supervisor.hpp"
+#include "actors/tls_transport.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "cli/job_steps.hpp"
 #include "cli/scheduler.hpp"
@@ -291,6 +292,10 @@ actors::job_result job_supervision::run_standby(const sigset_t& signals,
 // The coordinator's endpoint, published for the agents and workers and written to
 // RUN_DIR/coordinator.addr (one of several coordinators: RUN_DIR/coordinators/<pid>.addr).
 uint16_t job_supervision::publish() {
+  // A connection to a node cut off for twice the coordinator timeout is given up: everyone has
+  // acted on the cut by then, and the node rejoins over a new one when its link heals.
+  actors::set_control_socket_timeout(
+      2 * std::chrono::milliseconds(coordinator_timeout_ms(job_.cfg.elastic)));
   auto published = actors::publish_for_job(sys_, supervisor_, job_.listen_port, job_.listen_host,
                                            true, "coordinator");
   if (!published) {

@@ -48,6 +48,10 @@ struct elastic_config {
   /// 0 = 5 x heartbeat_timeout_ms. Longer than the coordinator waits for them, so that a pause
   /// of the coordinator (SIGSTOP, a VM stall) shorter than this costs only the pause.
   int coordinator_timeout_ms = 0;
+  /// An agent cut off from every coordinator for the coordinator timeout stops its workers but
+  /// keeps looking for the leader this long, then rejoins the job with new workers (the job
+  /// grows back); past it, the agent exits. 0 = it exits at once.
+  int rejoin_timeout_ms = 600000;
   /// Every first worker must have joined this long after the coordinator started; one that
   /// died before it joined is replaced by its agent's restart or left out (--min-ranks).
   int join_timeout_ms = 60000;

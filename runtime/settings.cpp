@@ -430,13 +430,22 @@ std::vector<setting> build_table() {
   add(make_field("elastic.heartbeat_timeout_ms", &tc::elastic,
                  &elastic_config::heartbeat_timeout_ms),
       {"--heartbeat-timeout-ms", "MS", g_elastic, may_change,
-       "a worker silent this long is declared hung and replaced (default 2000)", 100, 3600000});
+       "a worker silent this long is declared hung and replaced; a worker that hears nothing "
+       "from the coordinator for twice this long stops computing (default 2000)",
+       100, 3600000});
   add(make_field("elastic.coordinator_timeout_ms", &tc::elastic,
                  &elastic_config::coordinator_timeout_ms),
       {"--coordinator-timeout-ms", "MS", g_elastic, may_change,
-       "workers and agents wait this long for a silent coordinator before they fence "
-       "themselves and exit (with --coordinators K they look for the new leader after a "
-       "heartbeat timeout); longer than the heartbeat timeout; 0 = 5 x it (default 0)"});
+       "workers wait this long for a silent coordinator before they fence themselves and exit, "
+       "and agents stop their workers and look for the leader (--rejoin-timeout-ms); with "
+       "--coordinators K both look for the new leader after a heartbeat timeout; longer than "
+       "the heartbeat timeout; 0 = 5 x it (default 0)"});
+  add(make_field("elastic.rejoin_timeout_ms", &tc::elastic, &elastic_config::rejoin_timeout_ms),
+      {"--rejoin-timeout-ms", "MS", g_elastic, may_change,
+       "an agent cut off from every coordinator stops its workers but keeps looking for the "
+       "leader this long, then rejoins with new workers and the job grows back; past it the "
+       "agent exits 1. 0 = it exits at once (default 600000: a switch's reboot)",
+       0, 86400000, " (0 to 24 h)"});
   add(make_field("elastic.join_timeout_ms", &tc::elastic, &elastic_config::join_timeout_ms),
       {"--join-timeout-ms", "MS", g_elastic, may_change,
        "every first worker must join within this; one that dies before it joins is restarted "

@@ -20,6 +20,7 @@ job_params make_job_params(const train_config& cfg, const strategies::layout_pla
   p.bounds.max_ranks = cfg.elastic.max_ranks > 0 ? cfg.elastic.max_ranks : cfg.world;
   p.heartbeat_timeout = milliseconds(cfg.elastic.heartbeat_timeout_ms);
   p.coordinator_timeout = milliseconds(coordinator_timeout_ms(cfg.elastic));
+  p.rejoin_timeout = milliseconds(cfg.elastic.rejoin_timeout_ms);
   p.stall_gap = p.heartbeat_timeout / 2;
   p.form_timeout = milliseconds(cfg.elastic.join_timeout_ms);
   p.straggler_policy = cfg.elastic.straggler_policy;

@@ -27,6 +27,8 @@ struct job_params {
   std::chrono::milliseconds heartbeat_timeout{2000};
   /// How long agents (launch_plan) and workers wait for a silent coordinator.
   std::chrono::milliseconds coordinator_timeout{10000};
+  /// How long an agent cut off from every coordinator looks for the leader (launch_plan).
+  std::chrono::milliseconds rejoin_timeout{600000};
   /// A clock tick this much later than the one before means the coordinator itself did not run
   /// (stopped, or its machine stalled): the members' silence over that gap is its own, so their
   /// heartbeat clocks restart instead of evicting them. 0 = never assumed (the logic's tests

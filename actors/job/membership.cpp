@@ -13,6 +13,13 @@ std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds heartbeat
 
 namespace {
 
+// What a removed member's process is told about its removal.
+std::string removed_words(const member_info& m) {
+  return "member " + std::to_string(m.id) +
+         " was declared lost while this process was cut off or stopped, and the job went on "
+         "without it";
+}
+
 double seconds_between(logic_time a, logic_time b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -38,7 +45,8 @@ membership::membership(const job_params& p)
       nodes_(p.nodes),
       max_restarts_(p.max_restarts),
       heartbeat_timeout_(p.heartbeat_timeout),
-      coordinator_timeout_(p.coordinator_timeout) {}
+      coordinator_timeout_(p.coordinator_timeout),
+      rejoin_timeout_(p.rejoin_timeout) {}
 
 void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
                              actions& out) {
@@ -60,6 +68,7 @@ void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& a
   answer.max_restarts = max_restarts_;
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
   answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
+  answer.rejoin_timeout_ms = static_cast<int32_t>(rejoin_timeout_.count());
   for (int i = 0; i < count; ++i) {
     launched_on_.resize(static_cast<size_t>(next_member_) + 1, -1);
     launched_on_[static_cast<size_t>(next_member_)] = node;
@@ -93,9 +102,22 @@ void membership::readmit_agent(const agent_hello& h, bool job_over, launch_plan&
     next_member_ = std::max(next_member_, m + 1);
   }
   answer.node = h.node;
+  // An agent that was cut off stopped its workers: it starts again those of its members that
+  // no live process holds (a spare may hold none of them: spares have ids of their own).
+  for (int32_t m : h.former_members) {
+    if (m < 0 || m >= most) continue;
+    const member_info* info = find(m);
+    if (info && info->live) continue;
+    if (info && info->evicted) continue;
+    launched_on_.resize(std::max(launched_on_.size(), static_cast<size_t>(m) + 1), -1);
+    launched_on_[static_cast<size_t>(m)] = h.node;
+    next_member_ = std::max(next_member_, m + 1);
+    answer.members.push_back(m);
+  }
   answer.max_restarts = h.restarts_left;
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
   answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
+  answer.rejoin_timeout_ms = static_cast<int32_t>(rejoin_timeout_.count());
   out.push_back(emit_event{events::agent_joined{h.host, h.pid, h.node, h.members}});
 }
 
@@ -143,6 +165,7 @@ std::optional<membership::lost_member> membership::lose(int32_t member, loss_cau
   member_info* m = find(member);
   if (!m || !m->live) return std::nullopt;
   m->live = false;
+  m->evicted = cause == loss_cause::straggler;
   const lost_member lost{m->rank, m->node};
   m->rank = -1;
   out.push_back(emit_event{events::rank_lost{.rank = lost.rank,
@@ -159,14 +182,30 @@ std::optional<membership::lost_member> membership::lose(int32_t member, loss_cau
 void membership::record_heartbeat(const heartbeat& h, logic_time now, actions& out) {
   member_info* m = find(h.member);
   if (!m || !m->live) {
-    // An evicted process that woke up (SIGCONT): its word no longer counts; tell it to go.
+    // A process of a member declared lost that speaks again (its link healed, or it woke from
+    // a SIGSTOP): its word no longer counts. An evicted straggler is told to go; any other is
+    // told it was removed, and its agent starts the member again (the job grows back).
     stale("heartbeat", h.member, h.generation, out);
     if (m)
-      out.push_back(
-          send_abort{h.member, abort_generation{generation_, "this member was evicted", true, {}}});
+      out.push_back(send_abort{
+          h.member, abort_generation{generation_,
+                                     m->evicted ? evicted_reason("this member was evicted")
+                                                : removed_reason(removed_words(*m)),
+                                     true,
+                                     {}}});
     return;
   }
   m->last_heartbeat = now;
+}
+
+std::string membership::rejoin_refusal(int32_t member) const {
+  const member_info* m = find(member);
+  if (m && m->live) return "";
+  if (m && m->evicted) return evicted_reason("this member was evicted");
+  if (!m)
+    return removed_reason("member " + std::to_string(member) +
+                          " is not one this coordinator knows (it joined another leadership)");
+  return removed_reason(removed_words(*m));
 }
 
 void membership::restart_heartbeat_clocks(logic_time now) {

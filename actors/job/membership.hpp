@@ -42,8 +42,10 @@ class membership {
   /// the reason in `answer.error`, when it speaks another protocol or the job is over.
   void admit_agent(const agent_hello& h, bool job_over, launch_plan& answer, actions& out);
 
-  /// Takeover: an agent that ran node `h.node` under an earlier coordinator rejoins with the
-  /// members it runs; nothing new is started (answer.members stays empty).
+  /// An agent that ran node `h.node` rejoins: after a takeover, with the members it runs
+  /// (nothing new is started); after it was cut off from every coordinator and stopped its
+  /// workers, with the members it ran (agent_hello::former_members), and answer.members are
+  /// those of them that no live process holds and were not evicted: it starts them again.
   void readmit_agent(const agent_hello& h, bool job_over, launch_plan& answer, actions& out);
 
   /// A worker process asks to join. Refused (answer.error) when it speaks another protocol,
@@ -62,9 +64,14 @@ class membership {
   std::optional<lost_member> lose(int32_t member, loss_cause cause, const std::string& why,
                                   int64_t committed, actions& out);
 
-  /// A member's heartbeat. One from a process that was evicted (a SIGSTOPped worker that woke
-  /// up) no longer counts: it is stale, and the process is told to go.
+  /// A member's heartbeat. One from a process of a member declared lost (a healed partition,
+  /// a SIGSTOPped worker that woke up) no longer counts: it is stale, and the process is told
+  /// that it was removed (removed_prefix: its agent starts the member again), or, evicted as a
+  /// straggler, to go.
   void record_heartbeat(const heartbeat& h, logic_time now, actions& out);
+  /// Why a process of `member` may not rejoin in place (job_logic::rejoin_refusal); empty
+  /// when the member is live.
+  std::string rejoin_refusal(int32_t member) const;
   /// Every live member's heartbeat clock starts again at `now`: the coordinator itself did
   /// not run for a while, so their silence over that time says nothing about them.
   void restart_heartbeat_clocks(logic_time now);
@@ -128,6 +135,7 @@ class membership {
   int max_restarts_ = 0;
   std::chrono::milliseconds heartbeat_timeout_;
   std::chrono::milliseconds coordinator_timeout_;
+  std::chrono::milliseconds rejoin_timeout_;
   uint64_t generation_ = 0;
   std::vector<member_info> members_;
   std::vector<int32_t> agent_pids_;   // by node

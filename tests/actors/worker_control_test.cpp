@@ -104,6 +104,11 @@ TEST(LeaderSearch, AWelcomeIsJudgedByLeadershipThenEpoch) {
   EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::not_leading);
   w.error = "the job's protocol is 7, this worker speaks 6";
   EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::refused);
+  // Declared lost (or evicted) while it was away: asking the others will not help.
+  w.error = removed_reason("member 3 was declared lost");
+  EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::told_to_go);
+  w.error = evicted_reason("compute 3x the median");
+  EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::told_to_go);
 }
 
 TEST(LeaderSearch, EveryEndpointGetsItsTurn) {
@@ -191,6 +196,29 @@ TEST(HeartbeatThread, WithStandbysTellsTheRankActorOncePerSilence) {
   EXPECT_EQ(silences_within(100ms), 0);
   EXPECT_EQ(silences_within(600ms), 1);
   caf::anon_send_exit(coordinator, caf::exit_reason::user_shutdown);
+}
+
+// Alone (no standbys), the rank actor is told at the first limit, and when it has not been
+// taken back on by the second one after that (its search never returned), the heartbeat
+// thread fences and ends the process itself.
+TEST(HeartbeatThreadDeathTest, EndsTheProcessWhenTheRankIsNotTakenBackInTime) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        caf::actor_system_config cfg;
+        caf::actor_system sys{cfg};
+        caf::scoped_actor rank{sys};
+        auto coordinator = sys.spawn([]() -> caf::behavior { return {[](const heartbeat&) {}}; });
+        auto shared = std::make_shared<worker_shared>();
+        heartbeat_thread beats(coordinator, 7, shared, 20ms, silence_policy{200ms, 300ms},
+                               caf::actor(rank));
+        bool told = false;
+        rank->receive([&](silent_atom) { told = true; }, caf::after(2s) >> [] {});
+        if (!told || shared->fenced()) std::_Exit(3);
+        std::this_thread::sleep_for(3s);  // 300 ms and a second later the thread ends us
+        std::_Exit(0);                    // not reached
+      },
+      ::testing::ExitedWithCode(1), "lost the coordinator: no heartbeat from it for 1\\.[0-9]+ s");
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 """The coordinator lost: killed (kill -9, injected at step 15) or hung (SIGSTOP). Every worker
-and agent notices (a hung one within --coordinator-timeout-ms, here 1.5 x the heartbeat
-timeout, when it fences itself),
-exits with a clear message and leaves no
-process and no shared-memory segment behind (no process the job started still holds a troupe
+notices (a hung one within --coordinator-timeout-ms, here 1.5 x the heartbeat timeout, when it
+fences itself) and exits with a clear message; killed, the agents exit too; hung, they stay and
+look for the leader (it may wake up, issue 37) until the launcher goes. Nothing leaves a
+process or a shared-memory segment behind (no process the job started still holds a troupe
 memfd: procfs.py); `troupe run --resume` then continues from the last committed checkpoint and
 trains exactly the model of an uninterrupted run."""
 
@@ -78,7 +78,8 @@ def test():
                               "--coordinator-timeout-ms", str(COORDINATOR_MS)],
                  run_dir=os.path.join(tmp, "hung"), env=env) as job:
             wait_until(lambda: any(e.get("event") == "checkpoint" for e in job.events()), 120, "a checkpoint")
-            pids = members(job.events())
+            workers = [e["pid"] for e in job.events() if e.get("event") == "rank_joined"]
+            agents = [e["pid"] for e in job.events() if e.get("event") == "agent_joined"]
             # The check below can see a segment: the training ranks hold their group's.
             held = segments_held(tag)
             if not any(n.startswith("troupe-g") for names in held.values() for n in names):
@@ -86,10 +87,17 @@ def test():
             os.kill(job.proc.pid, signal.SIGSTOP)
             since = time.monotonic()
             try:
-                wait_gone("hung", pids, since, job.output, tag)
+                wait_gone("hung", workers, since, job.output, tag)
+                if not all(pid_alive(p) for p in agents) or \
+                        "looks for the leader" not in job.output():
+                    fail(f"hung: the agents {agents} should stay and look for the leader:\n"
+                         f"{job.output()}")
             finally:
                 os.kill(job.proc.pid, signal.SIGKILL)
                 os.kill(job.proc.pid, signal.SIGCONT)
+            # The launcher is gone: its agents go with it.
+            wait_until(lambda: not any(pid_alive(p) for p in agents), 15,
+                       "hung: the agents to exit after the launcher")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """Issue 25, test 3: the coordinator isolated. Two nodes of two ranks each and the coordinator,
 every one a network namespace (chaos/netns/cluster.py); the coordinator's link goes down
 after step 25. Every worker stops within 2 x the heartbeat timeout, each saying that it lost
-the coordinator and fenced itself (it sends no vote and writes no checkpoint), and the agents
-say so too; the coordinator, which has lost every rank, ends the job with exit 1 and a message
-that says where --resume continues from. The link heals, and `troupe coordinator --resume`
-with the same agents' command lines continues from the last committed checkpoint: the loss at
+the coordinator and fenced itself (it sends no vote and writes no checkpoint); the agents say so
+too and stay, looking for the leader (issue 37: to rejoin if the link heals). The coordinator,
+which has lost every rank, ends the job with exit 1 and a message that says where --resume
+continues from. The link heals: the old agents find nothing listening at the coordinator's
+address and exit 1, saying so. `troupe coordinator --resume` with the same agents' command
+lines continues from the last committed checkpoint: the loss at
 every step it trains and the final parameters are bit-equal to an uninterrupted run of the
 same job on one host (the same reduction order: shared memory inside a node, the network
 across), up to the 1e-12 that the order of the votes' float64 sum leaves free.
@@ -49,10 +51,12 @@ def isolated(c, run_dir):
     took = {}
     for pid in workers:
         took[pid] = wait_gone([pid], cut, BOUND_S, f"worker {pid} after the isolation")
-    everything = wait_gone(on_nodes, cut, BOUND_S, "the nodes' processes after the isolation")
+    agents = [p for p in on_nodes if p not in workers]
+    left = [p for p in pids_in(c, "n1") + pids_in(c, "n2") if p not in agents]
+    if left:
+        fail(f"processes other than the agents still run on the nodes after the isolation: {left}")
     print(f"workers gone {', '.join(f'{t:.2f}s' for t in sorted(took.values()))} after the "
-          f"isolation, every process on the nodes {everything:.2f}s (bound {BOUND_S:.1f}s)",
-          flush=True)
+          f"isolation (bound {BOUND_S:.1f}s); the agents {agents} stay", flush=True)
     for node in ("n1", "n2"):
         log = job.log(f"agent-{node}")
         fenced = [line for line in log.splitlines()
@@ -60,8 +64,9 @@ def isolated(c, run_dir):
         if len(fenced) != 2:
             fail(f"{node}: expected each of its 2 workers to say it lost the coordinator and "
                  f"fenced itself, got {len(fenced)}:\n{log}")
-        if "fenced: this node's workers" not in log:
-            fail(f"{node}: its agent does not say it lost the coordinator:\n{log}")
+        if "fenced: this node's workers" not in log or "looks for the leader" not in log:
+            fail(f"{node}: its agent does not say it lost the coordinator and looks for the "
+                 f"leader:\n{log}")
         print(f"{node}: {fenced[0]}", flush=True)
     code = wait_job(job, 30, "the isolated coordinator")
     events = job.events()
@@ -79,15 +84,24 @@ def isolated(c, run_dir):
     checkpoints = [e["step"] for e in of(events, "checkpoint")]
     if not checkpoints:
         fail("no checkpoint was committed before the isolation")
-    return max(checkpoints), step_losses(events)
+    return max(checkpoints), step_losses(events), job, agents
 
 
 def test():
     with tempfile.TemporaryDirectory(prefix="troupe-netns-isolation-") as tmp:
         run_dir = os.path.join(tmp, "across")
         with netns.Cluster(nodes=2) as c:
-            last_checkpoint, first = isolated(c, run_dir)
+            last_checkpoint, first, job, agents = isolated(c, run_dir)
             c.heal()
+            gone = wait_gone(agents, time.monotonic(), 30, "the old agents after the heal")
+            for node in ("n1", "n2"):
+                log = job.log(f"agent-{node}")
+                code = job.agent_procs[node].wait(timeout=5)
+                if "refuses connections" not in log or code != 1:
+                    fail(f"{node}: the old agent should exit 1 saying that nothing listens at "
+                         f"the coordinator's address, exited {code}:\n{log}")
+            print(f"the old agents exited {gone:.2f}s after the heal: "
+                  f"{job.log('agent-n1').splitlines()[-1][:200]}", flush=True)
             started = time.monotonic()
             resumed = TroupeJob(c, TROUPE, run_dir, ARGS + ["--resume"],
                                 agents={"n1": None, "n2": None},

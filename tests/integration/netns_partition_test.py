@@ -34,7 +34,10 @@ COORDINATOR_MS = 3 * HEARTBEAT_MS // 2
 BOUND_S = 2 * HEARTBEAT_MS / 1000
 ARGS = SMALL_MODEL + ["--steps", str(STEPS), "--checkpoint-every", "10", "--metrics-port", "0",
                       "--heartbeat-timeout-ms", str(HEARTBEAT_MS), "--step-timeout-ms", "30000",
-                      "--coordinator-timeout-ms", str(COORDINATOR_MS)]
+                      "--coordinator-timeout-ms", str(COORDINATOR_MS),
+                      # This test is about the cut-off side ending itself: its agent does not
+                      # stay to rejoin (netns_heal_test covers that, the default).
+                      "--rejoin-timeout-ms", "0"]
 
 
 def partitioned_job(c, run_dir):

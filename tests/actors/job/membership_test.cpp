@@ -244,7 +244,67 @@ TEST(Heartbeats, SilentMembersAreNamedAndAnEvictedOneIsToldToGo) {
   ASSERT_TRUE(abort);
   EXPECT_EQ(abort->member, 0);
   EXPECT_TRUE(abort->msg.final);
+  // Lost to silence (a cut that healed, a stop that ended): removed, so its agent starts the
+  // member again; never told it was evicted, which would make it exit for good.
+  EXPECT_TRUE(abort->msg.reason.starts_with(removed_prefix)) << abort->msg.reason;
   EXPECT_EQ(m.stale_messages(), 1u);
+  EXPECT_EQ(m.rejoin_refusal(0), abort->msg.reason);
+  EXPECT_EQ(m.rejoin_refusal(1), "") << "a live member's rejoin is judged as usual";
+  EXPECT_TRUE(m.rejoin_refusal(42).starts_with(removed_prefix)) << "unknown to this leader";
+}
+
+// A straggler evicted by the policy is told to go whenever it speaks again: neither its beat
+// nor a rejoin brings it back, and it exits 0 so that its agent does not start it again.
+TEST(Heartbeats, AnEvictedStragglerIsToldToGoNotToRejoin) {
+  membership m = placed_job();
+  actions out;
+  m.lose(2, loss_cause::straggler, "compute 3x the median", 0, out);
+  out.clear();
+  heartbeat beat;
+  beat.member = 2;
+  m.record_heartbeat(beat, t0 + 1s, out);
+  ASSERT_EQ(out.size(), 2u);
+  const auto* abort = std::get_if<send_abort>(&out[1]);
+  ASSERT_TRUE(abort);
+  EXPECT_TRUE(abort->msg.reason.starts_with(evicted_prefix)) << abort->msg.reason;
+  EXPECT_TRUE(m.rejoin_refusal(2).starts_with(evicted_prefix));
+}
+
+// An agent cut off from the coordinator stopped its workers; when it rejoins it names the
+// members it ran, and gets back those no live process holds, never an evicted one.
+TEST(AgentAdmission, ARejoiningCutOffAgentGetsBackItsMembersThatNoProcessHolds) {
+  membership m(params(4, 2));
+  actions out;
+  launch_plan first, second;
+  m.admit_agent(agent(10), false, first, out);
+  m.admit_agent(agent(20), false, second, out);
+  ASSERT_EQ(second.members, (std::vector<int32_t>{2, 3}));
+  welcome w;
+  for (int32_t id = 0; id < 4; ++id) m.admit(worker(id, id / 2), true, false, t0, w, out);
+  m.lose(2, loss_cause::hang, "no heartbeat", 10, out);
+  m.lose(3, loss_cause::hang, "no heartbeat", 10, out);
+  agent_hello back = agent(20);
+  back.rejoin = true;
+  back.node = 1;
+  back.former_members = {2, 3};
+  launch_plan plan;
+  m.readmit_agent(back, false, plan, out);
+  EXPECT_EQ(plan.error, "");
+  EXPECT_EQ(plan.node, 1);
+  EXPECT_EQ(plan.members, (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(plan.coordinator_timeout_ms, 7000);
+
+  // Member 3 came back meanwhile (its own process rejoined), member 2 was evicted.
+  m.admit(worker(3, 1), false, false, t0 + 5s, w, out);
+  m.lose(3, loss_cause::straggler, "slow", 10, out);
+  launch_plan again;
+  back.former_members = {2, 3};
+  m.readmit_agent(back, false, again, out);
+  EXPECT_EQ(again.members, (std::vector<int32_t>{2})) << "an evicted member is not started again";
+  m.admit(worker(2, 1), false, false, t0 + 6s, w, out);
+  launch_plan none;
+  m.readmit_agent(back, false, none, out);
+  EXPECT_TRUE(none.members.empty()) << "member 2 is live again: nothing to start";
 }
 
 TEST(Generations, AbortingAsksEveryLiveMemberToReportAndReconfigureAgain) {
