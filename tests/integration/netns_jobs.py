@@ -98,3 +98,30 @@ def run_schedule(name, args, schedule, run_dir):
         starts = [k for k, e in enumerate(events) if e.get("event") == "job_start"]
         losses.update(step_losses(events[starts[-1]:] if starts else events))
     return losses
+
+
+def batch_of(args, batch):
+    """`args` with --batch set to `batch`: 24 sequences of micro-batches of 2 are 12
+    micro-batches, which worlds of 2, 3 and 4 all divide, so one host can start any world a
+    job passes through (a job that regrows one member at a time passes through 3)."""
+    out = list(args)
+    out[out.index("--batch") + 1] = str(batch)
+    return out
+
+
+def worlds_of(events, steps):
+    """The schedule of worlds a job of two nodes of two ranks trained through, for
+    run_schedule: (world, nodes, last step) per stretch of generations of one world that
+    committed steps. Members that return after a cut may join one at a time (4, 2, 3, 4); a
+    node keeps two ranks, so a world of 3 spans both nodes, as on one host with --nodes 2."""
+    starts = [(g["world"], g["start_step"]) for g in of(events, "generation")]
+    schedule = []
+    for i, (world, start) in enumerate(starts):
+        end = starts[i + 1][1] if i + 1 < len(starts) else steps
+        if end == start:
+            continue  # formed and replaced before it committed a step
+        if schedule and schedule[-1][0] == world:
+            schedule[-1] = (world, schedule[-1][1], end)
+        else:
+            schedule.append((world, 1 if world <= 2 else 2, end))
+    return schedule

@@ -45,6 +45,7 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(REPO, "chaos", "netns"))
 import cluster as netns  # noqa: E402
 import slurm_cluster  # noqa: E402
+from netns_jobs import batch_of, run_schedule, worlds_of  # noqa: E402
 
 SBATCH = os.path.join(REPO, "deploy", "slurm", "troupe.sbatch")
 COMMON = SMALL_MODEL + ["--metrics-port", "0", "--step-timeout-ms", "30000"]
@@ -58,12 +59,13 @@ LONG = COMMON + ["--steps", str(STEPS_LONG), "--checkpoint-every", "50",
                  "--heartbeat-timeout-ms", "2000"]
 REQUEUE_CODE = 75
 HEAL_S = 5.0  # part (b): node2's link comes back this long after the cut
-# Part (b) must still run when node2 comes back: rank 0 computes 100 times slower from step 16
+# Part (b) must still run when node2 comes back: rank 0 computes 30 times slower from step 16
 # (tens of milliseconds a step; the coordinator shares node1 with it, so a delay on node1's link
 # would not pace the job). The fault burns CPU and changes no number.
 STEPS_CUT = 800
-CUT = COMMON + ["--steps", str(STEPS_CUT), "--checkpoint-every", "50",
-                "--heartbeat-timeout-ms", "2000", "--fault", "slow:rank=0:factor=100:from=16"]
+CUT_PLAIN = batch_of(COMMON, 24) + ["--steps", str(STEPS_CUT), "--checkpoint-every", "50",
+                                    "--heartbeat-timeout-ms", "2000"]
+CUT = CUT_PLAIN + ["--fault", "slow:rank=0:factor=30:from=16"]
 
 
 def one_host(name, args, run_dir):
@@ -200,23 +202,17 @@ def part_b(jobs, tmp):
         fail(f"{name}: expected node2's members to join again after the heal, joined on {node2}")
     # One host trains the same through the same worlds: 4 ranks to the step the shrunk
     # generation started from, 2 from its checkpoint to the step the regrown one started from,
-    # then 4 again.
+    # then 4 again (3 in between when node2's members came back one at a time).
     first, second = shrunk[0]["start_step"], regrown[0]["start_step"]
-    ref_dir = os.path.join(tmp, f"ref-{first}-{second}")
-    plain = COMMON + ["--steps", str(STEPS_CUT), "--checkpoint-every", "50",
-                      "--heartbeat-timeout-ms", "2000"]
-    run_ok(f"one host, 4 ranks to step {first}",
-           plain + ["--world", "4", "--nodes", "2", "--exit-after-step", str(first)], ref_dir)
-    run_ok(f"one host, 2 ranks to step {second}",
-           plain + ["--world", "2", "--resume", "--exit-after-step", str(second)], ref_dir)
-    run_ok(f"one host, 4 ranks from step {second}",
-           plain + ["--world", "4", "--nodes", "2", "--resume"], ref_dir)
-    check_exact(name, step_losses(read_events(ref_dir)), ref_dir, step_losses(events), run_dir,
-                STEPS_CUT)
+    schedule = worlds_of(events, STEPS_CUT)
+    ref_dir = os.path.join(tmp, "ref-cut")
+    reference = run_schedule("one host", CUT_PLAIN, schedule, ref_dir)
+    check_exact(name, reference, ref_dir, step_losses(events), run_dir, STEPS_CUT)
     states = jobs.s.node_states()
     print(f"{name}: node2's ranks lost ({', '.join(sorted({e.get('cause', '?') for e in lost}))}), "
           f"world 2 from step {first}, back to 4 from step {second} {regrow_s:.1f}s after the "
-          f"heal; job COMPLETED {took:.1f}s after the cut; Slurm now says {states}", flush=True)
+          f"heal (worlds {schedule}); job COMPLETED {took:.1f}s after the cut; Slurm now says "
+          f"{states}", flush=True)
     # node2 ready for the next part, should Slurm have marked it DOWN during the cut.
     deadline = time.monotonic() + 60
     while not jobs.s.node_states().get("node2", "").startswith("idle"):
