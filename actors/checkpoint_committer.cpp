@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "actors/job/events.hpp"
 #include "checkpoint/durable_io.hpp"
@@ -150,8 +151,16 @@ void checkpoint_committer::do_fall_back(const fallback_job& f) {
     if (moved && latest_seen_ && latest_seen_ != found.intact &&
         (*latest_seen_ == f.step || std::find(found.passed_over.begin(), found.passed_over.end(),
                                               *latest_seen_) != found.passed_over.end())) {
-      ckpt::point_latest_at(run_dir_, found.intact, [&] { check_fence("LATEST not moved"); });
-      latest_seen_ = found.intact;
+      if (const std::string failed = point_latest_patiently(found.intact); failed.empty()) {
+        latest_seen_ = found.intact;
+      } else if (found.intact) {
+        // The intact checkpoint is found and the job goes on from it: the next commit moves
+        // LATEST. Ending the job here would lose the training that the disk allows again.
+        found.error += "; LATEST still names step " + std::to_string(f.step) + " (" + failed +
+                       "); the next committed checkpoint moves it";
+      } else {
+        throw std::runtime_error(failed);
+      }
     }
   } catch (const std::exception& e) {
     found.intact.reset();
@@ -159,6 +168,22 @@ void checkpoint_committer::do_fall_back(const fallback_job& f) {
         (found.error.empty() ? f.why : found.error) + "; looking for an earlier one: " + e.what();
   }
   caf::anon_send(reply_to_, ckpt_fallback_atom::value, fallback_done{std::move(found)});
+}
+
+std::string checkpoint_committer::point_latest_patiently(std::optional<int64_t> step) {
+  // A full disk or another passing refusal of the OS (the soak fills the disk for 1.5 s) is
+  // waited out for a while; a lost leadership is not.
+  const auto until = std::chrono::steady_clock::now() + latest_patience;
+  for (;;) {
+    try {
+      ckpt::point_latest_at(run_dir_, step, [&] { check_fence("LATEST not moved"); });
+      return "";
+    } catch (const ckpt::checkpoint_error& e) {
+      if (e.kind() != ckpt::error_kind::io || std::chrono::steady_clock::now() >= until)
+        return e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pacing of the retries
+  }
 }
 
 void checkpoint_committer::check_fence(const char* doing) const {

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <caf/all.hpp>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -83,6 +84,10 @@ class checkpoint_committer {
   void check_fence(const char* doing) const;
   // Takes back a manifest (and LATEST, when `moved_latest`) written after the lead was lost.
   void undo_deposed_commit(int64_t step, bool moved_latest);
+  // Points LATEST at `step` (nothing when nullopt), retrying a refusal of the OS for up to
+  // latest_patience; returns why it could not, empty when done.
+  std::string point_latest_patiently(std::optional<int64_t> step);
+  static constexpr std::chrono::seconds latest_patience{10};
 
   std::function<bool()> fence_;
   std::optional<int64_t> latest_seen_;  // LATEST as this committer left or found it

@@ -496,7 +496,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
         std::optional<events::etcd_state_lost> lost_event;  // emitted once leading
         // Members that lost the old leader look for the new one for up to their coordinator
         // timeout; they are waited for as long.
-        const std::chrono::milliseconds wait(coordinator_timeout_ms(st.setup.cfg.elastic));
+        const std::chrono::milliseconds wait = liveness_of(st.setup.cfg.elastic).coordinator;
         std::string lost =
             "etcd holds no state of this run for the job (its keys were deleted, "
             "lost with etcd's data, or written by another run)";
@@ -689,7 +689,7 @@ void pause(self_ptr self) {
 // Whether some member still follows this coordinator: it beat within the coordinator timeout.
 bool followed(self_ptr self) {
   auto& s = self->state;
-  const auto limit = std::chrono::milliseconds(coordinator_timeout_ms(s.setup.cfg.elastic));
+  const auto limit = liveness_of(s.setup.cfg.elastic).coordinator;
   for (const auto& [member, at] : s.heard_while_paused)
     if (now(self) - at < limit) return true;
   return false;
@@ -737,6 +737,17 @@ void resume(self_ptr self, int64_t epoch, const std::string& give_up) {
   for (const auto& dm : std::exchange(s.paused_downs, {})) on_down(self, dm);
 }
 
+// What every member taken on is told beside its place: the job's config, the store where
+// the data plane meets, and how often to beat.
+void fill_welcome(self_ptr self, welcome& w) {
+  const auto& s = self->state;
+  w.config_json = to_json(s.setup.cfg).dump();
+  w.store_host = s.setup.store_host;
+  w.store_port = s.setup.store_port;
+  w.heartbeat_interval_ms =
+      static_cast<int32_t>(heartbeat_interval(liveness_of(s.setup.cfg.elastic).heartbeat).count());
+}
+
 caf::behavior leading_behavior(self_ptr self) {
   return {
       [=](const agent_hello& h) -> launch_plan {
@@ -769,13 +780,7 @@ caf::behavior leading_behavior(self_ptr self) {
             s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
             self->monitor(sender);
             w.generation = s.logic->generation();
-            w.config_json = to_json(s.setup.cfg).dump();
-            w.store_host = s.setup.store_host;
-            w.store_port = s.setup.store_port;
-            w.heartbeat_interval_ms = static_cast<int32_t>(
-                heartbeat_interval(
-                    std::chrono::milliseconds(s.setup.cfg.elastic.heartbeat_timeout_ms))
-                    .count());
+            fill_welcome(self, w);
             run(self, s.logic->on_member_rejoined(h.member, now(self)));
             return w;
           }
@@ -800,9 +805,7 @@ caf::behavior leading_behavior(self_ptr self) {
           return w;
         }
         self->monitor(sender);
-        w.config_json = to_json(s.setup.cfg).dump();
-        w.store_host = s.setup.store_host;
-        w.store_port = s.setup.store_port;
+        fill_welcome(self, w);
         // A reconfigure among these may reach the member before this answer; it waits in the
         // member's mailbox until the answer is in.
         run(self, std::move(todo));

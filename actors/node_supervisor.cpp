@@ -212,7 +212,9 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
   s.coordinator_timeout = std::chrono::milliseconds(plan.coordinator_timeout_ms);
   s.heartbeat_timeout = std::chrono::milliseconds(plan.heartbeat_timeout_ms);
   s.rejoin_timeout = std::chrono::milliseconds(std::max(0, plan.rejoin_timeout_ms));
-  set_control_socket_timeout(2 * s.coordinator_timeout);
+  set_control_socket_timeout(
+      liveness_timeouts{s.heartbeat_timeout, s.coordinator_timeout, s.rejoin_timeout}
+          .dead_connection());
   s.coordinator_seen = std::chrono::steady_clock::now();
   s.epoch = plan.epoch;
   s.exe = self_executable();

@@ -525,10 +525,9 @@ int serve(worker& w) {
 // both ways), so the member stops computing at twice that, leaving a paused coordinator (a
 // stalled VM) time to wake first, and asks it back until the coordinator timeout.
 silence_policy silence_policy_of(const worker& w) {
-  const auto heartbeat = std::chrono::milliseconds(w.cfg.elastic.heartbeat_timeout_ms);
-  const auto coordinator = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
-  if (w.ha()) return {heartbeat, std::chrono::milliseconds(0)};
-  return {std::min(2 * heartbeat, coordinator), coordinator};
+  const liveness_timeouts waits = liveness_of(w.cfg.elastic);
+  if (w.ha()) return {waits.heartbeat, std::chrono::milliseconds(0)};
+  return {waits.stop_computing(), waits.coordinator};
 }
 
 // Warming more than this would delay a large model's first generation for little gain.
@@ -602,8 +601,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     set_blas_threads(w.cfg.blas_threads);
     // As the coordinator does: a connection whose data stays unacknowledged past twice the
     // coordinator timeout belongs to a cut that everyone has acted on.
-    set_control_socket_timeout(2 *
-                               std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic)));
+    set_control_socket_timeout(liveness_of(w.cfg.elastic).dead_connection());
     // Before the first reconfigure. A member of a forming job has the time to write what an
     // old and a new engine will use; one that joins a running job may be on a recovery's
     // path (a reconfigure may already wait), so it only marks its heap for huge pages and

@@ -126,7 +126,7 @@ std::optional<int> rehome(worker& w, const std::string& why) {
   const auto start = clock_type::now();
   w.shared->rehoming().store(true);
   w.shared->abort_running(why);
-  const auto limit = std::chrono::milliseconds(coordinator_timeout_ms(w.cfg.elastic));
+  const auto limit = liveness_of(w.cfg.elastic).coordinator;
   // With standbys a takeover may take the whole timeout from here. Alone, the coordinator is
   // given the coordinator timeout from its last word, as before it ever fell silent, but at
   // least half a second to answer (a process that woke from a SIGSTOP asks once).

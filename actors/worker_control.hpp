@@ -106,7 +106,7 @@ inline size_t endpoint_after(size_t i, size_t count) { return count == 0 ? 0 : (
 
 /// How long a worker or an agent goes without the coordinator's heartbeat before it takes the
 /// coordinator for lost and fences itself is the job's coordinator timeout
-/// (`coordinator_timeout_ms(elastic_config)`), which validation keeps longer than the time the
+/// (`liveness_of(elastic_config).coordinator`), which validation keeps longer than the time the
 /// coordinator waits for a silent member (`heartbeat_timeout`): a delay the coordinator sits out
 /// never ends a member from its own side, and a pause of the coordinator itself shorter than it
 /// costs only the pause. In between, the coordinator has gone on without a cut-off member, and

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 
 #include "checkpoint/checkpoint.hpp"
@@ -320,9 +321,26 @@ stored_chunk check_stored(const std::string& run_dir, const chunk_key& key,
 
 namespace known_good {
 namespace {
+// The stored file as it was when it was known good. One written over since (a byte flipped
+// in place, a copy put there) has another change time or inode, and is checked again.
+struct file_identity {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0, ctime_ns = 0;
+  bool operator==(const file_identity&) const = default;
+};
+std::optional<file_identity> identity_of(const std::string& run_dir, const chunk_key& key) {
+  struct stat st {};
+  if (::lstat(path_of(run_dir, key).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  const auto ns = [](const timespec& t) {
+    return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+  };
+  return file_identity{st.st_dev, st.st_ino, st.st_size, ns(st.st_mtim), ns(st.st_ctim)};
+}
 struct registry {
   std::mutex mutex;
-  std::map<std::string, std::set<chunk_key>, std::less<>> by_run;
+  std::map<std::string, std::map<chunk_key, file_identity>, std::less<>> by_run;
 };
 registry& the_registry() {
   static registry r;
@@ -331,16 +349,24 @@ registry& the_registry() {
 }  // namespace
 
 bool contains(const std::string& run_dir, const chunk_key& key) {
+  const std::optional<file_identity> now = identity_of(run_dir, key);
   registry& r = the_registry();
   const std::lock_guard lock(r.mutex);
-  const auto it = r.by_run.find(run_dir);
-  return it != r.by_run.end() && it->second.contains(key);
+  const auto run = r.by_run.find(run_dir);
+  if (run == r.by_run.end()) return false;
+  const auto it = run->second.find(key);
+  if (it == run->second.end()) return false;
+  if (now && *now == it->second) return true;
+  run->second.erase(it);  // gone, or written over since: checked again before it is trusted
+  return false;
 }
 
 void add(const std::string& run_dir, const chunk_key& key) {
+  const std::optional<file_identity> now = identity_of(run_dir, key);
+  if (!now) return;
   registry& r = the_registry();
   const std::lock_guard lock(r.mutex);
-  r.by_run[run_dir].insert(key);
+  r.by_run[run_dir][key] = *now;
 }
 
 void forget(const std::string& run_dir, const chunk_key& key) {

@@ -109,9 +109,11 @@ stored_chunk check_stored(const std::string& run_dir, const chunk_key& key,
                           std::span<const unsigned char> payload, bool drop_cache = false);
 
 /// The chunks this process knows to be intact in a run directory: written by it, or read back
-/// and checked against their names (a restore, a writer's first use). A writer deduplicates
-/// against these without reading them again, and against nothing else unchecked: a file's
-/// existence is no proof of its content. Thread-safe; process-wide.
+/// and checked against their names (a restore, a writer's first use), each with its file as it
+/// was then (inode, size, modification and change times). A writer deduplicates against these
+/// without reading them again while the file is unchanged, and against nothing else
+/// unchecked: a file's existence is no proof of its content, and one written over since is
+/// checked again. Thread-safe; process-wide.
 namespace known_good {
 bool contains(const std::string& run_dir, const chunk_key& key);
 void add(const std::string& run_dir, const chunk_key& key);

@@ -294,8 +294,7 @@ actors::job_result job_supervision::run_standby(const sigset_t& signals,
 uint16_t job_supervision::publish() {
   // A connection to a node cut off for twice the coordinator timeout is given up: everyone has
   // acted on the cut by then, and the node rejoins over a new one when its link heals.
-  actors::set_control_socket_timeout(
-      2 * std::chrono::milliseconds(coordinator_timeout_ms(job_.cfg.elastic)));
+  actors::set_control_socket_timeout(liveness_of(job_.cfg.elastic).dead_connection());
   auto published = actors::publish_for_job(sys_, supervisor_, job_.listen_port, job_.listen_host,
                                            true, "coordinator");
   if (!published) {

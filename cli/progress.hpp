@@ -29,7 +29,7 @@ class progress_line {
 
   int64_t start_step_;
   bool tty_;
-  bool open_ = false;   // a line drawn with \r and not yet ended
+  bool open_ = false;  // a line drawn with \r and not yet ended
   std::chrono::steady_clock::time_point started_;
   std::chrono::steady_clock::time_point last_print_;
   int64_t last_step_ = 0;

@@ -503,6 +503,12 @@ int coordinator_timeout_ms(const elastic_config& e) {
   return e.coordinator_timeout_ms > 0 ? e.coordinator_timeout_ms : 5 * e.heartbeat_timeout_ms;
 }
 
+liveness_timeouts liveness_of(const elastic_config& e) {
+  using std::chrono::milliseconds;
+  return {milliseconds(e.heartbeat_timeout_ms), milliseconds(coordinator_timeout_ms(e)),
+          milliseconds(e.rejoin_timeout_ms)};
+}
+
 json to_json(const train_config& cfg) {
   json out = json::object();
   for (const auto& f : settings()) {

@@ -2,6 +2,7 @@
 // The job's configuration: one struct with every knob and its default, loaded from a
 // JSON file plus command-line overrides, and validated before anything starts.
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
@@ -151,6 +152,21 @@ struct train_config {
 
 /// The coordinator timeout in effect: coordinator_timeout_ms, or its default when 0.
 int coordinator_timeout_ms(const elastic_config& e);
+
+/// How long each side of a job waits for the other, as durations: the one place the elastic
+/// settings become them. Every process takes its waits from here.
+struct liveness_timeouts {
+  std::chrono::milliseconds heartbeat;    ///< a member silent this long is lost (hang)
+  std::chrono::milliseconds coordinator;  ///< members and agents give a silent coordinator this
+  std::chrono::milliseconds rejoin;       ///< a cut-off agent looks for the leader this long
+  /// A member that hears nothing from its only coordinator this long stops computing: the
+  /// coordinator declared it lost at one heartbeat timeout of the same silence.
+  std::chrono::milliseconds stop_computing() const { return std::min(2 * heartbeat, coordinator); }
+  /// A control connection whose sent data stays unacknowledged this long is given up: both
+  /// sides have acted on the cut by then (TCP_USER_TIMEOUT).
+  std::chrono::milliseconds dead_connection() const { return 2 * coordinator; }
+};
+liveness_timeouts liveness_of(const elastic_config& e);
 
 /// The job's name in etcd: job_id, or else (a run from before ids were drawn) the run
 /// directory's last component made safe for a key (anything but [A-Za-z0-9._-] becomes '_').

@@ -15,7 +15,9 @@ grad_result compute_gradients(gpt& m, const byte_dataset& d, const train_config&
   return compute_share_gradients(m, d, cfg, step, rank, world);
 }
 
-double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg) { return evaluate_model(m, d, cfg); }
+double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg) {
+  return evaluate_model(m, d, cfg);
+}
 
 void set_blas_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
 

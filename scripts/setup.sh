@@ -23,6 +23,7 @@ packages=(
 test_packages=(
   libgtest-dev
   clang libclang-rt-14-dev    # libFuzzer + sanitizers: scripts/fuzz.sh, checkpoint_fuzz_smoke
+  clang-format clang-tidy     # the format check (format_check_test) and scripts/tidy.sh
   prometheus            # promtool + the real server the tests scrape with
   etcd-server etcd-client   # a real etcd 3.4 (coordinator HA tests; also `--etcd local`)
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py

@@ -1,9 +1,8 @@
 #include "strategies/pipeline_schedule.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace troupe::strategies {
@@ -14,7 +13,8 @@ pipe_schedule_kind parse_schedule_kind(const std::string& name) {
   throw std::invalid_argument("unknown pipeline schedule '" + name + "'; use gpipe or 1f1b");
 }
 
-std::vector<std::vector<pipe_op>> make_schedule(pipe_schedule_kind kind, int stages, int micro_batches) {
+std::vector<std::vector<pipe_op>> make_schedule(pipe_schedule_kind kind, int stages,
+                                                int micro_batches) {
   if (stages < 1 || micro_batches < 1)
     throw std::invalid_argument("a pipeline needs at least one stage and one micro-batch");
   std::vector<std::vector<pipe_op>> out(static_cast<size_t>(stages));
@@ -60,8 +60,8 @@ struct done_table {
 
 }  // namespace
 
-std::vector<timed_op> simulate_schedule(const std::vector<std::vector<pipe_op>>& schedule, double forward_s,
-                                        double backward_s) {
+std::vector<timed_op> simulate_schedule(const std::vector<std::vector<pipe_op>>& schedule,
+                                        double forward_s, double backward_s) {
   const int p = static_cast<int>(schedule.size());
   int m = 0;
   for (const auto& prog : schedule)
@@ -110,14 +110,16 @@ std::string check_schedule(const std::vector<std::vector<pipe_op>>& schedule) {
       if (op.pass == pipe_pass::forward) {
         ++f[i];
       } else {
-        if (f[i] == 0) return "stage " + std::to_string(s) + " runs B" + std::to_string(i) + " before F" + std::to_string(i);
+        if (f[i] == 0)
+          return "stage " + std::to_string(s) + " runs B" + std::to_string(i) + " before F" +
+                 std::to_string(i);
         ++b[i];
       }
     }
     for (int i = 0; i < m; ++i)
       if (f[static_cast<size_t>(i)] != 1 || b[static_cast<size_t>(i)] != 1)
-        return "stage " + std::to_string(s) + " does not run F" + std::to_string(i) + " and B" + std::to_string(i) +
-               " exactly once";
+        return "stage " + std::to_string(s) + " does not run F" + std::to_string(i) + " and B" +
+               std::to_string(i) + " exactly once";
   }
   // Deadlock freedom: execute the programs in dependency order without timing.
   done_table done(p, m);
@@ -126,7 +128,8 @@ std::string check_schedule(const std::vector<std::vector<pipe_op>>& schedule) {
     progress = false;
     for (int s = 0; s < p; ++s) {
       const auto& prog = schedule[static_cast<size_t>(s)];
-      while (pc[static_cast<size_t>(s)] < prog.size() && done.ready(s, prog[pc[static_cast<size_t>(s)]]) >= 0) {
+      while (pc[static_cast<size_t>(s)] < prog.size() &&
+             done.ready(s, prog[pc[static_cast<size_t>(s)]]) >= 0) {
         const auto& op = prog[pc[static_cast<size_t>(s)]++];
         done.at(op.pass == pipe_pass::forward ? done.f : done.b, s, op.micro_batch) = 1;
         progress = true;
@@ -135,7 +138,8 @@ std::string check_schedule(const std::vector<std::vector<pipe_op>>& schedule) {
   }
   for (int s = 0; s < p; ++s)
     if (pc[static_cast<size_t>(s)] < schedule[static_cast<size_t>(s)].size())
-      return "deadlock: stage " + std::to_string(s) + " waits forever at op " + std::to_string(pc[static_cast<size_t>(s)]);
+      return "deadlock: stage " + std::to_string(s) + " waits forever at op " +
+             std::to_string(pc[static_cast<size_t>(s)]);
   return {};
 }
 
@@ -181,8 +185,17 @@ std::string chrome_trace_json(const std::vector<timed_op>& timeline) {
                       {"dur", (t.end - t.start) * 1e6},
                       {"args", {{"step", t.step}}}});
   }
-  for (int s = 0; s <= [&] { int m = 0; for (auto& t : timeline) m = std::max(m, t.stage); return m; }(); ++s)
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", s},
+  for (int s = 0; s <=
+                  [&] {
+                    int m = 0;
+                    for (auto& t : timeline) m = std::max(m, t.stage);
+                    return m;
+                  }();
+       ++s)
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 0},
+                      {"tid", s},
                       {"args", {{"name", "stage " + std::to_string(s)}}}});
   return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }

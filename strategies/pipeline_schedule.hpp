@@ -27,7 +27,8 @@ pipe_schedule_kind parse_schedule_kind(const std::string& name);
 /// reverse. 1F1B: stage s warms up with min(p - s - 1, m) forwards, then alternates one
 /// forward and one backward, then drains the remaining backwards; so at most p - s
 /// micro-batches' activations are alive on stage s (GPipe keeps all m).
-std::vector<std::vector<pipe_op>> make_schedule(pipe_schedule_kind kind, int stages, int micro_batches);
+std::vector<std::vector<pipe_op>> make_schedule(pipe_schedule_kind kind, int stages,
+                                                int micro_batches);
 
 /// Empty when `schedule` is a correct pipeline program: each stage runs each micro-batch's
 /// forward and backward exactly once, backward after forward, and the whole thing can run
@@ -49,8 +50,8 @@ struct timed_op {
 
 /// Runs `schedule` as fast as dependencies allow with fixed durations per pass (send/recv
 /// free): the ideal timeline of that schedule.
-std::vector<timed_op> simulate_schedule(const std::vector<std::vector<pipe_op>>& schedule, double forward_s,
-                                        double backward_s);
+std::vector<timed_op> simulate_schedule(const std::vector<std::vector<pipe_op>>& schedule,
+                                        double forward_s, double backward_s);
 
 /// Idle fraction of a timeline: 1 - busy / (stages * makespan), where the makespan runs from
 /// the first op's start to the last op's end.

@@ -15,7 +15,8 @@ zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size) {
   return s;
 }
 
-std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table, const zero_shard& shard) {
+std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table,
+                                      const zero_shard& shard) {
   std::vector<param_tensor> out;
   const size_t lo = shard.offset, hi = shard.offset + shard.count;
   for (const auto& t : full_table) {
@@ -40,7 +41,8 @@ zero1_optimizer::zero1_optimizer(const optim_config& cfg, const std::vector<para
       grad_shard_(shard_.block, 0.0f),
       param_shard_(shard_.block, 0.0f) {}
 
-void zero1_optimizer::reduce_gradients(comm::communicator& dp, const float* grads, const comm::op_options& opts) {
+void zero1_optimizer::reduce_gradients(comm::communicator& dp, const float* grads,
+                                       const comm::op_options& opts) {
   if (dp_size_ == 1) {
     std::memcpy(grad_shard_.data(), grads, num_params_ * sizeof(float));
     return;
@@ -50,22 +52,24 @@ void zero1_optimizer::reduce_gradients(comm::communicator& dp, const float* grad
   dp.reduce_scatter(padded_.data(), grad_shard_.data(), shard_.block, comm::reduce_op::sum, opts);
 }
 
-double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
-                              const comm::op_options& opts) {
+double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step,
+                              int64_t total_steps, const comm::op_options& opts) {
   auto over_dp = [&](const float* g, const zero_shard& shard) {
     double local_sq = 0;
     for (size_t i = 0; i < shard.count; ++i) local_sq += static_cast<double>(g[i]) * g[i];
     // The global norm is a sum over shards; all-reduce it as a float pair split in a high
     // and a low part so the sum keeps nearly double precision.
-    float parts[2] = {static_cast<float>(local_sq), static_cast<float>(local_sq - static_cast<float>(local_sq))};
+    float parts[2] = {static_cast<float>(local_sq),
+                      static_cast<float>(local_sq - static_cast<float>(local_sq))};
     if (dp_size_ > 1) dp.all_reduce(parts, 2, comm::reduce_op::sum, opts);
     return std::sqrt(static_cast<double>(parts[0]) + static_cast<double>(parts[1]));
   };
   return apply(dp, params, step, total_steps, opts, over_dp);
 }
 
-double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step, int64_t total_steps,
-                              const comm::op_options& opts, const norm_fn& global_norm) {
+double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t step,
+                              int64_t total_steps, const comm::op_options& opts,
+                              const norm_fn& global_norm) {
   float* g = grad_shard_.data();
   const double norm = global_norm(g, shard_);
   if (!std::isfinite(norm)) return norm;  // leave parameters alone; the caller decides

@@ -3,15 +3,15 @@
 // reduce-scattered, each rank updates only the parameters it owns, and the updated
 // parameters are all-gathered back, so optimizer memory per rank falls as 1/dp.
 
-#include "runtime/comm/communicator.hpp"
-#include "runtime/config.hpp"
-#include "runtime/model/gpt.hpp"
-#include "runtime/optim/adamw.hpp"
-
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <vector>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/config.hpp"
+#include "runtime/model/gpt.hpp"
+#include "runtime/optim/adamw.hpp"
 
 namespace troupe::strategies {
 
@@ -26,12 +26,13 @@ struct zero_shard {
 zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size);
 
 /// The weight-decay table of `full_table` restricted to a shard, offsets made relative to it.
-std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table, const zero_shard& shard);
+std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table,
+                                      const zero_shard& shard);
 
 class zero1_optimizer {
  public:
-  zero1_optimizer(const optim_config& cfg, const std::vector<param_tensor>& table, size_t num_params,
-                  int dp_rank, int dp_size);
+  zero1_optimizer(const optim_config& cfg, const std::vector<param_tensor>& table,
+                  size_t num_params, int dp_rank, int dp_size);
 
   /// Stage 3, before the vote: sums every rank's gradients and keeps this rank's shard.
   void reduce_gradients(comm::communicator& dp, const float* grads, const comm::op_options& opts);
@@ -48,7 +49,9 @@ class zero1_optimizer {
                const comm::op_options& opts, const norm_fn& global_norm);
 
   const zero_shard& shard() const { return shard_; }
-  double learning_rate(int64_t step, int64_t total_steps) const { return adam_.learning_rate(step, total_steps); }
+  double learning_rate(int64_t step, int64_t total_steps) const {
+    return adam_.learning_rate(step, total_steps);
+  }
   /// Shard state, for checkpoints (each `shard().count` long).
   std::vector<float>& exp_avg() { return adam_.exp_avg(); }
   std::vector<float>& exp_avg_sq() { return adam_.exp_avg_sq(); }
@@ -61,9 +64,9 @@ class zero1_optimizer {
   int dp_size_;
   zero_shard shard_;
   adamw adam_;
-  std::vector<float> padded_;      // dp * block floats: reduce-scatter input / all-gather output
-  std::vector<float> grad_shard_;  // block floats: this rank's summed gradients
-  std::vector<float> param_shard_; // block floats: this rank's parameters during the update
+  std::vector<float> padded_;       // dp * block floats: reduce-scatter input / all-gather output
+  std::vector<float> grad_shard_;   // block floats: this rank's summed gradients
+  std::vector<float> param_shard_;  // block floats: this rank's parameters during the update
 };
 
 }  // namespace troupe::strategies

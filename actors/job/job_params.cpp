@@ -18,9 +18,10 @@ job_params make_job_params(const train_config& cfg, const strategies::layout_pla
   p.plan = plan;
   p.bounds.min_ranks = cfg.elastic.min_ranks;
   p.bounds.max_ranks = cfg.elastic.max_ranks > 0 ? cfg.elastic.max_ranks : cfg.world;
-  p.heartbeat_timeout = milliseconds(cfg.elastic.heartbeat_timeout_ms);
-  p.coordinator_timeout = milliseconds(coordinator_timeout_ms(cfg.elastic));
-  p.rejoin_timeout = milliseconds(cfg.elastic.rejoin_timeout_ms);
+  const liveness_timeouts waits = liveness_of(cfg.elastic);
+  p.heartbeat_timeout = waits.heartbeat;
+  p.coordinator_timeout = waits.coordinator;
+  p.rejoin_timeout = waits.rejoin;
   p.stall_gap = p.heartbeat_timeout / 2;
   p.form_timeout = milliseconds(cfg.elastic.join_timeout_ms);
   p.straggler_policy = cfg.elastic.straggler_policy;

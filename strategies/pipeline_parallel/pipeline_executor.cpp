@@ -28,8 +28,9 @@ struct transfer {
 
 }  // namespace
 
-pipeline_executor::pipeline_executor(tensor_parallel::tp_gpt& model, comm::communicator& pp, pipe_schedule_kind kind,
-                                     int micro_batches, int batch, int context)
+pipeline_executor::pipeline_executor(tensor_parallel::tp_gpt& model, comm::communicator& pp,
+                                     pipe_schedule_kind kind, int micro_batches, int batch,
+                                     int context)
     : model_(model),
       pp_(pp),
       stage_(pp.rank()),
@@ -38,8 +39,9 @@ pipeline_executor::pipeline_executor(tensor_parallel::tp_gpt& model, comm::commu
       batch_(batch),
       context_(context) {
   if (micro_batches < 1 || batch < 1 || context < 1)
-    throw std::invalid_argument("pipeline: need at least one micro-batch of at least one sequence, got " +
-                                std::to_string(micro_batches) + " of " + std::to_string(batch));
+    throw std::invalid_argument(
+        "pipeline: need at least one micro-batch of at least one sequence, got " +
+        std::to_string(micro_batches) + " of " + std::to_string(batch));
   const auto schedule = make_schedule(kind, stages_, micro_batches);
   if (const std::string why = check_schedule(schedule); !why.empty())
     throw std::logic_error("pipeline: the schedule is broken: " + why);
@@ -52,8 +54,8 @@ pipeline_executor::pipeline_executor(tensor_parallel::tp_gpt& model, comm::commu
   grad_out_.assign(tokens * static_cast<size_t>(model.config().d_model), 0.0f);
 }
 
-stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, const comm::op_options& opts,
-                                  pipeline_observer* observer) {
+stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
+                                  const comm::op_options& opts, pipeline_observer* observer) {
   const int B = batch_, T = context_;
   const size_t tokens = static_cast<size_t>(B) * static_cast<size_t>(T);
   const size_t act_bytes = tokens * static_cast<size_t>(model_.config().d_model) * sizeof(float);
@@ -63,7 +65,8 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, 
 
   auto exchange = [&](const transfer& in) {
     if (pending && in) {
-      pp_.send_recv(pending.data, pending.bytes, pending.peer, in.data, in.bytes, in.peer, in.tag, opts);
+      pp_.send_recv(pending.data, pending.bytes, pending.peer, in.data, in.bytes, in.peer, in.tag,
+                    opts);
     } else {
       if (pending) pp_.send(pending.data, pending.bytes, pending.peer, pending.tag, opts);
       if (in) pp_.recv(in.data, in.bytes, in.peer, in.tag, opts);
@@ -77,7 +80,8 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, 
     uint8_t* tgt = targets_.data() + tokens * static_cast<size_t>(slot);
     const bool fwd = op.pass == pipe_pass::forward;
     transfer need;
-    if (fwd && !first) need = transfer{model_.stage_input(slot), act_bytes, stage_ - 1, activation_tag};
+    if (fwd && !first)
+      need = transfer{model_.stage_input(slot), act_bytes, stage_ - 1, activation_tag};
     if (!fwd && !last) need = transfer{model_.output_grad(), act_bytes, stage_ + 1, gradient_tag};
     // The neighbour's notice gates the receive, except when this stage still holds a send:
     // that send must be posted first (the neighbour may be blocked on it), so the pair goes
@@ -99,7 +103,8 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, 
         out.loss_sum += mean * static_cast<double>(tokens);
         out.tokens += static_cast<int64_t>(tokens);
       } else {
-        pending = transfer{const_cast<float*>(model_.stage_output(slot)), act_bytes, stage_ + 1, activation_tag};
+        pending = transfer{const_cast<float*>(model_.stage_output(slot)), act_bytes, stage_ + 1,
+                           activation_tag};
       }
     } else {
       model_.backward_stage(slot, in, tgt, B, T, grad_scale);
@@ -119,12 +124,12 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale, 
 
 double pipeline_executor::forward_only(const uint8_t* inputs, const uint8_t* targets, int B,
                                        const comm::op_options& opts) {
-  const size_t act_bytes =
-      static_cast<size_t>(B) * static_cast<size_t>(context_) * static_cast<size_t>(model_.config().d_model) *
-      sizeof(float);
+  const size_t act_bytes = static_cast<size_t>(B) * static_cast<size_t>(context_) *
+                           static_cast<size_t>(model_.config().d_model) * sizeof(float);
   if (stage_ > 0) pp_.recv(model_.stage_input(0), act_bytes, stage_ - 1, activation_tag, opts);
   const double loss = model_.forward_stage(0, inputs, targets, B, context_);
-  if (stage_ < stages_ - 1) pp_.send(model_.stage_output(0), act_bytes, stage_ + 1, activation_tag, opts);
+  if (stage_ < stages_ - 1)
+    pp_.send(model_.stage_output(0), act_bytes, stage_ + 1, activation_tag, opts);
   return loss;
 }
 

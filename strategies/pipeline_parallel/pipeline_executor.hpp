@@ -31,7 +31,8 @@ struct stage_step {
   double loss_sum = 0;   ///< last stage: sum of per-token losses; others 0
   int64_t tokens = 0;    ///< last stage: tokens whose loss is in loss_sum
   double compute_s = 0;  ///< seconds in forward and backward passes
-  std::vector<timed_op> timeline;  ///< each pass, in steady-clock seconds (comparable across processes)
+  std::vector<timed_op>
+      timeline;  ///< each pass, in steady-clock seconds (comparable across processes)
 };
 
 /// One pipeline stage: model span, neighbours on `pp` (stage s is rank s of it), schedule.
@@ -41,8 +42,8 @@ class pipeline_executor {
   /// `context` tokens each step. Reserves the model's activation slots for the schedule's
   /// peak (m for GPipe, at most p - s for 1F1B). Throws std::invalid_argument for a bad
   /// schedule size.
-  pipeline_executor(tensor_parallel::tp_gpt& model, comm::communicator& pp, pipe_schedule_kind kind, int micro_batches,
-                    int batch, int context);
+  pipeline_executor(tensor_parallel::tp_gpt& model, comm::communicator& pp, pipe_schedule_kind kind,
+                    int micro_batches, int batch, int context);
 
   /// Runs this stage's program for one step. Gradients accumulate into the model's grads()
   /// (the caller zeroes them); the head scales micro-batch losses by grad_scale. Throws
@@ -52,7 +53,8 @@ class pipeline_executor {
 
   /// Forward only, one micro-batch of B sequences at a time through every stage, for the
   /// validation loss: returns the mean loss on the last stage (0 elsewhere).
-  double forward_only(const uint8_t* inputs, const uint8_t* targets, int B, const comm::op_options& opts);
+  double forward_only(const uint8_t* inputs, const uint8_t* targets, int B,
+                      const comm::op_options& opts);
 
   int stage() const { return stage_; }
   int stages() const { return stages_; }

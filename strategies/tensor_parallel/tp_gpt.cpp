@@ -53,7 +53,8 @@ struct tp_gpt::block_view {
   float *ln2_w, *ln2_b, *fc_w, *fc_b, *fcproj_w, *fcproj_b;
 };
 
-tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts, stage_span span)
+tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts,
+               stage_span span)
     : cfg_(cfg), span_(span), group_{&tp_comm, opts} {
   const int t = tp_comm.size();
   const int r = tp_comm.rank();
@@ -74,11 +75,12 @@ tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_op
   }
   if (t < 1 || r < 0 || r >= t) fail("bad tp rank " + std::to_string(r));
   if (span_.last_layer < 0) span_.last_layer = cfg.n_layer;
-  if (span_.first_layer < 0 || span_.first_layer > span_.last_layer || span_.last_layer > cfg.n_layer ||
-      (span_.embedding && span_.first_layer != 0) || (span_.head && span_.last_layer != cfg.n_layer)) {
-    fail("bad stage span: layers [" + std::to_string(span_.first_layer) + ", " + std::to_string(span_.last_layer) +
-         ") of " + std::to_string(cfg.n_layer) + (span_.embedding ? " with the embedding" : "") +
-         (span_.head ? " with the head" : ""));
+  if (span_.first_layer < 0 || span_.first_layer > span_.last_layer ||
+      span_.last_layer > cfg.n_layer || (span_.embedding && span_.first_layer != 0) ||
+      (span_.head && span_.last_layer != cfg.n_layer)) {
+    fail("bad stage span: layers [" + std::to_string(span_.first_layer) + ", " +
+         std::to_string(span_.last_layer) + ") of " + std::to_string(cfg.n_layer) +
+         (span_.embedding ? " with the embedding" : "") + (span_.head ? " with the head" : ""));
   }
   if (cfg.n_head % t != 0) {
     fail("n_head (" + std::to_string(cfg.n_head) +
@@ -295,7 +297,6 @@ void tp_gpt::check_batch(int B, int T) const {
   }
 }
 
-
 void tp_gpt::reserve_slots(int B, int slots) {
   check_batch(B, 1);
   if (slots < 1) throw std::invalid_argument("tp_gpt: a stage needs at least one activation slot");
@@ -332,7 +333,8 @@ void tp_gpt::reserve_slots(int B, int slots) {
       slot.logits.assign(N * Vl, 0);
     }
   }
-  for (auto* v : {&proj_, &dres_out_, &dres_in_, &dres2_, &dproj_, &dln2_, &dln1_, &dlnf_}) v->assign(N * C, 0);
+  for (auto* v : {&proj_, &dres_out_, &dres_in_, &dres2_, &dproj_, &dln2_, &dln1_, &dlnf_})
+    v->assign(N * C, 0);
   dlogits_.assign(span_.head ? N * Vl : 0, 0);
   ce_work_.assign(cross_entropy_workspace(static_cast<int>(N), tp_size()), 0);
   dfch_gelu_.assign(N * Fl, 0);
@@ -350,12 +352,13 @@ const float* tp_gpt::stage_output(int slot) const {
   return a.layers.empty() ? a.encoded.data() : a.layers.back().res3.data();
 }
 
-double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B,
+                             int T) {
   using namespace layers;
   check_batch(B, T);
   if (B > capacity_b_ || slot < 0 || static_cast<size_t>(slot) >= slots_.size())
-    throw std::invalid_argument("tp_gpt: forward_stage needs reserve_slots first (slot " + std::to_string(slot) +
-                                ", B " + std::to_string(B) + ")");
+    throw std::invalid_argument("tp_gpt: forward_stage needs reserve_slots first (slot " +
+                                std::to_string(slot) + ", B " + std::to_string(B) + ")");
   const int C = cfg_.d_model;
   const int N = B * T;
   const size_t NC = static_cast<size_t>(N) * C;
@@ -363,8 +366,8 @@ double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* tar
   slot_acts& acts = slots_[static_cast<size_t>(slot)];
 
   if (span_.embedding) {
-    vocab_parallel_embedding_forward(group_, acts.encoded.data(), inputs, p + wte_, vocab_start_, V_l_, p + wpe_, B,
-                                     T, C);
+    vocab_parallel_embedding_forward(group_, acts.encoded.data(), inputs, p + wte_, vocab_start_,
+                                     V_l_, p + wpe_, B, T, C);
   }
   const float* residual = acts.encoded.data();
   for (int l = 0; l < layers(); ++l) {
@@ -387,12 +390,13 @@ double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* tar
     residual = s.res3.data();
   }
   if (!span_.head) return 0.0;
-  layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual, p + lnf_w_, p + lnf_b_, N,
-                    C);
+  layernorm_forward(acts.lnf.data(), acts.lnf_mean.data(), acts.lnf_rstd.data(), residual,
+                    p + lnf_w_, p + lnf_b_, N, C);
   // The tied head is column-parallel over the vocabulary: logits_l = lnf * wte_l^T.
-  column_parallel_linear_forward(acts.logits.data(), acts.lnf.data(), p + wte_, nullptr, N, C, V_l_);
-  return vocab_parallel_cross_entropy_forward(group_, acts.logits.data(), acts.logits.data(), targets, N,
-                                              vocab_start_, V_l_, ce_work_.data()) /
+  column_parallel_linear_forward(acts.logits.data(), acts.lnf.data(), p + wte_, nullptr, N, C,
+                                 V_l_);
+  return vocab_parallel_cross_entropy_forward(group_, acts.logits.data(), acts.logits.data(),
+                                              targets, N, vocab_start_, V_l_, ce_work_.data()) /
          N;
 }
 
@@ -408,13 +412,15 @@ void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targ
   auto zero = [](std::vector<float>& v, size_t n) { std::fill_n(v.data(), n, 0.0f); };
 
   if (span_.head) {
-    const auto dloss = static_cast<float>(static_cast<double>(grad_scale) / (static_cast<double>(B) * T));
+    const auto dloss =
+        static_cast<float>(static_cast<double>(grad_scale) / (static_cast<double>(B) * T));
     const float* last = acts.layers.empty() ? acts.encoded.data() : acts.layers.back().res3.data();
     zero(dlogits_, static_cast<size_t>(N) * V_l_);
     zero(dres_out_, NC);
-    vocab_parallel_cross_entropy_backward(dlogits_.data(), acts.logits.data(), targets, dloss, N, vocab_start_, V_l_);
-    column_parallel_linear_backward(group_, dlnf_.data(), dp + wte_, nullptr, dlogits_.data(), acts.lnf.data(),
-                                    p + wte_, N, C, V_l_);
+    vocab_parallel_cross_entropy_backward(dlogits_.data(), acts.logits.data(), targets, dloss, N,
+                                          vocab_start_, V_l_);
+    column_parallel_linear_backward(group_, dlnf_.data(), dp + wte_, nullptr, dlogits_.data(),
+                                    acts.lnf.data(), p + wte_, N, C, V_l_);
     layernorm_backward(dres_out_.data(), dp + lnf_w_, dp + lnf_b_, dlnf_.data(), last, p + lnf_w_,
                        acts.lnf_mean.data(), acts.lnf_rstd.data(), N, C);
   }
@@ -424,7 +430,8 @@ void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targ
     const block_view w = block(p, l);
     const block_view dw = block(dp, l);
     const layer_acts& s = acts.layers[static_cast<size_t>(l)];
-    const float* residual = l > 0 ? acts.layers[static_cast<size_t>(l) - 1].res3.data() : acts.encoded.data();
+    const float* residual =
+        l > 0 ? acts.layers[static_cast<size_t>(l) - 1].res3.data() : acts.encoded.data();
     const size_t NF = static_cast<size_t>(N) * F_l_;
     zero(dres_in_, NC);
     zero(dres2_, NC);
@@ -455,7 +462,8 @@ void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targ
     std::swap(dres_in_, dres_out_);
   }
   if (span_.embedding) {
-    vocab_parallel_embedding_backward(dp + wte_, dp + wpe_, dres_out_.data(), inputs, vocab_start_, V_l_, B, T, C);
+    vocab_parallel_embedding_backward(dp + wte_, dp + wpe_, dres_out_.data(), inputs, vocab_start_,
+                                      V_l_, B, T, C);
   }
   // Otherwise dres_out_ now holds the gradient of this stage's input (input_grad()).
 }
@@ -479,8 +487,9 @@ double tp_gpt::forward_loss(const uint8_t* inputs, const uint8_t* targets, int B
 
 void tp_gpt::check_whole_model() const {
   if (!span_.embedding || !span_.head)
-    throw std::logic_error("tp_gpt: forward_backward and forward_loss need the whole model; a pipeline stage runs "
-                           "forward_stage and backward_stage");
+    throw std::logic_error(
+        "tp_gpt: forward_backward and forward_loss need the whole model; a pipeline stage runs "
+        "forward_stage and backward_stage");
 }
 
 }  // namespace troupe::tensor_parallel

@@ -3,17 +3,18 @@
 // stage that would overrun its neighbour; a neighbour's actor that goes away fails the wait
 // at once with peer_lost; a missing notice fails at the deadline naming the pass.
 
-#include "actors/messages.hpp"
 #include "actors/stage.hpp"
-#include "runtime/comm/store.hpp"
+
+#include <gtest/gtest.h>
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <future>
 #include <memory>
+
+#include "actors/messages.hpp"
+#include "runtime/comm/store.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -56,9 +57,9 @@ struct two_stages {
 
 TEST(StageLinkTest, NoticesFlowBothWaysAndCreditsComeBack) {
   two_stages s(2);
-  s.first->done(pass(pipe_pass::forward, 0, 0));   // credit 2 -> 1
+  s.first->done(pass(pipe_pass::forward, 0, 0));    // credit 2 -> 1
   s.last->waiting(pipe_op{pipe_pass::forward, 0});  // the notice arrived
-  s.first->done(pass(pipe_pass::forward, 1, 0));   // 1 -> 0
+  s.first->done(pass(pipe_pass::forward, 1, 0));    // 1 -> 0
   s.last->done(pass(pipe_pass::backward, 0, 1));
   s.first->waiting(pipe_op{pipe_pass::backward, 0});  // takes B0's notice: credit back to 1
   s.first->done(pass(pipe_pass::forward, 2, 0));      // allowed again
@@ -89,12 +90,15 @@ TEST(StageLinkTest, ANoticeOfAnotherStepDoesNotCount) {
   two_stages s(2, 300ms);
   s.first->begin_step(7);
   s.first->done(pass(pipe_pass::forward, 0, 0));
-  EXPECT_THROW(s.last->waiting(pipe_op{pipe_pass::forward, 0}), comm::comm_error);  // it waits for step 1's
+  EXPECT_THROW(s.last->waiting(pipe_op{pipe_pass::forward, 0}),
+               comm::comm_error);  // it waits for step 1's
 }
 
 TEST(StageLinkTest, ANeighbourThatGoesAwayFailsTheWaitAtOnce) {
   two_stages s(2, 30s);
-  auto waiting = std::async(std::launch::async, [&] { s.last->waiting(pipe_op{pipe_pass::forward, 0}); });
+  auto waiting = std::async(std::launch::async, [&] {
+    s.last->waiting(pipe_op{pipe_pass::forward, 0});
+  });
   const auto start = std::chrono::steady_clock::now();
   s.first.reset();  // its actor exits and its node says so
   try {

@@ -102,6 +102,26 @@ TEST(UntrustedStore, ADamagedStoredChunkIsMovedAsideAndWrittenAgainNotReused) {
   EXPECT_TRUE(verify_checkpoint(dir.str(), 1).empty());
 }
 
+// The same process wrote the chunk and trusts it, and the file was written over since (a byte
+// flipped in place): the next checkpoint with the same content checks it before it reuses it,
+// and writes it again. Without that, every later checkpoint named the damaged file, and a
+// rollback found none intact (found by the soak: a chunk of step 240 damaged before step 260
+// was written).
+TEST(UntrustedStore, AKnownChunkWrittenOverSinceIsCheckedAgainBeforeItIsReused) {
+  testing::temp_dir dir;
+  one_tensor t(3000);
+  const snapshot s = t.at(3, 0.25f);
+  const shard_report first = make_fs_shard_writer(dir.str(), 4096)->write(s);
+  const chunk_key victim = *keys_of(first).begin();
+  ASSERT_TRUE(chunk_file::known_good::contains(dir.str(), victim));
+  flip_payload_byte(chunk_file::path_of(dir.str(), victim));
+  const shard_report again = make_fs_shard_writer(dir.str(), 4096)->write(s);
+  EXPECT_EQ(again.chunks_repaired, 1u);
+  EXPECT_EQ(again.chunks_written, 1u) << "the damaged chunk is written again";
+  commit_manifest(dir.str(), manifest_of(again, 3, 3000, 1024));
+  EXPECT_TRUE(verify_checkpoint(dir.str(), 3).empty());
+}
+
 // The same process wrote the chunk (so it trusted it) and it was damaged since: a read that
 // finds the damage ends that trust, and the next write of the same content writes it again
 // instead of naming the damaged file (found by the soak: a rollback's replay re-committed a

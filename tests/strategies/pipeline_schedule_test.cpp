@@ -4,6 +4,7 @@
 #include "strategies/pipeline_schedule.hpp"
 
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 
 namespace troupe::strategies {
@@ -28,9 +29,14 @@ TEST(PipelineScheduleTest, CheckerCatchesBrokenPrograms) {
   missing[0].pop_back();
   EXPECT_NE(check_schedule(missing), "");
   // Stage 0 waits for B0 from stage 1 before stage 1 can get F1 from it: a cycle.
-  std::vector<std::vector<pipe_op>> cyclic = {
-      {{pipe_pass::forward, 0}, {pipe_pass::backward, 0}, {pipe_pass::forward, 1}, {pipe_pass::backward, 1}},
-      {{pipe_pass::forward, 1}, {pipe_pass::forward, 0}, {pipe_pass::backward, 0}, {pipe_pass::backward, 1}}};
+  std::vector<std::vector<pipe_op>> cyclic = {{{pipe_pass::forward, 0},
+                                               {pipe_pass::backward, 0},
+                                               {pipe_pass::forward, 1},
+                                               {pipe_pass::backward, 1}},
+                                              {{pipe_pass::forward, 1},
+                                               {pipe_pass::forward, 0},
+                                               {pipe_pass::backward, 0},
+                                               {pipe_pass::backward, 1}}};
   EXPECT_NE(check_schedule(cyclic).find("deadlock"), std::string::npos);
 }
 
@@ -49,14 +55,16 @@ TEST(PipelineScheduleTest, SimulatedBubbleMatchesTheFormula) {
     for (int p : {2, 3, 4})
       for (int m : {1, 4, 8, 16}) {
         auto timeline = simulate_schedule(make_schedule(kind, p, m), 1.0, 2.0);
-        EXPECT_NEAR(bubble_fraction(timeline, p), ideal_bubble(p, m), 1e-9) << "p=" << p << " m=" << m;
+        EXPECT_NEAR(bubble_fraction(timeline, p), ideal_bubble(p, m), 1e-9)
+            << "p=" << p << " m=" << m;
       }
   EXPECT_DOUBLE_EQ(ideal_bubble(1, 5), 0.0);
   EXPECT_DOUBLE_EQ(ideal_bubble(4, 8), 3.0 / 11.0);
 }
 
 TEST(PipelineScheduleTest, TraceIsChromeJson) {
-  auto timeline = simulate_schedule(make_schedule(pipe_schedule_kind::one_f_one_b, 2, 3), 0.001, 0.002);
+  auto timeline =
+      simulate_schedule(make_schedule(pipe_schedule_kind::one_f_one_b, 2, 3), 0.001, 0.002);
   auto doc = nlohmann::json::parse(chrome_trace_json(timeline));
   ASSERT_TRUE(doc["traceEvents"].is_array());
   int complete = 0;

@@ -3,8 +3,6 @@
 // give the same parameters as all-reduce + AdamW on every rank, while each rank holds only
 // its shard of the optimizer state.
 
-#include "runtime/comm/gloo_communicator.hpp"
-#include "runtime/comm/store.hpp"
 #include "strategies/zero.hpp"
 
 #include <gtest/gtest.h>
@@ -12,6 +10,9 @@
 #include <cmath>
 #include <random>
 #include <thread>
+
+#include "runtime/comm/gloo_communicator.hpp"
+#include "runtime/comm/store.hpp"
 
 namespace troupe::strategies {
 namespace {
@@ -74,7 +75,8 @@ TEST(ZeroOptimizerTest, MatchesReplicatedAdamW) {
   cfg.grad_clip = 0.5;  // small enough that clipping is active
   uint64_t generation = 0;
   for (int world : {2, 3, 4}) {
-    std::vector<std::vector<float>> zero_params(static_cast<size_t>(world)), ref_params(static_cast<size_t>(world));
+    std::vector<std::vector<float>> zero_params(static_cast<size_t>(world)),
+        ref_params(static_cast<size_t>(world));
     std::vector<size_t> state(static_cast<size_t>(world));
     run_ranks(world, ++generation, server, [&](comm::communicator& c) {
       const int r = c.rank();
@@ -105,7 +107,9 @@ TEST(ZeroOptimizerTest, MatchesReplicatedAdamW) {
       const auto& rp = ref_params[static_cast<size_t>(r)];
       ASSERT_EQ(zp.size(), n);
       EXPECT_EQ(zp, zero_params[0]) << "ranks disagree after the all-gather";
-      for (size_t i = 0; i < n; ++i) ASSERT_NEAR(zp[i], rp[i], 1e-5f * (1 + std::fabs(rp[i]))) << "world " << world << " i " << i;
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_NEAR(zp[i], rp[i], 1e-5f * (1 + std::fabs(rp[i])))
+            << "world " << world << " i " << i;
       EXPECT_LE(state[static_cast<size_t>(r)], 2 * ((n + world - 1) / world) * sizeof(float));
     }
   }

@@ -5,11 +5,11 @@
 // turns float reassociation in near-zero gradients into full-size steps on single elements,
 // so an element-wise relative bound says little) and the worst element; exit 1 on error.
 
-#include "checkpoint/checkpoint.hpp"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+
+#include "checkpoint/checkpoint.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3) {
@@ -24,8 +24,9 @@ int main(int argc, char** argv) {
     };
     auto a = load(argv[1]), b = load(argv[2]);
     if (a.params.size() != b.params.size() || a.step != b.step) {
-      std::fprintf(stderr, "checkpoints differ in shape or step (%zu@%lld vs %zu@%lld)\n", a.params.size(),
-                   static_cast<long long>(a.step), b.params.size(), static_cast<long long>(b.step));
+      std::fprintf(stderr, "checkpoints differ in shape or step (%zu@%lld vs %zu@%lld)\n",
+                   a.params.size(), static_cast<long long>(a.step), b.params.size(),
+                   static_cast<long long>(b.step));
       return 1;
     }
     double diff_sq = 0, norm_sq = 0, worst = 0;
@@ -35,8 +36,9 @@ int main(int argc, char** argv) {
       norm_sq += x * x;
       worst = std::max(worst, std::fabs(x - y));
     }
-    std::printf("rel_l2 %.3e max_abs %.3e numel %zu step %lld\n", std::sqrt(diff_sq / std::max(norm_sq, 1e-30)),
-                worst, a.params.size(), static_cast<long long>(a.step));
+    std::printf("rel_l2 %.3e max_abs %.3e numel %zu step %lld\n",
+                std::sqrt(diff_sq / std::max(norm_sq, 1e-30)), worst, a.params.size(),
+                static_cast<long long>(a.step));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "checkpoint_diff: %s\n", e.what());

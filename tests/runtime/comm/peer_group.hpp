@@ -21,9 +21,9 @@ namespace troupe::test {
 class peer_group : public ::testing::Test {
  protected:
   void spawn(int rank, int size, const std::string& scenario) {
-    peers_.push_back(child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
-                                           std::to_string(rank), std::to_string(size), scenario,
-                                           backend()}));
+    peers_.push_back(
+        child_process::spawn({COMM_PEER_PATH, "127.0.0.1:" + std::to_string(server_.port()),
+                              std::to_string(rank), std::to_string(size), scenario, backend()}));
   }
 
   void spawn_all(int size, const std::string& scenario) {
@@ -34,8 +34,8 @@ class peer_group : public ::testing::Test {
   void expect_peers_succeed(std::chrono::milliseconds timeout = std::chrono::seconds(200)) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (size_t i = 0; i < peers_.size(); ++i) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       const auto status = peers_[i].wait_exit(std::max(left, std::chrono::milliseconds(0)));
       ASSERT_TRUE(status.has_value()) << "peer " << i << " still running";
       EXPECT_EQ(*status, 0) << "peer " << i << " " << describe_status(*status);
