@@ -51,7 +51,7 @@ std::optional<chunk_key> chunk_key::from_hex(std::string_view text) {
     if (c >= '0' && c <= '9') {
       d = static_cast<uint64_t>(c - '0');
     } else if (c >= 'a' && c <= 'f') {
-      d = static_cast<uint64_t>(c - 'a' + 10);
+      d = static_cast<uint64_t>(c - 'a') + 10;
     } else {
       return std::nullopt;
     }
