@@ -21,8 +21,9 @@ namespace (chaos/netns/cluster.py), default heartbeat (2 s) and coordinator (10 
 (a) and (b) end with exit 0, every step committed once, each step's loss and the final
 parameters bit-for-bit what one host computes through the same schedule of worlds, undisturbed
 (4 ranks, then 2 from the step the shrunk generation continued from, then 4 again from the step
-the regrown one did; 3 in between when the returning members join one at a time). Against an uninterrupted 4-rank run the losses drift (float32
-reassociation of fewer replicas, amplified over hundreds of steps) but stay within 1 %.
+the regrown one did; 3 in between when the returning members join one at a time). Against an
+uninterrupted 4-rank run the losses drift (float32 reassociation of fewer replicas, amplified
+over hundreds of steps), and the mean loss of the last 50 steps agrees within 2 %.
 n1's link carries 50 ms of delay from the cut until the job has grown back, which paces the
 job so that it still runs when the link heals. Needs root; Skipped (exit 77) where namespaces
 cannot be made."""
@@ -32,8 +33,8 @@ import re
 import tempfile
 import time
 
-from harness import SMALL_MODEL, TROUPE, checkpoint_param_diff, fail, main, run_ok, \
-    step_losses
+from harness import SMALL_MODEL, TROUPE, checkpoint_param_diff, fail, main, \
+    relative_difference, run_ok, step_losses
 from netns_leader_isolation_test import ETCD, start_etcd, start_standby
 from netns_jobs import (TroupeJob, compare_losses, logs_of, netns, of, pids_in, run_schedule,
                         wait_for_step, wait_job, worlds_of, batch_of)
@@ -42,7 +43,7 @@ CUT_AFTER = 15
 HEARTBEAT_S = 2.0
 COORDINATOR_S = 5 * HEARTBEAT_S  # the default: --coordinator-timeout-ms 0
 PACE_MS = 50
-DRIFT = 1e-2  # the loss of an uninterrupted 4-rank run, relative (see check_exact)
+TAIL_AGREEMENT = 0.02  # the last 50 steps' mean loss against an uninterrupted run (check_exact)
 ARGS = batch_of(SMALL_MODEL, 24) + ["--checkpoint-every", "50", "--metrics-port", "0",
                                    "--step-timeout-ms", "30000"]
 
@@ -157,14 +158,24 @@ def check_exact(name, tmp, steps, events, run_dir, plain_dir):
                                ARGS + ["--steps", str(steps), "--world", "4", "--nodes", "2"],
                                plain_dir, timeout=300))
     # Fewer replicas sum the same gradients in another float32 order; the difference is tiny
-    # (1e-8) at first, and training amplifies it over hundreds of steps (measured: up to 9e-4
-    # with this batch of 24, 1e-2 with a batch of 8). The same training, not the same bits:
-    # bit-exactness across worlds is the comparison above.
-    drift = compare_losses(f"{name}: against an uninterrupted run", plain, got,
-                           range(1, steps + 1), DRIFT)
+    # (1e-8) at first, and training amplifies it step by step, chaotically (the largest
+    # per-step difference measured 4e-4 in one run and 1.4e-2 in another). The same training,
+    # not the same bits (bit-exactness across worlds is the comparison above): the mean loss
+    # of the last 50 steps agrees within 2 %.
+    missing = [s for s in range(1, steps + 1) if s not in plain]
+    if missing:
+        fail(f"{name}: the uninterrupted run lacks steps {missing[:5]}")
+    drift = max(relative_difference(plain[s], got[s]) for s in got)
+    tail = range(steps - 49, steps + 1)
+    mean_got = sum(got[s] for s in tail) / len(tail)
+    mean_plain = sum(plain[s] for s in tail) / len(tail)
+    if relative_difference(mean_plain, mean_got) > TAIL_AGREEMENT:
+        fail(f"{name}: the mean loss of the last 50 steps is {mean_got:.4f}, the uninterrupted "
+             f"run's {mean_plain:.4f}: more than {TAIL_AGREEMENT:.0%} apart")
     print(f"{name}: worlds (world, nodes, to step) {schedule}: loss {worst:.1e} and parameters "
-          f"{params:.1e} from the same schedule on one host; loss {drift:.1e} from an "
-          f"uninterrupted 4-rank run", flush=True)
+          f"{params:.1e} from the same schedule on one host; against an uninterrupted 4-rank "
+          f"run, up to {drift:.1e} per step and mean loss of the last 50 steps {mean_got:.4f} "
+          f"against {mean_plain:.4f}", flush=True)
 
 
 def heal_and_finish(name, job, cut, pace, heal_at):
