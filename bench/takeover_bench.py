@@ -44,7 +44,7 @@ HA = ["--coordinators", "2", "--etcd", "local"]
 # The smallest model: 32 sequences of one each, so that any world up to 32 divides the batch.
 SMALL = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", "32", "--batch", "32",
          "--micro-batch", "1", "--eval-every", "0", "--no-progress", "--metrics-port", "0"]
-SILENT_S = 0.100  # the dying leader's silence before its SIGKILL (actors/job_supervisor.cpp die)
+SILENT_S = 0.100  # the dying leader's silence before its SIGKILL (actors/coordinator/job_supervisor.cpp die)
 
 
 def run(troupe, args, timeout):

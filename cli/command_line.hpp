@@ -10,16 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.hpp"
+
 namespace CLI {
 class App;
 }
 
 namespace troupe::cli {
 
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using troupe::usage_error;  // runtime/config.hpp: the environment's mistakes are exit 2 too
 
 class command_line {
  public:

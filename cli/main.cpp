@@ -9,18 +9,18 @@
 #include <string>
 #include <vector>
 
-#include "actors/connect.hpp"
-#include "actors/node_address.hpp"
-#include "actors/node_supervisor.hpp"
-#include "actors/rank.hpp"
+#include "actors/agent/node_supervisor.hpp"
+#include "actors/wire/connect.hpp"
+#include "actors/wire/node_address.hpp"
+#include "actors/worker/rank.hpp"
 #include "bench/comm_bench.hpp"
 #include "cli/ckpt_tool.hpp"
 #include "cli/command_line.hpp"
-#include "cli/job_runner.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
 #include "cli/scheduler.hpp"
 #include "cli/status_tool.hpp"
+#include "coordinator/job_runner.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/preflight.hpp"
@@ -125,8 +125,8 @@ void parse_member_args(const std::string& command, const std::vector<std::string
     const std::string first = coordinators.empty() ? coordinator_text
                                                    : coordinators.front().host + ":" +
                                                          std::to_string(coordinators.front().port);
-    *scheduled = troupe::cli::plan_agent(first, token_path, run_dir_flag,
-                                         troupe::cli::process_environment());
+    *scheduled =
+        troupe::cli::plan_agent(first, token_path, run_dir_flag, troupe::process_environment());
     if (scheduled->idle) return;
     host = scheduled->host;
     port = scheduled->port;
@@ -238,7 +238,7 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
             std::to_string(cfg.world) +
             (cfg.elastic.spares > 0 ? ", " + std::to_string(cfg.elastic.spares) + " spares)"
                                     : ")"));
-    return troupe::cli::run_job(opts, !coordinator_only);
+    return troupe::coordinator::run_job(opts, !coordinator_only);
   }
   if (command == "bench") {
     if (args.empty() || args[0] == "--help" || args[0] == "-h") {
@@ -290,7 +290,7 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
       return 0;
     }
     troupe::actors::worker_args w;
-    troupe::cli::guard_worker_signals(troupe::cli::process_environment());
+    troupe::cli::guard_worker_signals(troupe::process_environment());
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, w.advertise, &w.member,
                       w.coordinators, &w.node, nullptr, &w.standby);
     require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start, "a worker");

@@ -89,15 +89,6 @@ std::optional<train_config> saved_config(const std::string& run_dir) {
 
 }  // namespace
 
-std::vector<setting_change> changed_settings(const train_config& before,
-                                             const train_config& after) {
-  std::vector<setting_change> out;
-  for (const auto& s : settings())
-    if (s.get(before) != s.get(after))
-      out.push_back({&s, setting_text(s, before), setting_text(s, after)});
-  return out;
-}
-
 job_options parse_job_options(const std::vector<std::string>& args, bool coordinator_only,
                               const env_reader& env) {
   job_options out;

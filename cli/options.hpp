@@ -8,49 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "cli/cluster_env.hpp"
 #include "cli/command_line.hpp"
+#include "coordinator/job_options.hpp"
+#include "runtime/cluster_env.hpp"
 #include "runtime/config.hpp"
 
 namespace troupe::cli {
 
-/// `troupe run` and `troupe coordinator`.
-struct job_options {
-  train_config cfg;
-  bool help = false;
-  std::string listen_host = "127.0.0.1";  ///< coordinator, or run --slurm
-  uint16_t listen_port = 0;               ///< coordinator, or run --slurm; 0 = any free port
-  bool host_given = false;                ///< --host was given (else --slurm picks the address)
-  /// --slurm: the job runs in this Slurm allocation (slurm_job says which); the coordinator
-  /// listens on this node's address and writes RUN_DIR/rendezvous.json for the agents, and
-  /// `troupe run` starts them with `srun --no-kill`, one per node.
-  std::optional<slurm_env> slurm_job;
-  /// `troupe run --coordinators K` (with --etcd): K coordinator processes, one leading and the
-  /// others standing by to take the job over; this process only launches and waits.
-  int coordinators = 1;
-  /// `troupe coordinator --join-token FILE` (with --etcd): one of several coordinators of a job
-  /// whose run directory another process prepared (`troupe run --coordinators K`); it campaigns,
-  /// stands by, and leads when elected.
-  std::string join_token;
-  /// --print-config: write the effective config (a file --config reads back) and exit.
-  bool print_config = false;
-  /// --log-level: debug, info, warn or error (empty: TROUPE_LOG_LEVEL, else info).
-  std::string log_level;
-  /// --resume: the run's own config.json, as this session found it (cfg starts from it).
-  std::optional<train_config> saved;
-};
-
-}  // namespace troupe::cli
-namespace troupe {
-struct setting;
-}
-namespace troupe::cli {
-/// One setting whose value differs between two configs, as text.
-struct setting_change {
-  const setting* what;
-  std::string before, after;
-};
-std::vector<setting_change> changed_settings(const train_config& before, const train_config& after);
+using coordinator::job_options;  // coordinator/job_options.hpp
 
 /// Applies `--config FILE` first, then every other option in order, then (--slurm) what the
 /// Slurm allocation says where no option did, then validates.

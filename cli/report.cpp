@@ -19,7 +19,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "actors/job/goodput.hpp"
+#include "actors/coordinator/job/goodput.hpp"
 #include "cli/command_line.hpp"
 #include "cli/options.hpp"
 #include "cli/report_svg.hpp"
@@ -31,8 +31,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A colour for each phase of the goodput accounting (actors/job/goodput.hpp), by its place in
-// that enum: the same phase has the same colour in every report, whichever phases a run has.
+// A colour for each phase of the goodput accounting (actors/coordinator/job/goodput.hpp), by its
+// place in that enum: the same phase has the same colour in every report, whichever phases a run
+// has.
 constexpr std::array<const char*, actors::phase_count> phase_colours = {
     "#2ca02c",  // compute: the useful work
     "#1f77b4",  // exposed_comm

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cluster_env.hpp"
+#include "runtime/cluster_env.hpp"
 
 namespace troupe::cli {
 
@@ -37,23 +37,5 @@ agent_plan plan_agent(const std::string& coordinator_flag, const std::string& to
 /// SIGUSR1 and SIGUSR2 (`--signal` without B:) are ignored. The agent's own SIGTERM, and
 /// SIGKILL, end the worker as before. Nothing changes outside Slurm.
 void guard_worker_signals(const env_reader& env);
-
-/// The address the coordinator of a Slurm job listens on when --host does not say: the node
-/// address the environment names (TROUPE_ADVERTISE, TROUPE_IFACE, GLOO_SOCKET_IFNAME), else
-/// the address this node's Slurm name (SLURMD_NODENAME, else the host name) resolves to,
-/// which must be held by this host and not be loopback. Throws config_error (exit 2) naming
-/// the fix otherwise.
-std::string slurm_listen_host(const slurm_env& job);
-
-/// Writes RUN_DIR/rendezvous.json atomically (mode 0644: no secret in it).
-void write_rendezvous(const std::string& run_dir, const rendezvous& r);
-/// Removes RUN_DIR/rendezvous.json if it is still this process's (a later attempt's is kept).
-void remove_rendezvous(const std::string& run_dir, int64_t pid);
-
-/// `srun --no-kill ... <exe> agent`: one agent on each of `nodes` nodes of the allocation; a
-/// node lost does not end the step (srun --no-kill), nor does an agent's exit.
-std::vector<std::string> srun_agents_command(const std::string& exe, int nodes);
-/// Refuses (config_error) when srun is not on PATH.
-void require_srun();
 
 }  // namespace troupe::cli

@@ -28,12 +28,6 @@ namespace troupe::cli {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-fs::path metrics_address_file(const fs::path& run_dir) { return run_dir / "metrics.addr"; }
-
-fs::path standby_metrics_address_file(const fs::path& run_dir, int pid) {
-  return run_dir / "coordinators" / (std::to_string(pid) + ".metrics.addr");
-}
-
 namespace {
 
 constexpr std::size_t max_document_bytes = 4 * 1024 * 1024;
@@ -134,7 +128,7 @@ std::optional<std::string> read_small(const fs::path& path, std::uintmax_t max_b
 // The coordinators a run directory names: its own metrics.addr, then every one of several.
 std::vector<endpoint> run_dir_endpoints(const fs::path& run_dir) {
   std::vector<endpoint> out;
-  if (auto text = read_small(metrics_address_file(run_dir)))
+  if (auto text = read_small(run_paths::metrics_address(run_dir)))
     if (auto e = parse_endpoint(*text)) out.push_back(*e);
   std::error_code ec;
   for (fs::directory_iterator it(run_dir / "coordinators", ec), end; !ec && it != end;

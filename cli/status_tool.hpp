@@ -8,11 +8,6 @@
 
 namespace troupe::cli {
 
-/// RUN_DIR/metrics.addr: HOST:PORT where the job's coordinator serves /metrics and /status.
-std::filesystem::path metrics_address_file(const std::filesystem::path& run_dir);
-/// RUN_DIR/coordinators/PID.metrics.addr: the same for one of several coordinators.
-std::filesystem::path standby_metrics_address_file(const std::filesystem::path& run_dir, int pid);
-
 /// `troupe status ARGS` (top = false) or `troupe top ARGS`. Returns the exit code: 0, or 2
 /// for bad arguments and a target that cannot be read (unreachable, refused, unauthorised).
 int run_status_tool(const std::vector<std::string>& args, bool top);

@@ -178,6 +178,13 @@ class config_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A mistake on the command line or in what a scheduler's environment says (a malformed
+/// SLURM_* variable): printed as it is, exit 2.
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// Reads a JSON config file into `cfg` (keys not present keep their value), within limits:
 /// at most 1 MiB, nested at most 64 deep (counted before parsing), no key twice in an object,
 /// every value of its field's JSON type. Throws config_error naming the file or the key.

@@ -234,7 +234,7 @@ host_facts read_host_facts(const train_config& cfg) {
     throw config_error(
         "data (--data): no corpus given and no default corpus was built; run scripts/setup.sh "
         "or pass --data FILE");
-  // Workers open it by its absolute path (cli/job_run_dir.cpp).
+  // Workers open it by its absolute path (coordinator/job_run_dir.cpp).
   check_path_length(fs::absolute(cfg.data).string(), "data", "--data");
   std::error_code ec;
   const auto status = fs::status(cfg.data, ec);

@@ -602,4 +602,13 @@ std::string setting_text(const setting& s, const train_config& cfg) {
   return v.dump();
 }
 
+std::vector<setting_change> changed_settings(const train_config& before,
+                                             const train_config& after) {
+  std::vector<setting_change> out;
+  for (const auto& s : settings())
+    if (s.get(before) != s.get(after))
+      out.push_back({&s, setting_text(s, before), setting_text(s, after)});
+  return out;
+}
+
 }  // namespace troupe

@@ -57,4 +57,12 @@ const std::vector<std::string>& setting_groups();
 /// A setting's value as text, the way a flag takes it ("0.003", "1f1b"; a list comma-separated).
 std::string setting_text(const setting& s, const train_config& cfg);
 
+/// One setting whose value differs between two configs, as text.
+struct setting_change {
+  const setting* what;
+  std::string before, after;
+};
+/// The settings whose values differ between `before` and `after`, in the table's order.
+std::vector<setting_change> changed_settings(const train_config& before, const train_config& after);
+
 }  // namespace troupe

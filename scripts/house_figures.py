@@ -9,8 +9,10 @@
 Figures: lines of non-test C++ by folder, files over 600 lines, functions over 80 lines, the
 include loops between modules of one folder (a module is a .hpp with its .cpp), and the
 includes and library links that point to a higher floor. Rules (--check): no library links
-to a library of a higher floor, and no file includes a header of a higher floor. The floors
-are those of docs/ARCHITECTURE.md; a folder's floor is that of its top-level folder.
+to a library of a higher floor, and no file includes a header of a higher floor; in actors/,
+no process's room (coordinator/, agent/, worker/) includes or links another's (wire/ is
+shared). The floors are those of docs/ARCHITECTURE.md; a folder's floor is that of its
+top-level folder.
 
 Functions are found by reading the code as text (comments and literals blanked, braces
 counted), not by compiling it: a body counts from the line of its opening brace to the line
@@ -23,7 +25,12 @@ import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FLOORS = {"runtime": 1, "checkpoint": 2, "monitoring": 2, "chaos": 2, "strategies": 3,
-          "actors": 4, "cli": 5}
+          "actors": 4, "coordinator": 5, "cli": 6}
+# The rooms of actors/: one per process that runs them, and the wire they all share. A room
+# may use wire/ and nothing of another room.
+ROOMS = {"coordinator", "agent", "worker"}
+ROOM_LIBRARIES = {"troupe_coordinator_actors": "coordinator", "troupe_agent": "agent",
+                  "troupe_worker": "worker"}
 SOURCE_DIRS = list(FLOORS) + ["bench"]
 LONG_FILE = 600
 LONG_FUNCTION = 80
@@ -191,6 +198,24 @@ def upward_includes(paths):
     return out
 
 
+def room_of(path):
+    parts = path.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "actors" and parts[1] in ROOMS else None
+
+
+def cross_room_includes(paths):
+    out = []
+    for p in paths:
+        mine = room_of(p)
+        if mine is None:
+            continue
+        for inc in includes(p):
+            theirs = room_of(inc)
+            if theirs is not None and theirs != mine:
+                out.append(f"{p} includes {inc} (actors/{mine} -> actors/{theirs})")
+    return out
+
+
 ADD_LIBRARY = re.compile(r"add_library\(\s*([\w-]+)")
 LINK = re.compile(r"target_link_libraries\(\s*([\w-]+)([^)]*)\)", re.S)
 
@@ -224,6 +249,10 @@ def upward_links():
                     if dep in floors and floors[dep][0] > mine:
                         out.append(f"{rel}: {target} (floor {mine}) links {dep} "
                                    f"(floor {floors[dep][0]}, {floors[dep][1]})")
+                    room, other = ROOM_LIBRARIES.get(target), ROOM_LIBRARIES.get(dep)
+                    if room and other and room != other:
+                        out.append(f"{rel}: {target} (actors/{room}) links {dep} "
+                                   f"(actors/{other})")
     return out
 
 
@@ -246,7 +275,7 @@ def figures():
         "files_over_600_lines": sorted(long_files, key=lambda x: -x[1]),
         "functions_over_80_lines": sorted(long_functions, key=lambda x: -x[2]),
         "include_loops": include_loops(paths),
-        "upward_includes": upward_includes(paths),
+        "upward_includes": upward_includes(paths) + cross_room_includes(paths),
         "upward_links": upward_links(),
     }
 
@@ -262,7 +291,7 @@ def markdown(f):
             ("functions over 80 lines", str(len(f["functions_over_80_lines"]))),
             ("include loops inside a folder", listed(f["include_loops"], "; ".join(
                 " <-> ".join(g) for g in f["include_loops"]))),
-            ("includes of a higher floor", str(len(f["upward_includes"]))),
+            ("includes of a higher floor or another room", str(len(f["upward_includes"]))),
             ("links to a higher floor", listed(f["upward_links"], "; ".join(f["upward_links"])))]
     out = ["| figure | value |", "|---|---|"]
     out += [f"| {a} | {b} |" for a, b in rows]
@@ -279,8 +308,9 @@ def main(argv):
         for b in broken:
             print(f"floor rule broken: {b}")
         if broken:
-            print("A folder may use only the folders of lower floors (docs/ARCHITECTURE.md, "
-                  "The floors): move the code down, or pass what it needs in from above.")
+            print("A folder may use only the folders of lower floors, and a process's room in "
+                  "actors/ only wire/ (docs/ARCHITECTURE.md, The floors): move the code down "
+                  "or into wire/, or pass what it needs in from above.")
             return 1
         print(f"floors kept: {len(library_floors())} libraries, "
               f"{sum(1 for _ in sources())} files")

@@ -18,7 +18,7 @@ namespace troupe::comm {
 struct gloo_options {
   /// Address the transport pairs listen on; peers connect to it, so it must be reachable from
   /// them (127.0.0.1 is enough when every rank is on this machine; a worker passes its node's
-  /// address, actors/node_address.hpp). Ranks of one group must not mix loopback and other
+  /// address, actors/wire/node_address.hpp). Ranks of one group must not mix loopback and other
   /// addresses: such a group fails at once (connect_failure::loopback).
   std::string bind_host = "127.0.0.1";
   /// Bound on the whole rendezvous: waiting for every rank's address in the store and

@@ -29,4 +29,10 @@ fs::path archived(const fs::path& run_dir, int64_t seconds) {
   return fs::path(run_dir.string() + ".prev-" + std::to_string(seconds));
 }
 
+fs::path metrics_address(const fs::path& run_dir) { return run_dir / "metrics.addr"; }
+
+fs::path standby_metrics_address(const fs::path& run_dir, int pid) {
+  return run_dir / "coordinators" / (std::to_string(pid) + ".metrics.addr");
+}
+
 }  // namespace troupe::run_paths

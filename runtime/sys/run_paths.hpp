@@ -48,6 +48,11 @@ std::filesystem::path run_lock(const std::filesystem::path& run_dir);
 /// RUN_DIR/checkpoints/.chunks.lock: shared by writers, exclusive for a garbage collection.
 std::filesystem::path chunk_store_lock(const std::filesystem::path& run_dir);
 
+/// RUN_DIR/metrics.addr: where the leading coordinator serves its metrics (`troupe status`).
+std::filesystem::path metrics_address(const std::filesystem::path& run_dir);
+/// RUN_DIR/coordinators/PID.metrics.addr: where standby coordinator PID serves its metrics.
+std::filesystem::path standby_metrics_address(const std::filesystem::path& run_dir, int pid);
+
 /// RUN_DIR.prev-<seconds>: where a fresh run moves an earlier run it finds in RUN_DIR.
 std::filesystem::path archived(const std::filesystem::path& run_dir, int64_t seconds);
 /// The most bytes archived() adds to the run directory's last component (".prev-" and ten

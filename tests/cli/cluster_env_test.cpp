@@ -1,7 +1,7 @@
 // What a scheduler tells a job's processes: Slurm hostlists and variables, a Kubernetes
 // Indexed Job's index, the rendezvous file, and what `--slurm` makes of them.
 
-#include "cli/cluster_env.hpp"
+#include "runtime/cluster_env.hpp"
 
 #include <gtest/gtest.h>
 

@@ -34,7 +34,7 @@ STEPS = 24
 BASE = SMALL_MODEL + ["--steps", str(STEPS), "--checkpoint-every", "5", "--metrics-port", "0",
                       "--step-timeout-ms", "20000"]
 HA = ["--coordinators", "2", "--etcd", "local"]
-LEASE_S = 5  # the leader's lease (cli/job_etcd.cpp leader_ttl)
+LEASE_S = 5  # the leader's lease (coordinator/job_etcd.cpp leader_ttl)
 
 
 def of(events, name):

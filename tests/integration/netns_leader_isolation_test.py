@@ -26,7 +26,7 @@ ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
 STEPS = 40
 ISOLATE_AFTER = 10
-LEASE_S = 5  # the leader's lease (cli/job_etcd.cpp leader_ttl)
+LEASE_S = 5  # the leader's lease (coordinator/job_etcd.cpp leader_ttl)
 # A leader steps down (pauses) when no keepalive succeeded for ttl - margin = 3.75 s, so within
 # 2.5..3.75 s of the cut. The heartbeat timeout is longer: A pauses before it would declare any
 # cut-off rank hung (with 2000 ms it ends the job on its own, still believing it leads). The

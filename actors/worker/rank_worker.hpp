@@ -1,0 +1,149 @@
+#pragma once
+// Inside a worker process (actors/worker/rank.cpp and the files beside it): what the member holds
+// across generations, and the steps of its life that live in their own files — entering a
+// generation (rank_generation.cpp) and taking checkpoints (rank_checkpoints.cpp). Not an
+// interface for anything outside the worker.
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/wire/connect.hpp"
+#include "actors/wire/messages.hpp"
+#include "actors/worker/checkpoint_replica.hpp"
+#include "actors/worker/stage.hpp"
+#include "actors/worker/worker_control.hpp"
+#include "chaos/schedule.hpp"
+#include "checkpoint/async_checkpointer.hpp"
+#include "monitoring/log.hpp"
+#include "runtime/comm/store.hpp"
+#include "runtime/config.hpp"
+#include "runtime/data/dataset.hpp"
+#include "strategies/engine.hpp"
+#include "strategies/planner.hpp"
+
+namespace troupe::actors::worker_detail {
+
+using clock_type = std::chrono::steady_clock;
+
+inline double seconds_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// One generation as this rank sees it: its place, its plan, its engine.
+struct generation_context {
+  uint64_t generation = 0;
+  int32_t rank = -1;
+  int32_t world = 0;
+  strategies::layout_plan plan;
+  std::unique_ptr<strategies::training_engine> engine;
+  std::unique_ptr<stage_link> stage;
+  int64_t state_step = -1;  // the committed step the engine's state is at; -1 = unusable
+};
+
+// How the step loop of one generation ended.
+// coordinator_lost: the coordinator fell silent (the heartbeat thread's silent_atom), or with
+// standby coordinators the leader's connection closed; serve() asks for the leader again
+// instead of failing.
+enum class loop_end { finished, aborted, stopped, failed, coordinator_lost };
+struct loop_result {
+  loop_end how = loop_end::finished;
+  uint64_t next_generation = 0;  // aborted: the generation being formed
+  std::string why;
+  std::optional<reconfigure> then =
+      std::nullopt;  // aborted: this member's place in it, when the abort said
+};
+
+struct worker {
+  caf::blocking_actor* self = nullptr;
+  caf::actor coordinator;
+  // Every coordinator of the job; more than one means one leads and the others stand by, and
+  // losing the leader is survived (rehome in rank.cpp).
+  std::vector<endpoint> coordinators;
+  endpoint leader;          // where `coordinator` was reached (its store's host when it binds all)
+  size_t leader_index = 0;  // its place in `coordinators`
+  int64_t epoch_seen = 0;   // the leader's epoch; mirrored in shared->epoch_seen() for control
+  int64_t epoch_warned = -1;  // the older epoch last logged as ignored (logged once each)
+  heartbeat_thread* beats = nullptr;
+  caf::actor control;
+  int32_t member = -1;
+  size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
+  std::shared_ptr<worker_shared> shared;
+  train_config cfg;
+  std::unique_ptr<comm::kv_store> store;
+  std::optional<byte_dataset> data;
+  chaos::fault_schedule faults;         // asked at each step what to inject
+  std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
+  generation_context current;
+  std::vector<int64_t> skipped_steps;  // batches skipped after a divergence (reconfigure)
+  uint64_t newest_generation = 0;      // the newest generation any message named
+  int node = 0;
+  bool ha() const { return coordinators.size() > 1; }
+  // --replicate-checkpoints: this process's replica server and route (outlives the writer).
+  std::unique_ptr<checkpoint_replica> replica;
+  // Persists snapshots in the background; made at the first checkpoint, kept (with its
+  // snapshot buffer) across generations. Declared last: it finishes its write first.
+  std::unique_ptr<ckpt::async_checkpointer> checkpointer;
+  monitoring::log_context log_ctx() const {
+    return {"rank", current.rank, current.generation, shared ? shared->step().load() : -1};
+  }
+};
+
+/// Sends `msg` to the coordinator, unless this process has fenced itself (it lost the
+/// coordinator, worker_shared::fence): then nothing it says may count, and nothing goes out.
+/// Nothing goes out while it looks for a new leader either: the old one would not hear it.
+template <class Message>
+void tell_coordinator(worker& w, Message&& msg) {
+  if (!w.shared->fenced() && !w.shared->rehoming())
+    w.self->send(w.coordinator, std::forward<Message>(msg));
+}
+
+/// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.
+reconfigured enter_generation(worker& w, const reconfigure& r);
+/// What this member holds, for the coordinator planning `generation`.
+state_report report_for(const worker& w, uint64_t generation);
+
+// Standby coordinators (rank_rehome.cpp).
+/// This machine's name, as a hello tells it.
+std::string this_host();
+std::string endpoint_name(const endpoint& e);
+/// "a, b, c"
+std::string joined(const std::vector<std::string>& parts);
+/// Where the store of the coordinator at `coordinator` is reached, from its welcome.
+std::string store_host_of(const welcome& answer, const endpoint& coordinator);
+struct leader_search {
+  caf::actor actor;  // the leader that took this member on; invalid when none did
+  welcome answer;
+  size_t index = 0;  // its place in the list
+  std::vector<std::string> asked;
+  std::string last;        // the last answer that was not a welcome
+  bool refused = false;    // a coordinator refused for a reason other than not leading
+  std::string told_to_go;  // the leader removed or evicted this member (welcome_verdict)
+};
+/// Asks the job's coordinators in turn, from `first` (`connected`, when valid, is that one
+/// reached already), until one that leads an epoch no older than `epoch_seen` takes `h` on, or
+/// `deadline` passes. Every endpoint gets its turn: a restarted coordinator may lead again.
+leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
+                          size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
+                          clock_type::time_point deadline, std::chrono::milliseconds connect_try,
+                          std::chrono::milliseconds request_try, bool stop_on_refusal);
+/// The coordinator was lost (silent, or with standbys its connection closed): keeps what this
+/// member holds and asks each coordinator in turn to take it back on, until the coordinator
+/// timeout. nullopt: a leader did. Otherwise the exit code of this process: 1 when nobody led
+/// in time (the process is fenced), rejoin_exit_code when the leader had removed this member
+/// meanwhile (its agent starts it again), 0 when it had evicted it.
+std::optional<int> rehome(worker& w, const std::string& why);
+/// The exit code of a worker whose coordinator stopped it with `why` (loop_end::stopped).
+int exit_code_after_stop(const std::string& why);
+
+/// Sizes the snapshot buffers for this generation's state before its first step.
+void prepare_checkpoints(worker& w);
+/// Takes this rank's snapshot of committed step `step`; the write reports when durable.
+void take_checkpoint(worker& w, int64_t step);
+
+}  // namespace troupe::actors::worker_detail
