@@ -1,23 +1,37 @@
 #include "monitoring/metrics.hpp"
 
+#include <prometheus/check_names.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <set>
-#include <string_view>
+#include <sstream>
 #include <type_traits>
 
 namespace troupe::monitoring {
 
 namespace {
 
-bool is_name_start(char c, bool allow_colon) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (allow_colon && c == ':');
-}
+// prometheus::TextSerializer writes doubles with this many significant digits (1.0.1:
+// max_digits10 - 1), le labels included.
+constexpr int exposition_digits = std::numeric_limits<double>::max_digits10 - 1;
 
-bool is_name_char(char c, bool allow_colon) {
-  return is_name_start(c, allow_colon) || (c >= '0' && c <= '9');
+// An error message from its parts: thrown from loops, where a chain of + allocates once per
+// part (clang-tidy's performance-inefficient-string-concatenation).
+std::string joined(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view part : parts) out += part;
+  return out;
 }
 
 bool ends_with(std::string_view s, std::string_view suffix) {
@@ -25,18 +39,42 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 }
 
 template <class Metric>
-constexpr const char* kind_name() {
+constexpr detail::metric_kind kind_of() {
   if constexpr (std::is_same_v<Metric, counter>) {
-    return "counter";
+    return detail::metric_kind::counter;
   } else if constexpr (std::is_same_v<Metric, gauge>) {
-    return "gauge";
+    return detail::metric_kind::gauge;
   } else {
-    return "histogram";
+    return detail::metric_kind::histogram;
   }
 }
 
+const char* kind_name(detail::metric_kind kind) {
+  switch (kind) {
+    case detail::metric_kind::counter:
+      return "counter";
+    case detail::metric_kind::gauge:
+      return "gauge";
+    case detail::metric_kind::histogram:
+      return "histogram";
+  }
+  return "metric";
+}
+
+prometheus::MetricType type_of(detail::metric_kind kind) {
+  switch (kind) {
+    case detail::metric_kind::counter:
+      return prometheus::MetricType::Counter;
+    case detail::metric_kind::gauge:
+      return prometheus::MetricType::Gauge;
+    case detail::metric_kind::histogram:
+      return prometheus::MetricType::Histogram;
+  }
+  return prometheus::MetricType::Untyped;
+}
+
 // The sample names a family writes; two families must not share any, or a scrape would mix
-// their series.
+// their series. prometheus-cpp only keeps family names apart.
 std::vector<std::string> series_names(const std::string& name, bool is_histogram) {
   if (!is_histogram) return {name};
   return {name + "_bucket", name + "_sum", name + "_count"};
@@ -59,7 +97,9 @@ void validate_label_name(const std::string& metric, const std::string& label) {
 }
 
 // Sorts by name and rejects bad or repeated names; `reserved` names (le for histograms, the
-// constant labels for variable ones) may not appear.
+// constant labels for variable ones) may not appear. Checked here, before prometheus-cpp sees
+// the labels: it would take a repeated name as the last value given, and its own checks
+// throw a bare std::invalid_argument that names neither the metric nor the label.
 label_set normalise_labels(const std::string& metric, label_set labels,
                            const label_set& reserved_labels, bool is_histogram) {
   std::sort(labels.begin(), labels.end(),
@@ -68,22 +108,39 @@ label_set normalise_labels(const std::string& metric, label_set labels,
     const std::string& label = labels[i].first;
     validate_label_name(metric, label);
     if (i > 0 && labels[i - 1].first == label) {
-      throw metrics_error("label '" + label + "' appears twice on metric '" + metric + "'");
+      throw metrics_error(joined({"label '", label, "' appears twice on metric '", metric, "'"}));
     }
     if (is_histogram && label == "le") {
       throw metrics_error("label 'le' on histogram '" + metric + "' is reserved for bucket bounds");
     }
     for (const auto& [reserved, value] : reserved_labels) {
       if (reserved == label) {
-        throw metrics_error("label '" + label + "' on metric '" + metric +
-                            "' repeats one of the family's constant labels");
+        throw metrics_error(joined({"label '", label, "' on metric '", metric,
+                                    "' repeats one of the family's constant labels"}));
       }
     }
   }
   return labels;
 }
 
-void validate_buckets(const std::string& metric, const std::vector<double>& upper_bounds) {
+prometheus::Labels to_backend_labels(const label_set& labels) {
+  return prometheus::Labels(labels.begin(), labels.end());
+}
+
+// A bound as it reads back from the le label the serializer writes for it.
+double as_exposed(double bound) {
+  char buf[64];
+  const auto written =
+      std::to_chars(buf, buf + sizeof buf, bound, std::chars_format::general, exposition_digits);
+  double read = bound;
+  std::from_chars(buf, written.ptr, read);
+  return read;
+}
+
+// Finite and strictly ascending once written out: two bounds that only differ past the 16th
+// digit would give two buckets with the same le label, which Prometheus refuses as a
+// duplicate series (the whole scrape fails).
+std::vector<double> exposed_buckets(const std::string& metric, std::vector<double> upper_bounds) {
   if (upper_bounds.empty()) {
     throw metrics_error("histogram '" + metric + "' needs at least one finite bucket bound");
   }
@@ -92,13 +149,39 @@ void validate_buckets(const std::string& metric, const std::vector<double>& uppe
       throw metrics_error("histogram '" + metric +
                           "' has a non-finite bucket bound; +Inf is added automatically");
     }
+    upper_bounds[i] = as_exposed(upper_bounds[i]);
     if (i > 0 && !(upper_bounds[i - 1] < upper_bounds[i])) {
-      throw metrics_error("histogram '" + metric + "' bucket bounds must be strictly ascending");
+      throw metrics_error("histogram '" + metric +
+                          "' bucket bounds must be strictly ascending, also when written with " +
+                          std::to_string(exposition_digits) + " significant digits");
     }
+  }
+  return upper_bounds;
+}
+
+// The backend family, under the same name, help and constant labels.
+template <class Metric>
+typename family<Metric>::backend_type& register_backend(prometheus::Registry& registry,
+                                                        const std::string& name,
+                                                        const std::string& help,
+                                                        const label_set& const_labels) {
+  auto build = [&](auto builder) -> typename family<Metric>::backend_type& {
+    return builder.Name(name).Help(help).Labels(to_backend_labels(const_labels)).Register(registry);
+  };
+  if constexpr (std::is_same_v<Metric, counter>) {
+    return build(prometheus::BuildCounter());
+  } else if constexpr (std::is_same_v<Metric, gauge>) {
+    return build(prometheus::BuildGauge());
+  } else {
+    return build(prometheus::BuildHistogram());
   }
 }
 
-void append_escaped_help(std::string& out, std::string_view help) {
+// The text format escapes backslash and newline in HELP; TextSerializer 1.0.1 writes the help
+// as given, so a newline in it would end the line early.
+std::string escape_help(std::string_view help) {
+  std::string out;
+  out.reserve(help.size());
   for (char c : help) {
     if (c == '\\') {
       out += "\\\\";
@@ -108,54 +191,7 @@ void append_escaped_help(std::string& out, std::string_view help) {
       out += c;
     }
   }
-}
-
-void append_label(std::string& out, bool& first, std::string_view name, std::string_view value) {
-  out += first ? '{' : ',';
-  first = false;
-  out += name;
-  out += "=\"";
-  out += escape_label_value(value);
-  out += '"';
-}
-
-// One sample line: name{const...,variable...[,le="..."]} value
-void append_sample(std::string& out, std::string_view name, const label_set& const_labels,
-                   const label_set& labels, const std::string* le, double value) {
-  out += name;
-  bool first = true;
-  for (const auto& [k, v] : const_labels) append_label(out, first, k, v);
-  for (const auto& [k, v] : labels) append_label(out, first, k, v);
-  if (le != nullptr) append_label(out, first, "le", *le);
-  if (!first) out += '}';
-  out += ' ';
-  out += format_sample_value(value);
-  out += '\n';
-}
-
-void render_one(std::string& out, const std::string& name, const label_set& const_labels,
-                const label_set& labels, const counter& c) {
-  append_sample(out, name, const_labels, labels, nullptr, c.value());
-}
-
-void render_one(std::string& out, const std::string& name, const label_set& const_labels,
-                const label_set& labels, const gauge& g) {
-  append_sample(out, name, const_labels, labels, nullptr, g.value());
-}
-
-void render_one(std::string& out, const std::string& name, const label_set& const_labels,
-                const label_set& labels, const histogram& h) {
-  const histogram::snapshot snap = h.take_snapshot();
-  const std::string bucket_name = name + "_bucket";
-  for (std::size_t i = 0; i < snap.cumulative.size(); ++i) {
-    const std::string le =
-        i < snap.upper_bounds.size() ? format_sample_value(snap.upper_bounds[i]) : "+Inf";
-    append_sample(out, bucket_name, const_labels, labels, &le,
-                  static_cast<double>(snap.cumulative[i]));
-  }
-  append_sample(out, name + "_sum", const_labels, labels, nullptr, snap.sum);
-  append_sample(out, name + "_count", const_labels, labels, nullptr,
-                static_cast<double>(snap.count));
+  return out;
 }
 
 }  // namespace
@@ -163,45 +199,11 @@ void render_one(std::string& out, const std::string& name, const label_set& cons
 // ---- free helpers ----
 
 bool is_valid_metric_name(std::string_view name) {
-  if (name.empty() || !is_name_start(name[0], true)) return false;
-  if (name.substr(0, 2) == "__") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) { return is_name_char(c, true); });
+  return prometheus::CheckMetricName(std::string(name));
 }
 
 bool is_valid_label_name(std::string_view name) {
-  if (name.empty() || !is_name_start(name[0], false)) return false;
-  if (name.substr(0, 2) == "__") return false;
-  return std::all_of(name.begin(), name.end(), [](char c) { return is_name_char(c, false); });
-}
-
-std::string format_sample_value(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  // Whole numbers (every counter, most gauges) print without an exponent while they are
-  // exactly representable, which keeps the text readable and comparable in tests.
-  if (v == std::trunc(v) && std::fabs(v) < 1e15) {
-    return std::to_string(static_cast<long long>(v));
-  }
-  char buf[64];
-  const auto result = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, result.ptr);
-}
-
-std::string escape_label_value(std::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return prometheus::CheckLabelName(std::string(name));
 }
 
 std::vector<double> linear_buckets(double start, double width, int count) {
@@ -233,56 +235,63 @@ std::vector<double> default_buckets() {
 // ---- metrics ----
 
 void counter::inc(double amount) {
+  // prometheus::Counter ignores a negative amount silently and takes NaN; both are bugs of
+  // the caller that should show.
   if (!(amount >= 0)) {
     throw metrics_error("a counter can only go up; use a gauge for values that decrease");
   }
-  value_.fetch_add(amount, std::memory_order_relaxed);
+  impl_->Increment(amount);
 }
 
-histogram::histogram(std::vector<double> upper_bounds)
-    : upper_bounds_(std::move(upper_bounds)), counts_(upper_bounds_.size() + 1, 0) {}
+double counter::value() const { return impl_->Value(); }
+
+void gauge::set(double v) { impl_->Set(v); }
+void gauge::inc(double amount) { impl_->Increment(amount); }
+void gauge::dec(double amount) { impl_->Decrement(amount); }
+double gauge::value() const { return impl_->Value(); }
 
 void histogram::observe(double v) {
-  // le means "less than or equal", so v lands in the first bucket whose bound is >= v. NaN
-  // goes to +Inf, as in the Go client; lower_bound alone would put it in the first bucket.
-  std::size_t bucket = upper_bounds_.size();
-  if (!std::isnan(v)) {
-    const auto it = std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), v);
-    bucket = static_cast<std::size_t>(it - upper_bounds_.begin());
+  if (std::isnan(v)) {
+    // prometheus::Histogram finds the bucket with lower_bound, which puts NaN in the first
+    // one; counted in +Inf instead, with the NaN still in _sum.
+    std::vector<double> increments(finite_bounds_ + 1, 0.0);
+    increments.back() = 1.0;
+    impl_->ObserveMultiple(increments, v);
+    return;
   }
-  std::lock_guard lock(mutex_);
-  ++counts_[bucket];
-  sum_ += v;
-  ++count_;
+  impl_->Observe(v);
 }
 
 histogram::snapshot histogram::take_snapshot() const {
+  const prometheus::ClientMetric::Histogram collected = impl_->Collect().histogram;
   snapshot snap;
-  snap.upper_bounds = upper_bounds_;
-  snap.cumulative.resize(counts_.size());
-  std::lock_guard lock(mutex_);
-  std::uint64_t running = 0;
-  for (std::size_t i = 0; i < counts_.size(); ++i) {
-    running += counts_[i];
-    snap.cumulative[i] = running;
+  for (const auto& bucket : collected.bucket) {
+    if (std::isfinite(bucket.upper_bound)) snap.upper_bounds.push_back(bucket.upper_bound);
+    snap.cumulative.push_back(bucket.cumulative_count);
   }
-  snap.sum = sum_;
-  snap.count = count_;
+  snap.sum = collected.sample_sum;
+  snap.count = collected.sample_count;
   return snap;
 }
 
 // ---- families ----
 
 namespace detail {
-family_base::family_base(std::string name, std::string help, label_set const_labels)
-    : name_(std::move(name)), help_(std::move(help)), const_labels_(std::move(const_labels)) {}
+family_base::family_base(std::string name, std::string help, label_set const_labels,
+                         metric_kind kind)
+    : name_(std::move(name)),
+      help_(std::move(help)),
+      const_labels_(std::move(const_labels)),
+      kind_(kind) {}
 }  // namespace detail
 
 template <class Metric>
 family<Metric>::family(std::string name, std::string help, label_set const_labels,
-                       std::vector<double> upper_bounds)
-    : detail::family_base(std::move(name), std::move(help), std::move(const_labels)),
-      upper_bounds_(std::move(upper_bounds)) {}
+                       std::vector<double> upper_bounds, backend_type& backend)
+    : detail::family_base(std::move(name), std::move(help), std::move(const_labels),
+                          kind_of<Metric>()),
+      upper_bounds_(std::move(upper_bounds)),
+      backend_(&backend) {}
 
 template <class Metric>
 Metric& family<Metric>::with(const label_set& labels) {
@@ -290,15 +299,17 @@ Metric& family<Metric>::with(const label_set& labels) {
   std::lock_guard lock(mutex_);
   auto it = children_.find(key);
   if (it == children_.end()) {
-    std::unique_ptr<Metric> metric;
+    child made{};
     if constexpr (std::is_same_v<Metric, histogram>) {
-      metric = std::make_unique<histogram>(upper_bounds_);
+      made.backend = &backend_->Add(to_backend_labels(key), upper_bounds_);
+      made.metric = std::make_unique<histogram>(*made.backend, upper_bounds_.size());
     } else {
-      metric = std::make_unique<Metric>();
+      made.backend = &backend_->Add(to_backend_labels(key));
+      made.metric = std::make_unique<Metric>(*made.backend);
     }
-    it = children_.emplace(std::move(key), std::move(metric)).first;
+    it = children_.emplace(std::move(key), std::move(made)).first;
   }
-  return *it->second;
+  return *it->second.metric;
 }
 
 template <class Metric>
@@ -307,23 +318,13 @@ void family<Metric>::retain_only(const std::vector<label_set>& keep) {
   for (const label_set& labels : keep)
     kept.insert(normalise_labels(name_, labels, const_labels_, std::is_same_v<Metric, histogram>));
   std::lock_guard lock(mutex_);
-  std::erase_if(children_, [&](const auto& child) { return !kept.contains(child.first); });
-}
-
-template <class Metric>
-void family<Metric>::render(std::string& out) const {
-  out += "# HELP ";
-  out += name_;
-  out += ' ';
-  append_escaped_help(out, help_);
-  out += "\n# TYPE ";
-  out += name_;
-  out += ' ';
-  out += kind_name<Metric>();
-  out += '\n';
-  std::lock_guard lock(mutex_);
-  for (const auto& [labels, metric] : children_) {
-    render_one(out, name_, const_labels_, labels, *metric);
+  for (auto it = children_.begin(); it != children_.end();) {
+    if (kept.contains(it->first)) {
+      ++it;
+    } else {
+      backend_->Remove(it->second.backend);
+      it = children_.erase(it);
+    }
   }
 }
 
@@ -333,11 +334,20 @@ template class family<histogram>;
 
 // ---- registry ----
 
+metrics_registry::metrics_registry()
+    // Throw, not Merge: this class decides when a name may be registered again (same kind,
+    // labels and buckets); the backend then never sees a name twice, and a slip would show.
+    : backend_(
+          std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+
+metrics_registry::~metrics_registry() = default;
+
 template <class Metric>
 family<Metric>& metrics_registry::add_family(const std::string& name, const std::string& help,
                                              std::vector<double> upper_bounds,
                                              const label_set& const_labels) {
   constexpr bool is_histogram = std::is_same_v<Metric, histogram>;
+  constexpr detail::metric_kind kind = kind_of<Metric>();
   validate_metric_name(name);
   if (help.empty()) {
     throw metrics_error("metric '" + name + "' needs help text (promtool rejects metrics without)");
@@ -351,11 +361,11 @@ family<Metric>& metrics_registry::add_family(const std::string& name, const std:
     }
   } else {
     if (ends_with(name, "_total")) {
-      throw metrics_error(std::string(kind_name<Metric>()) + " '" + name +
+      throw metrics_error(std::string(kind_name(kind)) + " '" + name +
                           "' must not end in \"_total\": that suffix marks counters");
     }
   }
-  if constexpr (is_histogram) validate_buckets(name, upper_bounds);
+  if constexpr (is_histogram) upper_bounds = exposed_buckets(name, std::move(upper_bounds));
   label_set normal_const = normalise_labels(name, const_labels, {}, is_histogram);
 
   std::lock_guard lock(mutex_);
@@ -363,7 +373,7 @@ family<Metric>& metrics_registry::add_family(const std::string& name, const std:
     auto* existing = dynamic_cast<family<Metric>*>(it->second.get());
     if (existing == nullptr) {
       throw metrics_error("metric '" + name + "' is already registered as another kind than " +
-                          kind_name<Metric>());
+                          kind_name(kind));
     }
     if (existing->const_labels() != normal_const || existing->upper_bounds() != upper_bounds) {
       throw metrics_error("metric '" + name +
@@ -373,16 +383,24 @@ family<Metric>& metrics_registry::add_family(const std::string& name, const std:
   }
   const std::vector<std::string> mine = series_names(name, is_histogram);
   for (const auto& [other_name, other] : families_) {
-    const bool other_is_histogram = dynamic_cast<const histogram_family*>(other.get()) != nullptr;
+    const bool other_is_histogram = other->kind() == detail::metric_kind::histogram;
     for (const std::string& theirs : series_names(other_name, other_is_histogram)) {
       if (std::find(mine.begin(), mine.end(), theirs) != mine.end()) {
-        throw metrics_error("metric '" + name + "' would write series '" + theirs +
-                            "', which metric '" + other_name + "' already writes");
+        throw metrics_error(joined({"metric '", name, "' would write series '", theirs,
+                                    "', which metric '", other_name, "' already writes"}));
       }
     }
   }
+
+  typename family<Metric>::backend_type* backend = nullptr;
+  try {
+    backend = &register_backend<Metric>(*backend_, name, help, normal_const);
+  } catch (const std::invalid_argument& e) {
+    // Not expected after the checks above; kept as metrics_error so callers catch one type.
+    throw metrics_error("metric '" + name + "': prometheus-cpp refused it: " + e.what());
+  }
   auto fam = std::make_unique<family<Metric>>(name, help, std::move(normal_const),
-                                              std::move(upper_bounds));
+                                              std::move(upper_bounds), *backend);
   family<Metric>& ref = *fam;
   families_.emplace(name, std::move(fam));
   return ref;
@@ -423,10 +441,34 @@ histogram& metrics_registry::add_histogram(const std::string& name, const std::s
 }
 
 std::string metrics_registry::render_prometheus() const {
-  std::string out;
   std::lock_guard lock(mutex_);
-  for (const auto& [name, fam] : families_) fam->render(out);
-  return out;
+  // The backend lists families by kind and series in hash order, and leaves out a family
+  // without series; a scrape here is in a fixed order (families by name, series by labels) and
+  // shows every family's HELP and TYPE, as readers of the exposition rely on.
+  std::vector<prometheus::MetricFamily> collected = backend_->Collect();
+  std::map<std::string, prometheus::MetricFamily*> by_name;
+  for (prometheus::MetricFamily& f : collected) by_name.emplace(f.name, &f);
+
+  std::vector<prometheus::MetricFamily> ordered;
+  ordered.reserve(families_.size());
+  for (const auto& [name, fam] : families_) {
+    prometheus::MetricFamily out;
+    if (auto it = by_name.find(name); it != by_name.end()) {
+      out = std::move(*it->second);
+    } else {
+      out.name = name;
+      out.type = type_of(fam->kind());
+    }
+    out.help = escape_help(fam->help());
+    std::sort(out.metric.begin(), out.metric.end(),
+              [](const prometheus::ClientMetric& a, const prometheus::ClientMetric& b) {
+                return a.label < b.label;
+              });
+    ordered.push_back(std::move(out));
+  }
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, ordered);
+  return std::move(text).str();
 }
 
 }  // namespace troupe::monitoring

@@ -14,6 +14,7 @@ packages=(
   libcereal-dev         # format 1 checkpoint shards (still read)
   libboost-dev libboost-system-dev   # Asio/Beast: metrics endpoint, key-value store, etcd client
   nlohmann-json3-dev    # config files, events.jsonl, manifests
+  prometheus-cpp-dev    # metrics registry and text format (core only; /metrics is troupe's own)
   libxxhash-dev         # checkpoint chunks: names (XXH3-128)
   libcli11-dev          # the command line of every subcommand
   cppzmq-dev libzmq3-dev   # checkpoint replicas in a peer's memory

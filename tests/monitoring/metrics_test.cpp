@@ -1,4 +1,5 @@
-// Exact exposition text for each metric kind, escaping, the naming rules, and concurrent use.
+// Exact exposition text for each metric kind (as prometheus-cpp's TextSerializer writes it, in
+// troupe's order), escaping, the naming rules, and concurrent use.
 #include "monitoring/metrics.hpp"
 
 #include <gtest/gtest.h>
@@ -47,12 +48,12 @@ TEST(metrics_registry, histogram_text_is_exact) {
   EXPECT_EQ(registry.render_prometheus(),
             "# HELP troupe_step_seconds Wall time of one step.\n"
             "# TYPE troupe_step_seconds histogram\n"
+            "troupe_step_seconds_count{rank=\"1\"} 4\n"
+            "troupe_step_seconds_sum{rank=\"1\"} 102.75\n"
             "troupe_step_seconds_bucket{rank=\"1\",le=\"0.5\"} 2\n"
             "troupe_step_seconds_bucket{rank=\"1\",le=\"1\"} 2\n"
             "troupe_step_seconds_bucket{rank=\"1\",le=\"2.5\"} 3\n"
-            "troupe_step_seconds_bucket{rank=\"1\",le=\"+Inf\"} 4\n"
-            "troupe_step_seconds_sum{rank=\"1\"} 102.75\n"
-            "troupe_step_seconds_count{rank=\"1\"} 4\n");
+            "troupe_step_seconds_bucket{rank=\"1\",le=\"+Inf\"} 4\n");
 }
 
 TEST(metrics_registry, empty_histogram_exports_zeroes) {
@@ -61,10 +62,64 @@ TEST(metrics_registry, empty_histogram_exports_zeroes) {
   EXPECT_EQ(registry.render_prometheus(),
             "# HELP wait_seconds Wait.\n"
             "# TYPE wait_seconds histogram\n"
-            "wait_seconds_bucket{le=\"1\"} 0\n"
-            "wait_seconds_bucket{le=\"+Inf\"} 0\n"
+            "wait_seconds_count 0\n"
             "wait_seconds_sum 0\n"
-            "wait_seconds_count 0\n");
+            "wait_seconds_bucket{le=\"1\"} 0\n"
+            "wait_seconds_bucket{le=\"+Inf\"} 0\n");
+}
+
+// Series of a labelled histogram: constant labels first, then the variable ones by name, le
+// last; series in label order; label values escaped in every line of a series.
+TEST(metrics_registry, labelled_histogram_text_is_exact) {
+  metrics_registry registry;
+  histogram_family& rpc =
+      registry.add_histogram_family("troupe_rpc_seconds", "RPC time.", {0.1, 1}, {{"rank", "0"}});
+  rpc.with({{"peer", "2"}, {"op", "join"}}).observe(0.05);
+  rpc.with({{"op", "a\"b\\\nc"}, {"peer", "1"}}).observe(5);
+  EXPECT_EQ(registry.render_prometheus(),
+            "# HELP troupe_rpc_seconds RPC time.\n"
+            "# TYPE troupe_rpc_seconds histogram\n"
+            "troupe_rpc_seconds_count{rank=\"0\",op=\"a\\\"b\\\\\\nc\",peer=\"1\"} 1\n"
+            "troupe_rpc_seconds_sum{rank=\"0\",op=\"a\\\"b\\\\\\nc\",peer=\"1\"} 5\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"a\\\"b\\\\\\nc\",peer=\"1\",le=\"0.1\"} 0\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"a\\\"b\\\\\\nc\",peer=\"1\",le=\"1\"} 0\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"a\\\"b\\\\\\nc\",peer=\"1\",le=\"+Inf\"} 1\n"
+            "troupe_rpc_seconds_count{rank=\"0\",op=\"join\",peer=\"2\"} 1\n"
+            "troupe_rpc_seconds_sum{rank=\"0\",op=\"join\",peer=\"2\"} 0.05\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"join\",peer=\"2\",le=\"0.1\"} 1\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"join\",peer=\"2\",le=\"1\"} 1\n"
+            "troupe_rpc_seconds_bucket{rank=\"0\",op=\"join\",peer=\"2\",le=\"+Inf\"} 1\n");
+}
+
+// prometheus-cpp leaves a family without series out of its scrape; troupe's readers (the
+// README check, dashboards) expect HELP and TYPE of every registered metric.
+TEST(metrics_registry, family_without_series_keeps_help_and_type) {
+  metrics_registry registry;
+  registry.add_gauge_family("troupe_heartbeat_age_seconds", "Age.");
+  registry.add_counter_family("troupe_recoveries_total", "Recoveries.");
+  registry.add_histogram_family("troupe_rpc_seconds", "RPC.", {1});
+  EXPECT_EQ(registry.render_prometheus(),
+            "# HELP troupe_heartbeat_age_seconds Age.\n"
+            "# TYPE troupe_heartbeat_age_seconds gauge\n"
+            "# HELP troupe_recoveries_total Recoveries.\n"
+            "# TYPE troupe_recoveries_total counter\n"
+            "# HELP troupe_rpc_seconds RPC.\n"
+            "# TYPE troupe_rpc_seconds histogram\n");
+}
+
+TEST(metrics_registry, retained_series_stay_and_the_others_leave_the_text) {
+  metrics_registry registry;
+  gauge_family& age = registry.add_gauge_family("age_seconds", "Age.");
+  age.with({{"rank", "0"}}).set(1);
+  age.with({{"rank", "1"}}).set(2);
+  age.with({{"rank", "2"}}).set(3);
+  age.retain_only({{{"rank", "2"}}, {{"rank", "0"}}});
+  EXPECT_EQ(registry.render_prometheus(),
+            "# HELP age_seconds Age.\n# TYPE age_seconds gauge\n"
+            "age_seconds{rank=\"0\"} 1\nage_seconds{rank=\"2\"} 3\n");
+  EXPECT_EQ(age.with({{"rank", "1"}}).value(), 0.0);  // a new series, at zero
+  age.retain_only({});
+  EXPECT_EQ(registry.render_prometheus(), "# HELP age_seconds Age.\n# TYPE age_seconds gauge\n");
 }
 
 TEST(metrics_registry, nan_observation_goes_to_inf_bucket) {
@@ -74,6 +129,11 @@ TEST(metrics_registry, nan_observation_goes_to_inf_bucket) {
   const histogram::snapshot snap = h.take_snapshot();
   EXPECT_EQ(snap.cumulative, (std::vector<std::uint64_t>{0, 0, 1}));
   EXPECT_EQ(snap.count, 1u);
+  EXPECT_TRUE(std::isnan(snap.sum));
+  EXPECT_EQ(snap.upper_bounds, (std::vector<double>{1, 2}));
+  h.observe(-std::numeric_limits<double>::infinity());
+  h.observe(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(h.take_snapshot().cumulative, (std::vector<std::uint64_t>{1, 1, 3}));
 }
 
 TEST(metrics_registry, families_sort_series_and_merge_const_labels) {
@@ -113,15 +173,43 @@ TEST(metrics_registry, label_values_and_help_are_escaped) {
             "troupe_info{path=\"C:\\\\runs\\\\\\\"a\\\"\\nb\"} 1\n");
 }
 
+// Values as prometheus-cpp 1.0.1 writes them: 16 significant digits, "+Inf", "-Inf" and "Nan"
+// (Prometheus reads NaN in any case).
 TEST(metrics_registry, special_values_are_formatted_for_prometheus) {
-  EXPECT_EQ(format_sample_value(std::numeric_limits<double>::infinity()), "+Inf");
-  EXPECT_EQ(format_sample_value(-std::numeric_limits<double>::infinity()), "-Inf");
-  EXPECT_EQ(format_sample_value(std::numeric_limits<double>::quiet_NaN()), "NaN");
-  EXPECT_EQ(format_sample_value(0.1), "0.1");
-  EXPECT_EQ(format_sample_value(-3), "-3");
-  EXPECT_EQ(format_sample_value(1e20), "1e+20");
-  EXPECT_EQ(format_sample_value(1.5e-7), "1.5e-07");
-  EXPECT_EQ(std::stod(format_sample_value(1.0 / 3.0)), 1.0 / 3.0);  // round-trips
+  metrics_registry registry;
+  gauge_family& v = registry.add_gauge_family("v", "V.");
+  v.with({{"k", "a"}}).set(std::numeric_limits<double>::infinity());
+  v.with({{"k", "b"}}).set(-std::numeric_limits<double>::infinity());
+  v.with({{"k", "c"}}).set(std::numeric_limits<double>::quiet_NaN());
+  v.with({{"k", "d"}}).set(0.1);
+  v.with({{"k", "e"}}).set(-3);
+  v.with({{"k", "f"}}).set(1e20);
+  v.with({{"k", "g"}}).set(1.5e-7);
+  v.with({{"k", "h"}}).set(1e12);
+  v.with({{"k", "i"}}).set(1.0 / 3.0);
+  EXPECT_EQ(registry.render_prometheus(),
+            "# HELP v V.\n# TYPE v gauge\n"
+            "v{k=\"a\"} +Inf\nv{k=\"b\"} -Inf\nv{k=\"c\"} Nan\nv{k=\"d\"} 0.1\n"
+            "v{k=\"e\"} -3\nv{k=\"f\"} 1e+20\nv{k=\"g\"} 1.5e-07\n"
+            "v{k=\"h\"} 1000000000000\nv{k=\"i\"} 0.3333333333333333\n");
+}
+
+// A bound is kept as its le label reads, so the bucket counts what the label says; bounds
+// that would share a label are refused (Prometheus would drop the scrape as a duplicate).
+TEST(metrics_registry, bucket_bounds_are_kept_as_exposed) {
+  metrics_registry registry;
+  const std::vector<double> bounds = linear_buckets(0.1, 0.1, 3);  // 0.30000000000000004
+  ASSERT_NE(bounds[2], 0.3);
+  histogram_family& h = registry.add_histogram_family("h_seconds", "H.", bounds);
+  EXPECT_EQ(h.upper_bounds(), (std::vector<double>{0.1, 0.2, 0.3}));
+  EXPECT_EQ(&h, &registry.add_histogram_family("h_seconds", "H.", {0.1, 0.2, 0.3}));
+  h.with({}).observe(0.30000000000000004);  // above le="0.3"
+  const std::string text = registry.render_prometheus();
+  EXPECT_NE(text.find("h_seconds_bucket{le=\"0.3\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("h_seconds_bucket{le=\"+Inf\"} 1\n"), std::string::npos) << text;
+
+  EXPECT_THROW(registry.add_histogram("one_seconds", "One.", {1, std::nextafter(1.0, 2.0)}),
+               metrics_error);
 }
 
 TEST(metrics_registry, bad_metric_names_are_rejected) {
@@ -172,8 +260,8 @@ TEST(metrics_registry, bad_buckets_are_rejected) {
   EXPECT_THROW(registry.add_histogram("b_seconds", "B.", {2, 1}), metrics_error);
   EXPECT_THROW(registry.add_histogram("c_seconds", "C.", {1, 1}), metrics_error);
   EXPECT_THROW(registry.add_histogram("d_seconds", "D.", {1, inf}), metrics_error);
-  EXPECT_THROW(linear_buckets(0, 0, 3), metrics_error);
-  EXPECT_THROW(exponential_buckets(0, 2, 3), metrics_error);
+  EXPECT_THROW((void)linear_buckets(0, 0, 3), metrics_error);
+  EXPECT_THROW((void)exponential_buckets(0, 2, 3), metrics_error);
   EXPECT_EQ(linear_buckets(1, 0.5, 3), (std::vector<double>{1, 1.5, 2}));
   EXPECT_EQ(exponential_buckets(0.001, 10, 3), (std::vector<double>{0.001, 0.01, 0.1}));
   EXPECT_NO_THROW(registry.add_histogram("e_seconds", "E.", default_buckets()));
@@ -219,6 +307,7 @@ TEST(metrics_registry, concurrent_updates_lose_nothing) {
   constexpr int threads = 8;
   constexpr int per_thread = 20000;
   std::vector<std::thread> workers;
+  workers.reserve(threads);
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
       histogram& mine = times.with({{"worker", std::to_string(t % 2)}});
