@@ -28,7 +28,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
-namespace ev = actors::events;
+namespace ev = troupe::events;
 
 const monitoring::log_context etcd_ctx{"coordinator", -1, 0, -1};
 constexpr const char* etcd_binary = "/usr/bin/etcd";

@@ -12,10 +12,10 @@
 #include <utility>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job_supervisor.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "coordinator/job_steps.hpp"
+#include "monitoring/events/events.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/optim/adamw.hpp"
 #include "runtime/settings.hpp"
@@ -99,7 +99,7 @@ monitoring::event_log open_events(const job_plan& job, const nlohmann::json& con
                                   const resume_choice& resumed) {
   const train_config& cfg = job.cfg;
   auto events = monitoring::event_log::open(run_paths::events(cfg.run_dir).string());
-  namespace ev = actors::events;
+  namespace ev = troupe::events;
   sys::mark_job_started();  // the job's time accounting starts with this line
   events.write(
       ev::to_json(ev::job_start{.world = cfg.world,

@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job/job_actions.hpp"
 #include "actors/wire/messages.hpp"
 #include "actors/wire/tls_transport.hpp"
@@ -27,6 +26,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "coordinator/job_options.hpp"
 #include "monitoring/event_log.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/http_server.hpp"
 #include "monitoring/metrics.hpp"
 #include "monitoring/progress.hpp"
@@ -208,7 +208,7 @@ class job_etcd {
   void on_pause(std::function<void()> pause, std::function<void(int64_t)> resume,
                 std::function<void(const std::string&)> give_up);
   /// Follows the job's events (on the supervisor's thread; never waits for etcd).
-  void observe(const actors::events::job_event& event);
+  void observe(const troupe::events::job_event& event);
   /// Why leadership was lost; empty while it holds (or without etcd).
   [[nodiscard]] std::string lost_reason() const;
 

@@ -10,13 +10,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job_supervisor.hpp"
 #include "actors/wire/connect.hpp"
 #include "actors/wire/tls_transport.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "coordinator/job_steps.hpp"
 #include "coordinator/slurm_launch.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/model/peak_flops.hpp"
@@ -43,8 +43,8 @@ comm::store_server_options store_options(const job_listeners& listeners) {
 
 // The progress line follows the event stream.
 void follow_progress(actors::job_setup& setup, progress_line& progress) {
-  setup.on_event = [&progress](const actors::events::job_event& event) {
-    namespace ev = actors::events;
+  setup.on_event = [&progress](const troupe::events::job_event& event) {
+    namespace ev = troupe::events;
     std::visit(ev::overloaded{
                    [&progress](const ev::step& e) {
                      progress.update(e.step, e.total_steps, e.loss, e.tokens_per_s);
@@ -155,7 +155,7 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
   if (etcd.enabled()) {
     // The mirror sees the same typed events as the progress line, after it.
     setup.on_event =
-        [&etcd, progress = std::move(setup.on_event)](const actors::events::job_event& event) {
+        [&etcd, progress = std::move(setup.on_event)](const troupe::events::job_event& event) {
           if (progress) progress(event);
           etcd.observe(event);
         };
@@ -167,8 +167,8 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
     board.set_role(job.standby ? "standby" : "leader", 0);
     setup.status = &board;
     setup.on_event = [&board,
-                      next = std::move(setup.on_event)](const actors::events::job_event& event) {
-      board.observe(actors::events::to_json(event));
+                      next = std::move(setup.on_event)](const troupe::events::job_event& event) {
+      board.observe(troupe::events::to_json(event));
       if (next) next(event);
     };
   }

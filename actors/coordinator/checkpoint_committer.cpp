@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "actors/coordinator/job/events.hpp"
 #include "checkpoint/durable_io.hpp"
 #include "checkpoint/format.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/log.hpp"
 
 namespace troupe::actors {

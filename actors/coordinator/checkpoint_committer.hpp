@@ -19,9 +19,9 @@
 #include <thread>
 #include <variant>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job/job_actions.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "monitoring/events/events.hpp"
 #include "runtime/sys/idle_priority.hpp"
 
 namespace troupe::actors {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 
 namespace troupe::actors {
 

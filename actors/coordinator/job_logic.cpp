@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 #include "strategies/replan.hpp"
 
 namespace troupe::actors {

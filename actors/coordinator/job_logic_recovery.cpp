@@ -2,8 +2,8 @@
 // and formed. Joins, steps, checkpoints and the job's end are in job_logic.cpp.
 #include <algorithm>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job_logic.hpp"
+#include "monitoring/events/events.hpp"
 
 namespace troupe::actors {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/metrics.hpp"
 
 namespace troupe {

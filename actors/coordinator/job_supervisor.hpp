@@ -10,11 +10,11 @@
 #include <functional>
 #include <string>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job_logic.hpp"
 #include "actors/wire/messages.hpp"
 #include "chaos/fault_spec.hpp"
 #include "monitoring/event_log.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/metrics.hpp"
 #include "monitoring/status_board.hpp"
 #include "runtime/config.hpp"

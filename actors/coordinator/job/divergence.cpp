@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 
 namespace troupe::actors {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 #include "runtime/comm/host_communicator.hpp"
 #include "strategies/mesh.hpp"
 

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/coordinator/job/job_actions.hpp"
 #include "actors/coordinator/job/job_params.hpp"
 #include "actors/coordinator/job/membership.hpp"
 #include "actors/coordinator/restore_plan.hpp"
+#include "monitoring/events/events.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/replan.hpp"
 

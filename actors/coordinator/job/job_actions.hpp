@@ -11,9 +11,9 @@
 #include <variant>
 #include <vector>
 
-#include "actors/coordinator/job/events.hpp"
 #include "actors/wire/messages.hpp"
 #include "checkpoint/checkpoint.hpp"
+#include "monitoring/events/events.hpp"
 
 namespace troupe::actors {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 
 namespace troupe::actors {
 

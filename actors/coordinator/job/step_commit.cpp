@@ -5,7 +5,7 @@
 
 #include "actors/coordinator/job/checkpoint_collection.hpp"
 #include "actors/coordinator/job/divergence.hpp"
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 #include "runtime/comm/communicator.hpp"
 
 namespace troupe::actors {

@@ -13,7 +13,7 @@
 #include <sstream>
 #include <string>
 
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 #include "monitoring/metrics.hpp"
 #include "runtime/config.hpp"
 

@@ -1,9 +1,9 @@
 #pragma once
-// What an event's field can be beyond a plain value (actors/coordinator/job/events.hpp).
+// What an event's field can be beyond a plain value (monitoring/events/events.hpp).
 
 #include <optional>
 
-namespace troupe::actors::events {
+namespace troupe::events {
 
 /// A field that events.jsonl holds as null when there is no value (std::optional fields are
 /// left out instead): readers test it with `is None`, not with `in`.
@@ -13,4 +13,4 @@ struct nullable {
   friend bool operator==(const nullable&, const nullable&) = default;
 };
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

@@ -1,6 +1,6 @@
 #pragma once
 // The job's event kinds of one topic (members and agents: joins, losses, stale messages, connect
-// failures, replacements, stragglers and injected faults); see actors/coordinator/job/events.hpp
+// failures, replacements, stragglers and injected faults); see monitoring/events/events.hpp
 // for what every struct has and how they are written and read.
 
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/coordinator/job/event_field.hpp"
+#include "monitoring/events/event_field.hpp"
 
-namespace troupe::actors::events {
+namespace troupe::events {
 
 /// A member died or was declared lost ("rank_lost").
 struct rank_lost {
@@ -242,4 +242,4 @@ struct fault {
   friend bool operator==(const fault&, const fault&) = default;
 };
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

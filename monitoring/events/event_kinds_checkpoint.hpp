@@ -1,6 +1,6 @@
 #pragma once
 // The job's event kinds of one topic (checkpoints: commits, failures, abandoned and skipped ones,
-// garbage collection, restores and resumes); see actors/coordinator/job/events.hpp for what every
+// garbage collection, restores and resumes); see monitoring/events/events.hpp for what every
 // struct has and how they are written and read.
 
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/coordinator/job/event_field.hpp"
+#include "monitoring/events/event_field.hpp"
 
-namespace troupe::actors::events {
+namespace troupe::events {
 
 /// A checkpoint was committed ("checkpoint").
 struct checkpoint {
@@ -196,4 +196,4 @@ struct resume {
   friend bool operator==(const resume&, const resume&) = default;
 };
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

@@ -1,7 +1,7 @@
 // The typed events: every kind serialises to exactly the fields events.jsonl's readers expect
 // (tests/integration/*.py, bench/troupe_events.py), reads back to itself, and moves the
 // metrics it should when read from a line as the file holds it.
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,10 @@
 #include "chaos/fault_spec.hpp"
 #include "monitoring/metrics.hpp"
 
-namespace troupe::actors::events {
+namespace troupe::events {
 namespace {
+
+using actors::job_metrics;
 
 using nlohmann::json;
 
@@ -458,4 +460,4 @@ TEST(events, metrics_follow_the_lines_of_the_events_file) {
 }
 
 }  // namespace
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

@@ -1,7 +1,7 @@
 #pragma once
 // The job's event kinds of one topic (the job's life and its training: states, steps, generations,
 // the transport, divergence, validation, memory, experts, the session's start and end); see
-// actors/coordinator/job/events.hpp for what every struct has and how they are written and read.
+// monitoring/events/events.hpp for what every struct has and how they are written and read.
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "actors/coordinator/job/event_field.hpp"
+#include "monitoring/events/event_field.hpp"
 
-namespace troupe::actors::events {
+namespace troupe::events {
 
 /// The job moved between job_states ("state").
 struct state {
@@ -351,4 +351,4 @@ struct job_start {
   friend bool operator==(const job_start&, const job_start&) = default;
 };
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

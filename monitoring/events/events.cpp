@@ -1,11 +1,11 @@
 // events: the writer and the reader both walk each struct's fields(), so they cannot disagree
 // on a name; this file knows nothing of any particular kind but job_ended's two names.
-#include "actors/coordinator/job/events.hpp"
+#include "monitoring/events/events.hpp"
 
 #include <type_traits>
 #include <utility>
 
-namespace troupe::actors::events {
+namespace troupe::events {
 namespace {
 
 using nlohmann::json;
@@ -77,4 +77,4 @@ job_event from_json(const json& j) {
   return out;
 }
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events

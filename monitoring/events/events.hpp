@@ -20,12 +20,12 @@
 #include <variant>
 #include <vector>
 
-#include "actors/coordinator/job/event_field.hpp"
-#include "actors/coordinator/job/event_kinds_checkpoint.hpp"
-#include "actors/coordinator/job/event_kinds_members.hpp"
-#include "actors/coordinator/job/event_kinds_training.hpp"
+#include "monitoring/events/event_field.hpp"
+#include "monitoring/events/event_kinds_checkpoint.hpp"
+#include "monitoring/events/event_kinds_members.hpp"
+#include "monitoring/events/event_kinds_training.hpp"
 
-namespace troupe::actors::events {
+namespace troupe::events {
 
 /// A kind this build has no struct for, read back from a file (a newer troupe's log): kept as
 /// its object, "event" included. Nothing this build emits is untyped.
@@ -96,4 +96,4 @@ struct overloaded : F... {
 template <class... F>
 overloaded(F...) -> overloaded<F...>;
 
-}  // namespace troupe::actors::events
+}  // namespace troupe::events
