@@ -4,7 +4,7 @@
 // must work before anything is written (job_listeners.cpp), prepare the run directory
 // (job_run_dir.cpp, job_resume.cpp), reach etcd and, once published, win its election
 // (job_etcd.cpp, --etcd only), supervise the job to its end (job_supervise.cpp), and summarise
-// it (job_summary.cpp). Internal to cli/.
+// it (job_summary.cpp). Internal to coordinator/.
 
 #include <signal.h>
 #include <sys/types.h>

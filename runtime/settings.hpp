@@ -65,4 +65,12 @@ struct setting_change {
 /// The settings whose values differ between `before` and `after`, in the table's order.
 std::vector<setting_change> changed_settings(const train_config& before, const train_config& after);
 
+/// Whether a worker reads the setting. The ones it does not (etcd and its credentials, the
+/// metrics endpoint, how the coordinator reacts to stragglers and divergences, how a session
+/// starts) stay with the coordinator: a worker's welcome carries only the others.
+bool read_by_workers(const setting& s);
+/// The config a worker is welcomed with: every setting it reads, nothing else (a setting left
+/// out keeps its default in the worker's train_config, which no worker code looks at).
+nlohmann::json worker_config_json(const train_config& cfg);
+
 }  // namespace troupe

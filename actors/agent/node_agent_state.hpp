@@ -19,6 +19,7 @@
 
 #include "actors/agent/node_supervisor.hpp"
 #include "actors/wire/connect.hpp"
+#include "actors/wire/leader_search.hpp"
 #include "actors/wire/messages.hpp"
 #include "monitoring/log.hpp"
 
@@ -71,13 +72,15 @@ inline std::string endpoint_text(const endpoint& e) {
 // A coordinator reached (or not) by a search thread, for the agent to greet.
 struct candidate_found {
   uint64_t search = 0;  // answers to a search that is over are dropped
+  uint64_t ticket = 0;  // the search machine's ask this answers
   size_t index = 0;     // in agent_args::coordinators
   caf::actor handle;    // invalid: not reached (error says why)
   std::string error;
 };
-// The search's next try is due.
+// The search machine asked to be woken: a pause is over, or a try's time is up.
 struct search_step {
   uint64_t search = 0;
+  uint64_t wake = 0;  // only the latest wake counts: timers never pile up
 };
 
 }  // namespace troupe::actors::agent_detail
@@ -121,19 +124,18 @@ struct agent_state {
   bool rehoming = false;  // lost the leader, looking for the next
   std::string lost_why;
   std::chrono::steady_clock::time_point lost_at;
-  // The search for the leader (at start, or rehoming): the coordinators are asked in turn.
+  // The search for the leader (at start, rehoming, or rejoining after a cut): the machine
+  // (actors/wire/leader_search.hpp) decides whom to ask, when, and when to give up; this
+  // actor connects, says hello and reports what it heard.
   bool searching = false;
   uint64_t search_id = 0;
   agent_hello search_hello;
-  size_t search_first = 0, search_tries = 0;
-  std::chrono::steady_clock::time_point search_deadline;
-  std::chrono::milliseconds search_hello_timeout{3000};
-  std::vector<std::string> search_last;  // what each coordinator said last
+  std::unique_ptr<wire::leader_search_machine> search;
+  uint64_t search_wake = 0;
   // The coordinator asked now, monitored: a hello sent over a connection that dies (a long cut)
   // is never answered, and its loss moves the search on instead of the hello's timeout.
   caf::actor asking;
-  size_t asking_index = 0;
-  uint64_t ask_id = 0;  // answers to an earlier hello, given up on, are dropped
+  uint64_t asking_ticket = 0;  // answers to an earlier hello, given up on, are dropped
   std::vector<worker_exited> unsent_exits;
   bool unsent_preempt = false;
   // Members whose process the leader removed (rejoin_exit_code) while this agent looked for a
@@ -146,7 +148,6 @@ struct agent_state {
   std::string cut_why;
   std::chrono::steady_clock::time_point cut_at;
   std::chrono::milliseconds rejoin_timeout{0};
-  std::chrono::milliseconds rejoin_backoff{0};
   // Every member a coordinator gave this node, whether its process still runs or not: a node
   // that rejoins after a cut asks for all of them back.
   std::set<int32_t> given_members;
@@ -179,14 +180,15 @@ void fence_node(self_ptr self, const std::string& why);
 void follow_plan(self_ptr self, const launch_plan& plan);
 
 // Finding the leader (actors/agent/node_leader_search.cpp).
-/// Asks the agent's coordinators in turn, from `first`, until one leads and takes this agent
-/// on with `hello`, or `deadline` passes.
-void start_search(self_ptr self, agent_hello hello, size_t first,
-                  std::chrono::steady_clock::time_point deadline,
-                  std::chrono::milliseconds hello_timeout);
-void try_candidate(self_ptr self);
+/// Asks the agent's coordinators as the search machine says, until one leads and takes this
+/// agent on with `hello`, or the machine gives up.
+void start_search(self_ptr self, agent_hello hello, const wire::search_policy& policy,
+                  const wire::search_start& start);
+/// Does what the search machine says now: connect to a coordinator, wait, or give up.
+void drive_search(self_ptr self);
 void greet_candidate(self_ptr self, const candidate_found& found);
-void next_candidate(self_ptr self, size_t index, std::string what);
+/// The coordinator asked now closed its connection.
+void asked_one_lost(self_ptr self, const std::string& why);
 /// Several coordinators and the one followed is lost: looks for the leader, workers running.
 void begin_rehome(self_ptr self, const std::string& why);
 /// Cut off from every coordinator: the workers stop, the agent stays and looks for the leader.

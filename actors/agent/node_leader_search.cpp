@@ -53,7 +53,6 @@ void enter_cut_off(self_ptr self, const std::string& why) {
     st.cut_off = true;
     st.cut_why = why;
     st.cut_at = std::chrono::steady_clock::now();
-    st.rejoin_backoff = std::chrono::milliseconds(250);
   }
   st.removed_while_rehoming.clear();  // given_members has them: they come back with the node
   monitoring::log(monitoring::level::error, agent_ctx,
@@ -95,15 +94,11 @@ void rejoin_search(self_ptr self) {
   hello.former_members.assign(s.given_members.begin(), s.given_members.end());
   hello.restarts_left = s.restarts_left;
   hello.epoch_seen = s.epoch;
-  const auto deadline = s.cut_at + s.rejoin_timeout;
-  // Alone, one hello waits as long as it must: a connection that survived the cut delivers it
-  // once the link heals (a new one is made when it broke). With standbys, each gets a turn.
-  const auto hello_timeout = s.several_coordinators()
-                                 ? std::chrono::milliseconds(3000)
-                                 : std::max(std::chrono::milliseconds(1000),
-                                            std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                deadline - std::chrono::steady_clock::now()));
-  start_search(self, std::move(hello), s.coordinator_index, deadline, hello_timeout);
+  wire::search_start at;
+  at.last_leader = s.coordinator_index;
+  at.epoch_seen = s.epoch;
+  at.deadline = s.cut_at + s.rejoin_timeout;
+  start_search(self, std::move(hello), wire::agent_rejoin_policy(s.several_coordinators()), at);
 }
 
 // The search ends with a leader that took this agent on: at start it follows the plan; when
@@ -190,92 +185,126 @@ void search_failed(self_ptr self, const std::string& why) {
   begin_stop(self, 1);
 }
 
-// This try is over without a leader: the next one after a short pause (the coordinators may
-// be electing one right now).
-void next_candidate(self_ptr self, size_t index, std::string what) {
-  auto& s = self->state;
-  if (s.cut_off && !s.several_coordinators() &&
-      what.find("Connection refused") != std::string::npos) {
-    // The address answers, and nothing listens there: the only coordinator's process is gone
-    // (the job ended, or it died), not behind a cut. Waiting would only hold this node.
-    give_up_rejoining(self, "the coordinator's address " +
-                                endpoint_text(s.args.coordinators[index]) +
-                                " refuses connections: no coordinator runs there any more (if the "
-                                "job did not finish, `troupe run --resume` continues it)");
-    return;
-  }
-  s.search_last[index] = std::move(what);
-  auto pacing = std::chrono::milliseconds(100);
-  if (s.cut_off) {
-    // The link may stay down for minutes: each try after a failed one waits longer, up to 5 s,
-    // which is also the most a healed link waits for the next.
-    pacing = s.rejoin_backoff;
-    s.rejoin_backoff = std::min(s.rejoin_backoff * 2, std::chrono::milliseconds(5000));
-  }
-  self->delayed_send(self, pacing, search_step{s.search_id});
+namespace {
+
+std::vector<std::string> endpoint_names(const std::vector<endpoint>& coordinators) {
+  std::vector<std::string> out;
+  out.reserve(coordinators.size());
+  for (const auto& e : coordinators) out.push_back(endpoint_text(e));
+  return out;
 }
 
-// Asks the agent's coordinators in turn, from `first`, round robin, until one leads and takes
-// this agent on with `hello`, or `deadline` passes (each is asked at least once). The hello
-// goes from this actor (the coordinator keeps its sender as the agent); only connecting,
-// which blocks, runs on a thread.
-void start_search(self_ptr self, agent_hello hello, size_t first,
-                  std::chrono::steady_clock::time_point deadline,
-                  std::chrono::milliseconds hello_timeout) {
-  auto& s = self->state;
-  s.searching = true;
-  ++s.search_id;
-  s.search_hello = std::move(hello);
-  s.search_first = first;
-  s.search_tries = 0;
-  s.search_deadline = deadline;
-  s.search_hello_timeout = hello_timeout;
-  s.search_last.assign(s.args.coordinators.size(), "not asked");
-  try_candidate(self);
+wire::verdict verdict_of(leader_answer a) {
+  switch (a) {
+    case leader_answer::accepted:
+      return wire::verdict::welcomed;
+    case leader_answer::not_leading:
+      return wire::verdict::not_leading;
+    case leader_answer::stale:
+      return wire::verdict::stale;
+    case leader_answer::refused:
+      break;
+  }
+  return wire::verdict::refused;
 }
 
-void try_candidate(self_ptr self) {
+// Why the search ended without a leader, in the words of the agent's log.
+std::string give_up_text(const agent_state& s, const wire::give_up& g) {
+  const auto& m = *s.search;
+  const std::string where = m.size() > g.index ? m.record(g.index).name : "?";
+  const std::string said = m.size() > g.index ? m.record(g.index).detail : "";
+  switch (g.reason) {
+    case wire::give_up_reason::refused:
+    case wire::give_up_reason::told_to_go:
+      return s.rehoming ? "the leader at " + where + " refused to take this node on: " + said
+                        : "the coordinator refused this agent: " + said;
+    case wire::give_up_reason::nobody_listens:
+      // The address answers, and nothing listens there: the only coordinator's process is
+      // gone (the job ended, or it died), not behind a cut. Waiting would only hold this node.
+      return "the coordinator's address " + where +
+             " refuses connections: no coordinator runs there any more (if the job did not "
+             "finish, `troupe run --resume` continues it)";
+    case wire::give_up_reason::other_job:
+    case wire::give_up_reason::no_endpoints:
+      return std::string(wire::to_string(g.reason)) + " (" + m.summary() + ")";
+    case wire::give_up_reason::deadline:
+      break;
+  }
+  if (s.cut_off)
+    return "no coordinator took it back on within " + std::to_string(s.rejoin_timeout.count()) +
+           " ms (--rejoin-timeout-ms; " + m.summary() + ")";
+  if (s.rehoming) {
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - s.lost_at);
+    return "no coordinator took this node on as leader within " + std::to_string(took.count()) +
+           " ms (" + m.summary() + ")";
+  }
+  return "no coordinator of " + endpoints_text(s.args.coordinators) +
+         " took this agent on as leader in time (" + m.summary() +
+         "); are they running, and is one of them elected?";
+}
+
+// Wakes the search at `when`. CAF's timers are kept short (5 s at most: the machine is asked
+// again then, and says to wait on), and a later wake replaces an earlier one.
+void wake_search(self_ptr self, std::chrono::steady_clock::time_point when) {
   using namespace std::chrono;
   auto& s = self->state;
-  if (!s.searching || s.stopping) return;
-  const size_t n = s.args.coordinators.size();
   const auto now = steady_clock::now();
-  if (s.search_tries >= n && now >= s.search_deadline) {
-    std::string said;
-    for (size_t i = 0; i < n; ++i)
-      said += (i ? "; " : "") + endpoint_text(s.args.coordinators[i]) + ": " + s.search_last[i];
-    const auto took = duration_cast<milliseconds>(now - (s.rehoming ? s.lost_at : now));
-    if (s.cut_off) {
-      search_failed(self, "no coordinator took it back on within " +
-                              std::to_string(s.rejoin_timeout.count()) +
-                              " ms (--rejoin-timeout-ms; " + said + ")");
-      return;
-    }
-    search_failed(self, s.rehoming ? "no coordinator took this node on as leader within " +
-                                         std::to_string(took.count()) + " ms (" + said + ")"
-                                   : "no coordinator of " + endpoints_text(s.args.coordinators) +
-                                         " took this agent on as leader in time (" + said +
-                                         "); are they running, and is one of them elected?");
-    return;
-  }
-  const size_t index = (s.search_first + s.search_tries++) % n;
-  // A dead coordinator must not eat the time the live ones need, so each connect is short;
-  // one still starting is simply asked again on the next round. Rehoming, the one that was
-  // lost is likely dead and refuses at once: a round over the others must not wait on it.
-  const auto left =
-      std::max(duration_cast<milliseconds>(s.search_deadline - now), milliseconds(200));
-  const auto connect_until =
-      now + std::min(left, s.rehoming ? milliseconds(400) : milliseconds(1500));
-  s.searches->start([&sys = self->system(), where = s.args.coordinators[index], connect_until,
-                     agent = caf::actor_cast<caf::actor>(self), id = s.search_id, index] {
+  milliseconds delay(0);
+  if (when > now)
+    delay = when - now >= seconds(5) ? milliseconds(5000)
+                                     : duration_cast<milliseconds>(when - now) + milliseconds(1);
+  self->delayed_send(self, delay, search_step{s.search_id, ++s.search_wake});
+}
+
+void connect_to_candidate(self_ptr self, const wire::ask_endpoint& ask,
+                          std::chrono::steady_clock::time_point now) {
+  auto& s = self->state;
+  const auto connect_until = now + ask.connect_within;
+  s.searches->start([&sys = self->system(), where = s.args.coordinators[ask.index], connect_until,
+                     agent = caf::actor_cast<caf::actor>(self), id = s.search_id,
+                     ticket = ask.ticket, index = ask.index] {
     auto h = remote_job_actor_until(sys, where.host, where.port, connect_until);
-    candidate_found found{id, index, {}, {}};
+    candidate_found found{id, ticket, index, {}, {}};
     if (h && *h)
       found.handle = *h;
     else
       found.error = h ? std::string("nothing is published there") : sys.render(h.error());
     caf::anon_send(agent, std::move(found));
   });
+}
+
+}  // namespace
+
+// The machine keeps the rules (whom to ask next, the pacing, the deadline); connecting, which
+// blocks, runs on a thread, and the hello goes from this actor (the coordinator keeps its
+// sender as the agent).
+void start_search(self_ptr self, agent_hello hello, const wire::search_policy& policy,
+                  const wire::search_start& start) {
+  auto& s = self->state;
+  s.searching = true;
+  ++s.search_id;
+  s.search_hello = std::move(hello);
+  s.search = std::make_unique<wire::leader_search_machine>(endpoint_names(s.args.coordinators),
+                                                           policy, start);
+  drive_search(self);
+}
+
+void drive_search(self_ptr self) {
+  auto& s = self->state;
+  if (!s.searching || s.stopping || !s.search) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto action = s.search->next(now);
+  if (const auto* ask = std::get_if<wire::ask_endpoint>(&action)) {
+    connect_to_candidate(self, *ask, now);
+    // The machine counts a try that outlives its time as unanswered, so it is asked then.
+    wake_search(self, now + ask->connect_within + ask->answer_within);
+  } else if (const auto* wait = std::get_if<wire::wait_until>(&action)) {
+    wake_search(self, wait->until);
+  } else if (const auto* g = std::get_if<wire::give_up>(&action)) {
+    search_failed(self, give_up_text(s, *g));
+  }
+  // leader_found: the answer that found it has already followed the leader.
 }
 
 void done_asking(self_ptr self, const caf::actor& whom) {
@@ -285,56 +314,63 @@ void done_asking(self_ptr self, const caf::actor& whom) {
   s.asking = caf::actor{};
 }
 
-void greet_candidate(self_ptr self, const candidate_found& found) {
-  using namespace std::chrono;
+void asked_one_lost(self_ptr self, const std::string& why) {
   auto& s = self->state;
-  if (!s.searching || s.stopping || found.search != s.search_id) return;
+  s.asking = caf::actor{};
+  if (!s.searching || s.stopping || !s.search) return;
+  if (s.search->on_answer(s.asking_ticket, {wire::verdict::no_answer, 0, std::nullopt, 0, why},
+                          std::chrono::steady_clock::now()))
+    drive_search(self);
+}
+
+void greet_candidate(self_ptr self, const candidate_found& found) {
+  auto& s = self->state;
+  if (!s.searching || s.stopping || found.search != s.search_id || !s.search) return;
   if (!found.handle) {
-    next_candidate(self, found.index, found.error);
+    const wire::reply r{wire::verdict_of_connect_error(found.error), 0, std::nullopt, 0,
+                        found.error};
+    if (s.search->on_answer(found.ticket, r, std::chrono::steady_clock::now())) drive_search(self);
     return;
   }
-  const auto left = duration_cast<milliseconds>(s.search_deadline - steady_clock::now());
-  const auto timeout = std::max(std::min(left, s.search_hello_timeout), milliseconds(1000));
+  const auto ask = s.search->asking();
+  if (!ask || ask->ticket != found.ticket) return;  // its time ran out meanwhile
   const auto id = s.search_id;
   s.asking = found.handle;
-  s.asking_index = found.index;
-  const auto ask = ++s.ask_id;
+  s.asking_ticket = found.ticket;
   self->monitor(found.handle);
-  self->request(found.handle, timeout, s.search_hello)
+  const auto current = [=] {
+    auto& st = self->state;
+    return st.searching && !st.stopping && id == st.search_id && st.search &&
+           st.asking_ticket == found.ticket;
+  };
+  self->request(found.handle, ask->answer_within, s.search_hello)
       .then(
           [=](const launch_plan& plan) {
+            if (!current()) return;
             auto& st = self->state;
-            if (ask != st.ask_id) return;
             done_asking(self, found.handle);
-            if (!st.searching || st.stopping || id != st.search_id) return;
-            const auto where = endpoint_text(st.args.coordinators[found.index]);
-            switch (judge_leader_answer(plan, st.epoch)) {
-              case leader_answer::accepted:
-                search_succeeded(self, found.handle, found.index, plan);
-                return;
-              case leader_answer::refused:
-                search_failed(self, st.rehoming
-                                        ? "the leader at " + where +
-                                              " refused to take this node on: " + plan.error
-                                        : "the coordinator refused this agent: " + plan.error);
-                return;
-              case leader_answer::not_leading:
-                next_candidate(self, found.index, plan.error);
-                return;
-              case leader_answer::stale:
-                next_candidate(self, found.index,
-                               "leads epoch " + std::to_string(plan.epoch) +
-                                   ", older than the epoch " + std::to_string(st.epoch) +
-                                   " this agent followed");
-                return;
-            }
+            const auto answer = judge_leader_answer(plan, st.search->epoch_floor());
+            std::string detail = plan.error;
+            if (answer == leader_answer::stale)
+              detail = "leads epoch " + std::to_string(plan.epoch) + ", older than the epoch " +
+                       std::to_string(st.search->epoch_floor()) + " this agent followed";
+            const auto taken = st.search->on_answer(
+                found.ticket, {verdict_of(answer), plan.epoch, std::nullopt, 0, detail},
+                std::chrono::steady_clock::now());
+            if (taken == wire::verdict::welcomed)
+              search_succeeded(self, found.handle, found.index, plan);
+            else if (taken)
+              drive_search(self);
           },
           [=](caf::error& e) {
+            if (!current()) return;
             auto& st = self->state;
-            if (ask != st.ask_id) return;
             done_asking(self, found.handle);
-            if (!st.searching || st.stopping || id != st.search_id) return;
-            next_candidate(self, found.index, self->system().render(e));
+            if (st.search->on_answer(
+                    found.ticket,
+                    {wire::verdict::no_answer, 0, std::nullopt, 0, self->system().render(e)},
+                    std::chrono::steady_clock::now()))
+              drive_search(self);
           });
 }
 
@@ -365,15 +401,13 @@ void begin_rehome(self_ptr self, const std::string& why) {
                   "lost the coordinator (" + why + "); looking for the leader among " +
                       endpoints_text(s.args.coordinators) + " for up to " +
                       std::to_string(timeout.count()) + " ms; the workers keep running");
-  // A cut-off or stopped coordinator is silent, not refusing (its connection may even be
-  // open): a try at it must leave time for the others. A coordinator that runs answers in
-  // milliseconds, so a try need not outlast half the silence this agent already allowed.
-  auto hello_timeout = std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4);
-  if (const auto limit = s.silence_limit(); limit.count() > 0)
-    hello_timeout = std::min(hello_timeout, limit / 2);
   // The one that was lost is asked last: a standby has more likely taken over.
-  start_search(self, std::move(hello), (s.coordinator_index + 1) % s.args.coordinators.size(),
-               s.lost_at + timeout, hello_timeout);
+  wire::search_start at;
+  at.last_leader = s.coordinator_index;
+  at.leader_lost = true;
+  at.epoch_seen = s.epoch;
+  at.deadline = s.lost_at + timeout;
+  start_search(self, std::move(hello), wire::agent_rehome_policy(timeout, s.silence_limit()), at);
 }
 
 }  // namespace troupe::actors::agent_detail

@@ -268,11 +268,7 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.asking && dm.source == s.asking.address()) {
-      s.asking = caf::actor{};
-      ++s.ask_id;
-      if (s.searching && !s.stopping)
-        next_candidate(self, s.asking_index,
-                       "its connection closed: " + self->system().render(dm.reason));
+      asked_one_lost(self, "its connection closed: " + self->system().render(dm.reason));
       return;
     }
     if (!s.coordinator || dm.source != s.coordinator.address()) return;
@@ -290,10 +286,11 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   if (st.several_coordinators()) {
     // Only the leader takes agents on; the standbys say so, and are passed over until one of
     // them leads.
-    start_search(
-        self, agent_hello{protocol_version, st.host_name, getpid(), st.args.ranks}, 0,
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(st.args.connect_timeout_ms),
-        std::chrono::seconds(10));
+    wire::search_start at;
+    at.deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(st.args.connect_timeout_ms);
+    start_search(self, agent_hello{protocol_version, st.host_name, getpid(), st.args.ranks},
+                 wire::agent_start_policy(), at);
   } else {
     self->request(coordinator, std::chrono::seconds(30),
                   agent_hello{protocol_version, st.host_name, getpid(), st.args.ranks})
@@ -417,7 +414,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
       },
       [=](const candidate_found& found) { greet_candidate(self, found); },
       [=](const search_step& step) {
-        if (step.search == self->state.search_id) try_candidate(self);
+        auto& s = self->state;
+        if (step.search == s.search_id && step.wake == s.search_wake) drive_search(self);
       },
       // From the signal thread, when the job has several coordinators: for the one leading now.
       [=](preempt_atom) {

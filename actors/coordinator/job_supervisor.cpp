@@ -25,6 +25,7 @@
 #include "checkpoint/durable_io.hpp"
 #include "monitoring/events/events.hpp"
 #include "monitoring/log.hpp"
+#include "runtime/settings.hpp"
 #include "runtime/sys/process_clock.hpp"
 #include "runtime/sys/run_paths.hpp"
 #include "strategies/mesh.hpp"
@@ -741,7 +742,7 @@ void resume(self_ptr self, int64_t epoch, const std::string& give_up) {
 // the data plane meets, and how often to beat.
 void fill_welcome(self_ptr self, welcome& w) {
   const auto& s = self->state;
-  w.config_json = to_json(s.setup.cfg).dump();
+  w.config_json = worker_config_json(s.setup.cfg).dump();
   w.store_host = s.setup.store_host;
   w.store_port = s.setup.store_port;
   w.heartbeat_interval_ms =

@@ -244,9 +244,12 @@ search_action leader_search_machine::next(search_time now) {
   }
   if (resume_at_) {
     if (now < *resume_at_) {
-      // Nothing would be asked before the deadline: waiting out the pause changes nothing.
-      if (*resume_at_ >= deadline_ && may_give_up())
-        return finish(give_up{give_up_reason::deadline, last_asked_});
+      // Nothing would be asked before the deadline: the search ends at it, not earlier (a
+      // caller promises its peers to look for the whole window, and they count it too).
+      if (*resume_at_ >= deadline_ && may_give_up()) {
+        if (now >= deadline_) return finish(give_up{give_up_reason::deadline, last_asked_});
+        return wait_until{deadline_};
+      }
       return wait_until{*resume_at_};
     }
     resume_at_.reset();

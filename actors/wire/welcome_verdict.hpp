@@ -25,8 +25,4 @@ enum class welcome_verdict {
 };
 welcome_verdict judge_welcome(const welcome& w, int64_t epoch_seen);
 
-/// The order in which a member asks the job's coordinators: starting at `first`, each of the
-/// `count` endpoints once, wrapping around.
-inline size_t endpoint_after(size_t i, size_t count) { return count == 0 ? 0 : (i + 1) % count; }
-
 }  // namespace troupe::actors

@@ -569,17 +569,21 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
       error = "the coordinator refused this member: " + answer->error;
   } else {
     // Only the leader takes members on; the standbys say so, and the next one is asked.
-    auto found = find_leader(self, w.coordinators, first, coordinator, greeting, 0,
-                             clock_type::now() + std::chrono::milliseconds(args.connect_timeout_ms),
-                             std::chrono::milliseconds(1500), std::chrono::seconds(30), true);
+    wire::search_start at;
+    at.last_leader = first;
+    at.deadline = clock_type::now() + std::chrono::milliseconds(args.connect_timeout_ms);
+    at.connected = static_cast<bool>(coordinator);
+    auto found =
+        search_leader(self, w.coordinators, greeting, wire::worker_start_policy(), at, coordinator);
     if (found.actor) {
       answer = std::move(found.answer);
       w.coordinator = found.actor;
       w.leader_index = found.index;
       w.leader = w.coordinators[found.index];
       self->monitor(w.coordinator);
-    } else if (found.refused) {
-      error = found.last;
+    } else if (found.ended && (found.ended->reason == wire::give_up_reason::refused ||
+                               found.ended->reason == wire::give_up_reason::told_to_go)) {
+      error = found.said;
     } else {
       error = "no coordinator of the job took this member on within " +
               std::to_string(args.connect_timeout_ms / 1000) + " s (asked " + joined(found.asked) +
@@ -679,29 +683,35 @@ int run_worker(const worker_args& args) {
   size_t first = 0;
   if (args.coordinators.size() > 1) {
     // Any coordinator that answers will do here: the hello (rank_actor) finds the leader.
-    const auto deadline =
+    std::vector<std::string> names;
+    for (const auto& e : args.coordinators) names.push_back(worker_detail::endpoint_name(e));
+    wire::search_start at;
+    at.deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(args.connect_timeout_ms);
-    std::vector<std::string> tried;
-    for (size_t i = 0;; i = endpoint_after(i, args.coordinators.size())) {
-      const auto& e = args.coordinators[i];
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+    wire::leader_search_machine m(std::move(names), wire::worker_connect_policy(), at);
+    for (;;) {
+      const auto action = m.next(std::chrono::steady_clock::now());
+      if (const auto* wait = std::get_if<wire::wait_until>(&action)) {
+        std::this_thread::sleep_until(wait->until);
+        continue;
+      }
+      if (const auto* g = std::get_if<wire::give_up>(&action)) {
+        if (g->reason != wire::give_up_reason::other_job)  // another job's words say it all
+          error = "cannot reach any coordinator of " + endpoints_text(args.coordinators) +
+                  " within " + std::to_string(args.connect_timeout_ms / 1000) +
+                  " s (last: " + error + ")";
+        break;
+      }
+      const auto ask = std::get<wire::ask_endpoint>(action);
+      const auto& e = args.coordinators[ask.index];
       coordinator = connect_to_coordinator(
-          sys, e.host, e.port,
-          std::max(std::chrono::milliseconds(1), std::min(std::chrono::milliseconds(1500), left)),
-          error);
+          sys, e.host, e.port, std::max(std::chrono::milliseconds(1), ask.connect_within), error);
       if (coordinator) {
-        first = i;
+        first = ask.index;
         break;
       }
-      if (error.find("belongs to job") != std::string::npos) break;  // another job's: give up
-      if (std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline) {
-        error = "cannot reach any coordinator of " + endpoints_text(args.coordinators) +
-                " within " + std::to_string(args.connect_timeout_ms / 1000) + " s (last: " + error +
-                ")";
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      m.on_answer(ask.ticket, {wire::verdict_of_connect_error(error), 0, std::nullopt, 0, error},
+                  std::chrono::steady_clock::now());
     }
   } else {
     coordinator = connect_to_coordinator(sys, args.coordinator_host, args.coordinator_port,

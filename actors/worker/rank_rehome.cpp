@@ -39,75 +39,111 @@ std::string store_host_of(const welcome& answer, const endpoint& coordinator) {
   return h == "0.0.0.0" || h == "::" || h.empty() ? coordinator.host : h;
 }
 
-leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
-                          size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
-                          clock_type::time_point deadline, std::chrono::milliseconds connect_try,
-                          std::chrono::milliseconds request_try, bool stop_on_refusal) {
+namespace {
+
+std::vector<std::string> endpoint_names(const std::vector<endpoint>& endpoints) {
+  std::vector<std::string> out;
+  out.reserve(endpoints.size());
+  for (const auto& e : endpoints) out.push_back(endpoint_name(e));
+  return out;
+}
+
+wire::verdict verdict_of(welcome_verdict v) {
+  switch (v) {
+    case welcome_verdict::leader:
+      return wire::verdict::welcomed;
+    case welcome_verdict::not_leading:
+      return wire::verdict::not_leading;
+    case welcome_verdict::stale:
+      return wire::verdict::stale;
+    case welcome_verdict::told_to_go:
+      return wire::verdict::told_to_go;
+    case welcome_verdict::refused:
+      break;
+  }
+  return wire::verdict::refused;
+}
+
+// What an answer says, in the words of the worker's log.
+std::string words_of(wire::verdict v, const welcome& got, const std::string& where, int64_t floor) {
+  switch (v) {
+    case wire::verdict::stale:
+      return where + " leads epoch " + std::to_string(got.epoch) + ", older than epoch " +
+             std::to_string(floor);
+    case wire::verdict::refused:
+      return "the coordinator at " + where + " refused this member: " + got.error;
+    case wire::verdict::told_to_go:
+      return got.error;
+    default:
+      return where + ": " + got.error;
+  }
+}
+
+}  // namespace
+
+found_leader search_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
+                           const hello& h, const wire::search_policy& policy,
+                           const wire::search_start& start, caf::actor connected,
+                           const admit_leader& admit) {
   using std::chrono::milliseconds;
-  constexpr milliseconds pacing(50);  // a round of refusals does not spin on the network
-  leader_search out;
-  for (size_t i = first;;) {
-    const endpoint& e = endpoints[i];
+  wire::leader_search_machine m(endpoint_names(endpoints), policy, start);
+  found_leader out;
+  for (;;) {
+    const auto action = m.next(clock_type::now());
+    if (const auto* wait = std::get_if<wire::wait_until>(&action)) {
+      std::this_thread::sleep_until(wait->until);
+      continue;
+    }
+    if (const auto* g = std::get_if<wire::give_up>(&action)) {
+      out.ended = *g;
+      if (g->index < m.size()) out.said = m.record(g->index).detail;
+      break;
+    }
+    if (!std::holds_alternative<wire::ask_endpoint>(action)) break;  // leader_found: taken below
+    const auto ask = std::get<wire::ask_endpoint>(action);
+    const endpoint& e = endpoints[ask.index];
     const std::string where = endpoint_name(e);
-    if (std::find(out.asked.begin(), out.asked.end(), where) == out.asked.end())
-      out.asked.push_back(where);
-    const auto left = std::max(
-        milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - clock_type::now()));
-    caf::actor c = std::exchange(connected, caf::actor{});
-    // A connection made before (a standby worker's, made when it started) may lead to a
-    // coordinator that has died since, and another may serve its address now: a hello that
-    // gets no answer on it within a connection try is asked again there over a new one.
-    const bool made_before = static_cast<bool>(c);
-    bool again = false;
+    caf::actor c = ask.reuse_connection ? std::exchange(connected, caf::actor{}) : caf::actor{};
     std::string error;
     if (!c)
-      c = connect_to_coordinator(self->system(), e.host, e.port, std::min(connect_try, left),
-                                 error);
+      c = connect_to_coordinator(self->system(), e.host, e.port,
+                                 std::max(ask.connect_within, milliseconds(1)), error);
     if (!c) {
-      out.last = error;
-    } else {
-      std::optional<welcome> got;
-      self->request(c, std::min(made_before ? connect_try : request_try, left), h)
-          .receive([&](welcome& x) { got = std::move(x); },
-                   [&](caf::error& err) {
-                     out.last = "the coordinator at " + where +
-                                " did not answer hello: " + self->system().render(err);
-                   });
-      if (got) {
-        switch (judge_welcome(*got, epoch_seen)) {
-          case welcome_verdict::leader:
-            out.actor = c;
-            out.answer = std::move(*got);
-            out.index = i;
-            return out;
-          case welcome_verdict::not_leading:
-            out.last = where + ": " + got->error;
-            break;
-          case welcome_verdict::stale:
-            out.last = where + " leads epoch " + std::to_string(got->epoch) +
-                       ", older than epoch " + std::to_string(epoch_seen);
-            break;
-          case welcome_verdict::told_to_go:
-            out.last = where + ": " + got->error;
-            out.told_to_go = got->error;
-            return out;
-          case welcome_verdict::refused:
-            out.last = "the coordinator at " + where + " refused this member: " + got->error;
-            if (stop_on_refusal) {
-              out.refused = true;
-              return out;
-            }
-            break;
-        }
-      } else {
-        again = made_before;
+      m.on_answer(ask.ticket, {wire::verdict_of_connect_error(error), 0, std::nullopt, 0, error},
+                  clock_type::now());
+      continue;
+    }
+    std::optional<welcome> got;
+    self->request(c, std::max(ask.answer_within, milliseconds(1)), h)
+        .receive([&](welcome& x) { got = std::move(x); },
+                 [&](caf::error& err) {
+                   error = "the coordinator at " + where +
+                           " did not answer hello: " + self->system().render(err);
+                 });
+    if (!got) {
+      m.on_answer(ask.ticket, {wire::verdict::no_answer, 0, std::nullopt, 0, error},
+                  clock_type::now());
+      continue;
+    }
+    auto v = verdict_of(judge_welcome(*got, m.epoch_floor()));
+    std::string words = words_of(v, *got, where, m.epoch_floor());
+    if (v == wire::verdict::welcomed && admit) {
+      if (std::string refused = admit(*got, ask.index); !refused.empty()) {
+        v = wire::verdict::no_answer;
+        words = std::move(refused);
       }
     }
-    if (clock_type::now() + pacing >= deadline) return out;
-    if (again) continue;
-    i = endpoint_after(i, endpoints.size());
-    std::this_thread::sleep_for(pacing);
+    if (m.on_answer(ask.ticket, {v, got->epoch, std::nullopt, 0, words}, clock_type::now()) ==
+        wire::verdict::welcomed) {
+      out.actor = c;
+      out.answer = std::move(*got);
+      out.index = ask.index;
+      break;
+    }
   }
+  out.asked = m.asked();
+  out.last = m.last_answer();
+  return out;
 }
 
 std::string joined(const std::vector<std::string>& parts) {
@@ -149,52 +185,45 @@ std::optional<int> rehome(worker& w, const std::string& why) {
   // The new leader knows no plan of the old one's generations: the layout the state is in.
   if (held.held_generation > 0 && held.held_generation == w.current.generation)
     h.held_plan_json = strategies::to_json(w.current.plan);
-  // The lost leader is asked last in the round: it is the least likely to lead now.
-  size_t first = endpoint_after(w.leader_index, w.coordinators.size());
-  std::vector<std::string> asked;
-  std::string last;
-  for (;;) {
-    // A dead coordinator refuses the connection at once and a standby answers within
-    // milliseconds; short tries let a round over every coordinator take well under a second.
-    auto found = find_leader(
-        w.self, w.coordinators, first, {}, h, w.epoch_seen, deadline,
-        std::chrono::milliseconds(250),
-        // A cut-off coordinator is silent, not refusing: a try at it must leave time in the
-        // window for the others. Alone, one hello waits for the whole window: each repeat
-        // would reach it after a healed cut, and each would form the generation again.
-        w.ha() ? std::min<std::chrono::milliseconds>(std::chrono::seconds(3), timeout / 4)
-               : timeout,
-        false);
-    for (auto& a : found.asked)
-      if (std::find(asked.begin(), asked.end(), a) == asked.end()) asked.push_back(a);
-    if (!found.last.empty()) last = found.last;
-    if (!found.told_to_go.empty()) {
-      w.shared->fence();
-      w.shared->abort_older_than(0, true, found.told_to_go);
-      const int code = exit_code_after_stop(found.told_to_go);
-      monitoring::log(monitoring::level::warn, w.log_ctx(),
-                      why + "; the leader at " + last.substr(0, last.find(": ")) +
-                          " said: " + found.told_to_go + " (exit " + std::to_string(code) + ")");
-      return code;
-    }
-    if (!found.actor) break;
-    const endpoint& e = w.coordinators[found.index];
-    // The new leader serves a store of its own: the data plane meets there from now on.
-    std::unique_ptr<comm::kv_store> store;
+  // The new leader serves a store of its own: the data plane meets there from now on. A
+  // leader whose store cannot be reached is passed over like a silent one.
+  std::unique_ptr<comm::kv_store> store;
+  const admit_leader reach_store = [&](const welcome& answer, size_t index) -> std::string {
+    const endpoint& e = w.coordinators[index];
     const auto store_wait = std::max(
         std::chrono::milliseconds(1000),
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()));
     try {
       store = comm::connect_tcp_store(
-          store_host_of(found.answer, e), static_cast<uint16_t>(found.answer.store_port),
+          store_host_of(answer, e), static_cast<uint16_t>(answer.store_port),
           std::min(store_wait, std::chrono::milliseconds(w.cfg.step_timeout_ms)));
+      return "";
     } catch (const std::exception& ex) {
-      last = "the store of the coordinator at " + endpoint_name(e) + ": " + ex.what();
-      monitoring::log(monitoring::level::warn, w.log_ctx(), last);
-      if (clock_type::now() >= deadline) break;
-      first = endpoint_after(found.index, w.coordinators.size());
-      continue;
+      const std::string why_not =
+          "the store of the coordinator at " + endpoint_name(e) + ": " + ex.what();
+      monitoring::log(monitoring::level::warn, w.log_ctx(), why_not);
+      return why_not;
     }
+  };
+  // The lost leader is asked last in the round: it is the least likely to lead now.
+  wire::search_start at;
+  at.last_leader = w.leader_index;
+  at.leader_lost = true;
+  at.epoch_seen = w.epoch_seen;
+  at.deadline = deadline;
+  auto found = search_leader(w.self, w.coordinators, h, wire::worker_rehome_policy(w.ha(), timeout),
+                             at, {}, reach_store);
+  if (found.ended && found.ended->reason == wire::give_up_reason::told_to_go) {
+    w.shared->fence();
+    w.shared->abort_older_than(0, true, found.said);
+    const int code = exit_code_after_stop(found.said);
+    monitoring::log(monitoring::level::warn, w.log_ctx(),
+                    why + "; the leader at " + endpoint_name(w.coordinators[found.ended->index]) +
+                        " said: " + found.said + " (exit " + std::to_string(code) + ")");
+    return code;
+  }
+  if (found.actor) {
+    const endpoint& e = w.coordinators[found.index];
     if (w.coordinator) w.self->demonitor(w.coordinator);
     w.coordinator = found.actor;
     w.self->monitor(w.coordinator);
@@ -215,11 +244,13 @@ std::optional<int> rehome(worker& w, const std::string& why) {
                         " ms, holding step " + std::to_string(held.held_step));
     return std::nullopt;
   }
+  const std::string asked = joined(found.asked);
+  const std::string& last = found.last;
   w.shared->fence();
   w.shared->abort_older_than(0, true, "the coordinator is gone");
   monitoring::log(monitoring::level::error, w.log_ctx(),
                   why + "; no coordinator took this member back on within " +
-                      std::to_string(timeout.count()) + " ms (asked " + joined(asked) +
+                      std::to_string(timeout.count()) + " ms (asked " + asked +
                       "; last answer: " + (last.empty() ? "none" : last) +
                       "); fenced: this worker sends no vote, writes no checkpoint and exits (if "
                       "no coordinator leads the job any more, resume it with --resume)");

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "actors/wire/connect.hpp"
+#include "actors/wire/leader_search.hpp"
 #include "actors/wire/messages.hpp"
 #include "actors/worker/checkpoint_replica.hpp"
 #include "actors/worker/stage.hpp"
@@ -116,22 +118,26 @@ std::string endpoint_name(const endpoint& e);
 std::string joined(const std::vector<std::string>& parts);
 /// Where the store of the coordinator at `coordinator` is reached, from its welcome.
 std::string store_host_of(const welcome& answer, const endpoint& coordinator);
-struct leader_search {
+/// How a worker's search for the leader ended.
+struct found_leader {
   caf::actor actor;  // the leader that took this member on; invalid when none did
   welcome answer;
-  size_t index = 0;  // its place in the list
+  size_t index = 0;                    // its place in the list
+  std::optional<wire::give_up> ended;  // why no leader did (actor invalid)
   std::vector<std::string> asked;
-  std::string last;        // the last answer that was not a welcome
-  bool refused = false;    // a coordinator refused for a reason other than not leading
-  std::string told_to_go;  // the leader removed or evicted this member (welcome_verdict)
+  std::string last;  // the last answer that was not a welcome
+  std::string said;  // the words of the answer that ended it (refused, told to go)
 };
-/// Asks the job's coordinators in turn, from `first` (`connected`, when valid, is that one
-/// reached already), until one that leads an epoch no older than `epoch_seen` takes `h` on, or
-/// `deadline` passes. Every endpoint gets its turn: a restarted coordinator may lead again.
-leader_search find_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
-                          size_t first, caf::actor connected, const hello& h, int64_t epoch_seen,
-                          clock_type::time_point deadline, std::chrono::milliseconds connect_try,
-                          std::chrono::milliseconds request_try, bool stop_on_refusal);
+/// Checks a leader's welcome before the search settles on it ("" = take it): a leader whose
+/// store cannot be reached is passed over like a silent one.
+using admit_leader = std::function<std::string(const welcome&, size_t index)>;
+/// Asks the job's coordinators for the one that leads and takes `h` on, as the pure machine of
+/// actors/wire/leader_search.hpp says (whom next, pacing, deadline); `connected`, when valid,
+/// is a connection to the first one asked, made before.
+found_leader search_leader(caf::blocking_actor* self, const std::vector<endpoint>& endpoints,
+                           const hello& h, const wire::search_policy& policy,
+                           const wire::search_start& start, caf::actor connected,
+                           const admit_leader& admit = {});
 /// The coordinator was lost (silent, or with standbys its connection closed): keeps what this
 /// member holds and asks each coordinator in turn to take it back on, until the coordinator
 /// timeout. nullopt: a leader did. Otherwise the exit code of this process: 1 when nobody led

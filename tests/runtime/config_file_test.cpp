@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "runtime/config.hpp"
 #include "runtime/preflight.hpp"
+#include "runtime/settings.hpp"
 
 namespace troupe {
 namespace {
@@ -296,6 +298,46 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   tiny.data_bytes = 10000;
   msg = message(wide, tiny);
   EXPECT_TRUE(has(msg, "--batch")) << msg;
+}
+
+// A worker is welcomed with the settings it reads and nothing else: no etcd endpoint or
+// credential path, no metrics port. Every other field arrives as the coordinator has it.
+TEST(WorkerConfigTest, CarriesWhatWorkersReadAndNothingElse) {
+  train_config cfg;
+  cfg.etcd.endpoints = "https://10.0.0.1:2379";
+  cfg.etcd.key = "/secret/etcd-client.key";
+  cfg.metrics_port = 9555;
+  cfg.steps = 123;
+  cfg.optim.lr = 0.0042;
+  cfg.elastic.heartbeat_timeout_ms = 777;
+  cfg.parallel.tp = 2;
+  const nlohmann::json sent = worker_config_json(cfg);
+  const std::string text = sent.dump();
+  EXPECT_EQ(text.find("10.0.0.1"), std::string::npos) << text;
+  EXPECT_EQ(text.find("etcd-client.key"), std::string::npos) << text;
+  EXPECT_FALSE(sent.contains("metrics_port"));
+  EXPECT_FALSE(sent.contains("etcd"));
+  const train_config got = config_from_json(text);
+  size_t read = 0;
+  for (const auto& s : settings()) {
+    if (!read_by_workers(s)) {
+      EXPECT_EQ(s.get(got), s.get(train_config{})) << s.key << " is the coordinator's own";
+      continue;
+    }
+    ++read;
+    EXPECT_EQ(s.get(got), s.get(cfg)) << s.key;
+  }
+  EXPECT_GT(read, settings().size() / 2);
+  // Every field of the full config is a setting of the table: none can be lost on the way.
+  const nlohmann::json full = to_json(cfg).flatten();
+  for (const auto& [pointer, value] : full.items()) {
+    std::string key = pointer.substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    // a list (elastic.faults) flattens to its elements
+    bool known = find_setting(key) != nullptr;
+    for (const auto& s : settings()) known = known || key.rfind(s.key + ".", 0) == 0;
+    EXPECT_TRUE(known) << key;
+  }
 }
 
 }  // namespace

@@ -111,14 +111,6 @@ TEST(LeaderSearch, AWelcomeIsJudgedByLeadershipThenEpoch) {
   EXPECT_EQ(judge_welcome(w, 0), welcome_verdict::told_to_go);
 }
 
-TEST(LeaderSearch, EveryEndpointGetsItsTurn) {
-  EXPECT_EQ(endpoint_after(0, 3), 1u);
-  EXPECT_EQ(endpoint_after(1, 3), 2u);
-  EXPECT_EQ(endpoint_after(2, 3), 0u);
-  EXPECT_EQ(endpoint_after(0, 1), 0u);
-  EXPECT_EQ(endpoint_after(0, 0), 0u);
-}
-
 TEST(EpochFence, OnlyOlderEpochsAreDropped) {
   EXPECT_FALSE(from_older_epoch(0, 0)) << "one coordinator without etcd";
   EXPECT_FALSE(from_older_epoch(7, 7));
