@@ -1,5 +1,5 @@
-// `troupe report`: reads a run's events.jsonl (every line on its own: a line that is not a
-// JSON object with an "event" is counted and skipped) and writes one HTML file with inline SVG.
+// `troupe report`: the facts of a run's events.jsonl (cli/report_events.hpp) drawn as one HTML
+// file with inline SVG.
 
 #include "cli/report.hpp"
 
@@ -13,7 +13,6 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -22,6 +21,7 @@
 #include "actors/coordinator/job/goodput.hpp"
 #include "cli/command_line.hpp"
 #include "cli/options.hpp"
+#include "cli/report_events.hpp"
 #include "cli/report_svg.hpp"
 #include "runtime/sys/printable.hpp"
 
@@ -73,228 +73,24 @@ constexpr size_t max_points = 1500;
 // The phase chart's columns: stacked areas need a few pixels per column to be read.
 constexpr size_t max_phase_columns = 450;
 
-struct step_row {
-  double loss = NAN, tokens_per_s = NAN, step_s = NAN;
-  int world = 0;
-  std::vector<std::pair<std::string, double>> phases;  // rank-seconds by phase
-};
-
-struct recovery {
-  double start = 0, end = 0;  // seconds from the start
-  std::string reason;
-};
-
-struct timed {
-  double at = 0;  // seconds from the start
-  std::string label;
-};
-
-struct generation {
-  double at = 0;
-  long long number = 0;
-  long long world = 0;
-};
-
-struct run_facts {
-  long long lines = 0, events = 0, skipped = 0, jobs = 0, total_steps = 0, step_events = 0;
-  std::optional<double> first_ms, last_ms, first_step_ms;
-  std::map<long long, step_row> steps;  // by step number: a step done again replaces the first
-  std::vector<double> step_times;       // every step event's step_s
-  std::map<long long, double> val_loss;
-  std::vector<generation> generations;
-  std::vector<recovery> recoveries;
-  std::optional<recovery> open_recovery;
-  std::vector<timed> faults, lost, committed, failed;
-  std::optional<json> goodput;
-  std::optional<json> done;  // job_done or job_failed: the last session's end
-  std::vector<std::string> phase_order;
-  json config;                           // the last session's (job_start), or config.json's
-  json first_layout, last_layout;        // plan documents: at the start and the last generation
-  std::optional<double> first_start_ms;  // the first session's job_start
-};
-
-std::optional<double> number_of(const json& e, const char* key) {
-  auto it = e.find(key);
-  if (it == e.end() || !it->is_number()) return std::nullopt;
-  const double v = it->get<double>();
-  // Beyond any step, time or loss a run reaches: left out rather than drawn or converted.
-  if (!std::isfinite(v) || std::abs(v) > 1e15) return std::nullopt;
-  return v;
-}
-
-// A whole number of `e` (a step, a world size): absent when missing or out of range.
-std::optional<long long> count_of(const json& e, const char* key) {
-  auto v = number_of(e, key);
+// Numbers and words of a plan document (strategies::plan_doc), which no event struct spells.
+std::optional<long long> count_of(const json& doc, const char* key) {
+  auto it = doc.find(key);
+  if (it == doc.end() || !it->is_number()) return std::nullopt;
+  auto v = report::drawable(it->get<double>());
   if (!v) return std::nullopt;
   return static_cast<long long>(*v);
 }
 
-std::string text_of(const json& e, const char* key) {
-  auto it = e.find(key);
-  if (it == e.end()) return "";
+std::string text_of(const json& doc, const char* key) {
+  auto it = doc.find(key);
+  if (it == doc.end()) return "";
   if (it->is_string()) return it->get<std::string>();
   if (it->is_number()) return it->dump();
   return "";
 }
 
-std::string step_words(const json& e) {
-  auto s = count_of(e, "step");
-  return s ? "step " + std::to_string(*s) : "";
-}
-
-// Deeper nesting than any event has is refused before it reaches the parser.
-bool shallow(const std::string& line) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : line) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > 64) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-void take_step(run_facts& f, const json& e, double t_ms) {
-  auto step = count_of(e, "step");
-  if (!step) return;
-  ++f.step_events;
-  if (!f.first_step_ms) f.first_step_ms = t_ms;
-  step_row row;
-  row.loss = number_of(e, "loss").value_or(NAN);
-  row.tokens_per_s = number_of(e, "tokens_per_s").value_or(NAN);
-  row.step_s = number_of(e, "step_s").value_or(NAN);
-  row.world = static_cast<int>(std::clamp<long long>(count_of(e, "world").value_or(0), 0, 1 << 20));
-  if (std::isfinite(row.step_s)) f.step_times.push_back(row.step_s);
-  if (auto total = count_of(e, "total_steps")) f.total_steps = *total;
-  auto phases = e.find("phases");
-  if (phases != e.end() && phases->is_object()) {
-    for (const auto& [name, value] : phases->items())
-      if (value.is_number() && std::isfinite(value.get<double>()))
-        row.phases.emplace_back(name, value.get<double>());
-  } else {  // runs made before the goodput accounting: per-rank means, times the world
-    const double world = std::max(1, row.world);
-    for (const auto& [key, name] : std::vector<std::pair<const char*, const char*>>{
-             {"compute_s", "compute (mean x world)"},
-             {"comm_s", "comm (mean x world)"},
-             {"control_s", "control (mean x world)"},
-             {"peer_wait_s", "peer wait (mean x world)"}})
-      if (auto v = number_of(e, key)) row.phases.emplace_back(name, *v * world);
-  }
-  for (const auto& [name, value] : row.phases)
-    if (std::find(f.phase_order.begin(), f.phase_order.end(), name) == f.phase_order.end())
-      f.phase_order.push_back(name);
-  f.steps[*step] = std::move(row);
-}
-
-void take(run_facts& f, const json& e) {
-  const std::string kind = e["event"].get<std::string>();
-  auto ms = number_of(e, "unix_ms");
-  if (ms) {
-    if (!f.first_ms || *ms < *f.first_ms) f.first_ms = *ms;
-    if (!f.last_ms || *ms > *f.last_ms) f.last_ms = *ms;
-  }
-  const double t_ms = ms.value_or(f.last_ms.value_or(0));
-  // Seconds from the first event; corrected to the job's start once everything is read.
-  const double at = t_ms / 1000.0;
-  if (kind == "job_start") {
-    ++f.jobs;
-    if (!f.first_start_ms && ms) f.first_start_ms = *ms;
-    if (auto it = e.find("config"); it != e.end() && it->is_object()) f.config = *it;
-    if (auto it = e.find("layout"); it != e.end() && it->is_object()) {
-      if (f.first_layout.is_null()) f.first_layout = *it;
-      f.last_layout = *it;
-    }
-    f.done.reset();  // a resumed run: the earlier session's end is not the run's
-  } else if (kind == "step") {
-    take_step(f, e, t_ms);
-  } else if (kind == "validation") {
-    auto step = count_of(e, "step");
-    auto v = number_of(e, "val_loss");
-    if (step && v) f.val_loss[*step] = *v;
-  } else if (kind == "generation") {
-    f.generations.push_back(
-        {at, count_of(e, "number").value_or(0), count_of(e, "world").value_or(0)});
-    if (auto it = e.find("plan"); it != e.end() && it->is_object()) {
-      if (f.first_layout.is_null()) f.first_layout = *it;
-      f.last_layout = *it;
-    }
-  } else if (kind == "state") {
-    const std::string from = text_of(e, "from"), to = text_of(e, "to");
-    if (to == "recovering" && !f.open_recovery)
-      f.open_recovery = recovery{at, at, text_of(e, "reason")};
-    if (from == "recovering" && to != "recovering" && f.open_recovery) {
-      f.open_recovery->end = at;
-      f.recoveries.push_back(*f.open_recovery);
-      f.open_recovery.reset();
-    }
-  } else if (kind == "fault") {
-    f.faults.push_back({at, "fault " + text_of(e, "spec") + " (" + step_words(e) + ")"});
-  } else if (kind == "diverged") {
-    f.faults.push_back({at, "diverged at " + step_words(e)});
-  } else if (kind == "rank_lost") {
-    f.lost.push_back({at, "rank " + text_of(e, "rank") + " lost at " + step_words(e) + ": " +
-                              text_of(e, "cause") + " " + text_of(e, "reason")});
-  } else if (kind == "checkpoint") {
-    f.committed.push_back({at, "checkpoint of " + step_words(e) + " committed"});
-  } else if (kind == "checkpoint_failed") {
-    f.failed.push_back({at, "checkpoint of " + step_words(e) + " failed: " + text_of(e, "error")});
-  } else if (kind == "checkpoint_abandoned") {
-    f.failed.push_back(
-        {at, "checkpoint of " + step_words(e) + " abandoned: " + text_of(e, "reason")});
-  } else if (kind == "goodput") {
-    f.goodput = e;
-  } else if (kind == "job_done" || kind == "job_failed") {
-    f.done = e;
-  }
-}
-
-run_facts read_events(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw usage_error("troupe report: cannot read " + path.string() +
-                      ": check its permissions (the run directory is readable, the file is not)");
-  run_facts f;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    ++f.lines;
-    json e = shallow(line) ? json::parse(line, nullptr, false) : json();
-    auto kind = e.is_object() ? e.find("event") : e.end();
-    if (!e.is_object() || kind == e.end() || !kind->is_string()) {
-      ++f.skipped;  // cut short by a crash, damaged, or not an event
-      continue;
-    }
-    ++f.events;
-    try {
-      take(f, e);
-    } catch (const json::exception&) {
-      ++f.skipped;
-    }
-  }
-  if (in.bad()) throw std::runtime_error("cannot read " + path.string());
-  // Times from the start of the run (its first event), in seconds.
-  const double origin = f.first_ms.value_or(0) / 1000.0;
-  for (auto& g : f.generations) g.at -= origin;
-  for (auto* list : {&f.faults, &f.lost, &f.committed, &f.failed})
-    for (auto& t : *list) t.at -= origin;
-  for (auto& r : f.recoveries) {
-    r.start -= origin;
-    r.end -= origin;
-  }
-  if (f.open_recovery) f.open_recovery->start -= origin;
-  return f;
-}
+using report::run_facts;
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return NAN;
@@ -453,7 +249,7 @@ std::string timeline_chart(const run_facts& f) {
                      "gen " + std::to_string(g.number) + ", world " + std::to_string(g.world),
                      i % 2 ? "#6baed6" : "#2171b5"});
   }
-  auto recovery_span = [&](const recovery& r, bool open) {
+  auto recovery_span = [&](const report::recovery& r, bool open) {
     spans.push_back({2, r.start, open ? end : r.end,
                      (open ? "recovering (not finished): "
                            : "recovery " + seconds_words(r.end - r.start) + ": ") +
@@ -573,7 +369,7 @@ std::string run_table(const run_facts& f, const json& config_file) {
   const auto start = f.first_start_ms ? f.first_start_ms : f.first_ms;
   rows.emplace_back("started", start ? utc_time(*start) : "\xE2\x80\x93");
   if (f.done) {
-    const auto end = number_of(*f.done, "unix_ms");
+    const auto end = f.done->unix_ms;
     rows.emplace_back("ended", end ? utc_time(*end) : "\xE2\x80\x93");
   } else {
     rows.emplace_back("ended", "not recorded (still running, or stopped without ending)");
@@ -581,7 +377,7 @@ std::string run_table(const run_facts& f, const json& config_file) {
   if (f.done) {
     // A stop that was asked for is not a failure: 75 (SIGTERM or SIGUSR1, "requeue me") and
     // 130 (Ctrl-C).
-    const auto code = count_of(*f.done, "exit_code").value_or(-1);
+    const int code = f.done->event.exit_code;
     const char* how = code == 0     ? "done"
                       : code == 75  ? "stopped on request (SIGTERM or SIGUSR1); --resume goes on"
                       : code == 130 ? "interrupted (Ctrl-C)"
@@ -603,8 +399,8 @@ std::string headline_table(const run_facts& f, const std::string& run_dir) {
   const double wall = (f.last_ms.value_or(0) - f.first_ms.value_or(0)) / 1000.0;
   rows.emplace_back("run directory", run_dir);
   if (f.done) {
-    rows.emplace_back("status", "finished, exit code " + text_of(*f.done, "exit_code") + ": " +
-                                    text_of(*f.done, "message"));
+    rows.emplace_back("status", "finished, exit code " + std::to_string(f.done->event.exit_code) +
+                                    ": " + f.done->event.message);
   } else {
     rows.emplace_back("status",
                       "no job_done event: still running, or stopped without ending (report of "
@@ -648,16 +444,15 @@ std::string headline_table(const run_facts& f, const std::string& run_dir) {
   rows.emplace_back("checkpoints", std::to_string(f.committed.size()) + " committed, " +
                                        std::to_string(f.failed.size()) + " failed or abandoned");
   if (f.goodput) {
-    auto g = number_of(*f.goodput, "goodput");
-    auto m = number_of(*f.goodput, "mfu");
+    auto g = report::drawable(f.goodput->goodput);
+    auto m = report::drawable(f.goodput->mfu);
     rows.emplace_back("goodput", g ? svg::number(*g * 100, 3) + " %" : "\xE2\x80\x93");
     rows.emplace_back("MFU", m ? svg::number(*m * 100, 3) + " %" : "\xE2\x80\x93");
     // Where every rank-second of the job went, as the accounting last counted it.
-    auto phases = f.goodput->find("phases");
-    if (phases != f.goodput->end() && phases->is_object()) {
+    if (const json& phases = f.goodput->phases; phases.is_object()) {
       double total = 0;
       std::vector<std::pair<std::string, double>> parts;
-      for (const auto& [name, value] : phases->items())
+      for (const auto& [name, value] : phases.items())
         if (value.is_number() && std::isfinite(value.get<double>())) {
           parts.emplace_back(name, value.get<double>());
           total += value.get<double>();
@@ -709,7 +504,8 @@ std::string html(const run_facts& f, const std::string& run_dir, const json& con
   s += timeline_chart(f);
   if (f.skipped > 0)
     s += "<p class=\"skipped\">" + std::to_string(f.skipped) +
-         " line(s) of events.jsonl were not JSON event objects and were skipped.</p>\n";
+         " line(s) of events.jsonl were not JSON event objects (or held a known event with a "
+         "field missing or of the wrong type) and were skipped.</p>\n";
   return s + "</body>\n</html>\n";
 }
 
@@ -728,7 +524,8 @@ ranks and checkpoints.
   RUN_DIR            the run directory (default runs/latest)
   -o, --output FILE  where to write it (default RUN_DIR/report.html)
 
-Lines of events.jsonl that are not JSON events are skipped and counted in the report.
+Lines of events.jsonl that are not JSON events, or hold a known event with a field missing or
+of the wrong type, are skipped and counted in the report.
 Exit codes: 0 written; 1 the file cannot be written; 2 no such run directory or no events.jsonl.
 )";
 }
@@ -758,13 +555,13 @@ int run_report(const std::vector<std::string>& args) {
                       run_dir + " writes it)");
   if (::access(events.c_str(), R_OK) != 0)
     throw usage_error("troupe report: cannot read " + events.string() + ": check its permissions");
-  const run_facts facts = read_events(events);
+  const run_facts facts = report::read_events(events);
   // The config as the job wrote it; the report does without it (events carry the same).
   json config_file;
   if (fs::file_size(dir / "config.json", ec) <= (1u << 20) && !ec) {
     std::ifstream in(dir / "config.json", std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (shallow(text)) config_file = json::parse(text, nullptr, false);
+    if (report::shallow(text)) config_file = json::parse(text, nullptr, false);
     if (!config_file.is_object()) config_file = json();
   }
   const std::string page = html(facts, run_dir, config_file);

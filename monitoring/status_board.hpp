@@ -50,8 +50,11 @@ class status_board {
                const std::string& layout);
   /// "leader" or "standby"; epoch 0 = no etcd (the field is left out).
   void set_role(const std::string& role, int64_t epoch);
-  /// One event, as events.jsonl holds it (or events::to_json gives it). Objects without an
-  /// "event" name are ignored; a field of the wrong type is ignored, never thrown.
+  /// One event, as events.jsonl holds it (or events::to_json gives it), read as its typed kind
+  /// (events::from_json). Ignored, never thrown: what is not an object with an "event" name,
+  /// and a kind this build knows whose fields do not read (one missing or of the wrong type),
+  /// as a torn line would be. A kind this build does not know (a newer troupe's) changes no
+  /// field but is listed among the last events as it came.
   void observe(const nlohmann::json& event);
   /// The ranks of `generation` as the coordinator's tick sees them (replaces the table).
   void set_ranks(uint64_t generation, std::vector<status_rank> ranks);
@@ -70,14 +73,19 @@ class status_board {
     uint64_t generation = 0;
     double work_s = 0, compute_s = 0;
   };
-  void apply(const std::string& kind, const nlohmann::json& e);
-  void remember(const nlohmann::json& e);
-  void so_far(const nlohmann::json& step);  // a step's goodput and MFU so far
+  // An event of the last-events list: as it came (trimmed), and whether it is a step.
+  struct kept_event {
+    nlohmann::json shown;
+    bool step = false;
+  };
+  // Folds one typed event into the document (status_board.cpp): one call per kind.
+  struct fold;
+  void remember(const nlohmann::json& e, bool step);
 
   mutable std::mutex mutex_;
   std::size_t max_events_;
-  nlohmann::json doc_;                 // every scalar field, updated in place
-  std::deque<nlohmann::json> events_;  // the last max_events_, trimmed
+  nlohmann::json doc_;             // every scalar field, updated in place
+  std::deque<kept_event> events_;  // the last max_events_
   nlohmann::json ranks_ = nlohmann::json::array();
   std::vector<rank_step> rank_steps_;  // by rank
   int64_t updated_ms_ = 0;

@@ -7,7 +7,9 @@ Debian's chromium then renders it headless: --dump-dom must show each chart's <s
 lines or areas and the table's rows, and the screenshot (decoded here with zlib) must hold many
 colours, the charts' among them, not a blank page. Also: a missing run directory and one without
 events.jsonl are exit 2 naming the problem; garbage lines appended to events.jsonl are skipped
-and counted, text from events is escaped, and a goodput event and step phases are shown; a job
+and counted (so are events of a known kind with a field missing or of the wrong type, while a
+kind this build does not know is read and ignored), text from events is escaped, and a goodput
+event and step phases are shown; a job
 still running gets a report of what it wrote so far, and 100 damaged copies of the events file
 (the events reader fuzz test's mutations) each get a report. Without chromium the browser part is
 reported Skipped (exit 77)."""
@@ -480,19 +482,34 @@ def test():
         os.mkdir(hostile)
         with open(os.path.join(run_dir, "events.jsonl"), "rb") as f:
             lines = f.read().splitlines()
-        fake_step = {"event": "step", "step": 31, "loss": 3.0, "tokens_per_s": 1000.0,
-                     "world": 1, "step_s": 0.01, "unix_ms": json.loads(lines[-1])["unix_ms"] + 1,
-                     "phases": {"compute": 0.006, "exposed_comm": 0.002, "bubble": 0.001,
-                                "redone": 0.001}}
-        fake_goodput = {"event": "goodput", "goodput": 0.875, "mfu": 0.0123, "wall_s": 1.0,
-                        "unix_ms": fake_step["unix_ms"] + 1}
-        fake_fault = {"event": "fault", "spec": "<script>alert(1)</script>", "step": 31,
-                      "unix_ms": fake_step["unix_ms"] + 2}
+
+        # The fakes are the run's own last event of their kind, changed: every field the report
+        # reads them through is there, as the job writes it.
+        def changed(kind, **fields):
+            last = next(e for e in reversed(events) if e.get("event") == kind)
+            return dict(last, **fields)
+
+        end_ms = json.loads(lines[-1])["unix_ms"]
+        fake_step = changed("step", step=31, loss=3.0, tokens_per_s=1000.0, world=1, step_s=0.01,
+                            unix_ms=end_ms + 1,
+                            phases={"compute": 0.006, "exposed_comm": 0.002, "bubble": 0.001,
+                                    "redone": 0.001})
+        fake_goodput = changed("goodput", goodput=0.875, mfu=0.0123, wall_s=1.0,
+                               unix_ms=end_ms + 2)
+        fake_fault = changed("fault", spec="<script>alert(1)</script>", step=31,
+                             unix_ms=end_ms + 3)
+        # A kind this build does not know: read, and nothing drawn of it.
+        newer = {"event": "from_a_newer_troupe", "step": 99, "unix_ms": end_ms + 4}
+        # Steps of a known kind that do not read: each is skipped whole (a step 32 would show).
+        mistyped = dict(fake_step, step=32, loss="low")
+        renamed = {k: v for k, v in dict(fake_step, step=32).items() if k != "tokens_per_s"}
+        renamed["tokens_per_sec"] = 1000.0
         garbage = [b"this is not json", b"[1, 2, 3]", b"{\"event\": 5}", b"{\"truncated\": ",
-                   b"[" * 100000, b"\xc3\x28\xff\xfe", b"{\"no_event\": true}"]
+                   b"[" * 100000, b"\xc3\x28\xff\xfe", b"{\"no_event\": true}",
+                   json.dumps(mistyped).encode(), json.dumps(renamed).encode()]
         with open(os.path.join(hostile, "events.jsonl"), "wb") as f:
             body = lines[:5] + garbage[:3] + lines[5:] + garbage[3:]
-            body += [json.dumps(x).encode() for x in (fake_step, fake_goodput, fake_fault)]
+            body += [json.dumps(x).encode() for x in (fake_step, fake_goodput, fake_fault, newer)]
             f.write(b"\n".join(body) + b"\n")
         out_path = os.path.join(tmp, "hostile-report.html")
         code, out = report([hostile, "-o", out_path])
@@ -506,6 +523,7 @@ def test():
         hostile_page = parse(text)
         check_rows(hostile_page.rows, "the hostile events", {
             "malformed lines skipped": lambda v: v == str(len(garbage)),
+            "events read": lambda v: v == str(len(lines) + 4),
             "goodput": lambda v: v == "87.5 %",
             "MFU": lambda v: v == "1.23 %",
             "steps": lambda v: v.startswith("31 of 30"),

@@ -1,6 +1,7 @@
 // The status board (monitoring/status_board.hpp): events folded into the document, the rank
 // table from the tick, the summary text, and GET /status on the metrics endpoint (bearer token,
-// bounded client).
+// bounded client). Events are built from their structs (monitoring/events), as the job writes
+// them: the board reads each as its typed kind, and one that lacks a field is not read.
 
 #include "monitoring/status_board.hpp"
 
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "monitoring/events/events.hpp"
 #include "monitoring/http_client.hpp"
 #include "monitoring/http_server.hpp"
 #include "monitoring/metrics.hpp"
@@ -26,35 +28,58 @@ namespace {
 
 using nlohmann::json;
 
-json step_event(int64_t step, double loss) {
-  return {{"event", "step"},      {"step", step},           {"loss", loss},   {"lr", 1e-3},
-          {"tokens", 256},        {"tokens_per_s", 1000.0}, {"world", 4},     {"generation", 2},
-          {"step_s", 0.25},       {"compute_s", 0.2},       {"comm_s", 0.03}, {"control_s", 0.01},
-          {"peer_wait_s", 0.001}, {"total_steps", 100}};
+// An event of kind T as a line of events.jsonl: the fields `set` gives, the others at their
+// defaults (every field is written, as the job writes it).
+template <class T, class F>
+json line_of(F&& set) {
+  T e;
+  set(e);
+  return events::to_json(e);
 }
+
+events::step step_of(int64_t step, double loss) {
+  events::step e;
+  e.step = step;
+  e.loss = loss;
+  e.lr = 1e-3;
+  e.tokens = 256;
+  e.tokens_per_s = 1000.0;
+  e.world = 4;
+  e.generation = 2;
+  e.step_s = 0.25;
+  e.compute_s = 0.2;
+  e.comm_s = 0.03;
+  e.control_s = 0.01;
+  e.peer_wait_s = 0.001;
+  e.total_steps = 100;
+  return e;
+}
+
+json step_event(int64_t step, double loss) { return events::to_json(step_of(step, loss)); }
 
 TEST(StatusBoard, FoldsTheEventsOfAJob) {
   status_board board;
   board.set_job("/runs/x", 100, 4, "dp4");
-  board.observe({{"event", "generation"},
-                 {"number", 2},
-                 {"world", 3},
-                 {"spares", 1},
-                 {"plan", {{"describe", "dp3"}}},
-                 {"reason", "rank 2 lost"},
-                 {"cause", "exit"},
-                 {"start_step", 10},
-                 {"recovery_s", 0.5}});
-  board.observe({{"event", "state"},
-                 {"from", "recovering"},
-                 {"to", "training"},
-                 {"value", 1},
-                 {"generation", 2},
-                 {"step", 10},
-                 {"reason", "generation 2 formed"}});
+  board.observe(events::to_json(events::generation{.number = 2,
+                                                   .world = 3,
+                                                   .spares = 1,
+                                                   .plan = {{"describe", "dp3"}},
+                                                   .reason = "rank 2 lost",
+                                                   .cause = "exit",
+                                                   .start_step = 10,
+                                                   .recovery_s = 0.5}));
+  board.observe(events::to_json(events::state{.from = "recovering",
+                                              .to = "training",
+                                              .value = 1,
+                                              .generation = 2,
+                                              .step = 10,
+                                              .reason = "generation 2 formed"}));
   board.observe(step_event(11, 2.5));
-  board.observe({{"event", "validation"}, {"step", 11}, {"val_loss", 2.75}});
-  board.observe({{"event", "checkpoint"}, {"step", 11}, {"path", "/runs/x/checkpoints/step-11"}});
+  board.observe(events::to_json(events::validation{.step = 11, .val_loss = 2.75}));
+  board.observe(line_of<events::checkpoint>([](auto& e) {
+    e.step = 11;
+    e.path = "/runs/x/checkpoints/step-11";
+  }));
   const json doc = board.snapshot();
   EXPECT_EQ(doc["format"], status_board::format_version);
   EXPECT_EQ(doc["source"], "live");
@@ -83,14 +108,15 @@ TEST(StatusBoard, FoldsTheEventsOfAJob) {
 TEST(StatusBoard, KeepsTheLastEventsWithOnlyTheNewestOfARunOfSteps) {
   status_board board(5);
   for (int i = 1; i <= 50; ++i) board.observe(step_event(i, 3.0));
-  board.observe({{"event", "fault"}, {"what", "kill"}});
+  board.observe(line_of<events::fault>([](auto& e) { e.what = "kill"; }));
   board.observe(step_event(51, 3.0));
   json doc = board.snapshot();
   ASSERT_EQ(doc["events"].size(), 3u);
   EXPECT_EQ(doc["events"][0]["step"], 50);
   EXPECT_EQ(doc["events"][1]["event"], "fault");
   EXPECT_EQ(doc["events"][2]["step"], 51);
-  for (int i = 0; i < 10; ++i) board.observe({{"event", "straggler"}, {"rank", i}});
+  for (int i = 0; i < 10; ++i)
+    board.observe(line_of<events::straggler>([i](auto& e) { e.rank = i; }));
   doc = board.snapshot();
   ASSERT_EQ(doc["events"].size(), 5u);  // bounded
   EXPECT_EQ(doc["events"][4]["rank"], 9);
@@ -99,18 +125,17 @@ TEST(StatusBoard, KeepsTheLastEventsWithOnlyTheNewestOfARunOfSteps) {
 
 TEST(StatusBoard, ShowsPhasesAndGoodputWhenTheJobRecordsThem) {
   status_board board;
-  json step = step_event(3, 2.0);
-  step["phases"] = {{"compute", 0.8}, {"exposed_comm", 0.15}, {"control", 0.05}};
-  board.observe(step);
-  board.observe({{"event", "goodput"},
-                 {"wall_s", 10.0},
-                 {"rank_seconds", 40.0},
-                 {"phases", {{"compute", 30.0}, {"forming", 10.0}}},
-                 {"goodput", 0.75},
-                 {"mfu", 0.1},
-                 {"peak_flops", 1e11},
-                 {"step", 3},
-                 {"generation", 1}});
+  events::step step = step_of(3, 2.0);
+  step.phases = json{{"compute", 0.8}, {"exposed_comm", 0.15}, {"control", 0.05}};
+  board.observe(events::to_json(step));
+  board.observe(events::to_json(events::goodput{.step = 3,
+                                                .generation = 1,
+                                                .wall_s = 10.0,
+                                                .rank_seconds = 40.0,
+                                                .phases = {{"compute", 30.0}, {"forming", 10.0}},
+                                                .goodput = 0.75,
+                                                .mfu = 0.1,
+                                                .peak_flops = 1e11}));
   const json doc = board.snapshot();
   EXPECT_DOUBLE_EQ(doc["step_phases"]["compute"].get<double>(), 0.8);
   EXPECT_DOUBLE_EQ(doc["goodput"]["goodput"].get<double>(), 0.75);
@@ -126,21 +151,20 @@ TEST(StatusBoard, ShowsPhasesAndGoodputWhenTheJobRecordsThem) {
 // record's goodput (0 through a healthy run). Each step brings it forward to its commit.
 TEST(StatusBoard, EachStepBringsTheGoodputAndMfuForward) {
   status_board board;
-  board.observe({{"event", "goodput"},
-                 {"wall_s", 2.0},
-                 {"rank_seconds", 8.0},
-                 {"phases", {{"compute", 0.0}, {"forming", 8.0}}},
-                 {"goodput", 0.0},
-                 {"mfu", 0.0},
-                 {"peak_flops", 1e11},
-                 {"step", 0},
-                 {"generation", 1}});
+  board.observe(events::to_json(events::goodput{.step = 0,
+                                                .generation = 1,
+                                                .wall_s = 2.0,
+                                                .rank_seconds = 8.0,
+                                                .phases = {{"compute", 0.0}, {"forming", 8.0}},
+                                                .goodput = 0.0,
+                                                .mfu = 0.0,
+                                                .peak_flops = 1e11}));
   for (int64_t s = 1; s <= 2; ++s) {
-    json step = step_event(s, 2.0);
-    step["phases"] = {{"compute", 3.0}, {"control", 1.0}};
-    step["goodput"] = 3.0 * static_cast<double>(s) / (8.0 + 4.0 * static_cast<double>(s));
-    step["mfu"] = 0.01 * static_cast<double>(s);
-    board.observe(step);
+    events::step step = step_of(s, 2.0);
+    step.phases = json{{"compute", 3.0}, {"control", 1.0}};
+    step.goodput = 3.0 * static_cast<double>(s) / (8.0 + 4.0 * static_cast<double>(s));
+    step.mfu = 0.01 * static_cast<double>(s);
+    board.observe(events::to_json(step));
   }
   const json doc = board.snapshot();
   EXPECT_DOUBLE_EQ(doc["goodput"]["goodput"].get<double>(), 0.375);
@@ -156,7 +180,7 @@ TEST(StatusBoard, EachStepBringsTheGoodputAndMfuForward) {
 
   // A log written before steps carried them leaves the last record as it was.
   status_board old;
-  old.observe({{"event", "goodput"}, {"goodput", 0.25}, {"step", 0}});
+  old.observe(line_of<events::goodput>([](auto& e) { e.goodput = 0.25; }));
   old.observe(step_event(1, 2.0));
   EXPECT_DOUBLE_EQ(old.snapshot()["goodput"]["goodput"].get<double>(), 0.25);
 }
@@ -190,23 +214,17 @@ TEST(StatusBoard, RankTableFromTheTickWithEachRanksLastStep) {
 TEST(StatusBoard, RankTableFromEventsAndTheJobsEnd) {
   status_board board;
   board.set_source("events.jsonl");
-  board.observe({{"event", "job_start"},
-                 {"world", 2},
-                 {"steps", 50},
-                 {"start_step", 0},
-                 {"layout", {{"describe", "dp2"}}},
-                 {"config", {{"run_dir", "/r"}}}});
+  board.observe(events::to_json(events::job_start{.world = 2,
+                                                  .steps = 50,
+                                                  .start_step = 0,
+                                                  .config = {{"run_dir", "/r"}},
+                                                  .layout = {{"describe", "dp2"}}}));
   for (int r = 0; r < 2; ++r)
-    board.observe({{"event", "rank_joined"},
-                   {"member", r},
-                   {"rank", r},
-                   {"pid", 10 + r},
-                   {"host", "h"},
-                   {"node", 0},
-                   {"generation", 1}});
-  board.observe({{"event", "rank_lost"}, {"member", 1}, {"rank", 1}});
+    board.observe(events::to_json(events::rank_joined{
+        .member = r, .rank = r, .pid = 10 + r, .host = "h", .node = 0, .generation = 1}));
+  board.observe(line_of<events::rank_lost>([](auto& e) { e.rank = e.member = 1; }));
   board.observe(
-      {{"event", "job_failed"}, {"exit_code", 1}, {"message", "too few ranks"}, {"step", 7}});
+      events::to_json(events::job_ended{.exit_code = 1, .message = "too few ranks", .step = 7}));
   const json doc = board.snapshot();
   EXPECT_EQ(doc["source"], "events.jsonl");
   EXPECT_EQ(doc["state"], "failed");
@@ -221,7 +239,10 @@ TEST(StatusBoard, RankTableFromEventsAndTheJobsEnd) {
   EXPECT_NE(text.find("from events.jsonl"), std::string::npos) << text;
 
   // A second session in the same file (a resume) starts afresh.
-  board.observe({{"event", "job_start"}, {"world", 3}, {"steps", 80}});
+  board.observe(line_of<events::job_start>([](auto& e) {
+    e.world = 3;
+    e.steps = 80;
+  }));
   const json again = board.snapshot();
   EXPECT_EQ(again["state"], "forming");
   EXPECT_FALSE(again.contains("ended"));
@@ -229,16 +250,48 @@ TEST(StatusBoard, RankTableFromEventsAndTheJobsEnd) {
   EXPECT_EQ(again["world"], 3);
 }
 
-TEST(StatusBoard, IgnoresWhatIsNotAnEventAndFieldsOfTheWrongType) {
+TEST(StatusBoard, IgnoresWhatIsNotAnEventAndKnownKindsThatDoNotRead) {
   status_board board;
   board.observe(json::array({1, 2}));
   board.observe({{"no_event", 1}});
-  board.observe({{"event", "step"}, {"step", "eleven"}, {"loss", nullptr}});
-  board.observe({{"event", "step"}, {"step", 4}, {"loss", std::nan("")}});
-  const json doc = board.snapshot();
+  board.observe({{"event", 5}});
+  board.observe(step_event(4, std::nan("")));  // live: NaN stays a number, and is not shown
+  json doc = board.snapshot();
   EXPECT_EQ(doc["step"], 4);
   EXPECT_FALSE(doc.contains("loss"));
-  EXPECT_EQ(doc["events"].size(), 1u);  // two steps in a row: the newest
+  EXPECT_EQ(doc["events"].size(), 1u);
+
+  // A step with a field of the wrong type, one without a field (a renamed one), and one as a
+  // file holds a NaN loss (null): none is read, so none moves the document or is listed.
+  json mistyped = step_event(5, 2.0);
+  mistyped["step"] = "five";
+  json renamed = step_event(6, 2.0);
+  renamed["steps"] = renamed["step"];
+  renamed.erase("step");
+  json null_loss = step_event(7, 2.0);
+  null_loss["loss"] = nullptr;
+  for (const json& e : {mistyped, renamed, null_loss}) board.observe(e);
+  doc = board.snapshot();
+  EXPECT_EQ(doc["step"], 4);
+  ASSERT_EQ(doc["events"].size(), 1u);
+  EXPECT_EQ(doc["events"][0]["step"], 4);
+}
+
+// A kind this build has no struct for (a newer troupe's log) changes no field of the document,
+// even one named like a field it knows, and is listed as it came.
+TEST(StatusBoard, AnUnknownKindIsListedAsItCame) {
+  status_board board;
+  board.observe(step_event(3, 2.0));
+  board.observe({{"event", "from_the_future"}, {"step", 99}, {"loss", 0.5}, {"note", "hi"}});
+  board.observe(step_event(4, 2.0));
+  const json doc = board.snapshot();
+  EXPECT_EQ(doc["step"], 4);
+  EXPECT_DOUBLE_EQ(doc["loss"].get<double>(), 2.0);
+  ASSERT_EQ(doc["events"].size(), 3u);  // the steps are not a run: the unknown kind parts them
+  EXPECT_EQ(doc["events"][1]["event"], "from_the_future");
+  EXPECT_EQ(doc["events"][1]["note"], "hi");
+  EXPECT_NE(event_line(doc["events"][1], 200).find("from_the_future    step=99"), std::string::npos)
+      << event_line(doc["events"][1], 200);
 }
 
 // The lines of a fitted summary.
@@ -279,14 +332,21 @@ TEST(StatusBoard, AnEventLineStartsWithTimeKindAndStep) {
 json busy_document(int ranks) {
   status_board board;
   board.set_job("/runs/busy", 1000, ranks, "dp" + std::to_string(ranks));
-  board.observe({{"event", "state"}, {"from", "forming"}, {"to", "training"}, {"generation", 1}});
+  board.observe(line_of<events::state>([](auto& e) {
+    e.from = "forming";
+    e.to = "training";
+    e.generation = 1;
+  }));
   std::vector<status_rank> rows;
   for (int r = 0; r < ranks; ++r)
     rows.push_back({r, r, 0, "a-host-with-a-rather-long-name", 100 + r, 0.1, 1.0});
   board.set_ranks(1, rows);
   for (int i = 0; i < 30; ++i) {
     board.observe(step_event(i + 1, 3.0));
-    board.observe({{"event", "checkpoint"}, {"step", i + 1}, {"path", "/runs/busy/ckpt"}});
+    board.observe(line_of<events::checkpoint>([i](auto& e) {
+      e.step = i + 1;
+      e.path = "/runs/busy/ckpt";
+    }));
   }
   return board.snapshot();
 }
