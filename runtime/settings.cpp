@@ -613,8 +613,9 @@ std::vector<setting_change> changed_settings(const train_config& before,
 }
 
 bool read_by_workers(const setting& s) {
-  // Each of these is read by the coordinator process alone (grep the worker's folders,
-  // actors/worker, actors/wire, strategies, runtime, checkpoint and chaos, before adding one).
+  // Each of these is read by the coordinator process alone. Before adding one, look for its
+  // uses from the worker's side through every helper of runtime/config.hpp too
+  // (session_last_step reads exit_after_step, so that one stays), and run first_hour_test.
   static const std::vector<std::string> coordinator_only = {"etcd.endpoints",
                                                             "etcd.cacert",
                                                             "etcd.cert",
@@ -627,7 +628,6 @@ bool read_by_workers(const setting& s) {
                                                             "resume",
                                                             "max_rollbacks",
                                                             "on_divergence",
-                                                            "exit_after_step",
                                                             "elastic.straggler_policy",
                                                             "elastic.replacement_wait_ms"};
   return std::find(coordinator_only.begin(), coordinator_only.end(), s.key) ==
