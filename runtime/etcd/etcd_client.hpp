@@ -173,8 +173,12 @@ using watch_callback = std::function<void(const std::vector<watch_event>&)>;
 /// for a compacted start revision (then the watch stops: re-read and watch again).
 using watch_error_callback = std::function<void(const etcd_error&)>;
 
-/// A client for one etcd cluster. Thread-safe: each call opens its own connection, so calls
-/// from several threads do not wait on each other.
+/// A client for one etcd cluster. Thread-safe: a call takes an idle kept-alive connection to
+/// its endpoint (or opens one) for itself, so calls from several threads do not wait on each
+/// other; up to 4 idle connections per endpoint are kept for the next calls. A kept-alive
+/// connection that the server has closed is replaced without the caller seeing it (the rule
+/// for sending a request again is in etcd_transport.cpp). Each watch has a connection of its
+/// own.
 class etcd_client {
  public:
   explicit etcd_client(client_options options);

@@ -1,5 +1,7 @@
 // etcd_client against real etcd servers: key-value calls, leases, watches across a restart,
-// failover inside a 3-member cluster, deadlines on a paused server, and TLS.
+// failover inside a 3-member cluster, deadlines on a paused server, and TLS. And its kept-alive
+// connections: counted through a relay in front of a real etcd, and against fake_etcd for
+// the server closing them at the worst moments.
 
 #include "runtime/etcd/etcd_client.hpp"
 
@@ -9,8 +11,11 @@
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "tests/runtime/etcd/etcd_cluster.hpp"
+#include "tests/runtime/etcd/fake_etcd.hpp"
+#include "tests/runtime/etcd/tcp_proxy.hpp"
 #include "tests/runtime/sys/eventually.hpp"
 
 namespace troupe::etcd {
@@ -19,7 +24,10 @@ namespace {
 using namespace std::chrono_literals;
 using sys::testing::eventually;
 using testing::etcd_cluster;
+using testing::failure;
+using testing::fake_etcd;
 using testing::options_for;
+using testing::tcp_proxy;
 using testing::wait_ready;
 
 #define REQUIRE_ETCD()       \
@@ -387,6 +395,160 @@ TEST(EtcdClient, TlsWithClientCertificates) {
   auto missing = options;
   missing.ca_file = (certs.path() / "absent.crt").string();
   expect_error(error_kind::tls, [&] { etcd_client broken(missing); });
+}
+
+// ---- kept-alive connections ----
+
+/// Every kind of unary call, `rounds` times over; returns how many requests that was.
+std::size_t every_unary_call(etcd_client& client, int rounds) {
+  const std::int64_t lease = client.lease_grant(10s);
+  for (int i = 0; i < rounds; ++i) {
+    const std::string key = "/ka/" + std::to_string(i);
+    client.put(key, "v", lease);
+    EXPECT_TRUE(client.get(key).has_value());
+    EXPECT_EQ(client.get_prefix("/ka/").kvs.size(), 1u);
+    txn_request t;
+    t.compares.push_back(compare::created(key, compare::op::greater, 0));
+    t.then.push_back(txn_op::get(key));
+    EXPECT_TRUE(client.txn(t).succeeded);
+    EXPECT_GT(client.lease_keepalive_once(lease), 0);
+    EXPECT_GT(client.lease_time_to_live(lease), 0);
+    EXPECT_EQ(client.del(key), 1);
+  }
+  client.lease_revoke(lease);
+  return 2 + 7 * static_cast<std::size_t>(rounds);
+}
+
+TEST(EtcdKeepAlive, OneConnectionCarriesEveryUnaryCall) {
+  fake_etcd fake;
+  etcd_client client(options_for({fake.url()}));
+  const std::size_t calls = every_unary_call(client, 5);
+  EXPECT_EQ(fake.requests(), calls);
+  EXPECT_EQ(fake.connections_accepted(), 1u);
+}
+
+TEST(EtcdKeepAlive, ReplacesAConnectionTheServerClosedWhileIdle) {
+  fake_etcd fake;
+  etcd_client client(options_for({fake.url()}));
+  client.put("/ka/k", "1");
+  fake.close_idle_connections();
+  ASSERT_EQ(fake.open_connections(), 0u);
+  // A write too: the closed connection is seen before anything is sent on it.
+  txn_request create;
+  create.compares.push_back(compare::created("/ka/new", compare::op::equal, 0));
+  create.then.push_back(txn_op::put("/ka/new", "once"));
+  EXPECT_TRUE(client.txn(create).succeeded);
+  EXPECT_EQ(fake.requests("/v3/kv/txn"), 1u);
+  EXPECT_EQ(fake.connections_accepted(), 2u);
+}
+
+TEST(EtcdKeepAlive, ResendsAReadButNeverAWriteTheServerMayHaveApplied) {
+  fake_etcd fake;
+  etcd_client client(options_for({fake.url()}));
+  client.put("/ka/k", "v");
+
+  // The kept-alive connection closes after the request went out and before any answer: a
+  // read is sent again on a new connection, once.
+  fake.fail_next(1, failure::closed(), "/v3/kv/range");
+  EXPECT_EQ(client.get("/ka/k")->value, "v");
+  EXPECT_EQ(fake.requests("/v3/kv/range"), 2u);
+  fake.fail_next(1, failure::closed(), "/v3/lease/keepalive");
+  EXPECT_EQ(client.lease_keepalive_once(client.lease_grant(5s)), 5);
+  fake.fail_next(2, failure::closed(), "/v3/kv/range");
+  expect_error(error_kind::unreachable, [&] { client.get("/ka/k"); });
+  EXPECT_EQ(fake.requests("/v3/kv/range"), 4u);  // the new connection's failure is final
+
+  // A write in the same place may have been applied (here it was): it fails instead of
+  // running twice, and the caller reads what is there.
+  client.put("/ka/warm", "a connection to reuse");
+  fake.fail_next(1, failure::applied_then_closed(), "/v3/kv/txn");
+  txn_request create;
+  create.compares.push_back(compare::created("/ka/new", compare::op::equal, 0));
+  create.then.push_back(txn_op::put("/ka/new", "once"));
+  expect_error(error_kind::unreachable, [&] { client.txn(create); });
+  EXPECT_EQ(fake.requests("/v3/kv/txn"), 1u);
+  EXPECT_EQ(client.get("/ka/new")->version, 1);
+}
+
+TEST(EtcdKeepAlive, AHungKeptAliveConnectionKeepsTheCallsDeadline) {
+  fake_etcd fake;
+  etcd_client client(options_for({fake.url()}, 2000ms));
+  client.put("/ka/k", "v");
+  fake.fail_next(1, failure::hung());
+  const auto start = std::chrono::steady_clock::now();
+  expect_error(error_kind::timeout, [&] {
+    client.get("/ka/k", call_options{std::chrono::steady_clock::now() + 150ms});
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 400ms);
+  EXPECT_EQ(fake.requests("/v3/kv/range"), 1u);  // after a timeout, never sent again
+  EXPECT_EQ(client.get("/ka/k")->value, "v");
+  EXPECT_EQ(fake.connections_accepted(), 2u);
+}
+
+TEST(EtcdKeepAlive, ConcurrentCallsShareASmallPool) {
+  fake_etcd fake;
+  etcd_client client(options_for({fake.url()}));
+  constexpr int kThreads = 4;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        const std::string key = "/ka/" + std::to_string(t);
+        try {
+          client.put(key, std::to_string(i));
+          if (client.get(key)->value != std::to_string(i)) ++failures;
+        } catch (const etcd_error&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  // No more connections than calls under way at once, and they stay for later calls.
+  const std::size_t opened = fake.connections_accepted();
+  EXPECT_LE(opened, static_cast<std::size_t>(kThreads));
+  for (int i = 0; i < 10; ++i) client.get("/ka/0");
+  EXPECT_EQ(fake.connections_accepted(), opened);
+}
+
+/// A real etcd, plain or TLS, seen through a relay that counts connections: one carries every
+/// call, and when it is cut the next call gets through on a new one.
+void one_connection_to_real_etcd(const testing::tls_files* tls) {
+  etcd_cluster cluster(1, tls);
+  tcp_proxy proxy(cluster.urls()[0]);
+  auto options = options_for({proxy.url(tls ? "https" : "http")});
+  if (tls) {
+    options.ca_file = tls->ca;
+    options.cert_file = tls->client_cert;
+    options.key_file = tls->client_key;
+  }
+  etcd_client client(options);
+  ASSERT_TRUE(wait_ready(client)) << cluster.logs();
+  const std::size_t ready = proxy.connections_accepted();
+  every_unary_call(client, 3);
+  EXPECT_EQ(proxy.connections_accepted(), ready);
+  proxy.cut_all();
+  txn_request create;
+  create.compares.push_back(compare::created("/ka/after", compare::op::equal, 0));
+  create.then.push_back(txn_op::put("/ka/after", "cut"));
+  EXPECT_TRUE(client.txn(create).succeeded);
+  EXPECT_EQ(client.get("/ka/after")->version, 1);
+  EXPECT_EQ(proxy.connections_accepted(), ready + 1);
+}
+
+TEST(EtcdKeepAlive, RealEtcdKeepsOneConnection) {
+  REQUIRE_ETCD();
+  one_connection_to_real_etcd(nullptr);
+}
+
+TEST(EtcdKeepAlive, RealEtcdKeepsOneTlsConnection) {
+  REQUIRE_ETCD();
+  testing::temp_dir certs;
+  const auto tls = testing::make_tls_files(certs.path());
+  one_connection_to_real_etcd(&tls);
 }
 
 TEST(EtcdCodec, Base64AndPrefixRanges) {
