@@ -161,10 +161,19 @@ void leader_election::run() {
 void leader_election::campaign() {
   try {
     const call_options call;
-    const auto current = client_.get(key_, call);
+    // Read with the store's revision: a watch starts just past it. Past the key's own
+    // mod_revision would be wrong once a compaction passed that revision (the leader key is
+    // written once per leadership, so on an etcd with auto-compaction it soon is): every
+    // watch would fail as compacted at once, and the campaign would spin reading the key.
+    txn_request look;
+    look.then.push_back(txn_op::get(key_));
+    const txn_result seen = client_.txn(look, call);
+    const key_value* current = seen.results.empty() || seen.results.front().kvs.empty()
+                                   ? nullptr
+                                   : &seen.results.front().kvs.front();
     std::int64_t watch_revision = 0;
     if (current) {
-      watch_revision = current->mod_revision + 1;
+      watch_revision = seen.revision + 1;
     } else {
       // The lease counts from before the grant was sent: etcd cannot have started it earlier.
       const auto granted_at = clock_type::now();
@@ -194,7 +203,7 @@ void leader_election::campaign() {
       } catch (const etcd_error&) {
         // Unused, it runs out by itself.
       }
-      watch_revision = holder != nullptr ? holder->mod_revision + 1 : result.revision + 1;
+      watch_revision = result.revision + 1;
     }
     watch_from(watch_revision);
     wait_until(clock_type::now() + recheck_);

@@ -341,6 +341,27 @@ TEST(FakeEtcd, ServesTheStoreAnotherIncarnationLeft) {
   EXPECT_GT(candidate.epoch(), 57);
 }
 
+// A standby waits on a leader key written long ago: once a compaction passed that key's
+// revision, a watch from it would fail as compacted at once, and a campaign that watched from
+// there would read and watch again without pause (about 1,800 times a second, measured).
+TEST(FakeEtcd, AStandbyDoesNotSpinOnALeaderKeyOlderThanTheCompaction) {
+  fake_etcd fake(manual_leases());
+  etcd_client client(options_for(fake, 300ms));
+  candidate_log log_a, log_b;
+  leader_election a(client, log_a.options("a", 5s));
+  a.start();
+  ASSERT_TRUE(eventually([&] { return a.is_leader(); }));
+  for (int i = 0; i < 5; ++i) fake.put("/troupe/other/key" + std::to_string(i), "x");
+  fake.compact(fake.revision());
+  leader_election b(client, log_b.options("b", 5s));
+  const auto before = fake.requests();
+  b.start();
+  std::this_thread::sleep_for(500ms);
+  // a's keepalives (every ttl / 4) and b's first read and watch; a spinning b makes hundreds.
+  EXPECT_LT(fake.requests() - before, 30u);
+  EXPECT_FALSE(b.is_leader());
+}
+
 TEST(FakeEtcdStore, SeedRefusesKeysOfUnknownLeases) {
   testing::fake_store store;
   key_value kv;
