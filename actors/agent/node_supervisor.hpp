@@ -11,20 +11,8 @@
 
 namespace troupe::actors {
 
-struct agent_args {
-  std::string coordinator_host = "127.0.0.1";
-  uint16_t coordinator_port = 0;
-  /// Every coordinator of the job (the first is coordinator_host:port). More than one: one
-  /// leads and the others stand by; when the leader is lost (its connection closes, or it is
-  /// silent for the heartbeat timeout) this process asks them in turn until the new leader
-  /// takes it on (coordinator takeover), for up to the coordinator timeout, then fences.
-  std::vector<endpoint> coordinators;
-  int connect_timeout_ms = 30000;
+struct agent_args : coordinator_contact {
   int ranks = 0;  ///< workers this agent offers (--ranks K); 0 = its share of the job
-  /// The address this node's workers bind and advertise (--iface / --advertise or the
-  /// environment, checked: actors/wire/node_address.hpp); "" = each worker's route toward the
-  /// coordinator.
-  std::string advertise;
   /// Under a scheduler (Slurm): SIGTERM and SIGUSR1 ask the coordinator to checkpoint and stop
   /// the job (preempt_atom) instead of stopping this node's workers.
   bool preempt_on_signals = false;

@@ -53,6 +53,22 @@ struct endpoint {
   std::string host;
   uint16_t port = 0;
 };
+/// Where a member process (an agent, a worker) finds its job's coordinators and what it
+/// advertises, as its command line gave it: the same for both.
+struct coordinator_contact {
+  std::string coordinator_host = "127.0.0.1";
+  uint16_t coordinator_port = 0;
+  /// Every coordinator of the job (the first is coordinator_host:port). More than one: one
+  /// leads and the others stand by; when the leader is lost the process asks them in turn
+  /// (actors/wire/leader_search.hpp) until the new leader takes it on.
+  std::vector<endpoint> coordinators;
+  int connect_timeout_ms = 30000;
+  /// The address this process's listeners bind and advertise (--iface / --advertise or the
+  /// environment, checked: actors/wire/node_address.hpp); "" = the route toward the
+  /// coordinator.
+  std::string advertise;
+};
+
 /// Parses "HOST:PORT[,HOST:PORT...]" (the job's coordinators: one leads, the others stand by)
 /// into `out`; false, with `out` unchanged, when any part is not HOST:PORT.
 bool parse_endpoints(const std::string& text, std::vector<endpoint>& out);

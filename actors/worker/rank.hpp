@@ -12,22 +12,12 @@
 
 namespace troupe::actors {
 
-struct worker_args {
-  std::string coordinator_host = "127.0.0.1";
-  uint16_t coordinator_port = 0;
-  /// Every coordinator of the job (the first is coordinator_host:port). More than one: one
-  /// leads and the others stand by; when the leader is lost this process asks them in turn
-  /// until the new leader takes it on (coordinator takeover).
-  std::vector<endpoint> coordinators;
+struct worker_args : coordinator_contact {
   int member = -1;  ///< the process's identity in the job (its agent's slot)
   int node = 0;     ///< the agent (node) that started it
-  int connect_timeout_ms = 30000;
   /// Start and connect, then read the member id as one line from stdin (an agent's standby
   /// for a worker that dies: the start-up is done before it is needed). End of input: exit 0.
   bool standby = false;
-  /// The address every listener of this worker binds and advertises (checked, from its agent
-  /// or --iface / --advertise); "" = the address of the route toward the coordinator's store.
-  std::string advertise;
 };
 
 /// Runs the worker until the job stops it; returns the process exit code
