@@ -187,13 +187,6 @@ void search_failed(self_ptr self, const std::string& why) {
 
 namespace {
 
-std::vector<std::string> endpoint_names(const std::vector<endpoint>& coordinators) {
-  std::vector<std::string> out;
-  out.reserve(coordinators.size());
-  for (const auto& e : coordinators) out.push_back(endpoint_text(e));
-  return out;
-}
-
 wire::verdict verdict_of(leader_answer a) {
   switch (a) {
     case leader_answer::accepted:

@@ -121,6 +121,13 @@ bool parse_endpoints(const std::string& text, std::vector<endpoint>& out) {
   return true;
 }
 
+std::vector<std::string> endpoint_names(const std::vector<endpoint>& list) {
+  std::vector<std::string> out;
+  out.reserve(list.size());
+  for (const auto& e : list) out.push_back(e.host + ":" + std::to_string(e.port));
+  return out;
+}
+
 std::string endpoints_text(const std::vector<endpoint>& list) {
   std::string text;
   for (const auto& e : list)

@@ -74,5 +74,7 @@ struct coordinator_contact {
 bool parse_endpoints(const std::string& text, std::vector<endpoint>& out);
 /// "HOST:PORT,HOST:PORT": the form parse_endpoints reads.
 std::string endpoints_text(const std::vector<endpoint>& list);
+/// "host:port" of each, in order (the names a leader search knows the coordinators by).
+std::vector<std::string> endpoint_names(const std::vector<endpoint>& list);
 
 }  // namespace troupe::actors

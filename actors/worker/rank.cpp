@@ -683,8 +683,7 @@ int run_worker(const worker_args& args) {
   size_t first = 0;
   if (args.coordinators.size() > 1) {
     // Any coordinator that answers will do here: the hello (rank_actor) finds the leader.
-    std::vector<std::string> names;
-    for (const auto& e : args.coordinators) names.push_back(worker_detail::endpoint_name(e));
+    auto names = endpoint_names(args.coordinators);
     wire::search_start at;
     at.deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(args.connect_timeout_ms);

@@ -41,13 +41,6 @@ std::string store_host_of(const welcome& answer, const endpoint& coordinator) {
 
 namespace {
 
-std::vector<std::string> endpoint_names(const std::vector<endpoint>& endpoints) {
-  std::vector<std::string> out;
-  out.reserve(endpoints.size());
-  for (const auto& e : endpoints) out.push_back(endpoint_name(e));
-  return out;
-}
-
 wire::verdict verdict_of(welcome_verdict v) {
   switch (v) {
     case welcome_verdict::leader:
