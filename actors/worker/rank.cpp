@@ -215,7 +215,8 @@ loop_result await_decision(worker& w) {
 
 // A pipeline stage's passes of this session, as a Chrome trace: runs/<job>/traces/rank<r>.json.
 void write_pipeline_trace(worker& w) {
-  const std::string trace = w.current.engine->pipeline_trace();
+  if (!w.current.gpt) return;
+  const std::string trace = w.current.gpt->pipeline_trace();
   if (trace.empty()) return;
   std::error_code ec;
   const std::filesystem::path dir = std::filesystem::path(w.cfg.run_dir) / "traces";
@@ -256,7 +257,7 @@ step_done failed_vote(worker& w, int64_t step, const std::string& op, const std:
 // Runs one generation's steps until the session's last step, or until it ends otherwise.
 loop_result train(worker& w, int64_t start_step) {
   auto& g = w.current;
-  auto& engine = *g.engine;
+  auto& work = *g.work;
   const comm::op_options step_opts{std::chrono::milliseconds(w.cfg.step_timeout_ms)};
   auto fail_step = [&](int64_t step, const std::string& op, const std::exception& e) {
     monitoring::log(monitoring::level::warn, w.log_ctx(),
@@ -272,12 +273,17 @@ loop_result train(worker& w, int64_t start_step) {
     w.shared->step().store(step);
     auto t0 = clock_type::now();
     const double cpu0 = thread_cpu_seconds();
-    grad_result gr;
+    step_outcome done;
     const int64_t position = data_position(step, w.skipped_steps);
     const chaos::step_injection injected = w.faults.on_step_begin(g.rank, step, position);
     try {
       if (g.stage) g.stage->begin_step(step);
-      gr = engine.compute(*w.data, position);
+      step_work work_of_step;
+      work_of_step.step = step;
+      work_of_step.data_position = position;
+      work_of_step.global_batch = w.cfg.batch;
+      work_of_step.seed = w.cfg.seed;
+      done = work.compute(work_of_step);
       // An injected straggler: this rank's compute takes `factor` times as long, burning CPU
       // as slow hardware would.
       if (injected.slowdown > 1.0) {
@@ -290,8 +296,8 @@ loop_result train(worker& w, int64_t start_step) {
     }
     auto t1 = clock_type::now();
     const double cpu1 = thread_cpu_seconds();
-    const double model_comm_s = engine.take_model_comm_seconds();
-    if (auto load = engine.take_expert_load();
+    const double model_comm_s = done.model_comm_s;
+    if (auto load = g.gpt ? g.gpt->take_expert_load() : strategies::expert_load{};
         !load.tokens.empty()) {  // MoE: one rank per ep group
       expert_load_report report;
       report.generation = g.generation;
@@ -305,7 +311,7 @@ loop_result train(worker& w, int64_t start_step) {
       tell_coordinator(w, report);
     }
     try {
-      engine.reduce(step_opts);
+      work.reduce({step_opts});
     } catch (const std::exception& e) {
       return fail_step(step, "reduce", e);
     }
@@ -314,11 +320,10 @@ loop_result train(worker& w, int64_t start_step) {
     vote.generation = g.generation;
     vote.step = step;
     vote.rank = g.rank;
-    if (engine.reports_loss()) {
-      vote.loss_sum = gr.loss_sum;
-      vote.tokens = gr.tokens;
-    }
-    vote.grad_norm = engine.local_grad_norm();
+    // A rank whose loss another reports (a tp peer, an early pipeline stage) counts none.
+    vote.loss_sum = done.loss_sum;
+    vote.tokens = done.count;
+    vote.grad_norm = work.local_grad_norm();
     if (injected.diverge) {
       // An injected bad batch: the coordinator must refuse to commit this step.
       monitoring::log(monitoring::level::warn, w.log_ctx(),
@@ -328,7 +333,7 @@ loop_result train(worker& w, int64_t start_step) {
     }
     vote.loss_class = wire_encode(vote.loss_sum);
     vote.grad_norm_class = wire_encode(vote.grad_norm);
-    vote.lr = engine.learning_rate(step - 1);
+    vote.lr = work.learning_rate(step);
     vote.compute_s = seconds_between(t0, t1) - model_comm_s;
     vote.compute_cpu_s = cpu1 - cpu0;
     vote.comm_s = seconds_between(t1, t2) + model_comm_s;
@@ -337,7 +342,7 @@ loop_result train(worker& w, int64_t start_step) {
     vote.optim_s = prev_optim;
     vote.ckpt_stall_s = prev_ckpt_stall;
     if (step == start_step + 1) {
-      vote.optim_state_bytes = static_cast<int64_t>(engine.optimizer_state_bytes());
+      vote.optim_state_bytes = static_cast<int64_t>(work.optimizer_state_bytes());
       vote.peak_rss_bytes = peak_rss_bytes();
     }
     tell_coordinator(w, vote);
@@ -350,7 +355,7 @@ loop_result train(worker& w, int64_t start_step) {
       // ZeRO's all-gather and tensor parallelism's norm are collectives too; a failure in the
       // middle leaves parameters half updated, so the state is no longer usable.
       g.state_step = -1;
-      engine.apply(step - 1, step_opts);
+      work.apply({step, w.cfg.steps, step_opts});
       g.state_step = step;
     } catch (const std::exception& e) {
       return fail_step(step, "apply", e);
@@ -369,10 +374,10 @@ loop_result train(worker& w, int64_t start_step) {
     }
     if (c.evaluate) {
       try {
-        auto share = engine.evaluate(*w.data);
-        eval_done done{g.generation, step, g.rank, share.loss_sum, share.batches};
-        done.loss_class = wire_encode(done.loss_sum);
-        tell_coordinator(w, done);
+        const eval_result share = work.evaluate({});
+        eval_done evaluated{g.generation, step, g.rank, share.loss_sum, share.batches};
+        evaluated.loss_class = wire_encode(evaluated.loss_sum);
+        tell_coordinator(w, evaluated);
       } catch (const std::exception& e) {
         return fail_step(step + 1, "evaluate", e);
       }
@@ -407,7 +412,7 @@ loop_result await_stop(worker& w) {
         [&](const commit& c) {
           if (ignore_older(w, c.epoch)) return;
           // A generation formed after the last step writes the final checkpoint.
-          if (c.generation == w.current.generation && c.checkpoint && w.current.engine)
+          if (c.generation == w.current.generation && c.checkpoint && w.current.work)
             take_checkpoint(w, c.step);
         },
         caf::after(left) >> [] {});
@@ -434,7 +439,7 @@ int serve(worker& w) {
   std::optional<reconfigure> pending;
   for (;;) {
     std::optional<loop_result> end;
-    if (!pending && w.unwritten_heap > 0 && !w.current.engine) {
+    if (!pending && w.unwritten_heap > 0 && !w.current.work) {
       // A joined member that idles (as a spare, or until a grow admits it) writes the heap
       // its first engine will use, so that taking a lost rank's place costs no page faults;
       // any message interrupts it within 2 MiB.
@@ -633,6 +638,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.store = comm::connect_tcp_store(store_host, store_port,
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
     w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+    w.job = std::make_unique<strategies::gpt_workload>(w.cfg, *w.data);
     // Every listener of this worker (gloo's pairs, its stage link, its checkpoint replica)
     // binds and advertises this: the node's address toward the coordinator, or the one its
     // agent was told (--iface, --advertise).

@@ -72,23 +72,25 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
 // costs ~0.3 GB/s to touch here, which the first checkpoint would otherwise take from
 // training (with the writer's first buffers, tens of milliseconds).
 void prepare_checkpoints(worker& w) {
-  if (w.cfg.checkpoint_every <= 0 || !w.current.engine) return;
-  strategies::local_state state = w.current.engine->state();
+  if (w.cfg.checkpoint_every <= 0 || !w.current.work) return;
+  const state_view view = w.current.work->state();
+  strategies::local_state state = strategies::local_state_of(view);
   std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
-  checkpointer_of(w).prepare(w.current.engine->state_map(), buffers);
+  checkpointer_of(w).prepare(strategies::state_map_of(view), buffers);
 }
 
 void take_checkpoint(worker& w, int64_t step) {
   if (w.shared->fenced()) return;  // cut off from the coordinator: this process writes nothing
   const bool synchronous = !w.cfg.checkpoint_async;
   ckpt::async_checkpointer& checkpointer = checkpointer_of(w);
-  strategies::local_state state = w.current.engine->state();
+  const state_view view = w.current.work->state();
+  strategies::local_state state = strategies::local_state_of(view);
   std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
   const ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step,
                                  *state.adam_t};
   try {
     const ckpt::snapshot_outcome taken =
-        checkpointer.take(w.current.engine->state_map(), buffers, meta);
+        checkpointer.take(strategies::state_map_of(view), buffers, meta);
     if (!taken.taken) {
       shard_written skipped;
       skipped.generation = meta.generation;

@@ -17,7 +17,7 @@ namespace troupe::actors::worker_detail {
 namespace {
 
 bool holds_state_at(const worker& w, int64_t step) {
-  return w.current.engine && w.current.state_step == step;
+  return w.current.work && w.current.state_step == step;
 }
 
 }  // namespace
@@ -66,8 +66,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       // TROUPE_CHAOS_RANK<r>.
       comm::communicator* shrink_source = nullptr;
       if (!r.shrink_kept.empty()) {
-        if (w.current.generation == r.shrink_from && w.current.engine)
-          shrink_source = w.current.engine->replica_group();
+        if (w.current.generation == r.shrink_from && w.current.work)
+          shrink_source = w.current.work->replica_group();
         if (!shrink_source)
           throw std::runtime_error("asked to shrink generation " + std::to_string(r.shrink_from) +
                                    "'s group, which this process does not hold (it is in " +
@@ -88,10 +88,17 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
         }
         return chaos::inject_from_environment(comm::make_host_communicator(store, id, gopts), rank);
       };
-      strategies::micro_batching batching{next.plan.micro_batch_size,
-                                          next.plan.replica_micro_batches};
-      next.engine = std::make_unique<strategies::training_engine>(w.cfg, next.plan.shape, r.rank,
-                                                                  r.generation, connect, batching);
+      generation_env env;
+      env.generation = r.generation;
+      env.rank = r.rank;
+      env.world = r.world;
+      env.global_batch = w.cfg.batch;
+      env.plan_json = r.plan_json;
+      env.connect = connect;
+      env.op_timeout = op_timeout;
+      next.work = w.job->make_generation(env);
+      if (auto* gpt = dynamic_cast<strategies::gpt_generation*>(next.work.get()))
+        next.gpt = &gpt->engine();
       if (next.plan.shape.pp > 1) {
         const auto view = strategies::view_of(next.plan.shape, r.rank);
         const int s = view.at.pp, p = next.plan.shape.pp;
@@ -106,11 +113,11 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
         next.stage =
             std::make_unique<stage_link>(w.self->system(), store, r.generation, view.pp.name, s, p,
                                          next_slots, op_timeout, w.advertise);
-        next.engine->set_pipeline_observer(next.stage.get());
+        if (next.gpt) next.gpt->set_pipeline_observer(next.stage.get());
       }
-      w.shared->attach(next.engine.get(), next.stage.get(), r.generation);
+      w.shared->attach(next.work.get(), next.stage.get(), r.generation);
       const comm::op_options opts{op_timeout};
-      const shared_group replicas{next.engine->replica_group(),
+      const shared_group replicas{next.work->replica_group(),
                                   strategies::view_of(next.plan.shape, r.rank).dp.ranks};
       if (w.cfg.replicate_checkpoints) {
         if (!w.replica)
@@ -121,39 +128,44 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       }
       switch (r.source) {
         case state_source::init:
-          next.engine->init(w.cfg.seed);
+          next.work->init(w.cfg.seed);
           break;
         case state_source::checkpoint: {
           auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
           if (man.format_version >= 2) {
             // Only the chunks of the boxes this rank holds in its new place, verified.
-            strategies::local_state state = next.engine->state();
+            const state_view view = next.work->state();
+            strategies::local_state state = strategies::local_state_of(view);
             // With replicated checkpoints, the live ranks' memory first, then the disk.
-            const ckpt::restore_stats stats =
-                ckpt::restore_into(w.cfg.run_dir, man, next.engine->state_map(), state.buffers,
-                                   w.replica ? w.replica->memory() : ckpt::memory_source{});
+            const ckpt::restore_stats stats = ckpt::restore_into(
+                w.cfg.run_dir, man, strategies::state_map_of(view), state.buffers,
+                w.replica ? w.replica->memory() : ckpt::memory_source{});
             out.bytes = stats.bytes_read;
             out.memory_bytes = stats.bytes_from_memory;
             *state.adam_t = man.adam_t;
-          } else {  // format 1: one flat shard per rank of the writing world
-            next.engine->init(w.cfg.seed);
-            next.engine->restore(ckpt::load_full_state(w.cfg.run_dir, man));
+          } else {  // format 1: one flat shard per rank of the writing world (the GPT's)
+            if (!next.gpt)
+              throw std::runtime_error("checkpoint " + std::to_string(r.start_step) +
+                                       " is of format 1, which only the built-in GPT reads");
+            next.gpt->init(w.cfg.seed);
+            next.gpt->restore(ckpt::load_full_state(w.cfg.run_dir, man));
             for (const auto& s : man.shards) out.bytes += s.bytes;
           }
           break;
         }
         case state_source::self:
-          copy_state(w.current.engine->state(), next.engine->state());
+          next.work->keep_state(*w.current.work);
           break;
         case state_source::peer:
           out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
-                                    next.engine->state(), opts, replicas);
+                                    strategies::local_state_of(next.work->state()), opts, replicas);
           break;
         case state_source::none:
           break;
       }
       for (int32_t to : r.send_to)
-        send_state(connect, r.generation, r.rank, to, next.engine->state(), opts, replicas);
+        send_state(connect, r.generation, r.rank, to,
+                   strategies::local_state_of(next.work->state()), opts, replicas);
       next.state_step = r.start_step;
     }
   } catch (const std::exception& e) {
@@ -171,7 +183,7 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
   }
   w.shared->detach();
   w.current = std::move(next);  // the old generation's engine and communicators go here
-  w.shared->attach(w.current.engine.get(), w.current.stage.get(), w.current.generation);
+  w.shared->attach(w.current.work.get(), w.current.stage.get(), w.current.generation);
   w.shared->step().store(r.start_step);
   out.seconds = seconds_between(started, clock_type::now());
   return out;
@@ -181,7 +193,7 @@ state_report report_for(const worker& w, uint64_t generation) {
   state_report rep;
   rep.generation = generation;
   rep.member = w.member;
-  if (w.current.engine && w.current.state_step >= 0) {
+  if (w.current.work && w.current.state_step >= 0) {
     rep.held_generation = w.current.generation;
     rep.held_rank = w.current.rank;
     rep.held_step = w.current.state_step;

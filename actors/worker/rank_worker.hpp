@@ -26,7 +26,9 @@
 #include "runtime/comm/store.hpp"
 #include "runtime/config.hpp"
 #include "runtime/data/dataset.hpp"
+#include "runtime/workload/workload.hpp"
 #include "strategies/engine.hpp"
+#include "strategies/gpt_workload.hpp"
 #include "strategies/planner.hpp"
 
 namespace troupe::actors::worker_detail {
@@ -37,15 +39,18 @@ inline double seconds_between(clock_type::time_point a, clock_type::time_point b
   return std::chrono::duration<double>(b - a).count();
 }
 
-// One generation as this rank sees it: its place, its plan, its engine.
+// One generation as this rank sees it: its place, its plan, its part of the workload.
 struct generation_context {
   uint64_t generation = 0;
   int32_t rank = -1;
   int32_t world = 0;
   strategies::layout_plan plan;
-  std::unique_ptr<strategies::training_engine> engine;
+  std::unique_ptr<workload_generation> work;
+  // The built-in GPT's engine under `work`, for what only it has (the pipeline stage link,
+  // expert load, pipeline traces, format-1 restores); null for another workload.
+  strategies::training_engine* gpt = nullptr;
   std::unique_ptr<stage_link> stage;
-  int64_t state_step = -1;  // the committed step the engine's state is at; -1 = unusable
+  int64_t state_step = -1;  // the committed step the state is at; -1 = unusable
 };
 
 // How the step loop of one generation ended.
@@ -79,6 +84,7 @@ struct worker {
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
   std::optional<byte_dataset> data;
+  std::unique_ptr<workload> job;        // what this process trains: the GPT over `data`
   chaos::fault_schedule faults;         // asked at each step what to inject
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it
   generation_context current;

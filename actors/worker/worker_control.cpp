@@ -10,22 +10,21 @@
 
 namespace troupe::actors {
 
-void worker_shared::attach(strategies::training_engine* engine, stage_link* stage,
-                           uint64_t generation) {
+void worker_shared::attach(workload_generation* work, stage_link* stage, uint64_t generation) {
   std::lock_guard lock(m_);
-  engine_ = engine;
+  work_ = work;
   stage_ = stage;
   running_ = generation;
   generation_.store(generation);
-  if (engine_ && superseded(generation)) {  // its abort came while it was being built
-    engine_->abort();
+  if (work_ && superseded(generation)) {  // its abort came while it was being built
+    work_->abort();
     if (stage_) stage_->abort("a newer generation began while this one was being formed");
   }
 }
 
 void worker_shared::detach() {
   std::lock_guard lock(m_);
-  engine_ = nullptr;
+  work_ = nullptr;
   stage_ = nullptr;
 }
 
@@ -35,15 +34,15 @@ void worker_shared::abort_older_than(uint64_t generation, bool final, const std:
   for (uint64_t seen = newest_abort_.load(); seen < newest;) {
     if (newest_abort_.compare_exchange_weak(seen, newest)) break;
   }
-  if (!engine_ || (!final && running_ >= generation)) return;
-  engine_->abort();
+  if (!work_ || (!final && running_ >= generation)) return;
+  work_->abort();
   if (stage_) stage_->abort(why);
 }
 
 void worker_shared::abort_running(const std::string& why) {
   std::lock_guard lock(m_);
-  if (!engine_) return;
-  engine_->abort();
+  if (!work_) return;
+  work_->abort();
   if (stage_) stage_->abort(why);
 }
 

@@ -19,16 +19,16 @@
 #include "actors/wire/messages.hpp"
 #include "actors/wire/welcome_verdict.hpp"
 #include "actors/worker/stage.hpp"
-#include "strategies/engine.hpp"
+#include "runtime/workload/workload.hpp"
 
 namespace troupe::actors {
 
 /// What the rank actor, the control actor and the heartbeat thread share. Thread-safe.
 class worker_shared {
  public:
-  /// The engine (and pipeline stage) of the generation now running. One whose generation was
+  /// The workload generation (and pipeline stage) now running. One whose generation was
   /// superseded meanwhile is aborted at once.
-  void attach(strategies::training_engine* engine, stage_link* stage, uint64_t generation);
+  void attach(workload_generation* work, stage_link* stage, uint64_t generation);
   void detach();
   /// Aborts the running generation's data plane if `generation` (the one being formed) is
   /// newer, or whatever runs when `final` (the job ends).
@@ -70,7 +70,7 @@ class worker_shared {
 
  private:
   std::mutex m_;
-  strategies::training_engine* engine_ = nullptr;
+  workload_generation* work_ = nullptr;
   stage_link* stage_ = nullptr;
   uint64_t running_ = 0;
   std::atomic<uint64_t> generation_{0};
