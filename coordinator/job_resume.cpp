@@ -14,9 +14,9 @@
 
 #include "checkpoint/format.hpp"
 #include "coordinator/job_steps.hpp"
-#include "runtime/model/gpt.hpp"
 #include "runtime/sys/printable.hpp"
 #include "runtime/sys/run_paths.hpp"
+#include "strategies/workload_description.hpp"
 
 namespace troupe::coordinator {
 namespace {
@@ -99,7 +99,8 @@ bool take_checkpoint(const train_config& cfg, const nlohmann::json& config, int6
     return false;
   }
   try {
-    ckpt::require_compatible(man, config, gpt(cfg.model).num_params(), may_change);
+    ckpt::require_compatible(man, config, strategies::describe_workload(cfg).global_numel,
+                             may_change);
   } catch (const ckpt::checkpoint_error& e) {
     throw config_error(std::string("resume: ") + e.what());
   }

@@ -29,7 +29,7 @@
 #include "runtime/sys/process_clock.hpp"
 #include "runtime/sys/run_paths.hpp"
 #include "strategies/mesh.hpp"
-#include "strategies/state_layout.hpp"
+#include "strategies/workload_description.hpp"
 
 namespace troupe::actors {
 
@@ -613,11 +613,9 @@ caf::behavior leading(self_ptr self) {
       // A resumed job starts from a checkpoint it read back whole.
       st.setup.cfg.resume ? std::optional<int64_t>(st.setup.start_step) : std::nullopt);
   if (st.setup.still_leading) st.committer->set_fence(st.setup.still_leading);
-  for (const auto& t : strategies::tensor_table(st.setup.cfg.model)) {
-    st.manifest_tensors.push_back({t.name, t.shape, t.offset});
-    const auto [rows, cols] = ckpt::as_matrix(t.shape);
-    st.global_numel += static_cast<size_t>(rows * cols);
-  }
+  const auto workload = strategies::describe_workload(st.setup.cfg);
+  for (const auto& t : workload.tensors) st.manifest_tensors.push_back({t.name, t.shape, t.offset});
+  st.global_numel = workload.global_numel;
   self->send(self, tick_atom::value);
 
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });

@@ -61,7 +61,11 @@ events::transport data_plane(const membership& members, int world) {
 }  // namespace
 
 replanner::replanner(const job_params& p)
-    : model(p.cfg.model), constraints(strategies::constraints_from(p.cfg)), bounds(p.bounds) {}
+    : model(p.cfg.model),
+      // Parameters made by hand (tests) without the description get their config's.
+      constraints(p.workload.name.empty() ? strategies::describe_workload(p.cfg).constraints
+                                          : p.workload.constraints),
+      bounds(p.bounds) {}
 
 strategies::plan_result replanner::operator()(const strategies::layout_plan& previous,
                                               int live) const {

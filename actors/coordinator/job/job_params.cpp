@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "strategies/state_layout.hpp"
+#include "strategies/workload_description.hpp"
 
 namespace troupe::actors {
 
@@ -28,21 +28,10 @@ job_params make_job_params(const train_config& cfg, const strategies::layout_pla
   p.replacement_wait = milliseconds(cfg.elastic.replacement_wait_ms);
   p.max_restarts = cfg.elastic.max_restarts;
   p.skipped_steps = std::move(skipped_steps);
-  p.flops_per_token = training_flops_per_token(cfg.model);
+  p.workload = strategies::describe_workload(cfg);
+  p.flops_per_token = p.workload.flops_per_count;
   p.peak_flops = cfg.peak_flops;  // 0: the supervisor measures it
   return p;
-}
-
-double training_flops_per_token(const model_config& m) {
-  double active = 0;
-  for (const ckpt::tensor_shape& t : strategies::tensor_table(m)) {
-    double numel = 1;
-    for (int64_t d : t.shape) numel *= static_cast<double>(d);
-    if (m.experts > 0 && t.name.find(".moe.experts.") != std::string::npos)
-      numel *= static_cast<double>(m.top_k) / m.experts;
-    active += numel;
-  }
-  return 6 * active + 12.0 * m.n_layer * m.d_model * m.context;
 }
 
 }  // namespace troupe::actors

@@ -11,6 +11,7 @@
 #include "runtime/config.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/replan.hpp"
+#include "strategies/workload_description.hpp"
 
 namespace troupe::actors {
 
@@ -53,18 +54,17 @@ struct job_params {
   /// of before, shrunk to the ranks that are left, instead of connecting a new one (see
   /// reconfigure::shrink_kept).
   bool shrink_groups = true;
-  /// The model's training FLOPs per token (forward and backward: 6 per active parameter plus
-  /// attention's), and one rank's peak FLOP/s: the MFU estimate (0 = none).
+  /// What the job trains, as the coordinator sees it: its state table, its FLOPs per token,
+  /// the layouts it can run (strategies/workload_description.hpp).
+  strategies::workload_description workload;
+  /// The workload's training FLOPs per token, and one rank's peak FLOP/s: the MFU estimate (0 =
+  /// none).
   double flops_per_token = 0;
   double peak_flops = 0;
   /// Where the job's time accounting starts (the process that began the job started then);
   /// unset: when the logic is made.
   std::optional<std::chrono::steady_clock::time_point> accounted_from;
 };
-
-/// Training FLOPs per token of `m`: 6 x the parameters a token passes through (an MoE layer's
-/// experts count top_k / experts of theirs) + 12 x layers x d_model x context for attention.
-double training_flops_per_token(const model_config& m);
 
 /// The job's parameters, derived from the validated config (`cfg`, with its paths resolved)
 /// and the planner's first plan: the one place where a setting of the config becomes a
