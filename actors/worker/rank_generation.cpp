@@ -158,14 +158,13 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           break;
         case state_source::peer:
           out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
-                                    strategies::local_state_of(next.work->state()), opts, replicas);
+                                    next.work->state(), opts, replicas);
           break;
         case state_source::none:
           break;
       }
       for (int32_t to : r.send_to)
-        send_state(connect, r.generation, r.rank, to,
-                   strategies::local_state_of(next.work->state()), opts, replicas);
+        send_state(connect, r.generation, r.rank, to, next.work->state(), opts, replicas);
       next.state_step = r.start_step;
     }
   } catch (const std::exception& e) {

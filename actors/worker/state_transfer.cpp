@@ -8,11 +8,25 @@
 namespace troupe::actors {
 namespace {
 
-// The buffers' sizes, so a receiver checks them before a byte of state lands.
-std::vector<uint64_t> header_of(const strategies::local_state& s) {
-  std::vector<uint64_t> h{s.buffers.size()};
-  for (const auto& b : s.buffers) h.push_back(b.size());
+// The regions' sizes in bytes and the number of counters, so a receiver checks them before a
+// byte of state lands.
+std::vector<uint64_t> header_of(const state_view& s) {
+  std::vector<uint64_t> h{s.regions.size()};
+  for (const auto& r : s.regions) h.push_back(r.bytes.size());
+  h.push_back(s.counters.size());
   return h;
+}
+
+// The GPT's buffers as a state: one f32 region per buffer and AdamW's step count.
+state_view view_of(const strategies::local_state& s) {
+  state_view v;
+  for (const auto& b : s.buffers) {
+    state_region r;
+    r.bytes = std::as_writable_bytes(b);
+    v.regions.push_back(std::move(r));
+  }
+  if (s.adam_t) v.counters.push_back({"adam_t", s.adam_t});
+  return v;
 }
 
 // The communicator a transfer uses and the peer's index in it.
@@ -46,7 +60,7 @@ constexpr uint32_t header_tag = 1, step_tag = 2, first_buffer_tag = 16;
 }  // namespace
 
 void copy_state(const strategies::local_state& from, const strategies::local_state& to) {
-  if (header_of(from) != header_of(to) || !from.adam_t || !to.adam_t)
+  if (!from.adam_t || !to.adam_t || header_of(view_of(from)) != header_of(view_of(to)))
     throw std::runtime_error(
         "the state to keep has other shapes than the new generation's (a layout mismatch)");
   for (size_t i = 0; i < from.buffers.size(); ++i)
@@ -55,7 +69,7 @@ void copy_state(const strategies::local_state& from, const strategies::local_sta
 }
 
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                    const strategies::local_state& state, const comm::op_options& opts,
+                    const state_view& state, const comm::op_options& opts,
                     const shared_group& via) {
   const channel ch = open_channel(connect, generation, from, to, true, via);
   auto* c = ch.comm;
@@ -64,15 +78,18 @@ uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, 
   const uint64_t count = header.size();
   c->send(&count, sizeof count, peer, header_tag, opts);
   c->send(header.data(), header.size() * sizeof(uint64_t), peer, header_tag, opts);
-  for (size_t i = 0; i < state.buffers.size(); ++i)
-    c->send(state.buffers[i].data(), state.buffers[i].size_bytes(), peer,
+  for (size_t i = 0; i < state.regions.size(); ++i)
+    c->send(state.regions[i].bytes.data(), state.regions[i].bytes.size(), peer,
             first_buffer_tag + static_cast<uint32_t>(i), opts);
-  c->send(state.adam_t, sizeof(int64_t), peer, step_tag, opts);
+  std::vector<int64_t> counters;
+  for (const auto& k : state.counters) counters.push_back(*k.value);
+  if (!counters.empty())
+    c->send(counters.data(), counters.size() * sizeof(int64_t), peer, step_tag, opts);
   return state.bytes();
 }
 
 uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                       const strategies::local_state& state, const comm::op_options& opts,
+                       const state_view& state, const comm::op_options& opts,
                        const shared_group& via) {
   const channel ch = open_channel(connect, generation, from, to, false, via);
   auto* c = ch.comm;
@@ -89,11 +106,26 @@ uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generatio
     throw std::runtime_error(
         "rank " + std::to_string(from) +
         "'s state has other buffer sizes than this rank's place needs (a layout mismatch)");
-  for (size_t i = 0; i < state.buffers.size(); ++i)
-    c->recv(state.buffers[i].data(), state.buffers[i].size_bytes(), peer,
+  for (size_t i = 0; i < state.regions.size(); ++i)
+    c->recv(state.regions[i].bytes.data(), state.regions[i].bytes.size(), peer,
             first_buffer_tag + static_cast<uint32_t>(i), opts);
-  c->recv(state.adam_t, sizeof(int64_t), peer, step_tag, opts);
+  std::vector<int64_t> counters(state.counters.size());
+  if (!counters.empty())
+    c->recv(counters.data(), counters.size() * sizeof(int64_t), peer, step_tag, opts);
+  for (size_t i = 0; i < counters.size(); ++i) *state.counters[i].value = counters[i];
   return state.bytes();
+}
+
+uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                    const strategies::local_state& state, const comm::op_options& opts,
+                    const shared_group& via) {
+  return send_state(connect, generation, from, to, view_of(state), opts, via);
+}
+
+uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                       const strategies::local_state& state, const comm::op_options& opts,
+                       const shared_group& via) {
+  return receive_state(connect, generation, from, to, view_of(state), opts, via);
 }
 
 }  // namespace troupe::actors

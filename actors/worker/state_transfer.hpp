@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/workload/workload.hpp"
 #include "strategies/engine.hpp"
 
 namespace troupe::actors {
@@ -24,10 +25,20 @@ struct shared_group {
   std::vector<int> ranks;
 };
 
-/// Sends `state` from rank `from` to rank `to` of `generation` (both call, each with its own
-/// rank, and the same `via`): a header of buffer sizes, then every buffer and the step count.
-/// Returns the bytes moved. Throws comm::comm_error on a data-plane failure,
-/// std::runtime_error when the receiver's buffers do not match the header.
+/// Sends the state a workload generation declares from rank `from` to rank `to` of
+/// `generation` (both call, each with its own rank, and the same `via`): a header of region
+/// sizes and the number of counters, then every region's bytes and the counters. Any
+/// workload's state, whatever its dtypes. Returns the bytes moved. Throws comm::comm_error on
+/// a data-plane failure, std::runtime_error when the receiver's regions do not match the
+/// header.
+uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                    const state_view& state, const comm::op_options& opts,
+                    const shared_group& via = {});
+uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                       const state_view& state, const comm::op_options& opts,
+                       const shared_group& via = {});
+
+/// The same for the GPT's buffers and step count (strategies::local_state).
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
                     const strategies::local_state& state, const comm::op_options& opts,
                     const shared_group& via = {});

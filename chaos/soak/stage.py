@@ -75,6 +75,15 @@ class Stage:
                              agents={}, log_dir=self.log_dir, port=PORT)
         self.job.start_coordinator(timeout=60)
         self.coordinators["coord"] = self.job.coordinator
+        # The standby starts once the first coordinator leads: started at once, it raced the
+        # first's campaign and, on a loaded machine, sometimes won it, leaving the first to
+        # give up after --etcd-timeout-ms and the soak with one coordinator.
+        deadline = time.monotonic() + 60
+        while self.leader_key()[1] is None:
+            if self.job.coordinator.poll() is not None or time.monotonic() > deadline:
+                raise SoakFailure(f"the first coordinator did not lead within 60s (exit "
+                                  f"{self.job.coordinator.poll()}); see {self.log_dir}")
+            time.sleep(0.05)
         self.coordinators["n3"] = self.start_standby("n3")
         self.job.endpoint = ",".join(f"{c.address(n)}:{PORT}" for n in COORDINATOR_NODES)
         for node in AGENT_NODES:

@@ -108,4 +108,46 @@ TEST(StateTransfer, ShapesThatDifferAreRefused) {
   EXPECT_NE(error.find("layout mismatch"), std::string::npos) << error;
 }
 
+// Any workload's state goes the same way: regions of other dtypes (here i64 and a bool mask of
+// an odd size) and named counters, byte for byte.
+TEST(StateTransfer, AnyWorkloadsStateRegionsAndCounters) {
+  const comm::op_options opts{10s};
+  struct mixed {
+    std::vector<int64_t> steps = std::vector<int64_t>(7);
+    std::vector<uint8_t> mask = std::vector<uint8_t>(13);
+    std::vector<float> weights = std::vector<float>(1001);
+    int64_t epoch = 0, seen = 0;
+    state_view view() {
+      state_view v;
+      for (auto bytes : {std::as_writable_bytes(std::span<int64_t>(steps)),
+                         std::as_writable_bytes(std::span<uint8_t>(mask)),
+                         std::as_writable_bytes(std::span<float>(weights))}) {
+        state_region r;
+        r.bytes = bytes;
+        v.regions.push_back(r);
+      }
+      v.counters = {{"epoch", &epoch}, {"seen", &seen}};
+      return v;
+    }
+  } source, target;
+  std::iota(source.steps.begin(), source.steps.end(), int64_t{1} << 40);
+  std::iota(source.mask.begin(), source.mask.end(), uint8_t{3});
+  std::iota(source.weights.begin(), source.weights.end(), 0.5f);
+  source.epoch = 9;
+  source.seen = -4;
+  uint64_t sent = 0, received = 0;
+  run_ranks(2, {0, 1}, [&](int r, auto& connect, const auto& via) {
+    if (r == 0) sent = actors::send_state(connect, generation, 0, 1, source.view(), opts, via);
+    if (r == 1)
+      received = actors::receive_state(connect, generation, 0, 1, target.view(), opts, via);
+  });
+  EXPECT_EQ(target.steps, source.steps);
+  EXPECT_EQ(target.mask, source.mask);
+  EXPECT_EQ(target.weights, source.weights);
+  EXPECT_EQ(target.epoch, 9);
+  EXPECT_EQ(target.seen, -4);
+  EXPECT_EQ(sent, received);
+  EXPECT_EQ(sent, 7 * 8 + 13 + 1001 * 4 + 2 * 8u);
+}
+
 }  // namespace
