@@ -20,8 +20,10 @@
 #include "checkpoint/manifest.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "checkpoint/durable_io.hpp"
@@ -73,12 +75,27 @@ std::string to_json(const manifest& m) {
 
 manifest from_json(std::string_view text, const fs::path& where) {
   doc_json doc;
+  // A parsed object keeps one of two equal keys, so a duplicate name would vanish unseen.
+  // Format 3 refuses them among the top-level fields and in the objects directly under them
+  // (counters, extras); see duplicate_key below. Deeper objects are not tracked, so a large
+  // format 2 manifest costs nothing more to parse.
+  std::array<std::set<std::string>, 2> keys;
+  std::string parent_key, duplicate_key;
   try {
     // A manifest is a few levels deep; anything deeper is refused while parsing, before the
     // recursive seal could run out of stack on it.
-    const doc_json::parser_callback_t shallow = [&where](int depth, doc_json::parse_event_t,
-                                                         doc_json&) {
+    const doc_json::parser_callback_t shallow = [&](int depth, doc_json::parse_event_t event,
+                                                    doc_json& parsed) {
       if (depth > max_manifest_depth) bad_field(where, "(document)", "nests too deep");
+      if (event == doc_json::parse_event_t::object_start && depth < 2) {
+        keys[static_cast<size_t>(depth)].clear();
+      } else if (event == doc_json::parse_event_t::key && (depth == 1 || depth == 2) &&
+                 duplicate_key.empty() && parsed.is_string()) {
+        const std::string& key = parsed.get_ref<const std::string&>();
+        if (depth == 1) parent_key = key;
+        if (!keys[static_cast<size_t>(depth - 1)].insert(key).second)
+          duplicate_key = depth == 1 ? key : parent_key + "/" + key;
+      }
       return true;
     };
     doc = doc_json::parse(text.begin(), text.end(), shallow);
@@ -94,13 +111,15 @@ manifest from_json(std::string_view text, const fs::path& where) {
   }
   // The version decides how to read everything else, so it is judged first.
   const uint64_t version = get_uint(doc, "format_version", where);
-  if (version > static_cast<uint64_t>(format_version)) {
+  if (version > static_cast<uint64_t>(newest_format_version)) {
     io::fail(error_kind::unsupported_version, where,
              "has format_version " + std::to_string(version) + " but this build reads up to " +
-                 std::to_string(format_version) +
+                 std::to_string(newest_format_version) +
                  ". It was written by a newer troupe; restore with that version.");
   }
   if (version < 1) bad_field(where, "format_version", "is 0, which no troupe ever wrote");
+  if (version >= static_cast<uint64_t>(workload_format_version) && !duplicate_key.empty())
+    bad_field(where, duplicate_key, "appears twice");
   const std::string recorded_seal = get_string(doc, seal_key, where);
   doc.erase(seal_key);
   if (const std::string seal = seal_of(doc); seal != recorded_seal) {
@@ -113,7 +132,7 @@ manifest from_json(std::string_view text, const fs::path& where) {
       (version == 1 ? hash_algorithm_name : chunk_hash_name)) {
     bad_field(where, "hash_algorithm", "names a hash this build does not know");
   }
-  if (version >= 2) return from_json_v2(doc, where);
+  if (version >= 2) return from_json_v2(doc, where, static_cast<int>(version));
 
   manifest m;
   m.format_version = static_cast<int>(version);
@@ -144,15 +163,17 @@ manifest from_json(std::string_view text, const fs::path& where) {
 }
 
 void validate(const manifest& m, const fs::path& where, error_kind kind) {
-  if (m.format_version == 2) {
+  if (m.format_version == 2 || m.format_version == workload_format_version) {
     validate_v2(m, where, kind);
     return;
   }
   if (m.format_version != shard_format_version) {
     broken(where, kind,
            "format_version is " + std::to_string(m.format_version) + ", this build handles " +
-               std::to_string(shard_format_version) + " and " + std::to_string(format_version));
+               std::to_string(shard_format_version) + " to " +
+               std::to_string(newest_format_version));
   }
+  validate_v3_fields(m, where, kind);  // none of format 3's fields
   if (m.step < 0) broken(where, kind, "step is negative");
   if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
   if (m.shards.size() != static_cast<size_t>(m.world)) {
@@ -213,19 +234,26 @@ void validate_tensors(const manifest& m, const fs::path& where, error_kind kind)
   for (const tensor_entry& t : m.tensors) {
     if (t.name.empty()) broken(where, kind, "a tensor has an empty name");
     names.push_back(t.name);
+    // The layout counts 4-byte words, so a tensor of 1-byte elements has up to 4 per word;
+    // bounding numel by that first keeps the product (and words()) from overflowing.
+    const size_t per_word = t.type == dtype::f32 ? 1 : 4 / std::min<size_t>(4, dtype_bytes(t.type));
+    const size_t max_numel = m.global_numel > std::numeric_limits<size_t>::max() / 4
+                                 ? std::numeric_limits<size_t>::max() / 4
+                                 : m.global_numel * per_word;
     size_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) broken(where, kind, "tensor " + t.name + " has a negative dimension");
       const auto du = static_cast<size_t>(d);
-      if (du != 0 && numel > m.global_numel / du) {
+      if (du != 0 && numel > max_numel / du) {
         broken(where, kind, "tensor " + t.name + " is larger than the whole layout");
       }
       numel *= du;
     }
-    if (t.offset > m.global_numel || numel > m.global_numel - t.offset) {
+    const size_t words = t.words();
+    if (t.offset > m.global_numel || words > m.global_numel - t.offset) {
       broken(where, kind, "tensor " + t.name + " runs past global_numel");
     }
-    if (numel > 0) spans.emplace_back(t.offset, t.offset + numel);
+    if (words > 0) spans.emplace_back(t.offset, t.offset + words);
   }
   std::sort(names.begin(), names.end());
   if (const auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
