@@ -18,6 +18,11 @@
 // file is a 48-byte header (magic, chunk format, encoding, the payload's byte order, sizes,
 // its key) and the raw floats; its name is the XXH3-128 of those floats (chunk_file.hpp).
 //
+// Format 3 (manifest_v3.cpp) is format 2 for a general workload's state: each tensor has a
+// dtype and may sit in one state array ("model", "optim", "extra") only, a non-f32 tensor is
+// one row of 4-byte words, and named counters and an extras document replace adam_t. Only a
+// manifest whose format_version says 3 is written so; the GPT's stay format 2.
+//
 // Format 1 (one flat shard per rank, step-NNNNNNNN/shard-RRRRR.bin, format.hpp) is still
 // read; no rank writes it any more (write_shard is kept for the tests of that reader).
 //

@@ -73,29 +73,45 @@ std::string to_json(const manifest& m) {
   return doc.dump(2) + "\n";
 }
 
+namespace {
+
+/// A parsed object keeps one of two equal keys, so a duplicate name would vanish unseen; this
+/// remembers the first key found twice among the top-level fields or in an object directly
+/// under them (format 3's counters and extras). Deeper objects are not tracked, so a large
+/// format 2 manifest costs nothing more to parse.
+class duplicate_keys {
+ public:
+  void see(int depth, doc_json::parse_event_t event, const doc_json& parsed) {
+    if (event == doc_json::parse_event_t::object_start && depth < 2) {
+      keys_[static_cast<size_t>(depth)].clear();
+    } else if (event == doc_json::parse_event_t::key && (depth == 1 || depth == 2) &&
+               first_.empty() && parsed.is_string()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (depth == 1) parent_ = key;
+      if (!keys_[static_cast<size_t>(depth - 1)].insert(key).second)
+        first_ = depth == 1 ? key : parent_ + "/" + key;
+    }
+  }
+  /// "counters/step" or "step"; empty when every key was unique.
+  [[nodiscard]] const std::string& first() const { return first_; }
+
+ private:
+  std::array<std::set<std::string>, 2> keys_;  // of the top level, of the object under it
+  std::string parent_, first_;
+};
+
+}  // namespace
+
 manifest from_json(std::string_view text, const fs::path& where) {
   doc_json doc;
-  // A parsed object keeps one of two equal keys, so a duplicate name would vanish unseen.
-  // Format 3 refuses them among the top-level fields and in the objects directly under them
-  // (counters, extras); see duplicate_key below. Deeper objects are not tracked, so a large
-  // format 2 manifest costs nothing more to parse.
-  std::array<std::set<std::string>, 2> keys;
-  std::string parent_key, duplicate_key;
+  duplicate_keys duplicates;
   try {
     // A manifest is a few levels deep; anything deeper is refused while parsing, before the
     // recursive seal could run out of stack on it.
     const doc_json::parser_callback_t shallow = [&](int depth, doc_json::parse_event_t event,
                                                     doc_json& parsed) {
       if (depth > max_manifest_depth) bad_field(where, "(document)", "nests too deep");
-      if (event == doc_json::parse_event_t::object_start && depth < 2) {
-        keys[static_cast<size_t>(depth)].clear();
-      } else if (event == doc_json::parse_event_t::key && (depth == 1 || depth == 2) &&
-                 duplicate_key.empty() && parsed.is_string()) {
-        const std::string& key = parsed.get_ref<const std::string&>();
-        if (depth == 1) parent_key = key;
-        if (!keys[static_cast<size_t>(depth - 1)].insert(key).second)
-          duplicate_key = depth == 1 ? key : parent_key + "/" + key;
-      }
+      duplicates.see(depth, event, parsed);
       return true;
     };
     doc = doc_json::parse(text.begin(), text.end(), shallow);
@@ -118,8 +134,8 @@ manifest from_json(std::string_view text, const fs::path& where) {
                  ". It was written by a newer troupe; restore with that version.");
   }
   if (version < 1) bad_field(where, "format_version", "is 0, which no troupe ever wrote");
-  if (version >= static_cast<uint64_t>(workload_format_version) && !duplicate_key.empty())
-    bad_field(where, duplicate_key, "appears twice");
+  if (version >= static_cast<uint64_t>(workload_format_version) && !duplicates.first().empty())
+    bad_field(where, duplicates.first(), "appears twice");
   const std::string recorded_seal = get_string(doc, seal_key, where);
   doc.erase(seal_key);
   if (const std::string seal = seal_of(doc); seal != recorded_seal) {

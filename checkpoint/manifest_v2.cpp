@@ -259,6 +259,46 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where, int version) {
   return m;
 }
 
+namespace {
+
+/// (array, tensor) -> its pieces.
+using piece_groups = std::map<std::pair<int, std::string>, std::vector<const saved_piece*>>;
+
+/// Checks that the pieces of every tensor tile it in each array that holds it.
+void check_tiling(const manifest& m, const std::vector<std::string>& arrays,
+                  const piece_groups& groups, const fs::path& where, error_kind kind) {
+  for (const tensor_entry& t : m.tensors) {
+    const auto [rows, cols] = t.matrix();
+    const auto area = static_cast<size_t>(rows) * static_cast<size_t>(cols);
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      if (!t.array.empty() && t.array != arrays[a]) continue;  // in its own array only
+      const std::string what = arrays[a] + " of " + t.name;
+      const auto it = groups.find({static_cast<int>(a), t.name});
+      if (it == groups.end()) {
+        if (area == 0) continue;
+        broken(where, kind, "no piece holds the " + what);
+      }
+      // Boxes inside the tensor, pairwise disjoint and as large together as the tensor:
+      // exactly a tiling.
+      size_t covered = 0;
+      const auto& group = it->second;
+      for (size_t i = 0; i < group.size(); ++i) {
+        covered += group[i]->where.numel();
+        for (size_t j = i + 1; j < group.size(); ++j) {
+          if (intersect(group[i]->where, group[j]->where))
+            broken(where, kind, "two pieces of the " + what + " overlap");
+        }
+      }
+      if (covered != area)
+        broken(where, kind,
+               "the pieces of the " + what + " cover " + std::to_string(covered) + " of its " +
+                   std::to_string(area) + " elements");
+    }
+  }
+}
+
+}  // namespace
+
 void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
   if (m.step < 0) broken(where, kind, "step is negative");
   if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
@@ -276,7 +316,7 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
   std::map<std::string, const tensor_entry*> table;
   for (const tensor_entry& t : m.tensors) table[t.name] = &t;
   // (array, tensor) -> its pieces, to check they tile the tensor
-  std::map<std::pair<int, std::string>, std::vector<const saved_piece*>> groups;
+  piece_groups groups;
   for (const saved_piece& p : m.pieces) {
     const std::string name = "piece of " + p.tensor;
     if (p.rank < 0 || p.rank >= m.world)
@@ -312,34 +352,7 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
       broken(where, kind, p.tensor + " is cut into too many pieces");
     group.push_back(&p);
   }
-  for (const tensor_entry& t : m.tensors) {
-    const auto [rows, cols] = t.matrix();
-    const auto area = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-    for (size_t a = 0; a < arrays.size(); ++a) {
-      if (!t.array.empty() && t.array != arrays[a]) continue;  // in its own array only
-      const std::string what = arrays[a] + " of " + t.name;
-      const auto it = groups.find({static_cast<int>(a), t.name});
-      if (it == groups.end()) {
-        if (area == 0) continue;
-        broken(where, kind, "no piece holds the " + what);
-      }
-      // Boxes inside the tensor, pairwise disjoint and as large together as the tensor:
-      // exactly a tiling.
-      size_t covered = 0;
-      const auto& group = it->second;
-      for (size_t i = 0; i < group.size(); ++i) {
-        covered += group[i]->where.numel();
-        for (size_t j = i + 1; j < group.size(); ++j) {
-          if (intersect(group[i]->where, group[j]->where))
-            broken(where, kind, "two pieces of the " + what + " overlap");
-        }
-      }
-      if (covered != area)
-        broken(where, kind,
-               "the pieces of the " + what + " cover " + std::to_string(covered) + " of its " +
-                   std::to_string(area) + " elements");
-    }
-  }
+  check_tiling(m, arrays, groups, where, kind);
 }
 
 }  // namespace troupe::ckpt::manifest_json

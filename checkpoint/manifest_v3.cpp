@@ -17,6 +17,7 @@
 
 #include "checkpoint/manifest.hpp"
 #include "checkpoint/manifest_fields.hpp"
+#include "runtime/sys/printable.hpp"
 
 namespace troupe::ckpt {
 
@@ -93,9 +94,9 @@ void parse_v3_fields(const doc_json& doc, const fs::path& where, manifest& m) {
     const std::string name = arrays[i].get<std::string>();
     if (std::find(workload_array_names.begin(), workload_array_names.end(), name) ==
         workload_array_names.end())
-      bad_field(where, ctx, "names an unknown state array \"" + name + "\"");
+      bad_field(where, ctx, "names an unknown state array \"" + sys::printable(name, 64) + "\"");
     if (std::find(m.arrays.begin(), m.arrays.end(), name) != m.arrays.end())
-      bad_field(where, ctx, "names " + name + " twice");
+      bad_field(where, ctx, "names " + sys::printable(name, 64) + " twice");
     m.arrays.push_back(name);
   }
   const doc_json& counters = field(doc, "counters", where, "");
@@ -106,7 +107,7 @@ void parse_v3_fields(const doc_json& doc, const fs::path& where, manifest& m) {
     if (!value.is_number_integer() ||
         (value.is_number_unsigned() &&
          value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
-      bad_field(where, "counters/" + name, "is not a 64-bit integer");
+      bad_field(where, "counters/" + sys::printable(name, 64), "is not a 64-bit integer");
     }
     m.counters.push_back({name, value.get<int64_t>()});
   }
@@ -148,7 +149,7 @@ void validate_v3_fields(const manifest& m, const fs::path& where, error_kind kin
   for (const std::string& a : m.arrays) {
     if (std::find(workload_array_names.begin(), workload_array_names.end(), a) ==
         workload_array_names.end())
-      broken(where, kind, "arrays names an unknown state array \"" + a + "\"");
+      broken(where, kind, "arrays names an unknown state array \"" + sys::printable(a, 64) + "\"");
     if (!seen.insert(a).second) broken(where, kind, "arrays names " + a + " twice");
   }
   if (m.counters.size() > max_counters) broken(where, kind, "counters holds too many counters");
@@ -159,7 +160,9 @@ void validate_v3_fields(const manifest& m, const fs::path& where, error_kind kin
   }
   for (const tensor_entry& t : m.tensors) {
     if (!t.array.empty() && !seen.contains(t.array))
-      broken(where, kind, "tensor " + t.name + " is in array \"" + t.array + "\", not in arrays");
+      broken(where, kind,
+             "tensor " + sys::printable(t.name, 64) + " is in array \"" +
+                 sys::printable(t.array, 64) + "\", not in arrays");
     // A non-f32 tensor is one row of words, and a box's sizes are below 2^31.
     if (t.type != dtype::f32 &&
         t.words() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
