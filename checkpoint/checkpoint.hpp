@@ -18,6 +18,11 @@
 // file is a 48-byte header (magic, chunk format, encoding, the payload's byte order, sizes,
 // its key) and the raw floats; its name is the XXH3-128 of those floats (chunk_file.hpp).
 //
+// Format 3 (manifest_v3.cpp) is format 2 for a general workload's state: each tensor has a
+// dtype and may sit in one state array ("model", "optim", "extra") only, a non-f32 tensor is
+// one row of 4-byte words, and named counters and an extras document replace adam_t. Only a
+// manifest whose format_version says 3 is written so; the GPT's stay format 2.
+//
 // Format 1 (one flat shard per rank, step-NNNNNNNN/shard-RRRRR.bin, format.hpp) is still
 // read; no rank writes it any more (write_shard is kept for the tests of that reader).
 //
@@ -26,6 +31,7 @@
 // never a torn one; until LATEST names a step, that step does not exist for a restore.
 // Nothing found on disk is trusted: see the "damage" section below and docs/SECURITY.md.
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -42,12 +48,20 @@
 #include <vector>
 
 #include "checkpoint/shard_writer.hpp"
+#include "runtime/workload/workload.hpp"
 
 namespace troupe::ckpt {
 
-/// The newest manifest format this build writes and reads. Version 2 (chunked, per-box)
-/// is what ranks write; version 1 (one flat shard file per rank) still loads.
+/// The manifest format the GPT's checkpoints have. Version 2 (chunked, per-box) is what its
+/// ranks write, and it stays so: its checkpoints are byte-identical to earlier builds'; version
+/// 1 (one flat shard file per rank) still loads.
 inline constexpr int format_version = 2;
+/// Format 3: format 2 plus what a general workload's state needs (runtime/workload/
+/// workload.hpp): per-tensor dtype and state array, named counters, an extras document.
+/// Written only for a manifest whose format_version says 3; see required_format_version.
+inline constexpr int workload_format_version = 3;
+/// The newest manifest format this build reads.
+inline constexpr int newest_format_version = workload_format_version;
 /// Format 1: its shard files and manifests (read by load_full_state; written by write_shard,
 /// which only tests call).
 inline constexpr int shard_format_version = 1;
@@ -93,8 +107,30 @@ struct shard_entry {
 struct tensor_entry {
   std::string name;            ///< e.g. "h.0.attn.c_attn.weight"
   std::vector<int64_t> shape;  ///< global shape; numel = product (1 for a scalar)
-  size_t offset = 0;           ///< first element in the flat layout
+  size_t offset = 0;           ///< first element (format 3: word) in the flat layout
+  /// Format 3: the state array holding it, one of manifest::arrays; "" = in every array (the
+  /// only rule formats 1 and 2 know).
+  std::string array{};
+  /// Format 3: the element type; formats 1 and 2 hold f32 only.
+  dtype type = dtype::f32;
+  /// 4-byte words its chunks hold: numel for f32, the bytes rounded up to a whole word
+  /// otherwise (tensor_decl::words()). Assumes a shape that validation accepted.
+  [[nodiscard]] size_t words() const;
+  /// [rows, cols] of the view its boxes cut: as_matrix(shape) for f32, [1, words()] for any
+  /// other dtype (such a tensor is one row of words, held whole).
+  [[nodiscard]] std::pair<int64_t, int64_t> matrix() const;
   friend bool operator==(const tensor_entry&, const tensor_entry&) = default;
+};
+
+/// Format 3: the state arrays a workload may name (docs/WORKLOAD.md, "Checkpoint format of a
+/// Python job"); a manifest lists the ones it uses, each at most once.
+inline constexpr std::array<std::string_view, 3> workload_array_names = {"model", "optim", "extra"};
+
+/// Format 3: a named integer of the state outside any tensor (state_counter's value).
+struct counter_entry {
+  std::string name;
+  int64_t value = 0;
+  friend bool operator==(const counter_entry&, const counter_entry&) = default;
 };
 
 /// The commit record of one checkpoint: what was saved, by whom, and how to verify it.
@@ -112,8 +148,27 @@ struct manifest {
   uint64_t chunk_floats = 0;        ///< floats per chunk of a piece
   std::string layout;               ///< the layout that wrote it, for people
   std::vector<saved_piece> pieces;  ///< per array and tensor, boxes tiling the tensor
+  // version 3 (see workload_format_version); empty in older versions, whose implied values
+  // state_arrays() and state_counters() give
+  std::vector<std::string> arrays;      ///< a piece's `array` indexes this; workload_array_names
+  std::vector<counter_entry> counters;  ///< unique names; adam_t is not used
+  std::string extras_json;  ///< a JSON object of at most state_view::max_extras_bytes; "" = none
   friend bool operator==(const manifest&, const manifest&) = default;
+
+  /// The names of the state arrays, which a piece's `array` indexes: `arrays` in format 3,
+  /// array_names (params, exp_avg, exp_avg_sq) before.
+  [[nodiscard]] std::vector<std::string> state_arrays() const;
+  /// The name of state array `index` ("?" outside state_arrays()), for messages.
+  [[nodiscard]] std::string array_name(int index) const;
+  /// The counters: `counters` in format 3, {"adam_t": adam_t} in format 2, none before.
+  [[nodiscard]] std::vector<counter_entry> state_counters() const;
 };
+
+/// The oldest manifest format that can say all of `m`: 2 unless a tensor is not f32 or sits in
+/// one array only, or `m` has arrays, counters or extras, which only format 3 holds. A writer
+/// that is handed general workload state sets format_version to this; commit_manifest refuses
+/// a format 2 manifest that holds anything of format 3 rather than drop it.
+int required_format_version(const manifest& m);
 
 /// What went wrong, for callers that react differently (retry, fall back, give up).
 enum class error_kind {

@@ -431,8 +431,7 @@ std::vector<problem> verify_checkpoint(const std::string& run_dir, int64_t step)
       auto& entry = chunks[p.chunks[i]];
       entry.extent.min_floats = std::max(entry.extent.min_floats, e.min_floats);
       entry.extent.max_floats = std::min(entry.extent.max_floats, e.max_floats);
-      entry.holders.insert(std::string(array_names[static_cast<size_t>(p.array)]) + " of " +
-                           p.tensor);
+      entry.holders.insert(m.array_name(p.array) + " of " + p.tensor);
     }
   }
   const auto named = [](const std::set<std::string>& holders) {

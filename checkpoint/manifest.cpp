@@ -20,8 +20,10 @@
 #include "checkpoint/manifest.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <vector>
 
 #include "checkpoint/durable_io.hpp"
@@ -71,14 +73,45 @@ std::string to_json(const manifest& m) {
   return doc.dump(2) + "\n";
 }
 
+namespace {
+
+/// A parsed object keeps one of two equal keys, so a duplicate name would vanish unseen; this
+/// remembers the first key found twice among the top-level fields or in an object directly
+/// under them (format 3's counters and extras). Deeper objects are not tracked, so a large
+/// format 2 manifest costs nothing more to parse.
+class duplicate_keys {
+ public:
+  void see(int depth, doc_json::parse_event_t event, const doc_json& parsed) {
+    if (event == doc_json::parse_event_t::object_start && depth < 2) {
+      keys_[static_cast<size_t>(depth)].clear();
+    } else if (event == doc_json::parse_event_t::key && (depth == 1 || depth == 2) &&
+               first_.empty() && parsed.is_string()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (depth == 1) parent_ = key;
+      if (!keys_[static_cast<size_t>(depth - 1)].insert(key).second)
+        first_ = depth == 1 ? key : parent_ + "/" + key;
+    }
+  }
+  /// "counters/step" or "step"; empty when every key was unique.
+  [[nodiscard]] const std::string& first() const { return first_; }
+
+ private:
+  std::array<std::set<std::string>, 2> keys_;  // of the top level, of the object under it
+  std::string parent_, first_;
+};
+
+}  // namespace
+
 manifest from_json(std::string_view text, const fs::path& where) {
   doc_json doc;
+  duplicate_keys duplicates;
   try {
     // A manifest is a few levels deep; anything deeper is refused while parsing, before the
     // recursive seal could run out of stack on it.
-    const doc_json::parser_callback_t shallow = [&where](int depth, doc_json::parse_event_t,
-                                                         doc_json&) {
+    const doc_json::parser_callback_t shallow = [&](int depth, doc_json::parse_event_t event,
+                                                    doc_json& parsed) {
       if (depth > max_manifest_depth) bad_field(where, "(document)", "nests too deep");
+      duplicates.see(depth, event, parsed);
       return true;
     };
     doc = doc_json::parse(text.begin(), text.end(), shallow);
@@ -94,13 +127,15 @@ manifest from_json(std::string_view text, const fs::path& where) {
   }
   // The version decides how to read everything else, so it is judged first.
   const uint64_t version = get_uint(doc, "format_version", where);
-  if (version > static_cast<uint64_t>(format_version)) {
+  if (version > static_cast<uint64_t>(newest_format_version)) {
     io::fail(error_kind::unsupported_version, where,
              "has format_version " + std::to_string(version) + " but this build reads up to " +
-                 std::to_string(format_version) +
+                 std::to_string(newest_format_version) +
                  ". It was written by a newer troupe; restore with that version.");
   }
   if (version < 1) bad_field(where, "format_version", "is 0, which no troupe ever wrote");
+  if (version >= static_cast<uint64_t>(workload_format_version) && !duplicates.first().empty())
+    bad_field(where, duplicates.first(), "appears twice");
   const std::string recorded_seal = get_string(doc, seal_key, where);
   doc.erase(seal_key);
   if (const std::string seal = seal_of(doc); seal != recorded_seal) {
@@ -113,7 +148,7 @@ manifest from_json(std::string_view text, const fs::path& where) {
       (version == 1 ? hash_algorithm_name : chunk_hash_name)) {
     bad_field(where, "hash_algorithm", "names a hash this build does not know");
   }
-  if (version >= 2) return from_json_v2(doc, where);
+  if (version >= 2) return from_json_v2(doc, where, static_cast<int>(version));
 
   manifest m;
   m.format_version = static_cast<int>(version);
@@ -144,15 +179,17 @@ manifest from_json(std::string_view text, const fs::path& where) {
 }
 
 void validate(const manifest& m, const fs::path& where, error_kind kind) {
-  if (m.format_version == 2) {
+  if (m.format_version == 2 || m.format_version == workload_format_version) {
     validate_v2(m, where, kind);
     return;
   }
   if (m.format_version != shard_format_version) {
     broken(where, kind,
            "format_version is " + std::to_string(m.format_version) + ", this build handles " +
-               std::to_string(shard_format_version) + " and " + std::to_string(format_version));
+               std::to_string(shard_format_version) + " to " +
+               std::to_string(newest_format_version));
   }
+  validate_v3_fields(m, where, kind);  // none of format 3's fields
   if (m.step < 0) broken(where, kind, "step is negative");
   if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
   if (m.shards.size() != static_cast<size_t>(m.world)) {
@@ -213,19 +250,26 @@ void validate_tensors(const manifest& m, const fs::path& where, error_kind kind)
   for (const tensor_entry& t : m.tensors) {
     if (t.name.empty()) broken(where, kind, "a tensor has an empty name");
     names.push_back(t.name);
+    // The layout counts 4-byte words, so a tensor of 1-byte elements has up to 4 per word;
+    // bounding numel by that first keeps the product (and words()) from overflowing.
+    const size_t per_word = t.type == dtype::f32 ? 1 : 4 / std::min<size_t>(4, dtype_bytes(t.type));
+    const size_t max_numel = m.global_numel > std::numeric_limits<size_t>::max() / 4
+                                 ? std::numeric_limits<size_t>::max() / 4
+                                 : m.global_numel * per_word;
     size_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) broken(where, kind, "tensor " + t.name + " has a negative dimension");
       const auto du = static_cast<size_t>(d);
-      if (du != 0 && numel > m.global_numel / du) {
+      if (du != 0 && numel > max_numel / du) {
         broken(where, kind, "tensor " + t.name + " is larger than the whole layout");
       }
       numel *= du;
     }
-    if (t.offset > m.global_numel || numel > m.global_numel - t.offset) {
+    const size_t words = t.words();
+    if (t.offset > m.global_numel || words > m.global_numel - t.offset) {
       broken(where, kind, "tensor " + t.name + " runs past global_numel");
     }
-    if (numel > 0) spans.emplace_back(t.offset, t.offset + numel);
+    if (words > 0) spans.emplace_back(t.offset, t.offset + words);
   }
   std::sort(names.begin(), names.end());
   if (const auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {

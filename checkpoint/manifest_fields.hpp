@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/durable_io.hpp"
@@ -91,12 +92,22 @@ inline bool is_plain_file_name(const std::string& name) {
 
 }  // namespace detail
 
-/// Version 2 halves of to_json / from_json / validate (manifest_v2.cpp).
+/// Version 2 and 3 halves of to_json / from_json / validate (manifest_v2.cpp).
 std::string to_json_v2(const manifest& m);
-manifest from_json_v2(const detail::doc_json& doc, const fs::path& where);
+manifest from_json_v2(const detail::doc_json& doc, const fs::path& where, int version = 2);
 void validate_v2(const manifest& m, const fs::path& where, error_kind kind);
-/// The "tensors" table of either version: names, shapes (up to 8 sizes below 2^31), offsets.
-std::vector<tensor_entry> parse_tensor_table(const detail::doc_json& doc, const fs::path& where);
+/// Format 3's additions (manifest_v3.cpp): its top-level fields (arrays, counters, extras),
+/// a tensor's array and dtype, and their rules (for a format 2 manifest: that it has none).
+void parse_v3_fields(const detail::doc_json& doc, const fs::path& where, manifest& m);
+void parse_v3_tensor(const detail::doc_json& t, const fs::path& where, const std::string& ctx,
+                     tensor_entry& e);
+void validate_v3_fields(const manifest& m, const fs::path& where, error_kind kind);
+/// `text` as a JSON object, nested at most as deep as a manifest may be; throws
+/// checkpoint_error of `kind` naming the field "extras" otherwise.
+detail::doc_json parse_extras(std::string_view text, const fs::path& where, error_kind kind);
+/// The "tensors" table of any version: names, shapes (up to 8 sizes below 2^31), offsets.
+std::vector<tensor_entry> parse_tensor_table(const detail::doc_json& doc, const fs::path& where,
+                                             int version = 2);
 /// The rules on the tensor table that both versions share.
 void validate_tensors(const manifest& m, const fs::path& where, error_kind kind);
 

@@ -37,7 +37,8 @@ constexpr size_t max_pieces_per_tensor = 4096;
 
 }  // namespace
 
-std::vector<tensor_entry> parse_tensor_table(const doc_json& doc, const fs::path& where) {
+std::vector<tensor_entry> parse_tensor_table(const doc_json& doc, const fs::path& where,
+                                             int version) {
   std::vector<tensor_entry> out;
   const doc_json& tensors = get_array(doc, "tensors", where);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -57,6 +58,7 @@ std::vector<tensor_entry> parse_tensor_table(const doc_json& doc, const fs::path
       }
       e.shape.push_back(d.get<int64_t>());
     }
+    if (version >= workload_format_version) parse_v3_tensor(t, where, ctx, e);
     out.push_back(std::move(e));
   }
 
@@ -98,6 +100,35 @@ void put_string_field(std::string& out, const char* key, std::string_view value)
   out += ",\n";
 }
 
+// Format 3's top-level additions, in the same form: one line per field.
+void put_v3_fields(std::string& out, const manifest& m) {
+  out += "\"arrays\":[";
+  for (size_t i = 0; i < m.arrays.size(); ++i) {
+    if (i > 0) out += ',';
+    put_string(out, m.arrays[i]);
+  }
+  out += "],\n\"counters\":{";
+  for (size_t i = 0; i < m.counters.size(); ++i) {
+    if (i > 0) out += ',';
+    put_string(out, m.counters[i].name);
+    out += ':' + std::to_string(m.counters[i].value);
+  }
+  out += "},\n";
+  if (!m.extras_json.empty()) {
+    // The compact dump of the parsed object: what a reader's seal recomputes.
+    out += "\"extras\":";
+    out += parse_extras(m.extras_json, "(a manifest being written)", error_kind::invalid_argument)
+               .dump();
+    out += ",\n";
+  }
+}
+
+std::optional<int> index_in(const std::vector<std::string>& names, const std::string& name) {
+  const auto it = std::find(names.begin(), names.end(), name);
+  if (it == names.end()) return std::nullopt;
+  return static_cast<int>(it - names.begin());
+}
+
 }  // namespace
 
 // Written directly rather than through a JSON document: a commit writes one per checkpoint,
@@ -107,18 +138,21 @@ void put_string_field(std::string& out, const char* key, std::string_view value)
 std::string to_json_v2(const manifest& m) {
   std::string out;
   out.reserve(256 + m.config_json.size() + m.tensors.size() * 96 + m.pieces.size() * 160);
+  // Format 3 only adds to this text; with v3 false it is format 2's, byte for byte.
+  const bool v3 = m.format_version >= workload_format_version;
   out += "{\n";
   put_string_field(out, "kind", format::manifest_kind);
-  put_field(out, "format_version", 2);
+  put_field(out, "format_version", v3 ? workload_format_version : 2);
   put_field(out, "step", m.step);
   put_field(out, "world", m.world);
   put_field(out, "global_numel", m.global_numel);
   put_field(out, "seed", m.seed);
-  put_field(out, "adam_t", m.adam_t);
+  if (!v3) put_field(out, "adam_t", m.adam_t);
   put_string_field(out, "hash_algorithm", chunk_hash_name);
   put_field(out, "chunk_floats", m.chunk_floats);
   put_string_field(out, "layout", m.layout);
   put_string_field(out, "config_json", m.config_json);
+  if (v3) put_v3_fields(out, m);
   out += "\"tensors\":[";
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const tensor_entry& t = m.tensors[i];
@@ -129,7 +163,16 @@ std::string to_json_v2(const manifest& m) {
       if (d > 0) out += ',';
       out += std::to_string(t.shape[d]);
     }
-    out += "],\"offset\":" + std::to_string(t.offset) + "}";
+    out += "],\"offset\":" + std::to_string(t.offset);
+    if (v3 && !t.array.empty()) {
+      out += ",\"array\":";
+      put_string(out, t.array);
+    }
+    if (v3 && t.type != dtype::f32) {
+      out += ",\"dtype\":";
+      put_string(out, dtype_name(t.type));
+    }
+    out += "}";
   }
   out += "],\n\"pieces\":[";
   for (size_t i = 0; i < m.pieces.size(); ++i) {
@@ -137,7 +180,8 @@ std::string to_json_v2(const manifest& m) {
     out += i == 0 ? "\n{\"rank\":" : ",\n{\"rank\":";
     out += std::to_string(p.rank);
     out += ",\"array\":";
-    put_string(out, array_names.at(static_cast<size_t>(p.array)));
+    put_string(out, v3 ? m.arrays.at(static_cast<size_t>(p.array))
+                       : std::string(array_names.at(static_cast<size_t>(p.array))));
     out += ",\"tensor\":";
     put_string(out, p.tensor);
     out += ",\"box\":[" + std::to_string(p.where.row) + ',' + std::to_string(p.where.col) + ',' +
@@ -158,19 +202,21 @@ std::string to_json_v2(const manifest& m) {
   return out;
 }
 
-manifest from_json_v2(const doc_json& doc, const fs::path& where) {
+manifest from_json_v2(const doc_json& doc, const fs::path& where, int version) {
   manifest m;
-  m.format_version = 2;
+  m.format_version = version;
+  const bool v3 = version >= workload_format_version;
   m.step = get_int(doc, "step", where, std::numeric_limits<int64_t>::max());
   m.world = static_cast<int>(get_int(doc, "world", where, std::numeric_limits<int>::max()));
   m.global_numel = get_uint(doc, "global_numel", where);
   m.seed = get_uint(doc, "seed", where);
-  m.adam_t = get_int(doc, "adam_t", where, std::numeric_limits<int64_t>::max());
+  if (!v3) m.adam_t = get_int(doc, "adam_t", where, std::numeric_limits<int64_t>::max());
   m.chunk_floats = get_uint(doc, "chunk_floats", where);
   m.layout = get_string(doc, "layout", where);
   m.config_json = get_string(doc, "config_json", where);
+  if (v3) parse_v3_fields(doc, where, m);
 
-  m.tensors = parse_tensor_table(doc, where);
+  m.tensors = parse_tensor_table(doc, where, version);
 
   const doc_json& pieces = get_array(doc, "pieces", where);
   if (m.global_numel > max_global_numel) bad_field(where, "global_numel", "is beyond 2^40");
@@ -182,7 +228,8 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
     if (!p.is_object()) bad_field(where, ctx, "is not an object");
     saved_piece s;
     s.rank = static_cast<int>(get_int(p, "rank", where, std::numeric_limits<int>::max(), ctx));
-    const auto array = array_index(get_string(p, "array", where, ctx));
+    const auto array = v3 ? index_in(m.arrays, get_string(p, "array", where, ctx))
+                          : array_index(get_string(p, "array", where, ctx));
     if (!array) bad_field(where, ctx + "array", "names no state array");
     s.array = *array;
     s.tensor = get_string(p, "tensor", where, ctx);
@@ -212,57 +259,20 @@ manifest from_json_v2(const doc_json& doc, const fs::path& where) {
   return m;
 }
 
-void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
-  if (m.step < 0) broken(where, kind, "step is negative");
-  if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
-  if (m.chunk_floats < 1 || m.chunk_floats > max_chunk_floats)
-    broken(where, kind, "chunk_floats is " + std::to_string(m.chunk_floats) + ", not in 1..2^28");
-  // Bounds every size below so that box and tensor arithmetic cannot overflow.
-  if (m.global_numel > max_global_numel)
-    broken(where, kind, "global_numel " + std::to_string(m.global_numel) + " is beyond 2^40");
-  if (m.tensors.empty()) broken(where, kind, "it lists no tensors");
-  if (m.pieces.size() > max_pieces) broken(where, kind, "it lists too many pieces");
-  validate_tensors(m, where, kind);
+namespace {
 
-  std::map<std::string, std::pair<int64_t, int64_t>> matrix;  // tensor -> [rows, cols]
-  for (const tensor_entry& t : m.tensors) matrix[t.name] = as_matrix(t.shape);
-  // (array, tensor) -> its pieces, to check they tile the tensor
-  std::map<std::pair<int, std::string>, std::vector<const saved_piece*>> groups;
-  for (const saved_piece& p : m.pieces) {
-    const std::string name = "piece of " + p.tensor;
-    if (p.rank < 0 || p.rank >= m.world)
-      broken(where, kind, name + " has a rank outside the world");
-    if (p.array < 0 || static_cast<size_t>(p.array) >= array_names.size())
-      broken(where, kind, name + " names no state array");
-    const auto it = matrix.find(p.tensor);
-    if (it == matrix.end()) broken(where, kind, name + ": no such tensor in the table");
-    const auto [rows, cols] = it->second;
-    const box& b = p.where;
-    if (b.row < 0 || b.col < 0 || b.rows < 1 || b.cols < 1 || b.row > rows - b.rows ||
-        b.col > cols - b.cols) {
-      broken(where, kind,
-             name + " has a box outside the tensor's [" + std::to_string(rows) + ", " +
-                 std::to_string(cols) + "]");
-    }
-    if (p.offset >= m.chunk_floats)
-      broken(where, kind, name + " starts past the end of its first chunk");
-    const size_t span = p.offset + b.numel();  // below 2^41: no overflow
-    const size_t expected = span / m.chunk_floats + (span % m.chunk_floats != 0);
-    if (p.chunks.size() != expected) {
-      broken(where, kind,
-             name + " lists " + std::to_string(p.chunks.size()) + " chunks for a box that needs " +
-                 std::to_string(expected));
-    }
-    auto& group = groups[{p.array, p.tensor}];
-    if (group.size() >= max_pieces_per_tensor)
-      broken(where, kind, p.tensor + " is cut into too many pieces");
-    group.push_back(&p);
-  }
+/// (array, tensor) -> its pieces.
+using piece_groups = std::map<std::pair<int, std::string>, std::vector<const saved_piece*>>;
+
+/// Checks that the pieces of every tensor tile it in each array that holds it.
+void check_tiling(const manifest& m, const std::vector<std::string>& arrays,
+                  const piece_groups& groups, const fs::path& where, error_kind kind) {
   for (const tensor_entry& t : m.tensors) {
-    const auto [rows, cols] = as_matrix(t.shape);
+    const auto [rows, cols] = t.matrix();
     const auto area = static_cast<size_t>(rows) * static_cast<size_t>(cols);
-    for (size_t a = 0; a < array_names.size(); ++a) {
-      const std::string what = std::string(array_names[a]) + " of " + t.name;
+    for (size_t a = 0; a < arrays.size(); ++a) {
+      if (!t.array.empty() && t.array != arrays[a]) continue;  // in its own array only
+      const std::string what = arrays[a] + " of " + t.name;
       const auto it = groups.find({static_cast<int>(a), t.name});
       if (it == groups.end()) {
         if (area == 0) continue;
@@ -285,6 +295,64 @@ void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
                    std::to_string(area) + " elements");
     }
   }
+}
+
+}  // namespace
+
+void validate_v2(const manifest& m, const fs::path& where, error_kind kind) {
+  if (m.step < 0) broken(where, kind, "step is negative");
+  if (m.world < 1) broken(where, kind, "world is " + std::to_string(m.world) + ", not >= 1");
+  if (m.chunk_floats < 1 || m.chunk_floats > max_chunk_floats)
+    broken(where, kind, "chunk_floats is " + std::to_string(m.chunk_floats) + ", not in 1..2^28");
+  // Bounds every size below so that box and tensor arithmetic cannot overflow.
+  if (m.global_numel > max_global_numel)
+    broken(where, kind, "global_numel " + std::to_string(m.global_numel) + " is beyond 2^40");
+  if (m.tensors.empty()) broken(where, kind, "it lists no tensors");
+  if (m.pieces.size() > max_pieces) broken(where, kind, "it lists too many pieces");
+  validate_tensors(m, where, kind);
+  validate_v3_fields(m, where, kind);
+  const std::vector<std::string> arrays = m.state_arrays();
+
+  std::map<std::string, const tensor_entry*> table;
+  for (const tensor_entry& t : m.tensors) table[t.name] = &t;
+  // (array, tensor) -> its pieces, to check they tile the tensor
+  piece_groups groups;
+  for (const saved_piece& p : m.pieces) {
+    const std::string name = "piece of " + p.tensor;
+    if (p.rank < 0 || p.rank >= m.world)
+      broken(where, kind, name + " has a rank outside the world");
+    if (p.array < 0 || static_cast<size_t>(p.array) >= arrays.size())
+      broken(where, kind, name + " names no state array");
+    const auto it = table.find(p.tensor);
+    if (it == table.end()) broken(where, kind, name + ": no such tensor in the table");
+    const std::string& home = it->second->array;
+    if (!home.empty() && home != arrays[static_cast<size_t>(p.array)])
+      broken(where, kind,
+             name + " is in array " + arrays[static_cast<size_t>(p.array)] + ", the tensor in " +
+                 home);
+    const auto [rows, cols] = it->second->matrix();
+    const box& b = p.where;
+    if (b.row < 0 || b.col < 0 || b.rows < 1 || b.cols < 1 || b.row > rows - b.rows ||
+        b.col > cols - b.cols) {
+      broken(where, kind,
+             name + " has a box outside the tensor's [" + std::to_string(rows) + ", " +
+                 std::to_string(cols) + "]");
+    }
+    if (p.offset >= m.chunk_floats)
+      broken(where, kind, name + " starts past the end of its first chunk");
+    const size_t span = p.offset + b.numel();  // below 2^41: no overflow
+    const size_t expected = span / m.chunk_floats + (span % m.chunk_floats != 0);
+    if (p.chunks.size() != expected) {
+      broken(where, kind,
+             name + " lists " + std::to_string(p.chunks.size()) + " chunks for a box that needs " +
+                 std::to_string(expected));
+    }
+    auto& group = groups[{p.array, p.tensor}];
+    if (group.size() >= max_pieces_per_tensor)
+      broken(where, kind, p.tensor + " is cut into too many pieces");
+    group.push_back(&p);
+  }
+  check_tiling(m, arrays, groups, where, kind);
 }
 
 }  // namespace troupe::ckpt::manifest_json

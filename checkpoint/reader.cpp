@@ -186,6 +186,11 @@ full_state load_full_state_v2(const std::string& run_dir, const manifest& m);  /
 
 full_state load_full_state(const std::string& run_dir, const manifest& m) {
   if (m.format_version == 2) return load_full_state_v2(run_dir, m);
+  // Its arrays are not AdamW's and its tensors not all floats: restore_into reads it.
+  if (m.format_version == workload_format_version)
+    io::fail(error_kind::invalid_argument, manifest_path_of(run_dir, m),
+             "is a format 3 checkpoint, which restore_into reads; full_state holds format 1 and "
+             "2 only");
   manifest_json::validate(m, manifest_path_of(run_dir, m), error_kind::invalid_argument);
   const fs::path dir = format::step_dir(run_dir, m.step);
   full_state out;

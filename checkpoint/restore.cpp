@@ -64,10 +64,10 @@ class chunk_cache {
       cache_.clear();
       held_ = 0;
     }
-    const std::string context = std::string(array_names[static_cast<size_t>(p.array)]) + " of " +
-                                p.tensor + ", chunk " + std::to_string(index) +
-                                " of the piece of rank " + std::to_string(p.rank) +
-                                ", checkpoint step " + std::to_string(m_.step);
+    const std::string context = m_.array_name(p.array) + " of " + p.tensor + ", chunk " +
+                                std::to_string(index) + " of the piece of rank " +
+                                std::to_string(p.rank) + ", checkpoint step " +
+                                std::to_string(m_.step);
     std::vector<float> buffer;
     if (!spare_.empty()) {
       buffer = std::move(spare_.back());
@@ -153,7 +153,7 @@ void for_each_run(const manifest& m, const state_map& map, const piece_index& in
       const auto group = index.find({static_cast<int>(a), p.tensor});
       if (group == index.end()) {
         io::fail(error_kind::incompatible, where,
-                 "has no " + std::string(array_names[a]) + " of tensor " + p.tensor +
+                 "has no " + m.array_name(static_cast<int>(a)) + " of tensor " + p.tensor +
                      ": it was written for another model. Resume with the checkpoint's config.");
       }
       if (p.local_offset + p.where.numel() > buffers[a].size())
@@ -173,7 +173,7 @@ void for_each_run(const manifest& m, const state_map& map, const piece_index& in
       }
       if (filled != p.where.numel())
         io::fail(error_kind::corrupt, where,
-                 "does not cover the " + std::string(array_names[a]) + " of " + p.tensor +
+                 "does not cover the " + m.array_name(static_cast<int>(a)) + " of " + p.tensor +
                      " that this rank holds");
     }
   }
@@ -184,8 +184,8 @@ void for_each_run(const manifest& m, const state_map& map, const piece_index& in
 restore_stats restore_into(const std::string& run_dir, const manifest& m, const state_map& map,
                            std::span<const std::span<float>> buffers, const memory_source& memory) {
   const fs::path where = format::step_dir(run_dir, m.step) / format::manifest_name;
-  if (m.format_version != 2)
-    io::fail(error_kind::invalid_argument, where, "restore_into reads format 2 checkpoints only");
+  if (m.format_version != 2 && m.format_version != workload_format_version)
+    io::fail(error_kind::invalid_argument, where, "restore_into reads format 2 and 3 checkpoints");
   manifest_json::validate(m, where, error_kind::invalid_argument);
   if (buffers.size() != map.arrays.size())
     io::fail(error_kind::invalid_argument, where, "the state has the wrong number of buffers");
@@ -212,9 +212,11 @@ restore_stats restore_into(const std::string& run_dir, const manifest& m, const 
 
 state_map full_state_map(const manifest& m) {
   state_map map;
-  for (size_t a = 0; a < map.arrays.size(); ++a) {
+  const std::vector<std::string> arrays = m.state_arrays();
+  for (size_t a = 0; a < map.arrays.size() && a < arrays.size(); ++a) {
     for (const tensor_entry& t : m.tensors) {
-      const auto [rows, cols] = as_matrix(t.shape);
+      if (!t.array.empty() && t.array != arrays[a]) continue;  // format 3: its own array only
+      const auto [rows, cols] = t.matrix();
       if (rows * cols == 0) continue;
       map.arrays[a].push_back({t.name, {0, 0, rows, cols}, t.offset, 1, 0});
     }

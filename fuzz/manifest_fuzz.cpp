@@ -33,11 +33,11 @@ using doc_json = mj::detail::doc_json;
   std::abort();
 }
 
-/// What the restore assumes of an accepted format 2 manifest: every piece's chunks hold
+/// What the restore assumes of an accepted format 2 or 3 manifest: every piece's chunks hold
 /// exactly its box, starting at its offset (chunk i holds elements [i * chunk_floats,
 /// (i + 1) * chunk_floats) of the run that begins `offset` floats before the box).
 void check_accepted(const manifest& m) {
-  if (m.format_version != 2) return;
+  if (m.format_version < 2) return;
   for (const auto& p : m.pieces) {
     if (p.offset >= m.chunk_floats) finding("an accepted piece starts past its first chunk");
     const auto numel = static_cast<unsigned __int128>(p.where.numel()) + p.offset;

@@ -205,10 +205,10 @@ TEST_F(damaged_checkpoint, FutureManifestFormatVersion) {
   const fs::path path = step_path(dir_.str(), 10) / "manifest.json";
   const std::vector<char> clean = read_bytes(path);
   std::string text(clean.begin(), clean.end());
-  text.replace(text.find("\"format_version\": 1"), 19, "\"format_version\": 3");
+  text.replace(text.find("\"format_version\": 1"), 19, "\"format_version\": 4");
   write_text(path, text);
   expect_error([&] { latest_committed(dir_.str()); }, error_kind::unsupported_version,
-               "format_version 3");
+               "format_version 4");
 }
 
 TEST_F(damaged_checkpoint, CorruptLatest) {
