@@ -15,34 +15,15 @@
 #include "runtime/comm/store.hpp"
 #include "strategies/state_layout.hpp"
 #include "tests/strategies/gather_state.hpp"
+#include "tests/strategies/tiny_job.hpp"
 
 namespace troupe::strategies {
 namespace {
 
 using namespace std::chrono_literals;
 
-train_config tiny_config() {
-  train_config cfg;
-  cfg.model.n_layer = 2;
-  cfg.model.n_head = 4;
-  cfg.model.d_model = 32;
-  cfg.model.context = 16;
-  cfg.model.vocab = 256;
-  cfg.batch = 8;
-  cfg.micro_batch = 2;
-  cfg.steps = 3;
-  cfg.eval_batches = 2;
-  cfg.optim.warmup_steps = 1;
-  cfg.optim.grad_clip = 0.05;
-  return cfg;
-}
-
-byte_dataset tiny_data() {
-  std::vector<uint8_t> bytes(20000);
-  for (size_t i = 0; i < bytes.size(); ++i)
-    bytes[i] = static_cast<uint8_t>("the quick brown fox "[i % 20] + (i / 97) % 3);
-  return byte_dataset::from_bytes(std::move(bytes), 0.1);
-}
+train_config tiny_config() { return testing::tiny_config(2); }
+using testing::tiny_data;
 
 struct run_result {
   std::vector<double> loss_sums, counts, lrs, norms;  // per step, summed over ranks
