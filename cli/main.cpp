@@ -273,7 +273,16 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     }
     troupe::actors::agent_args a;
     troupe::cli::agent_plan scheduled;
-    parse_member_args(command, args, a.coordinator_host, a.coordinator_port, a.advertise, nullptr,
+    // `troupe agent ... -- PROGRAM ARGS`: its workers run the job's program (troupe run passes
+    // it on); without it, `troupe worker`.
+    std::vector<std::string> own = args;
+    if (const auto dash = std::find(args.begin(), args.end(), "--"); dash != args.end()) {
+      own.assign(args.begin(), dash);
+      a.program.assign(dash + 1, args.end());
+      if (a.program.empty() || a.program.front().empty())
+        throw usage_error("troupe agent: `--` must be followed by the workers' program");
+    }
+    parse_member_args(command, own, a.coordinator_host, a.coordinator_port, a.advertise, nullptr,
                       a.coordinators, nullptr, &a.ranks, nullptr, &scheduled);
     if (!scheduled.words.empty())
       std::fprintf(stderr, "troupe agent: %s\n",

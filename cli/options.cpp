@@ -93,9 +93,19 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
                               const env_reader& env) {
   job_options out;
   const std::string command = coordinator_only ? "coordinator" : "run";
+  // `troupe run [options] -- PROGRAM ARGS`: what follows the first `--` is the workers' program.
+  std::vector<std::string> own = args, program;
+  if (const auto dash = std::find(args.begin(), args.end(), "--"); dash != args.end()) {
+    own.assign(args.begin(), dash);
+    program.assign(dash + 1, args.end());
+    if (program.empty() || program.front().empty())
+      throw usage_error("troupe " + command +
+                        ": `--` must be followed by the workers' program, e.g. -- python3 "
+                        "train.py ARGS");
+  }
   command_line cl("troupe " + command);
   declare_command_options(cl);
-  cl.parse(args);
+  cl.parse(own);
   if (cl.help()) {
     out.help = true;
     return out;
@@ -178,6 +188,21 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     } else {
       throw cl.error("option " + flag + " is not one of troupe " + command + "'s");
     }
+  }
+  if (!program.empty()) out.cfg.workload_command = program;
+  if (out.cfg.external_workload()) {
+    // Checkpoints of a program's own state need the format 3 manifest written from the ranks'
+    // tables (docs/WORKLOAD.md, stage 9), which is not built yet: refused, never ignored.
+    for (const auto& [flag, value] : cl.given())
+      if (flag == "--checkpoint-every" || flag == "--exit-after-step" ||
+          flag == "--replicate-checkpoints")
+        throw usage_error("troupe " + command + ": " + flag +
+                          " is not supported yet for a workload of your own (`-- PROGRAM`): its "
+                          "checkpoints are not built yet; a lost rank is restored from its peers");
+    if (resume)
+      throw usage_error("troupe " + command +
+                        " --resume: a workload of your own (`-- PROGRAM`) cannot resume yet: its "
+                        "checkpoints are not built yet");
   }
   if (out.saved) {
     // A resume changes only what may change; the rest is the run's and shapes its math.

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "actors/coordinator/job/job_actions.hpp"
+#include "coordinator/job_options.hpp"
 #include "coordinator/job_runner.hpp"
 #include "coordinator/job_steps.hpp"
 #include "monitoring/log.hpp"
@@ -168,8 +169,10 @@ class launcher {
     const auto& token = auth::process_credentials().token_path;
     for (int n = 0; n < job_.cfg.elastic.nodes; ++n)
       agents_.push_back(sys::spawn_child(
-          {sys::self_executable(), "agent", "--coordinator", list, "--join-token", token}, true,
-          SIGTERM));
+          with_program(
+              {sys::self_executable(), "agent", "--coordinator", list, "--join-token", token},
+              job_.cfg),
+          true, SIGTERM));
   }
 
   int live_coordinators() const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/cluster_env.hpp"
 #include "runtime/config.hpp"
@@ -36,5 +37,16 @@ struct job_options {
   /// --resume: the run's own config.json, as this session found it (cfg starts from it).
   std::optional<train_config> saved;
 };
+
+/// An agent's command line, with the job's program after `--` when the workers run one (the
+/// agent starts only what the process that launched it named: the program never travels in a
+/// message).
+inline std::vector<std::string> with_program(std::vector<std::string> agent_argv,
+                                             const train_config& cfg) {
+  if (!cfg.external_workload()) return agent_argv;
+  agent_argv.push_back("--");
+  agent_argv.insert(agent_argv.end(), cfg.workload_command.begin(), cfg.workload_command.end());
+  return agent_argv;
+}
 
 }  // namespace troupe::coordinator

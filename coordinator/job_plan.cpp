@@ -10,6 +10,7 @@
 #include <string>
 
 #include "actors/wire/node_address.hpp"
+#include "coordinator/job_options.hpp"
 #include "coordinator/job_steps.hpp"
 #include "coordinator/slurm_launch.hpp"
 #include "runtime/comm/tcp_signature.hpp"
@@ -94,7 +95,8 @@ void place_listeners(const job_options& opts, job_plan& job) {
   job.rendezvous_host =
       job.listen_host == "0.0.0.0" ? slurm_listen_host(*job.slurm) : job.listen_host;
   if (job.launch_local_agent) {
-    job.srun_agents = srun_agents_command(sys::self_executable(), job.cfg.elastic.nodes);
+    job.srun_agents =
+        with_program(srun_agents_command(sys::self_executable(), job.cfg.elastic.nodes), job.cfg);
     // Before the job's threads start: the agents srun starts find the run directory (its join
     // token and rendezvous.json) here, and this coordinator through it.
     ::setenv("TROUPE_RUN_DIR", job.cfg.run_dir.c_str(), 1);

@@ -63,7 +63,7 @@ void print_goodput(const std::string& goodput_json) {
   }
   std::printf("  goodput           %.1f%% of %.1f rank-seconds (%s)\n",
               100 * g.value("goodput", 0.0), all, words.c_str());
-  if (g.value("peak_flops", 0.0) > 0)
+  if (g.value("peak_flops", 0.0) > 0 && g.value("mfu", 0.0) > 0)  // no FLOPs known: no MFU
     std::printf("  MFU               %.1f%% of %.1f GFLOP/s per rank\n", 100 * g.value("mfu", 0.0),
                 g.value("peak_flops", 0.0) / 1e9);
 }
@@ -80,7 +80,9 @@ void print_summary(const train_config& cfg, const actors::job_result& r) {
               cfg.steps, world, configured.c_str());
   if (r.final_loss == r.final_loss) std::printf("  train loss        %.4f\n", r.final_loss);
   if (r.val_loss >= 0) std::printf("  validation loss   %.4f\n", r.val_loss);
-  std::printf("  tokens/s          %s\n", format_rate(r.tokens_per_s).c_str());
+  // A program of the user's counts samples (its step_outcome), the built-in GPT tokens.
+  std::printf("  %s %s\n", cfg.external_workload() ? "samples/s        " : "tokens/s         ",
+              format_rate(r.tokens_per_s).c_str());
   print_goodput(r.goodput_json);
   std::printf("  checkpoint        %s\n", committed_checkpoint_words(cfg.run_dir).c_str());
   std::printf("  events            %s\n", run_paths::events(cfg.run_dir).c_str());

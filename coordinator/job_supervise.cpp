@@ -14,6 +14,7 @@
 #include "actors/wire/connect.hpp"
 #include "actors/wire/tls_transport.hpp"
 #include "checkpoint/durable_io.hpp"
+#include "coordinator/job_options.hpp"
 #include "coordinator/job_steps.hpp"
 #include "coordinator/slurm_launch.hpp"
 #include "monitoring/events/events.hpp"
@@ -356,13 +357,16 @@ void job_supervision::start_agents(const std::string& endpoint) {
     // One agent per simulated node, each leading its own process group with its workers.
     for (int n = 0; n < job_.cfg.elastic.nodes; ++n)
       agents_.push_back(sys::spawn_child(
-          {sys::self_executable(), "agent", "--coordinator", endpoint, "--join-token", token}, true,
-          SIGTERM));
+          with_program(
+              {sys::self_executable(), "agent", "--coordinator", endpoint, "--join-token", token},
+              job_.cfg),
+          true, SIGTERM));
   } else {
     std::printf(
         "troupe coordinator: listening on %s; start agents with: troupe agent --coordinator %s "
-        "--join-token %s\n",
-        endpoint.c_str(), endpoint.c_str(), token.c_str());
+        "--join-token %s%s\n",
+        endpoint.c_str(), endpoint.c_str(), token.c_str(),
+        job_.cfg.external_workload() ? " -- PROGRAM (the job's, as given after --)" : "");
     std::fflush(stdout);
   }
 }

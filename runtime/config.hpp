@@ -105,7 +105,12 @@ struct train_config {
   int batch = 16;       ///< global batch in sequences per step (any world size)
   int micro_batch = 4;  ///< sequences per forward/backward on one rank
   uint64_t seed = 1337;
-  std::string data;            ///< corpus path; empty = the default corpus
+  std::string data;  ///< corpus path; empty = the default corpus
+  /// What the workers run: empty = the built-in GPT (`troupe worker`); otherwise the user's
+  /// program (`troupe run ... -- python3 train.py ARGS`), which hosts the worker through the
+  /// `troupe` Python module or libtroupe (docs/WORKLOAD.md). Such a job is data-parallel only.
+  std::vector<std::string> workload_command;
+  bool external_workload() const { return !workload_command.empty(); }
   double val_fraction = 0.05;  ///< tail of the corpus held out for validation
   int eval_every = 100;        ///< steps between validation losses; 0 = only at the end
   int eval_batches = 8;        ///< micro-batches per validation estimate

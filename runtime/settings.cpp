@@ -126,6 +126,26 @@ accessors section_string_field(std::string name, S train_config::*section, std::
           },
           [section, member](const train_config& c) { return json((c.*section).*member); }};
 }
+// The user's worker program: an array of strings (the argv after `troupe run ... --`).
+accessors command_field() {
+  const std::string name = "workload.command";
+  return {
+      name,
+      [name](train_config& c, const json& v) {
+        if (!v.is_array())
+          throw config_error("config: '" + name + "' must be an array of strings, got " + shown(v));
+        std::vector<std::string> argv;
+        for (const auto& item : v) {
+          if (!item.is_string())
+            throw config_error("config: '" + name + "' must hold strings, got " + shown(item));
+          argv.push_back(item.get<std::string>());
+        }
+        if (!argv.empty() && argv.front().empty())
+          throw config_error("config: '" + name + "' names an empty program");
+        c.workload_command = std::move(argv);
+      },
+      [](const train_config& c) { return json(c.workload_command); }};
+}
 // The fault list: an array of specs in a config file, one spec per --fault (appended).
 accessors faults_field() {
   const std::string name = "elastic.faults";
@@ -466,6 +486,10 @@ std::vector<setting> build_table() {
        .help = "what is done about a rank whose compute stays 1.3x the median (default warn)",
        .choices = {"warn", "rebalance", "evict"}});
   // ---- faults, divergence, deadlines
+  add(command_field(),
+      {"", "", g_train, may_change,
+       "the workers' program, set by `troupe run ... -- PROGRAM ARGS` (empty: the built-in "
+       "GPT); a resume may name a fixed script"});
   add(faults_field(),
       {"--fault", "SPEC", g_safety, may_change,
        "inject a fault (repeatable): kill:rank=1:step=8, kill:node=1:step=12, "

@@ -27,4 +27,8 @@ else
 fi
 cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTROUPE_WERROR=$werror \
   -DTROUPE_BUILD_TESTS=$tests -DTROUPE_NATIVE="${TROUPE_NATIVE:-OFF}" >/dev/null
+# The Python module (python/) comes with the binary when CMake found python3-dev and pybind11.
+if [[ ${#target[@]} -gt 0 && -e build/python/troupe/__init__.py ]]; then
+  target+=(--target troupe_python_native)
+fi
 cmake --build build -j "$(nproc)" "${target[@]}"

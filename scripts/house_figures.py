@@ -25,7 +25,7 @@ import sys
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 FLOORS = {"runtime": 1, "checkpoint": 2, "monitoring": 2, "chaos": 2, "strategies": 3,
-          "actors": 4, "coordinator": 5, "cli": 6}
+          "actors": 4, "coordinator": 5, "cli": 6, "python": 6}
 # The rooms of actors/: one per process that runs them, and the wire they all share. A room
 # may use wire/ and nothing of another room.
 ROOMS = {"coordinator", "agent", "worker"}

@@ -20,6 +20,7 @@ packages=(
   cppzmq-dev libzmq3-dev   # checkpoint replicas in a peer's memory
   bible-kjv             # renders the default corpus (King James Bible, public domain)
   python3
+  python3-dev pybind11-dev   # the troupe Python module (python/): a worker in a PyTorch script
 )
 test_packages=(
   libgtest-dev
@@ -30,6 +31,7 @@ test_packages=(
   slurmctld slurmd slurm-client munge   # a real Slurm for tests/integration/slurm_test.py
   chromium              # headless browser: tests/integration/report_test.py renders `troupe report`
   tmux                  # a terminal of a chosen size: tests/integration/top_screen_test.py
+  python3-torch         # PyTorch 1.13 for the Python frontend's tests (tests/python)
 )
 for arg in "$@"; do
   case "$arg" in

@@ -351,6 +351,7 @@ plan_constraints constraints_from(const train_config& cfg) {
   c.pp = cfg.parallel.pp > 1 ? cfg.parallel.pp : 0;
   c.ep = cfg.parallel.ep > 1 ? cfg.parallel.ep : 0;
   c.zero = cfg.parallel.zero;
+  if (cfg.external_workload()) c.tp = c.pp = c.ep = 1;  // a user's program: replicas only
   return c;
 }
 

@@ -6,6 +6,12 @@ namespace troupe::strategies {
 
 workload_description describe_workload(const train_config& cfg) {
   workload_description d;
+  if (cfg.external_workload()) {  // the user's program: its table comes from the ranks
+    d.name = cfg.workload_command.front();
+    d.count_unit = "samples";
+    d.constraints = constraints_from(cfg);
+    return d;
+  }
   d.name = "gpt";
   d.tensors = tensor_table(cfg.model);
   for (const auto& t : d.tensors) {

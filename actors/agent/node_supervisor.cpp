@@ -10,6 +10,8 @@
 #include <caf/io/all.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -44,6 +46,7 @@ leader_answer judge_leader_answer(const launch_plan& plan, int64_t epoch_seen) {
 using namespace agent_detail;
 using sys::self_executable;
 using sys::spawn_child;
+using sys::spawn_program;
 using sys::try_reap;
 using sys::wait_for_exit;
 
@@ -67,6 +70,38 @@ std::vector<std::string> worker_command(const agent_state& s, int32_t member) {
   return argv;
 }
 
+// Where the `troupe` Python module of this build lies: beside a build tree's binary
+// (build/cli/troupe -> build/python) or an installed one (bin/troupe -> lib/troupe/python).
+std::string python_module_dir(const std::string& exe) {
+  namespace fs = std::filesystem;
+  const fs::path bin = fs::path(exe).parent_path();
+  for (const fs::path& dir :
+       {bin.parent_path() / "python", bin.parent_path() / "lib/troupe/python"}) {
+    std::error_code ec;
+    if (fs::exists(dir / "troupe" / "__init__.py", ec)) return dir.string();
+  }
+  return "";
+}
+
+// Starts the process of member `member` (a standby when negative, reading its id from
+// `stdin_fd`): `troupe worker`, or the job's program, which finds the same facts in its
+// environment (python/troupe, docs/WORKLOAD.md).
+pid_t spawn_worker(const agent_state& s, int32_t member, int stdin_fd = -1) {
+  if (s.args.program.empty()) return spawn_child(worker_command(s, member), false, 9, stdin_fd);
+  std::vector<std::string> env{"TROUPE_COORDINATOR=" + s.endpoint,
+                               "TROUPE_NODE=" + std::to_string(s.node),
+                               "TROUPE_JOIN_TOKEN=" + auth::process_credentials().token_path};
+  env.push_back(member >= 0 ? "TROUPE_MEMBER=" + std::to_string(member) : "TROUPE_STANDBY=1");
+  if (!s.args.advertise.empty()) env.push_back("TROUPE_ADVERTISE=" + s.args.advertise);
+  // The module that speaks this binary's protocol comes first on the path.
+  if (const std::string dir = python_module_dir(s.exe); !dir.empty()) {
+    const char* before = std::getenv("PYTHONPATH");
+    env.push_back("PYTHONPATH=" + dir + (before && *before ? ":" + std::string(before) : ""));
+  }
+  if (!std::getenv("PYTHONUNBUFFERED")) env.push_back("PYTHONUNBUFFERED=1");
+  return spawn_program(s.args.program, env, 9, stdin_fd);
+}
+
 // Starts the standby if restarts are left and none is there; failures only mean that the
 // next restart starts a process of its own.
 void start_standby(self_ptr self) {
@@ -76,7 +111,7 @@ void start_standby(self_ptr self) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
   try {
-    s.standby = spawn_child(worker_command(s, -1), false, 9, fds[0]);
+    s.standby = spawn_worker(s, -1, fds[0]);
     s.standby_input = fds[1];
   } catch (const std::exception& e) {
     monitoring::log(monitoring::level::warn, agent_ctx,
@@ -119,7 +154,7 @@ pid_t restart_worker(self_ptr self, int32_t member) {
     }
     drop_standby(self);  // it died: start one the usual way
   }
-  const pid_t pid = spawn_child(worker_command(s, member));
+  const pid_t pid = spawn_worker(s, member);
   start_standby(self);
   return pid;
 }
@@ -229,7 +264,7 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
   for (int32_t m : plan.members) {
     s.given_members.insert(m);
     try {
-      s.workers[m] = spawn_child(worker_command(s, m));
+      s.workers[m] = spawn_worker(s, m);
     } catch (const std::exception& e) {
       monitoring::log(monitoring::level::error, agent_ctx,
                       "cannot start member " + std::to_string(m) + ": " + e.what());

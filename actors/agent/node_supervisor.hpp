@@ -16,6 +16,9 @@ struct agent_args : coordinator_contact {
   /// Under a scheduler (Slurm): SIGTERM and SIGUSR1 ask the coordinator to checkpoint and stop
   /// the job (preempt_atom) instead of stopping this node's workers.
   bool preempt_on_signals = false;
+  /// The job's program (`troupe agent ... -- PROGRAM ARGS`): started as each worker, which
+  /// joins through the `troupe` module or libtroupe; empty = `troupe worker`.
+  std::vector<std::string> program;
 };
 
 /// Runs the agent until its workers are gone; returns the process exit code

@@ -210,6 +210,10 @@ void job_logic::maybe_open_first_generation(logic_time now, actions& out) {
            "at most " + std::to_string(live + first_members_pending()) + " of " +
                std::to_string(params_.members) + " workers can join, fewer than --min-ranks " +
                std::to_string(min_ranks) + ": " + missing_members(true) +
+               (params_.cfg.external_workload()
+                    ? "; the workers run `" + params_.cfg.workload_command.front() +
+                          " ...`, which joins the job when it calls troupe.init()"
+                    : std::string()) +
                "; check the agent's output for the worker's error, then run again (with "
                "--max-restarts N an agent restarts such a worker; a lower --min-ranks starts "
                "the job without it)",
@@ -319,6 +323,8 @@ void job_logic::all_votes_in(logic_time now, actions& out) {
   const bool grow = step < last && !preempting && grow_wanted();
   const bool evaluate = evaluation_due(step, last, cfg.eval_every) && !(preempting && step < last);
   commit c{generation(), step, checkpoints_.wanted(step, preempting), evaluate, 0.0, grow};
+  c.loss = loss;
+  c.loss_class = wire_encode(c.loss);  // c.loss becomes a finite stand-in where needed
   if (c.checkpoint && previous_checkpoint_blocks(step)) {  // checkpoint_overlap skip
     c.checkpoint = false;
     out.push_back(emit_event{events::checkpoint_skipped{

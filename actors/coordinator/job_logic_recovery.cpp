@@ -170,6 +170,14 @@ void job_logic::blame_failed_step(logic_time now, actions& out) {
   // nothing are (they hang inside it). Those are evicted; otherwise the generation is
   // rebuilt with everyone.
   const std::string why = steps_.failure();
+  if (steps_.failed_in_program()) {
+    finish(1,
+           why +
+               "\nThe job stops: the program would fail the same way on a redo. Fix it, then "
+               "start the job again",
+           out);
+    return;
+  }
   for (int32_t rank : steps_.culprits(world())) {
     const int32_t member = member_of_rank(rank);
     if (member < 0) continue;

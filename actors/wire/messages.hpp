@@ -21,6 +21,10 @@ namespace troupe::actors {
 /// so a token of another build is refused before any connection is made.
 constexpr int32_t protocol_version = auth::protocol_version;
 
+/// step_done::error_op of a step that failed in the user's own program (it raised): the job
+/// ends with its words instead of redoing a step that would fail the same way.
+inline constexpr const char* program_failure_op = "program";
+
 using stop_atom = caf::atom_constant<caf::atom("stop")>;  // orderly stop, from the coordinator
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;  // Ctrl-C at the launcher
 /// SIGTERM / SIGUSR1 at the launcher or an agent (a scheduler wants the nodes back): checkpoint
@@ -245,6 +249,8 @@ struct commit {
   bool hold = false;        ///< the generation ends after this step (it grows): apply it, then
                             ///< wait for the abort instead of starting a step that would be lost
   int64_t epoch = 0;        ///< the sending coordinator's leadership epoch (0 without etcd)
+  double loss = 0;          ///< the job's mean loss of the step (a script prints it as is)
+  int8_t loss_class = 0;    ///< wire_encode(loss): a NaN or infinity survives the wire
 };
 
 /// The current generation is over: `generation` is the one being formed (or the last one,
@@ -412,7 +418,7 @@ typename Inspector::result_type inspect(Inspector& f, step_done& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, commit& x) {
   return f(caf::meta::type_name("troupe::commit"), x.generation, x.step, x.checkpoint, x.evaluate,
-           x.peer_wait_s, x.hold, x.epoch);
+           x.peer_wait_s, x.hold, x.epoch, x.loss, x.loss_class);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, abort_generation& x) {

@@ -264,7 +264,9 @@ loop_result train(worker& w, int64_t start_step) {
                     op + " of step " + std::to_string(step) + " failed: " + e.what());
     // The coordinator already ended this generation (its abort is here): a vote for it
     // would only be counted as stale, and at many ranks the coordinator has better to do.
-    if (!w.shared->superseded(g.generation)) tell_coordinator(w, failed_vote(w, step, op, e));
+    const bool program = dynamic_cast<const program_error*>(&e) != nullptr;
+    if (program || !w.shared->superseded(g.generation))
+      tell_coordinator(w, failed_vote(w, step, program ? program_failure_op : op, e));
     return await_decision(w);
   };
   double prev_control = 0, prev_peer_wait = 0, prev_optim = 0, prev_ckpt_stall = 0;
@@ -355,7 +357,7 @@ loop_result train(worker& w, int64_t start_step) {
       // ZeRO's all-gather and tensor parallelism's norm are collectives too; a failure in the
       // middle leaves parameters half updated, so the state is no longer usable.
       g.state_step = -1;
-      work.apply({step, w.cfg.steps, step_opts});
+      work.apply({step, w.cfg.steps, step_opts, wire_decode(c.loss, c.loss_class)});
       g.state_step = step;
     } catch (const std::exception& e) {
       return fail_step(step, "apply", e);
@@ -539,8 +541,23 @@ silence_policy silence_policy_of(const worker& w) {
 constexpr size_t warm_limit_bytes = size_t{1} << 30;
 
 // `coordinator` is reached already: the one at args.coordinators[first] (or the only one).
+// What a workload may read of the job's settings.
+job_settings settings_of(const train_config& cfg, const std::string& config_json) {
+  job_settings s;
+  s.steps = cfg.steps;
+  s.last_step = session_last_step(cfg);
+  s.global_batch = cfg.batch;
+  s.micro_batch = cfg.micro_batch;
+  s.seed = cfg.seed;
+  s.bucket_bytes = cfg.bucket_bytes;
+  s.compute_threads = cfg.blas_threads;
+  s.run_dir = cfg.run_dir;
+  s.config_json = config_json;
+  return s;
+}
+
 void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args, size_t first,
-                std::shared_ptr<std::atomic<int>> code) {
+                std::shared_ptr<std::atomic<int>> code, workload_factory make) {
   worker w;
   w.self = self;
   w.coordinator = coordinator;
@@ -615,9 +632,11 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     // old and a new engine will use; one that joins a running job may be on a recovery's
     // path (a reconfigure may already wait), so it only marks its heap for huge pages and
     // faults it in and writes it while it idles (serve).
-    const size_t engine = std::min(working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
-                                       static_cast<size_t>(std::max(0, w.cfg.bucket_bytes)),
-                                   warm_limit_bytes / 2);
+    // Only the built-in GPT's working set is known here; a program warms its own heap.
+    const size_t engine = make ? 0
+                               : std::min(working_set_bytes(w.cfg.model, w.cfg.micro_batch) +
+                                              static_cast<size_t>(std::max(0, w.cfg.bucket_bytes)),
+                                          warm_limit_bytes / 2);
     const bool forming = answer->generation == 0;
     if (forming)
       sys::warm_heap(2 * engine, 2 * engine);
@@ -637,8 +656,12 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     const auto store_port = static_cast<uint16_t>(answer->store_port);
     w.store = comm::connect_tcp_store(store_host, store_port,
                                       std::chrono::milliseconds(w.cfg.step_timeout_ms));
-    w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
-    w.job = std::make_unique<strategies::gpt_workload>(w.cfg, *w.data);
+    if (make) {
+      w.job = make(settings_of(w.cfg, answer->config_json));
+    } else {
+      w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+      w.job = std::make_unique<strategies::gpt_workload>(w.cfg, *w.data);
+    }
     // Every listener of this worker (gloo's pairs, its stage link, its checkpoint replica)
     // binds and advertises this: the node's address toward the coordinator, or the one its
     // agent was told (--iface, --advertise).
@@ -678,7 +701,7 @@ std::optional<int32_t> read_member_line(int fd) {
 
 }  // namespace
 
-int run_worker(const worker_args& args) {
+int run_worker(const worker_args& args, const workload_factory& make) {
   sys::retain_freed_memory();  // before CAF starts its threads
   system_config cfg;
   cfg.use_network();
@@ -733,7 +756,7 @@ int run_worker(const worker_args& args) {
     mine.member = *member;
   }
   auto code = std::make_shared<std::atomic<int>>(1);
-  sys.spawn(rank_actor, coordinator, mine, first, code);
+  sys.spawn(rank_actor, coordinator, mine, first, code, make);
   sys.await_all_actors_done();
   return code->load();
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/wire/connect.hpp"
+#include "runtime/workload/workload.hpp"
 
 namespace troupe::actors {
 
@@ -22,6 +23,9 @@ struct worker_args : coordinator_contact {
 
 /// Runs the worker until the job stops it; returns the process exit code
 /// (0 stopped normally, 1 failed; the reason is logged).
-int run_worker(const worker_args& args);
+/// `make` builds what this process trains once the coordinator's welcome brings the job's
+/// settings (a Python script's workload, a C++ program's); empty = the built-in GPT over the
+/// job's corpus.
+int run_worker(const worker_args& args, const workload_factory& make = {});
 
 }  // namespace troupe::actors

@@ -72,7 +72,7 @@ ckpt::async_checkpointer& checkpointer_of(worker& w) {
 // costs ~0.3 GB/s to touch here, which the first checkpoint would otherwise take from
 // training (with the writer's first buffers, tens of milliseconds).
 void prepare_checkpoints(worker& w) {
-  if (w.cfg.checkpoint_every <= 0 || !w.current.work) return;
+  if (w.cfg.checkpoint_every <= 0 || !w.current.work || w.cfg.external_workload()) return;
   const state_view view = w.current.work->state();
   strategies::local_state state = strategies::local_state_of(view);
   std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());

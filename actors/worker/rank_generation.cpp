@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/comm/host_communicator.hpp"
+#include "runtime/trainer.hpp"
 #include "strategies/pipeline_schedule.hpp"
 #include "strategies/replan.hpp"
 
@@ -94,6 +95,16 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       env.world = r.world;
       env.global_batch = w.cfg.batch;
       env.plan_json = r.plan_json;
+      {  // this rank's replica group and its share of every step's samples
+        const auto view = strategies::view_of(next.plan.shape, r.rank);
+        env.dp = {view.dp.index, static_cast<int>(view.dp.ranks.size()), view.dp.ranks,
+                  view.dp.name};
+        if (!next.plan.replica_micro_batches.empty()) {
+          const auto share = replica_share(next.plan.replica_micro_batches,
+                                           next.plan.micro_batch_size, view.dp.index);
+          env.share = {share.first, share.count, share.micro_batch};
+        }
+      }
       env.connect = connect;
       env.op_timeout = op_timeout;
       next.work = w.job->make_generation(env);
@@ -157,14 +168,14 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           next.work->keep_state(*w.current.work);
           break;
         case state_source::peer:
-          out.bytes = receive_state(connect, r.generation, r.source_rank, r.rank,
-                                    next.work->state(), opts, replicas);
+          out.bytes = receive_workload_state(connect, r.generation, r.source_rank, r.rank,
+                                             *next.work, opts, replicas);
           break;
         case state_source::none:
           break;
       }
       for (int32_t to : r.send_to)
-        send_state(connect, r.generation, r.rank, to, next.work->state(), opts, replicas);
+        send_workload_state(connect, r.generation, r.rank, to, *next.work, opts, replicas);
       next.state_step = r.start_step;
     }
   } catch (const std::exception& e) {

@@ -1,6 +1,7 @@
 #include "actors/worker/state_transfer.hpp"
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,7 +56,28 @@ channel open_channel(const strategies::connect_fn& connect, uint64_t generation,
   return c;
 }
 
-constexpr uint32_t header_tag = 1, step_tag = 2, first_buffer_tag = 16;
+constexpr uint32_t header_tag = 1, step_tag = 2, table_tag = 3, first_buffer_tag = 16;
+
+// A table and its extras are bounded: a peer's header is input like any other.
+constexpr uint64_t max_table_bytes = uint64_t{64} << 20;
+
+void send_text(comm::communicator& c, int peer, const std::string& text,
+               const comm::op_options& opts) {
+  const uint64_t n = text.size();
+  c.send(&n, sizeof n, peer, table_tag, opts);
+  if (n > 0) c.send(text.data(), text.size(), peer, table_tag, opts);
+}
+
+std::string receive_text(comm::communicator& c, int peer, int from, const comm::op_options& opts) {
+  uint64_t n = 0;
+  c.recv(&n, sizeof n, peer, table_tag, opts);
+  if (n > max_table_bytes)
+    throw std::runtime_error("rank " + std::to_string(from) + " announces a state table of " +
+                             std::to_string(n) + " bytes, more than the 64 MiB allowed");
+  std::string text(n, '\0');
+  if (n > 0) c.recv(text.data(), text.size(), peer, table_tag, opts);
+  return text;
+}
 
 }  // namespace
 
@@ -68,10 +90,9 @@ void copy_state(const strategies::local_state& from, const strategies::local_sta
   *to.adam_t = *from.adam_t;
 }
 
-uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                    const state_view& state, const comm::op_options& opts,
-                    const shared_group& via) {
-  const channel ch = open_channel(connect, generation, from, to, true, via);
+namespace {
+
+uint64_t send_over(const channel& ch, const state_view& state, const comm::op_options& opts) {
   auto* c = ch.comm;
   const int peer = ch.peer;
   const auto header = header_of(state);
@@ -88,10 +109,8 @@ uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, 
   return state.bytes();
 }
 
-uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
-                       const state_view& state, const comm::op_options& opts,
-                       const shared_group& via) {
-  const channel ch = open_channel(connect, generation, from, to, false, via);
+uint64_t receive_over(const channel& ch, int from, const state_view& state,
+                      const comm::op_options& opts) {
   auto* c = ch.comm;
   const int peer = ch.peer;
   uint64_t count = 0;
@@ -116,6 +135,20 @@ uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generatio
   return state.bytes();
 }
 
+}  // namespace
+
+uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                    const state_view& state, const comm::op_options& opts,
+                    const shared_group& via) {
+  return send_over(open_channel(connect, generation, from, to, true, via), state, opts);
+}
+
+uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
+                       const state_view& state, const comm::op_options& opts,
+                       const shared_group& via) {
+  return receive_over(open_channel(connect, generation, from, to, false, via), from, state, opts);
+}
+
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
                     const strategies::local_state& state, const comm::op_options& opts,
                     const shared_group& via) {
@@ -126,6 +159,85 @@ uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generatio
                        const strategies::local_state& state, const comm::op_options& opts,
                        const shared_group& via) {
   return receive_state(connect, generation, from, to, view_of(state), opts, via);
+}
+
+std::string encode_tensor_table(const std::vector<tensor_decl>& tensors) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : tensors)
+    out.push_back({{"name", t.name},
+                   {"array", t.array},
+                   {"shape", t.shape},
+                   {"dtype", std::string(dtype_name(t.type))},
+                   {"role", static_cast<int>(t.role)}});
+  return out.dump();
+}
+
+std::vector<tensor_decl> decode_tensor_table(const std::string& json_text) {
+  std::vector<tensor_decl> out;
+  try {
+    const auto in = nlohmann::json::parse(json_text);
+    const auto& list = in.is_array() ? in : in.at("tensors");
+    for (const auto& e : list) {
+      tensor_decl t;
+      t.name = e.at("name").get<std::string>();
+      t.array = e.at("array").get<std::string>();
+      t.shape = e.at("shape").get<std::vector<int64_t>>();
+      for (const int64_t d : t.shape)
+        if (d < 0) throw std::runtime_error("tensor " + t.name + " has a negative dimension");
+      const auto type = parse_dtype(e.at("dtype").get<std::string>());
+      if (!type) throw std::runtime_error("tensor " + t.name + " has an unknown dtype");
+      t.type = *type;
+      const int role = e.at("role").get<int>();
+      if (role < 0 || role > static_cast<int>(tensor_role::extra))
+        throw std::runtime_error("tensor " + t.name + " has an unknown role");
+      t.role = static_cast<tensor_role>(role);
+      out.push_back(std::move(t));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("a malformed state table: ") + e.what());
+  }
+  return out;
+}
+
+uint64_t send_workload_state(const strategies::connect_fn& connect, uint64_t generation, int from,
+                             int to, workload_generation& state, const comm::op_options& opts,
+                             const shared_group& via) {
+  const state_view view = state.state();
+  const channel ch = open_channel(connect, generation, from, to, true, via);
+  nlohmann::json header{{"tensors", nlohmann::json::parse(encode_tensor_table(view.tensors))},
+                        {"extras", view.extras_json}};
+  send_text(*ch.comm, ch.peer, header.dump(), opts);
+  return send_over(ch, view, opts);
+}
+
+uint64_t receive_workload_state(const strategies::connect_fn& connect, uint64_t generation,
+                                int from, int to, workload_generation& state,
+                                const comm::op_options& opts, const shared_group& via) {
+  const channel ch = open_channel(connect, generation, from, to, false, via);
+  const std::string text = receive_text(*ch.comm, ch.peer, from, opts);
+  std::vector<tensor_decl> tensors;
+  std::string extras;
+  try {
+    const auto header = nlohmann::json::parse(text);
+    extras = header.at("extras").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(from) +
+                             " sent a malformed state header: " + e.what());
+  }
+  tensors = decode_tensor_table(text);
+  if (extras.size() > state_view::max_extras_bytes)
+    throw std::runtime_error("rank " + std::to_string(from) + " sent " +
+                             std::to_string(extras.size()) +
+                             " bytes of extras, more than the 1 MiB a state may hold");
+  state.begin_restore(tensors, extras);
+  try {
+    const uint64_t bytes = receive_over(ch, from, state.state(), opts);
+    state.end_restore();
+    return bytes;
+  } catch (...) {
+    state.cancel_restore();
+    throw;
+  }
 }
 
 }  // namespace troupe::actors

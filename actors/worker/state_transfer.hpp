@@ -38,6 +38,21 @@ uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generatio
                        const state_view& state, const comm::op_options& opts,
                        const shared_group& via = {});
 
+/// The same for a whole workload generation, whose table may differ from the receiver's (a
+/// PyTorch optimizer makes its state at its first step): the sender's tensor table and
+/// extras go first, the receiver makes room for them (`begin_restore`), the bytes follow,
+/// and `end_restore` takes them in (`cancel_restore` when anything fails on the way).
+uint64_t send_workload_state(const strategies::connect_fn& connect, uint64_t generation, int from,
+                             int to, workload_generation& state, const comm::op_options& opts,
+                             const shared_group& via = {});
+uint64_t receive_workload_state(const strategies::connect_fn& connect, uint64_t generation,
+                                int from, int to, workload_generation& state,
+                                const comm::op_options& opts, const shared_group& via = {});
+
+/// A tensor table as JSON and back (the transfer's header; checked when read).
+std::string encode_tensor_table(const std::vector<tensor_decl>& tensors);
+std::vector<tensor_decl> decode_tensor_table(const std::string& json_text);
+
 /// The same for the GPT's buffers and step count (strategies::local_state).
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
                     const strategies::local_state& state, const comm::op_options& opts,

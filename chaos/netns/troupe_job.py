@@ -14,9 +14,9 @@
 What it runs (what a user runs by hand, with the namespaces' addresses):
 
     ip netns exec <coord ns> troupe coordinator --host <coord address> --port 0 \\
-        --run-dir RUN_DIR <args>
+        --run-dir RUN_DIR <args> [-- PROGRAM ARGS]
     ip netns exec <node ns> troupe agent --coordinator <coord address>:<port> \\
-        --join-token RUN_DIR/join.token [--ranks K]
+        --join-token RUN_DIR/join.token [--ranks K] [-- PROGRAM ARGS]
 
 The coordinator writes RUN_DIR/join.token and RUN_DIR/coordinator.addr (HOST:PORT) once it
 listens; the agents start after both exist. Everything is in the cluster's processes, so
@@ -35,9 +35,11 @@ class JobError(RuntimeError):
 
 class TroupeJob:
     def __init__(self, cluster, troupe_bin, run_dir, args=(), agents=None, log_dir=None, env=None,
-                 port=0):
+                 port=0, program=None):
         """args: options for `troupe coordinator` (every `troupe run` option). agents: node ->
-        ranks for its `--ranks` (None: no --ranks); default one agent per node, no --ranks."""
+        ranks for its `--ranks` (None: no --ranks); default one agent per node, no --ranks.
+        program: the workers' program (`-- PROGRAM ARGS`, e.g. ["/usr/bin/python3", "train.py"]),
+        appended to the coordinator's and every agent's command line; None: `troupe worker`."""
         self.cluster = cluster
         self.troupe = troupe_bin
         self.run_dir = os.path.abspath(run_dir)
@@ -46,6 +48,7 @@ class TroupeJob:
         self.log_dir = log_dir or os.path.join(self.run_dir, "netns-logs")
         self.env = env
         self.port = port
+        self.program = list(program) if program else []
         self.coordinator = None
         self.agent_procs = {}
         self.endpoint = None
@@ -63,6 +66,8 @@ class TroupeJob:
         started = time.time()
         argv = [self.troupe, "coordinator", "--host", self.cluster.address("coord"),
                 "--port", str(self.port), "--run-dir", self.run_dir] + self.args
+        if self.program:
+            argv += ["--"] + self.program
         with self._log_file("coord") as out:
             self.coordinator = self.cluster.popen("coord", argv, stdout=out, stderr=out,
                                                   env=self.env)
@@ -96,6 +101,8 @@ class TroupeJob:
                 self.token_path]
         if ranks is not None:
             argv += ["--ranks", str(ranks)]
+        if self.program:
+            argv += ["--"] + self.program
         with self._log_file(f"agent-{node}") as out:
             p = self.cluster.popen(node, argv, stdout=out, stderr=out, env=self.env)
         self.agent_procs[node] = p

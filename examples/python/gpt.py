@@ -11,6 +11,7 @@ watch a worker die mid-step and the job recover.
 import argparse
 import json
 import math
+import time
 
 import torch
 from torch import nn
@@ -136,6 +137,9 @@ def parse_args():
                         help="torch.save the final state_dict here (rank zero)")
     parser.add_argument("--log-losses", metavar="PATH",
                         help="append a JSON line per committed step (rank zero)")
+    parser.add_argument("--speed-from", type=int, metavar="K",
+                        help="print the samples/s of steps K+1.. to the last (rank zero), as "
+                             "a JSON line starting with 'speed:' (bench/python_frontend_bench.py)")
     parser.add_argument("--fail-at-step", type=int, metavar="N",
                         help="raise RuntimeError inside step N's micro-batch loop")
     parser.add_argument("--fail-rank", type=int, metavar="R",
@@ -143,6 +147,20 @@ def parse_args():
     parser.add_argument("--fail-once", action="store_true",
                         help="with --fail-at-step: not when step N is redone")
     return parser.parse_args()
+
+
+_marks = {}
+
+
+def speed_mark(number, start, job):
+    if number == start:
+        _marks["start"] = time.perf_counter()
+    elif number == job.last_step and "start" in _marks:
+        seconds = time.perf_counter() - _marks["start"]
+        samples = (number - start) * job.batch
+        print("speed: " + json.dumps({"samples_per_s": samples / seconds,
+                                      "steps": number - start, "seconds": seconds}),
+              flush=True)
 
 
 def should_fail(args, step):
@@ -184,6 +202,8 @@ def main():
             schedule.step()
             if step.rank != 0:
                 continue
+            if args.speed_from is not None:
+                speed_mark(step.number, args.speed_from, job)
             if log:
                 log.write(json.dumps({"step": step.number, "loss": step.local_loss,
                                       "job_loss": step.loss, "world": step.world}) + "\n")

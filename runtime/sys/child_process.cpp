@@ -29,8 +29,12 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, int death_signal,
-                  int stdin_fd) {
+namespace {
+
+// fork, then in the child what every troupe child gets (the parent-death signal, its stdin,
+// default signals), then exec: `envp` null = execv of a path, else execvpe with that environment.
+pid_t fork_and_exec(const std::vector<std::string>& argv, bool new_process_group, int death_signal,
+                    int stdin_fd, char* const* envp) {
   if (argv.empty()) throw std::runtime_error("spawn_child: empty command");
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -52,10 +56,38 @@ pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, 
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     signal(SIGPIPE, SIG_DFL);
-    execv(args[0], args.data());
+    if (envp != nullptr)
+      execvpe(args[0], args.data(), envp);
+    else
+      execv(args[0], args.data());
     _exit(127);
   }
   return pid;
+}
+
+}  // namespace
+
+pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group, int death_signal,
+                  int stdin_fd) {
+  return fork_and_exec(argv, new_process_group, death_signal, stdin_fd, nullptr);
+}
+
+pid_t spawn_program(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                    int death_signal, int stdin_fd) {
+  // Built before the fork: the child may only make async-signal-safe calls.
+  std::vector<std::string> merged;
+  const auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool overridden = false;
+    for (const auto& mine : env) overridden = overridden || name_of(mine) == name_of(entry);
+    if (!overridden) merged.push_back(entry);
+  }
+  merged.insert(merged.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (auto& entry : merged) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+  return fork_and_exec(argv, false, death_signal, stdin_fd, envp.data());
 }
 
 std::optional<exit_status> try_reap(pid_t pid) {

@@ -28,6 +28,11 @@ std::string self_executable();
 pid_t spawn_child(const std::vector<std::string>& argv, bool new_process_group = false,
                   int death_signal = 9, int stdin_fd = -1);
 
+/// The same for a program the user named: `argv[0]` is looked up on PATH when it has no '/',
+/// and the child's environment is this process's with `env` ("NAME=VALUE" each) set over it.
+pid_t spawn_program(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                    int death_signal = 9, int stdin_fd = -1);
+
 /// Reaps `pid` if it has ended; never blocks.
 std::optional<exit_status> try_reap(pid_t pid);
 

@@ -43,6 +43,13 @@ class workload_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// The user's own code failed (a Python script raised, a program threw): a redo would fail the
+/// same way, so the job ends with these words rather than recovering.
+class program_error : public workload_error {
+ public:
+  using workload_error::workload_error;
+};
+
 // ---- tensors and state -------------------------------------------------------------------
 
 /// Element types a state tensor may have. Only f32 tensors are reduced by the data plane and
@@ -340,6 +347,7 @@ struct apply_env {
   int64_t step = 0;         ///< 1-based
   int64_t total_steps = 0;  ///< the schedule's length, for learning-rate schedules
   comm::op_options opts;    ///< for an apply that communicates (ZeRO's all-gather)
+  double job_loss = 0;      ///< the job's mean loss of the step, as the coordinator committed it
 };
 
 /// A validation estimate's share for this rank.

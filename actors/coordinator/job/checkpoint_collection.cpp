@@ -13,9 +13,13 @@ bool checkpoint_due(int64_t step, int64_t total_steps, int every) {
 checkpoint_collection::checkpoint_collection(const job_params& p)
     : last_step_of_session_(session_last_step(p.cfg)),
       every_(p.cfg.checkpoint_every),
-      checkpoint_step_(p.checkpoint_step) {}
+      checkpoint_step_(p.checkpoint_step),
+      external_(p.cfg.external_workload()) {}
 
 bool checkpoint_collection::wanted(int64_t step, bool preempting) const {
+  // A user's program declares its state only from its ranks; the manifest that records such a
+  // table (format 3 written by the coordinator) is not built yet, so its job takes none.
+  if (external_) return false;
   return step > checkpoint_step_ && (checkpoint_due(step, last_step_of_session_, every_) ||
                                      (owed_ && step >= owed_->from) || preempting);
 }

@@ -26,6 +26,7 @@ void step_commit::new_generation() {
   held_ = false;
   failure_.clear();
   failure_reports_.clear();
+  program_failed_ = false;
   eval_step_ = -1;
 }
 
@@ -68,6 +69,11 @@ void step_commit::fail(const step_done& v, logic_time now) {
   // A rank whose peer died reports the broken collective, often before the peer's own loss
   // reaches us; the root cause gets a moment to arrive so the verdict names it.
   failure_reports_[v.rank] = v.error_kind;
+  if (v.error_op == program_failure_op && !program_failed_) {
+    // The program's own error outranks a collective that broke because of it.
+    program_failed_ = true;
+    failure_.clear();
+  }
   if (!failure_.empty()) return;
   failure_ = "rank " + std::to_string(v.rank) + " failed step " + std::to_string(v.step) + " (" +
              (v.error_op.empty() ? std::string("step") : v.error_op) +
@@ -120,8 +126,10 @@ bool step_commit::add_validation(const eval_done& e, int world, uint64_t generat
   eval_sum_ += wire_decode(e.loss_sum, e.loss_class);
   eval_batches_ += e.batches;
   if (++evals_in_ < world) return false;
-  last_val_ = eval_sum_ / static_cast<double>(std::max<int64_t>(eval_batches_, 1));
-  out.push_back(emit_event{events::validation{eval_step_, last_val_, generation}});
+  if (eval_batches_ > 0) {  // a workload that does not evaluate reports no batches
+    last_val_ = eval_sum_ / static_cast<double>(eval_batches_);
+    out.push_back(emit_event{events::validation{eval_step_, last_val_, generation}});
+  }
   eval_step_ = -1;
   return true;
 }

@@ -71,6 +71,8 @@ class step_commit {
   bool failure_settled(logic_time now) const;
   /// What the first failed vote said.
   const std::string& failure() const { return failure_; }
+  /// The failure is the user's program's own (it raised): a redo would fail the same way.
+  bool failed_in_program() const { return program_failed_; }
   /// The ranks at fault for the failed votes: those whose own collective failed (not because
   /// a peer left or they were aborted); when a collective timed out and none did, the ranks
   /// that did not vote (they hang inside it). Empty: nobody is at fault.
@@ -101,6 +103,7 @@ class step_commit {
   bool held_ = false;
   // failed votes
   std::string failure_;
+  bool program_failed_ = false;
   std::map<int32_t, int32_t> failure_reports_;  // rank -> error kind, for the step that failed
   logic_time settle_deadline_{};
   // commits
