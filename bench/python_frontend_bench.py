@@ -73,6 +73,9 @@ def main():
     script = [PYTHON, GPT] + model + shape + ["--speed-from", str(args.speed_from)]
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(args.troupe))), "python"))
+    # One thread per rank, as troupe's workers run (job.threads; torch's matrix products run
+    # in OpenBLAS, which torch.set_num_threads does not reach).
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     if args.peer_malloc == "troupe":
         env.update(MALLOC_ARENA_MAX="1", MALLOC_MMAP_THRESHOLD_=str(32 << 20),
                    MALLOC_TRIM_THRESHOLD_=str(1 << 30))

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "runtime/comm/collective_math.hpp"
+
 namespace troupe::strategies {
 namespace {
 
@@ -223,9 +225,8 @@ void bucket_reducer::run_step() {
       }
       collective_s += seconds_since(t0);
     }
-    // Squares in double in index order: the same sum as a norm over the buckets laid end to
-    // end, and the same bits on every rank (they hold the same reduced values).
-    for (const float g : values) sum_sq += static_cast<double>(g) * g;
+    // The same bits on every rank: they hold the same reduced values.
+    sum_sq += comm::sum_of_squares(values.data(), values.size());
     reduced_.store(k + 1, std::memory_order_release);
   }
   std::lock_guard lock(done_mu_);

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "runtime/comm/collective_math.hpp"
 #include "strategies/bucket_reducer.hpp"
 
 namespace troupe::python {
@@ -76,7 +77,7 @@ class host_generation final : public workload_generation {
     }
     double sum = 0;  // one replica: nothing to reduce, the norm is its own
     for (const auto& b : link_->buckets())
-      for (const float g : b.values) sum += static_cast<double>(g) * g;
+      sum += comm::sum_of_squares(b.values.data(), b.values.size());
     norm_ = std::sqrt(sum);
   }
   double local_grad_norm() const override { return norm_; }

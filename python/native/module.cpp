@@ -29,6 +29,7 @@
 #include "runtime/data/random.hpp"
 #include "runtime/data/sampler.hpp"
 #include "runtime/sys/warm_memory.hpp"
+#include "runtime/trainer.hpp"
 
 namespace py = pybind11;
 
@@ -297,6 +298,9 @@ PYBIND11_MODULE(_native, m) {
       .def("superseded", &session::superseded)
       .def("fail", &session::fail)
       .def("wait_end", &session::wait_end);
+  m.def("set_blas_threads", &troupe::set_blas_threads,
+        "OpenBLAS's threads (torch's matrix products on Debian use it, and do not follow "
+        "torch.set_num_threads)");
   m.def("retain_freed_memory", &troupe::sys::retain_freed_memory,
         "keep freed memory in the process (one arena, no trimming), as a troupe worker does");
   m.def(

@@ -115,7 +115,10 @@ def init(*, steps=None, batch=None, micro_batch=None, seed=None, threads=None,
         # would otherwise fault in its freed and reallocated tensors every step.
         _ext().retain_freed_memory()
     torch.manual_seed(job.seed)
+    # Debian's torch multiplies matrices in OpenBLAS, whose threads torch.set_num_threads does
+    # not set: alone as under troupe (whose worker sets them), the job's threads are all it uses.
     torch.set_num_threads(max(1, job.threads))
+    _ext().set_blas_threads(max(1, job.threads))
     torch.use_deterministic_algorithms(deterministic)
     _job = job
     return job

@@ -26,6 +26,19 @@ inline extent piece(size_t n, size_t parts, size_t i) {
 
 inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/// The sum of the squares of `n` values, in double: eight running sums over the elements in
+/// turn, added in a fixed order at the end, so the bits depend only on the values (every rank
+/// holding the same reduced gradients gets the same norm), and the sums are independent chains
+/// the CPU overlaps (one chain waits on each addition: 4x slower on a 3-million-value model).
+inline double sum_of_squares(const float* values, size_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (size_t k = 0; k < 8; ++k) s[k] += static_cast<double>(values[i + k]) * values[i + k];
+  for (; i < n; ++i) s[i % 8] += static_cast<double>(values[i]) * values[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 /// dst += src. The fixed-width inner loop is vectorised even at -O2's cheap cost model.
 inline void add_into(float* __restrict dst, const float* __restrict src, size_t n) {
   size_t i = 0;

@@ -15,6 +15,7 @@
 #include <numeric>
 #include <thread>
 
+#include "runtime/comm/collective_math.hpp"
 #include "runtime/comm/gloo_communicator.hpp"
 #include "runtime/comm/shm_communicator.hpp"
 #include "runtime/comm/store.hpp"
@@ -149,10 +150,10 @@ std::vector<float> reference_sum(int step, size_t k) {
   return sum;
 }
 
+// The reducer's rule: each bucket's sum of squares (comm::sum_of_squares), in bucket order.
 double norm_of(const std::vector<gradient_bucket>& buckets) {
   double sum = 0;
-  for (const auto& b : buckets)
-    for (const float g : b.values) sum += static_cast<double>(g) * g;
+  for (const auto& b : buckets) sum += comm::sum_of_squares(b.values.data(), b.values.size());
   return std::sqrt(sum);
 }
 
@@ -245,7 +246,7 @@ TEST_P(bucket_reducer_test, OutOfOrderReadyGivesInOrderCollectivesAndRankOrderSu
   for (int r = 0; r < world; ++r) {
     const auto& res = results[static_cast<size_t>(r)];
     ASSERT_EQ(res.size(), 3u);
-    // The norm is of the reduced values, in double, buckets end to end: the same bits as a
+    // The norm is of the reduced values, in double, bucket by bucket: the same bits as a
     // reference over them, and the same on every rank.
     EXPECT_EQ(res.back().grad_norm, norm_of(mem[static_cast<size_t>(r)].buckets));
     EXPECT_EQ(res.back().grad_norm, results[0].back().grad_norm);
@@ -494,3 +495,19 @@ TEST(bucket_reducer_single, RefusesANonPositiveDeadline) {
 
 }  // namespace
 }  // namespace troupe::strategies
+
+// The norm's arithmetic: eight running sums, any length (the tail of n % 8 included), within
+// double rounding of an exact sum, and the same bits for the same values.
+TEST(sum_of_squares, MatchesAnExactSumForAnyLength) {
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{1001}}) {
+    std::vector<float> v(n);
+    long double exact = 0;
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = static_cast<float>(std::sin(static_cast<double>(i) * 0.7) * 3.0);
+      exact += static_cast<long double>(v[i]) * v[i];
+    }
+    const double got = troupe::comm::sum_of_squares(v.data(), n);
+    EXPECT_NEAR(got, static_cast<double>(exact), 1e-12 * std::max(1.0, got)) << "n = " << n;
+    EXPECT_EQ(got, troupe::comm::sum_of_squares(v.data(), n));
+  }
+}
