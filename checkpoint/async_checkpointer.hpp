@@ -30,6 +30,9 @@ struct snapshot_meta {
   uint64_t generation = 0;
   int64_t step = 0;
   int64_t adam_t = 0;
+  /// A program's state table and extras (workload.command), for the coordinator's manifest;
+  /// "" for the built-in GPT. Carried to the write's report untouched.
+  std::string state_table_json = {};
 };
 
 /// How taking a snapshot went, for the rank's report.

@@ -190,20 +190,11 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
     }
   }
   if (!program.empty()) out.cfg.workload_command = program;
-  if (out.cfg.external_workload()) {
-    // Checkpoints of a program's own state need the format 3 manifest written from the ranks'
-    // tables (docs/WORKLOAD.md, stage 9), which is not built yet: refused, never ignored.
-    for (const auto& [flag, value] : cl.given())
-      if (flag == "--checkpoint-every" || flag == "--exit-after-step" ||
-          flag == "--replicate-checkpoints")
-        throw usage_error("troupe " + command + ": " + flag +
-                          " is not supported yet for a workload of your own (`-- PROGRAM`): its "
-                          "checkpoints are not built yet; a lost rank is restored from its peers");
-    if (resume)
-      throw usage_error("troupe " + command +
-                        " --resume: a workload of your own (`-- PROGRAM`) cannot resume yet: its "
-                        "checkpoints are not built yet");
-  }
+  if (out.cfg.external_workload() && out.cfg.replicate_checkpoints)
+    // Not tested with a program's state yet: refused, never silently half-working.
+    throw usage_error("troupe " + command +
+                      ": --replicate-checkpoints is not supported yet for a workload of your own "
+                      "(`-- PROGRAM`); its checkpoints are on the disk only");
   if (out.saved) {
     // A resume changes only what may change; the rest is the run's and shapes its math.
     for (const auto& c : changed_settings(*out.saved, out.cfg))

@@ -31,6 +31,8 @@ const std::vector<std::string> may_change = {
     "/eval_batches", "/step_timeout_ms", "/bucket_bytes", "/blas_threads", "/data",
     "/checkpoint_async", "/checkpoint_overlap", "/verify_checkpoints", "/checkpoint_chunk_kib",
     "/keep_last", "/keep_every", "/optim/freeze", "/replicate_checkpoints",
+    // A fixed script may resume its run (workload.command); its state's table must still fit.
+    "/workload/command",
     // The layout may change too: a checkpoint holds boxes of the single-rank model, which any
     // layout reads back (reshard on restore).
     "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
@@ -99,8 +101,11 @@ bool take_checkpoint(const train_config& cfg, const nlohmann::json& config, int6
     return false;
   }
   try {
-    ckpt::require_compatible(man, config, strategies::describe_workload(cfg).global_numel,
-                             may_change);
+    // A program's state is known from its checkpoint alone; its ranks check the table when they
+    // load it (load_state_dict), and the config is compared here as for the built-in model.
+    const size_t numel = cfg.external_workload() ? man.global_numel
+                                                 : strategies::describe_workload(cfg).global_numel;
+    ckpt::require_compatible(man, config, numel, may_change);
   } catch (const ckpt::checkpoint_error& e) {
     throw config_error(std::string("resume: ") + e.what());
   }

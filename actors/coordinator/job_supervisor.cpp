@@ -19,6 +19,7 @@
 #include "actors/coordinator/expert_group.hpp"
 #include "actors/coordinator/job_metrics.hpp"
 #include "actors/coordinator/job_status.hpp"
+#include "actors/wire/state_table.hpp"
 #include "chaos/hooks.hpp"
 #include "chaos/schedule.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -207,6 +208,8 @@ void send_result(self_ptr self, const finish_job& f) {
   self->send(st.setup.listener, result_atom::value, res);
 }
 
+void on_committed(self_ptr self, int64_t step, const std::string& path, const std::string& error);
+
 // Hands the manifest of a checkpoint whose every share is durable to the committer thread;
 // on_checkpoint_committed follows when it answers.
 void commit_manifest(self_ptr self, const commit_checkpoint& c) {
@@ -224,6 +227,29 @@ void commit_manifest(self_ptr self, const commit_checkpoint& c) {
   m.chunk_floats = static_cast<uint64_t>(cfg.checkpoint_chunk_kib) * 1024 / sizeof(float);
   m.layout = strategies::describe(st.logic->plan().shape) + (cfg.parallel.zero ? " zero1" : "");
   m.pieces = c.pieces;
+  if (cfg.external_workload()) {
+    // A program's state is known only from its ranks' table: every tensor of it, any dtype, in
+    // one flat layout of 4-byte words, and the rest of its state as extras (format 3).
+    try {
+      const state_table table = decode_state_table(c.state_table_json);
+      if (table.tensors.empty()) throw std::runtime_error("the ranks reported no state table");
+      m.format_version = ckpt::workload_format_version;
+      m.arrays.assign(ckpt::workload_array_names.begin(), ckpt::workload_array_names.end());
+      m.tensors.clear();
+      size_t offset = 0;
+      for (const tensor_decl& t : table.tensors) {
+        m.tensors.push_back({t.name, t.shape, offset, t.array, t.type});
+        offset += m.tensors.back().words();
+      }
+      m.global_numel = offset;
+      m.extras_json = table.extras_json;
+      m.adam_t = 0;
+    } catch (const std::exception& e) {
+      st.committing.emplace(c.step, c);
+      on_committed(self, c.step, "", std::string("the program's state table: ") + e.what());
+      return;
+    }
+  }
   if (!st.committer) {  // the job's result is out: nothing is committed behind it
     monitoring::log(
         monitoring::level::warn, ctx(self),

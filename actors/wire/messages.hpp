@@ -305,6 +305,9 @@ struct shard_written {
   double write_s = 0;             ///< the background write
   uint64_t buffer_bytes = 0;      ///< memory the rank's snapshot buffer holds
   uint64_t replicated_bytes = 0;  ///< chunk bytes also sent to a peer's memory
+  /// A program's job (workload.command): its state's table and extras, which the coordinator
+  /// knows only from its ranks (encode_state_table); "" for the built-in GPT.
+  std::string state_table_json;
 };
 
 /// A rank's part of a validation estimate.
@@ -429,7 +432,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, shard_written& x) {
   return f(caf::meta::type_name("troupe::shard_written"), x.generation, x.step, x.rank, x.ok,
            x.skipped, x.error, x.pieces_json, x.adam_t, x.bytes_written, x.bytes_deduplicated,
-           x.stall_s, x.write_s, x.buffer_bytes, x.replicated_bytes);
+           x.stall_s, x.write_s, x.buffer_bytes, x.replicated_bytes, x.state_table_json);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, eval_done& x) {

@@ -4,6 +4,8 @@
 #include <span>
 #include <vector>
 
+#include "actors/wire/state_table.hpp"
+#include "actors/worker/program_state.hpp"
 #include "actors/worker/rank_worker.hpp"
 #include "checkpoint/checkpoint.hpp"
 
@@ -18,6 +20,7 @@ shard_written report_of(const ckpt::write_outcome& o, bool synchronous,
   out.step = o.meta.step;
   out.rank = o.meta.rank;
   out.adam_t = o.meta.adam_t;
+  out.state_table_json = o.meta.state_table_json;
   out.stall_s = o.stall_s;
   if (!o.report) {
     out.ok = false;
@@ -83,14 +86,21 @@ void take_checkpoint(worker& w, int64_t step) {
   if (w.shared->fenced()) return;  // cut off from the coordinator: this process writes nothing
   const bool synchronous = !w.cfg.checkpoint_async;
   ckpt::async_checkpointer& checkpointer = checkpointer_of(w);
-  const state_view view = w.current.work->state();
-  strategies::local_state state = strategies::local_state_of(view);
-  std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
-  const ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step,
-                                 *state.adam_t};
+  ckpt::snapshot_meta meta{w.current.rank, w.current.world, w.current.generation, step, 0};
   try {
-    const ckpt::snapshot_outcome taken =
-        checkpointer.take(strategies::state_map_of(view), buffers, meta);
+    const state_view view = w.current.work->state();
+    ckpt::snapshot_outcome taken;
+    if (w.cfg.external_workload()) {
+      // A program's tensors, packed per state array; its table and extras go with the report.
+      const packed_state packed = pack_program_state(view, false);
+      meta.state_table_json = encode_state_table(view.tensors, view.extras_json);
+      taken = checkpointer.take(packed.map, packed.readable(), meta);
+    } else {
+      strategies::local_state state = strategies::local_state_of(view);
+      std::vector<std::span<const float>> buffers(state.buffers.begin(), state.buffers.end());
+      meta.adam_t = *state.adam_t;
+      taken = checkpointer.take(strategies::state_map_of(view), buffers, meta);
+    }
     if (!taken.taken) {
       shard_written skipped;
       skipped.generation = meta.generation;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "actors/worker/program_state.hpp"
 #include "actors/worker/rank_worker.hpp"
 #include "actors/worker/state_transfer.hpp"
 #include "chaos/faulty_communicator.hpp"
@@ -143,7 +144,13 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
           break;
         case state_source::checkpoint: {
           auto man = ckpt::read_manifest(w.cfg.run_dir, r.start_step);
-          if (man.format_version >= 2) {
+          if (w.cfg.external_workload()) {  // a program's state: its table comes with it
+            const ckpt::restore_stats stats =
+                restore_program_checkpoint(*next.work, w.cfg.run_dir, man,
+                                           w.replica ? w.replica->memory() : ckpt::memory_source{});
+            out.bytes = stats.bytes_read;
+            out.memory_bytes = stats.bytes_from_memory;
+          } else if (man.format_version >= 2) {
             // Only the chunks of the boxes this rank holds in its new place, verified.
             const state_view view = next.work->state();
             strategies::local_state state = strategies::local_state_of(view);

@@ -1,10 +1,11 @@
 #include "actors/worker/state_transfer.hpp"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "actors/wire/state_table.hpp"
 
 namespace troupe::actors {
 namespace {
@@ -161,52 +162,12 @@ uint64_t receive_state(const strategies::connect_fn& connect, uint64_t generatio
   return receive_state(connect, generation, from, to, view_of(state), opts, via);
 }
 
-std::string encode_tensor_table(const std::vector<tensor_decl>& tensors) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& t : tensors)
-    out.push_back({{"name", t.name},
-                   {"array", t.array},
-                   {"shape", t.shape},
-                   {"dtype", std::string(dtype_name(t.type))},
-                   {"role", static_cast<int>(t.role)}});
-  return out.dump();
-}
-
-std::vector<tensor_decl> decode_tensor_table(const std::string& json_text) {
-  std::vector<tensor_decl> out;
-  try {
-    const auto in = nlohmann::json::parse(json_text);
-    const auto& list = in.is_array() ? in : in.at("tensors");
-    for (const auto& e : list) {
-      tensor_decl t;
-      t.name = e.at("name").get<std::string>();
-      t.array = e.at("array").get<std::string>();
-      t.shape = e.at("shape").get<std::vector<int64_t>>();
-      for (const int64_t d : t.shape)
-        if (d < 0) throw std::runtime_error("tensor " + t.name + " has a negative dimension");
-      const auto type = parse_dtype(e.at("dtype").get<std::string>());
-      if (!type) throw std::runtime_error("tensor " + t.name + " has an unknown dtype");
-      t.type = *type;
-      const int role = e.at("role").get<int>();
-      if (role < 0 || role > static_cast<int>(tensor_role::extra))
-        throw std::runtime_error("tensor " + t.name + " has an unknown role");
-      t.role = static_cast<tensor_role>(role);
-      out.push_back(std::move(t));
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(std::string("a malformed state table: ") + e.what());
-  }
-  return out;
-}
-
 uint64_t send_workload_state(const strategies::connect_fn& connect, uint64_t generation, int from,
                              int to, workload_generation& state, const comm::op_options& opts,
                              const shared_group& via) {
   const state_view view = state.state();
   const channel ch = open_channel(connect, generation, from, to, true, via);
-  nlohmann::json header{{"tensors", nlohmann::json::parse(encode_tensor_table(view.tensors))},
-                        {"extras", view.extras_json}};
-  send_text(*ch.comm, ch.peer, header.dump(), opts);
+  send_text(*ch.comm, ch.peer, encode_state_table(view.tensors, view.extras_json), opts);
   return send_over(ch, view, opts);
 }
 
@@ -215,21 +176,13 @@ uint64_t receive_workload_state(const strategies::connect_fn& connect, uint64_t 
                                 const comm::op_options& opts, const shared_group& via) {
   const channel ch = open_channel(connect, generation, from, to, false, via);
   const std::string text = receive_text(*ch.comm, ch.peer, from, opts);
-  std::vector<tensor_decl> tensors;
-  std::string extras;
+  state_table table;
   try {
-    const auto header = nlohmann::json::parse(text);
-    extras = header.at("extras").get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error("rank " + std::to_string(from) +
-                             " sent a malformed state header: " + e.what());
+    table = decode_state_table(text);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("rank " + std::to_string(from) + " sent " + e.what());
   }
-  tensors = decode_tensor_table(text);
-  if (extras.size() > state_view::max_extras_bytes)
-    throw std::runtime_error("rank " + std::to_string(from) + " sent " +
-                             std::to_string(extras.size()) +
-                             " bytes of extras, more than the 1 MiB a state may hold");
-  state.begin_restore(tensors, extras);
+  state.begin_restore(table.tensors, table.extras_json);
   try {
     const uint64_t bytes = receive_over(ch, from, state.state(), opts);
     state.end_restore();

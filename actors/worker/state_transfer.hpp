@@ -49,10 +49,6 @@ uint64_t receive_workload_state(const strategies::connect_fn& connect, uint64_t 
                                 int from, int to, workload_generation& state,
                                 const comm::op_options& opts, const shared_group& via = {});
 
-/// A tensor table as JSON and back (the transfer's header; checked when read).
-std::string encode_tensor_table(const std::vector<tensor_decl>& tensors);
-std::vector<tensor_decl> decode_tensor_table(const std::string& json_text);
-
 /// The same for the GPT's buffers and step count (strategies::local_state).
 uint64_t send_state(const strategies::connect_fn& connect, uint64_t generation, int from, int to,
                     const strategies::local_state& state, const comm::op_options& opts,

@@ -155,7 +155,9 @@ class session {
   // Gradient buckets: (address, float count) of each, in index order.
   void set_buckets(const std::vector<std::pair<uintptr_t, size_t>>& buckets) {
     std::vector<gradient_bucket> out;
+    out.reserve(buckets.size());
     for (const auto& [address, count] : buckets)
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): torch hands over memory as data_ptr()
       out.push_back({std::span<float>(reinterpret_cast<float*>(address), count)});
     link_->set_buckets(std::move(out));
   }
@@ -166,18 +168,19 @@ class session {
                                               std::vector<int64_t>, uintptr_t>>& entries,
                  const std::string& extras_json) {
     std::vector<held_tensor> held;
+    held.reserve(entries.size());
     for (const auto& [name, array, role, dtype_text, shape, address] : entries) {
       held_tensor t;
       t.decl.name = name;
       t.decl.array = array;
       t.decl.shape = shape;
       const auto type = parse_dtype(dtype_text);
-      if (!type) throw std::invalid_argument("tensor " + name + ": unknown dtype " + dtype_text);
+      if (!type) throw std::invalid_argument("tensor " + name + ": unknown dtype " += dtype_text);
       t.decl.type = *type;
       if (role < 0 || role > static_cast<int>(tensor_role::extra))
         throw std::invalid_argument("tensor " + name + ": unknown role");
       t.decl.role = static_cast<tensor_role>(role);
-      t.data = reinterpret_cast<std::byte*>(address);
+      t.data = reinterpret_cast<std::byte*>(address);  // NOLINT(performance-no-int-to-ptr)
       held.push_back(std::move(t));
     }
     if (extras_json.size() > state_view::max_extras_bytes)

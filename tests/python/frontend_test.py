@@ -10,12 +10,16 @@ write) trained plainly and under `troupe run -- /usr/bin/python3 SCRIPT`.
   undisturbed world-4 run: every committed step's loss and the final state_dict within 1e-5
   relative, no committed step lost; the killed member's replacement is restored from a peer's
   memory, not from disk;
+- `--exit-after-step 12` then `--resume` continues bit for bit (the program's state through
+  troupe's checkpoint store: a format 3 manifest, verified chunks); SIGTERM at the launcher
+  takes a checkpoint and exits 75;
 - a script that raises in step 7 ends the job with exit 1 and its traceback in the error;
 - a model troupe cannot train (a float64 parameter) and a misused API are refused by name.
 """
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,6 +168,65 @@ def test_faults(tmp):
           f"state within {diff:.2g}")
 
 
+def test_resume(tmp):
+    """(d): --exit-after-step, then --resume, continues exactly: the program's state (model,
+    AdamW's moments and step counts, the schedule) went through troupe's checkpoint store."""
+    calm = gpt_run(tmp, "calm2", ["--world", "2"])
+    run_dir = os.path.join(tmp, "resumed-run")
+    out, log = os.path.join(tmp, "resumed.pt"), os.path.join(tmp, "resumed.jsonl")
+    args = GPT_ARGS + ["--out", out, "--log-losses", log]
+    with Job(JOB + GPT_JOB + ["--world", "2", "--exit-after-step", "12", "--",
+                             PYTHON, GPT] + args, run_dir=run_dir) as first:
+        code = first.wait(300)
+        if code != 0:
+            fail(f"the run to step 12 exited {code}:\n{first.output()[-4000:]}")
+        first.assert_no_process_left()
+        saved = [e for e in first.events() if e.get("event") == "checkpoint" and e.get("step") == 12]
+        if not saved:
+            fail(f"no checkpoint of step 12 was committed:\n{first.output()[-3000:]}")
+    with Job(["--resume", "--no-progress", "--metrics-port", "0", "--", PYTHON, GPT] + args,
+             run_dir=run_dir) as second:
+        code = second.wait(300)
+        if code != 0:
+            fail(f"the resumed run exited {code}:\n{second.output()[-4000:]}")
+        second.assert_no_process_left()
+        events = second.events()
+    restored = [e for e in events if e.get("event") == "restored" and e.get("from") == "checkpoint"]
+    if not restored:
+        fail("the resumed run did not restore from the checkpoint")
+    steps = {e["step"]: e["loss"] for e in events if e.get("event") == "step"}
+    if sorted(steps) != list(range(1, 25)):
+        fail(f"steps after the resume: {sorted(steps)}")
+    for s in range(13, 25):
+        if steps[s] != calm[0][s]:
+            fail(f"step {s} after the resume has loss {steps[s]!r}, the uninterrupted run "
+                 f"{calm[0][s]!r}")
+    if state_of(out) != calm[1]:
+        fail(f"the resumed run's final state_dict differs by {max_relative(calm[1], state_of(out)):.3g}")
+    print(f"ok: --exit-after-step 12 then --resume: steps 13-24 and the final state_dict equal "
+          f"the uninterrupted run bit for bit ({restored[0].get('bytes')} bytes from the "
+          f"checkpoint)")
+
+
+def test_sigterm(tmp):
+    """SIGTERM at the launcher (a scheduler's preemption): a checkpoint, then exit 75."""
+    with Job(JOB + ["--world", "2", "--steps", "5000", "--batch", "16", "--micro-batch", "4",
+                    "--", PYTHON, GPT, "--d-model", "32"]) as job:
+        wait_until(lambda: any(e.get("event") == "step" and e["step"] >= 20
+                               for e in job.events()), 120, "step 20")
+        job.proc.send_signal(signal.SIGTERM)
+        code = job.wait(120)
+        if code != 75:
+            fail(f"SIGTERM: exit {code}, not 75:\n{job.output()[-3000:]}")
+        job.assert_no_process_left()
+        events = job.events()
+        last = max(e["step"] for e in events if e.get("event") == "step")
+        saved = [e for e in events if e.get("event") == "checkpoint" and e.get("step") == last]
+        if not saved:
+            fail(f"SIGTERM: no checkpoint of the last committed step {last}")
+    print(f"ok: SIGTERM at the launcher: checkpoint of step {last}, exit 75, nothing left running")
+
+
 def test_script_raises(tmp):
     args = ["--steps", "12", "--batch", "8", "--micro-batch", "4", "--d-model", "32",
             "--fail-at-step", "7"]
@@ -219,6 +282,8 @@ def test():
     with tempfile.TemporaryDirectory(prefix="troupe-python-") as tmp:
         test_world1_and_world2(tmp)
         test_faults(tmp)
+        test_resume(tmp)
+        test_sigterm(tmp)
         test_script_raises(tmp)
         test_refusals(tmp)
 

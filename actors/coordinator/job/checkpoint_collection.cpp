@@ -13,13 +13,9 @@ bool checkpoint_due(int64_t step, int64_t total_steps, int every) {
 checkpoint_collection::checkpoint_collection(const job_params& p)
     : last_step_of_session_(session_last_step(p.cfg)),
       every_(p.cfg.checkpoint_every),
-      checkpoint_step_(p.checkpoint_step),
-      external_(p.cfg.external_workload()) {}
+      checkpoint_step_(p.checkpoint_step) {}
 
 bool checkpoint_collection::wanted(int64_t step, bool preempting) const {
-  // A user's program declares its state only from its ranks; the manifest that records such a
-  // table (format 3 written by the coordinator) is not built yet, so its job takes none.
-  if (external_) return false;
   return step > checkpoint_step_ && (checkpoint_due(step, last_step_of_session_, every_) ||
                                      (owed_ && step >= owed_->from) || preempting);
 }
@@ -86,6 +82,15 @@ checkpoint_collection::share_outcome checkpoint_collection::add_share(const shar
                              std::make_move_iterator(pieces.end()));
     } catch (const std::exception& e) {
       error = e.what();
+    }
+    // A program's ranks each say what their state is; they must all say the same.
+    if (error.empty() && !w.state_table_json.empty()) {
+      if (c.commit.state_table_json.empty())
+        c.commit.state_table_json = w.state_table_json;
+      else if (c.commit.state_table_json != w.state_table_json)
+        error = "rank " + std::to_string(w.rank) +
+                " holds a state with another table or extras than another rank's (the script "
+                "is not the same on every rank, or keeps per-rank state in an extra)";
     }
     if (error.empty() && c.in > 1 && w.adam_t != c.commit.adam_t)
       error = "rank " + std::to_string(w.rank) + " is at optimizer step " +

@@ -95,7 +95,6 @@ class checkpoint_collection {
   int committing_ = 0;  // manifests handed to the committer, not yet confirmed
   std::optional<owed_checkpoint> owed_;
   int64_t checkpoint_step_ = -1;
-  bool external_ = false;  // a user program's job: no checkpoints yet (wanted)
   std::string checkpoint_path_;
   int64_t failed_step_ = -1;
   std::string failed_error_;

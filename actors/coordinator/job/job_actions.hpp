@@ -69,6 +69,7 @@ struct commit_checkpoint {
   int world = 0;
   std::vector<ckpt::saved_piece> pieces;
   int64_t adam_t = 0;
+  std::string state_table_json;        ///< a program's state table (shard_written), else ""
   uint64_t bytes_written = 0;          ///< summed over the ranks
   uint64_t bytes_deduplicated = 0;     ///< summed over the ranks
   double stall_s = 0;                  ///< the longest stall of a rank
