@@ -83,6 +83,22 @@ std::string python_module_dir(const std::string& exe) {
   return "";
 }
 
+// The troupe._native extension in a module directory ("" when not built there).
+std::string python_extension(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(fs::path(dir) / "troupe", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("_native") && name.ends_with(".so")) return entry.path().string();
+  }
+  return "";
+}
+
+// Whether a program is a Python interpreter (python3, python3.11, /usr/bin/python3).
+bool is_python(const std::string& program) {
+  return std::filesystem::path(program).filename().string().starts_with("python");
+}
+
 // Starts the process of member `member` (a standby when negative, reading its id from
 // `stdin_fd`): `troupe worker`, or the job's program, which finds the same facts in its
 // environment (python/troupe, docs/WORKLOAD.md).
@@ -97,6 +113,18 @@ pid_t spawn_worker(const agent_state& s, int32_t member, int stdin_fd = -1) {
   if (const std::string dir = python_module_dir(s.exe); !dir.empty()) {
     const char* before = std::getenv("PYTHONPATH");
     env.push_back("PYTHONPATH=" + dir + (before && *before ? ":" + std::string(before) : ""));
+    // A Python interpreter gets the module's extension preloaded: its bind() and connect()
+    // then come before the C library's for every library of the process, as the troupe
+    // binary's do, so gloo's pairs are signed and their connects abortable (torch has loaded
+    // libgloo by the time the script imports troupe). The module takes it out of the
+    // environment again, so the script's own children do not inherit it.
+    const std::string extension = python_extension(dir);
+    if (!extension.empty() && is_python(s.args.program.front())) {
+      const char* preload = std::getenv("LD_PRELOAD");
+      env.push_back("LD_PRELOAD=" + extension +
+                    (preload && *preload ? ":" + std::string(preload) : ""));
+      env.push_back("TROUPE_PRELOAD=" + extension);
+    }
   }
   if (!std::getenv("PYTHONUNBUFFERED")) env.push_back("PYTHONUNBUFFERED=1");
   return spawn_program(s.args.program, env, 9, stdin_fd);

@@ -4,15 +4,18 @@
 // meet in a host_link. Every blocking call releases the GIL; no runtime thread ever touches a
 // Python object.
 
+#include <dlfcn.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -73,6 +76,31 @@ actors::worker_args args_from_environment() {
   auth::set_process_credentials(auth::load_join_token(token));
   a.advertise = actors::resolve_node_address(actors::choose_node_address("", ""));
   return a;
+}
+
+// Whether this extension's bind() and connect() are the ones every library of the process calls
+// (its agent preloaded it), as the troupe binary's are: only then are gloo's pairs signed and
+// their connects abortable (runtime/comm/tcp_signature.hpp).
+bool interposed() {
+  static const int marker = 0;
+  Dl_info self{};
+  if (dladdr(&marker, &self) == 0 || self.dli_fname == nullptr) return false;
+  void* handle = dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  void* mine = dlsym(handle, "bind");
+  dlclose(handle);
+  return mine != nullptr && mine == dlsym(RTLD_DEFAULT, "bind");
+}
+
+// Said once, where the job's data plane wants signed pairs and this process cannot sign them.
+void warn_unless_interposed(const job_settings& s) {
+  if (interposed()) return;
+  const auto cfg = nlohmann::json::parse(s.config_json, nullptr, false);
+  if (!cfg.is_object() || cfg.value("data_plane_auth", std::string()) != "tcp-md5") return;
+  std::fprintf(stderr,
+               "troupe: warning: this worker's gloo TCP pairs cannot be signed (--data-plane-auth "
+               "tcp-md5): the troupe module was not preloaded. Start the workers' program as a "
+               "Python interpreter (`-- python3 train.py`), so that the agent preloads it\n");
 }
 
 py::dict dict_of(const job_settings& s) {
@@ -149,6 +177,7 @@ class session {
     });
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return settings_.has_value() || exit_code_.has_value(); });
+    if (settings_) warn_unless_interposed(*settings_);
     return settings_;
   }
 
@@ -301,6 +330,8 @@ PYBIND11_MODULE(_native, m) {
       .def("superseded", &session::superseded)
       .def("fail", &session::fail)
       .def("wait_end", &session::wait_end);
+  m.def("interposed", &troupe::python::interposed,
+        "whether gloo's sockets go through troupe's bind()/connect() (signed, abortable)");
   m.def("set_blas_threads", &troupe::set_blas_threads,
         "OpenBLAS's threads (torch's matrix products on Debian use it, and do not follow "
         "torch.set_num_threads)");

@@ -22,6 +22,22 @@ from . import _state
 __all__ = ["init", "Job", "Trainer", "Step", "MicroBatch", "sample_indices",
            "Stopped", "UsageError", "UnsupportedError", "StateError"]
 
+def _forget_preload():
+    # A troupe agent preloads this module's extension into the interpreter (its bind() and
+    # connect() sign gloo's pairs; docs/PYTHON.md). The script's own children must not inherit
+    # it: a program that is not this interpreter cannot load the extension.
+    mine = os.environ.pop("TROUPE_PRELOAD", None)
+    if not mine or "LD_PRELOAD" not in os.environ:
+        return
+    kept = [p for p in os.environ["LD_PRELOAD"].split(":") if p and p != mine]
+    if kept:
+        os.environ["LD_PRELOAD"] = ":".join(kept)
+    else:
+        del os.environ["LD_PRELOAD"]
+
+
+_forget_preload()
+
 _DEFAULT_SEED = 1337
 _DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -212,6 +228,7 @@ class Step:
         """Waits until every rank's gradients are reduced and the coordinator
         decides. True: apply the step now (every rank does). False: it was
         aborted; `steps()` hands the same number out again."""
+        self._trainer._check_thread()
         if self._committed is not None:
             return self._committed
         self._committed = self._trainer._finish(self)

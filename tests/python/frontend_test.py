@@ -241,6 +241,7 @@ def test_script_raises(tmp):
 MISUSE = {
     "float64": ("model = torch.nn.Linear(2, 1).double()", "is torch.float64"),
     "backward_outside": ("BACKWARD_OUTSIDE = True", "step.backward() outside"),
+    "other_thread": ("OTHER_THREAD = True", "must come from the thread that made the Trainer"),
 }
 
 
@@ -249,8 +250,9 @@ def test_refusals(tmp):
         script = os.path.join(tmp, f"{name}.py")
         with open(script, "w") as f:
             f.write(f"""
-import torch, troupe
+import threading, torch, troupe
 BACKWARD_OUTSIDE = False
+OTHER_THREAD = False
 job = troupe.init(steps=3, batch=4, micro_batch=2, seed=1)
 model = torch.nn.Linear(2, 1)
 {line}
@@ -263,6 +265,17 @@ with troupe.Trainer(job, model, opt, data) as t:
         for mb in step.micro_batches():
             x, y = mb.batch()
             step.backward(((model(x) - y) ** 2).mean())
+        if OTHER_THREAD:
+            failed = []
+            def commit_elsewhere():
+                try:
+                    step.commit()
+                except troupe.UsageError as e:
+                    failed.append(e)
+            helper = threading.Thread(target=commit_elsewhere)
+            helper.start()
+            helper.join()
+            raise failed[0]
         if step.commit():
             opt.step()
 """)
@@ -271,6 +284,94 @@ with troupe.Trainer(job, model, opt, data) as t:
         if words not in out:
             fail(f"{name}: the error does not say {words!r}:\n{out[-3000:]}")
         print(f"ok: {name} refused: {words!r}")
+
+
+GIL_SCRIPT = """
+import os, threading, time, torch, troupe
+job = troupe.init(steps=4, batch=4, micro_batch=2, seed=1)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [(torch.ones(2), torch.zeros(1))] * 8
+ticks = [0]
+def tick():
+    while ticks[0] >= 0:
+        ticks[0] += 1
+        time.sleep(0.001)
+threading.Thread(target=tick, daemon=True).start()
+if os.environ.get("TROUPE_MEMBER") == "1":
+    time.sleep(1.0)  # the job forms only once this member has its Trainer: the other waits
+with troupe.Trainer(job, model, opt, data) as t:
+    before, started = ticks[0], time.monotonic()
+    for step in t.steps():  # the first one waits while the job forms: the GIL is released
+        if step.number == 1:
+            waited = time.monotonic() - started
+            print(f"gil: {ticks[0] - before} ticks in {waited * 1000:.0f} ms", flush=True)
+        for mb in step.micro_batches():
+            x, y = mb.batch()
+            step.backward(((model(x) - y) ** 2).mean())
+        if step.commit():
+            opt.step()
+ticks[0] = -1
+"""
+
+
+def test_gil_released(tmp):
+    """While troupe waits (the job forming, a vote), the script's other threads run."""
+    script = os.path.join(tmp, "gil.py")
+    with open(script, "w") as f:
+        f.write(GIL_SCRIPT)
+    out, _ = under_troupe(script, [], ["--world", "2", "--steps", "4", "--batch", "4",
+                                       "--micro-batch", "2"], timeout=120)
+    lines = [l.split() for l in out.splitlines() if l.startswith("gil: ")]
+    if len(lines) != 2:
+        fail(f"expected a gil line from each of 2 workers:\n{out[-2000:]}")
+    waited = max(float(l[4]) for l in lines)
+    ticks = next(int(l[1]) for l in lines if float(l[4]) == waited)
+    if waited < 300:
+        fail(f"no worker waited for the other's 1 s delay (waits {[l[4] for l in lines]} ms)")
+    if ticks < waited / 10:
+        fail(f"a Python thread ran {ticks} times in {waited:.0f} ms while troupe waited: the GIL "
+             "was held")
+    print(f"ok: another Python thread ticked {ticks} times in the {waited:.0f} ms a worker's "
+          "first step waited for the job to form")
+
+
+PRELOAD_SCRIPT = """
+import os, subprocess, torch, troupe
+from troupe import _native
+job = troupe.init(steps=2, batch=4, micro_batch=2, seed=1)
+child = subprocess.run(["/bin/true"]).returncode
+print(f"preload: interposed={_native.interposed()} inherited={'LD_PRELOAD' in os.environ} "
+      f"child={child}", flush=True)
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with troupe.Trainer(job, model, opt, [(torch.ones(2), torch.zeros(1))] * 8) as t:
+    for step in t.steps():
+        for mb in step.micro_batches():
+            x, y = mb.batch()
+            step.backward(((model(x) - y) ** 2).mean())
+        if step.commit():
+            opt.step()
+"""
+
+
+def test_preload(tmp):
+    """The agent preloads the extension into a Python worker, so its bind()/connect() come
+    before the C library's (gloo's pairs signed and abortable, as in the troupe binary); the
+    script's own children do not inherit it."""
+    script = os.path.join(tmp, "preload.py")
+    with open(script, "w") as f:
+        f.write(PRELOAD_SCRIPT)
+    out, _ = under_troupe(script, [], ["--world", "2", "--steps", "2", "--batch", "4",
+                                       "--micro-batch", "2"], timeout=120)
+    lines = [l for l in out.splitlines() if l.startswith("preload: ")]
+    want = "preload: interposed=True inherited=False child=0"
+    if len(lines) != 2 or any(l != want for l in lines):
+        fail(f"expected two workers saying {want!r}, got {lines}:\n{out[-2000:]}")
+    if "cannot be signed" in out:
+        fail(f"a worker warned that its pairs cannot be signed:\n{out[-2000:]}")
+    print("ok: the extension is preloaded into each Python worker (bind/connect interposed), "
+          "and not inherited by the script's children")
 
 
 def test():
@@ -286,6 +387,8 @@ def test():
         test_sigterm(tmp)
         test_script_raises(tmp)
         test_refusals(tmp)
+        test_gil_released(tmp)
+        test_preload(tmp)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,11 @@ def across_namespaces(tmp):
         events = job.events()
         print(f"the job ended {ended - cut:.1f}s after the cut ({ended - started:.1f}s in all)",
               flush=True)
+        # Across nodes the data plane is gloo's TCP pairs, signed (--data-plane-auth tcp-md5):
+        # each Python worker had troupe's bind()/connect() preloaded, or it would say so.
+        for who, text in job.logs().items():
+            if "cannot be signed" in text:
+                fail(f"{who}: a Python worker could not sign its gloo pairs:\n{text[-2000:]}")
 
     cut_members = {m for m, e in members.items() if e["pid"] in cut_side}
     if len(cut_members) != 2:

@@ -94,6 +94,7 @@ std::unique_ptr<group> connect_group(const std::string& backend, uint64_t genera
   std::vector<
       std::future<std::pair<std::unique_ptr<comm::kv_store>, std::unique_ptr<comm::communicator>>>>
       ranks;
+  ranks.reserve(world);
   for (int r = 0; r < world; ++r)
     ranks.push_back(std::async(std::launch::async, [&, r] {
       auto store = comm::connect_tcp_store("127.0.0.1", g->server.port(), 10s);
@@ -186,6 +187,7 @@ void expect_reduced(const std::string& backend, int step, const std::vector<rank
 template <class Body>
 void on_ranks(Body body) {
   std::vector<std::future<void>> ranks;
+  ranks.reserve(world);
   for (int r = 0; r < world; ++r) ranks.push_back(std::async(std::launch::async, body, r));
   for (auto& f : ranks) f.get();
 }
