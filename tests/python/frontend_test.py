@@ -26,18 +26,13 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from harness import TROUPE, Job, fail, main, pid_alive, wait_until  # noqa: E402
+from torch_state import PYTHON, have_torch, max_relative, state_of  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-PYTHON = "/usr/bin/python3"  # Debian's torch is for this interpreter (../shared/notes)
 MLP = os.path.join(ROOT, "examples", "python", "mlp.py")
 GPT = os.path.join(ROOT, "examples", "python", "gpt.py")
 BUILD_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(TROUPE))), "python")
 JOB = ["--no-progress", "--eval-every", "0", "--metrics-port", "0", "--seed", "7"]
-
-
-def have_torch():
-    p = subprocess.run([PYTHON, "-c", "import torch"], capture_output=True)
-    return p.returncode == 0
 
 
 def plain(script, args, tmp, timeout=300):
@@ -61,27 +56,6 @@ def under_troupe(script, args, job_args, timeout=300, expect=0):
                  f"expected {expect}:\n{out[-6000:]}")
         job.assert_no_process_left()
         return out, events
-
-
-def state_of(path):
-    out = subprocess.run([PYTHON, "-c", f"""
-import json, torch
-sd = torch.load({path!r})
-print(json.dumps({{k: v.flatten().tolist() for k, v in sd.items()}}))
-"""], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        fail(f"cannot read {path}: {out.stderr}")
-    return json.loads(out.stdout)
-
-
-def max_relative(a, b):
-    worst = 0.0
-    for k in a:
-        if k not in b or len(a[k]) != len(b[k]):
-            fail(f"the state dicts differ in {k}")
-        for x, y in zip(a[k], b[k]):
-            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-3))
-    return worst
 
 
 def losses(path):

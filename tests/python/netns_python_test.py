@@ -15,9 +15,7 @@ micro-batches' weights, so only the order of the float32 sum moves.
 
 Needs root, namespaces and /usr/bin/python3 with torch; Skipped (exit 77) otherwise."""
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -26,6 +24,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from harness import TROUPE, Job, fail, main, pid_alive  # noqa: E402
+from torch_state import have_torch, max_relative, state_of  # noqa: E402
 from netns_jobs import (TroupeJob, logs_of, netns, of, pids_in, wait_for_step,  # noqa: E402
                         wait_gone, wait_job)
 
@@ -56,34 +55,6 @@ JOB = SHAPE + ["--seed", "7", "--world", "4", "--nodes", "2", "--metrics-port", 
 
 def script(out):
     return [PYTHON, GPT] + SHAPE + ["--d-model", "32", "--out", out]
-
-
-def have_torch():
-    return subprocess.run([PYTHON, "-c", "import torch"], capture_output=True).returncode == 0
-
-
-def state_of(path):
-    """The state_dict saved at `path`, as {name: [floats]} (read by torch in a subprocess)."""
-    out = subprocess.run([PYTHON, "-c", f"""
-import json, torch
-sd = torch.load({path!r})
-print(json.dumps({{k: v.flatten().tolist() for k, v in sd.items()}}))
-"""], capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        fail(f"cannot read {path}: {out.stderr}")
-    return json.loads(out.stdout)
-
-
-def max_relative(a, b):
-    if sorted(a) != sorted(b):
-        fail(f"the state dicts have different entries: {sorted(a)} and {sorted(b)}")
-    worst = 0.0
-    for k in a:
-        if len(a[k]) != len(b[k]):
-            fail(f"the state dicts differ in the size of {k}")
-        for x, y in zip(a[k], b[k]):
-            worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-3))
-    return worst
 
 
 def step_losses(events):
