@@ -355,9 +355,15 @@ Every option takes its value as `--opt VALUE` or `--opt=VALUE`.
 
 std::string run_help() {
   return std::string(R"(usage: troupe run [options]
+       troupe run [options] -- PROGRAM [ARGS...]
 
-Trains a GPT on this machine: starts a coordinator (in this process), one agent and
---world worker processes, shows progress, and ends with a summary. Its agents read
+Trains on this machine: starts a coordinator (in this process), one agent and --world
+worker processes, shows progress, and ends with a summary. Without a PROGRAM the workers
+train troupe's built-in GPT; with one (after `--`, e.g. `-- python3 train.py --lr 3e-4`)
+each worker is that program, which joins the job through the `troupe` Python module
+(troupe.init(); see docs/PYTHON.md). Such a job is data-parallel only: --tp, --pp, --ep,
+--zero and --experts are refused (exit 2). The program is stored as the setting
+workload.command, so --resume runs it again unless another `-- PROGRAM` is given. Its agents read
 TROUPE_ADVERTISE, TROUPE_IFACE and GLOO_SOCKET_IFNAME as `troupe agent` does (see troupe
 agent --help); across hosts, use `troupe coordinator` and one `troupe agent` per host, or
 --slurm inside a Slurm job.
@@ -402,7 +408,7 @@ std::string coordinator_help() {
   return std::string(R"(usage: troupe coordinator [options]
 
 Runs the job's coordinator and waits for an agent (`troupe agent --coordinator HOST:PORT`)
-to start the workers. Takes every option of `troupe run` (signals and exit codes as there:
+to start the workers. Takes every option of `troupe run`, and its `-- PROGRAM ARGS` (signals and exit codes as there:
 SIGTERM and SIGUSR1 checkpoint the next step and exit 75; `troupe help options` lists
 them), plus:
   --host HOST            address to listen on (default 127.0.0.1); across hosts, one the
@@ -444,7 +450,8 @@ std::string agent_help() {
        srun --no-kill --ntasks-per-node=1 troupe agent [--run-dir RUN_DIR]   (Slurm)
 
 Runs the agent of this node: asks the coordinator which workers to run, starts them as
-worker processes, reports their exits, and stops them when the job ends or the
+worker processes (troupe's own, or the job's program: `troupe run ... -- PROGRAM ARGS`, or
+`troupe agent ... -- PROGRAM ARGS` to name it here), reports their exits, and stops them when the job ends or the
 coordinator is lost. With --ranks K it joins a running job with K more workers, which the
 job admits at the next step boundary (the layout grows up to --max-ranks; the others wait
 as spares). Across hosts, start one agent per host, each pointed at the coordinator:

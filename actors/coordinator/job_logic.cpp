@@ -199,6 +199,42 @@ std::string job_logic::missing_members(bool gone_only) const {
   return words;
 }
 
+std::string job_logic::forming_timeout_words() const {
+  const auto& cfg = params_.cfg;
+  const std::string within =
+      std::to_string(params_.form_timeout.count() / 1000) + " s (--join-timeout-ms)";
+  const std::string program =
+      cfg.external_workload() ? "`" + cfg.workload_command.front() + " ...`" : std::string();
+  const int live = members_.live_count();
+  if (live < params_.members || generation() == 0)
+    return "only " + std::to_string(live) + " of " + std::to_string(params_.members) +
+           " workers joined within " + within + "; missing: " + missing_members() +
+           (program.empty() ? std::string()
+                            : "; the workers run " + program +
+                                  ", which joins the job when it calls troupe.init()") +
+           "; check the agent's output for worker errors, or raise --join-timeout-ms if "
+           "workers start that slowly";
+  // Every worker joined, but some never took its place in the first generation.
+  std::vector<int32_t> ids;
+  for (const auto& m : members_.members())
+    if (m.live && !(m.reported && m.reconfigured)) ids.push_back(m.id);
+  std::sort(ids.begin(), ids.end());
+  std::string late = ids.size() == 1 ? "member " : "members ";
+  for (size_t i = 0; i < ids.size(); ++i) late += (i == 0 ? "" : ", ") + std::to_string(ids[i]);
+  // plan_generation bounds the building of a generation, like any collective.
+  const auto bound = std::chrono::milliseconds(cfg.step_timeout_ms) + params_.heartbeat_timeout;
+  return "every worker joined, but generation " + std::to_string(generation()) +
+         " did not start within " + std::to_string(bound.count() / 1000) +
+         " s (--step-timeout-ms and --heartbeat-timeout-ms): " + late +
+         (ids.size() == 1 ? " did not take its place in it" : " did not take their places in it") +
+         (program.empty()
+              ? std::string("; check the agent's output for worker errors")
+              : "; a worker of " + program +
+                    " takes its place once its script has made its troupe.Trainer (the script "
+                    "must make one after troupe.init())") +
+         "; raise --step-timeout-ms if the workers' setup takes that long";
+}
+
 void job_logic::maybe_open_first_generation(logic_time now, actions& out) {
   if (state_ != job_state::forming || ended_ || takeover_) return;
   const int live = members_.live_count();

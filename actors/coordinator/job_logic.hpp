@@ -206,6 +206,9 @@ class job_logic {
   // (or only those known gone).
   int first_members_pending() const;
   std::string missing_members(bool gone_only = false) const;
+  /// Why the job could not form within --join-timeout-ms: workers that never joined, or
+  /// joined workers that never took their place in the first generation.
+  std::string forming_timeout_words() const;
 
   job_params params_;
   membership members_;

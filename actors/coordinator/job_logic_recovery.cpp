@@ -109,15 +109,7 @@ actions job_logic::on_tick(logic_time now) {
     return out;
   }
   if (state_ == job_state::forming) {
-    if (now >= deadline_)
-      finish(1,
-             "only " + std::to_string(members_.live_count()) + " of " +
-                 std::to_string(params_.members) + " workers joined within " +
-                 std::to_string(params_.form_timeout.count() / 1000) +
-                 " s (--join-timeout-ms); missing: " + missing_members() +
-                 "; check the agent's output for worker errors, or raise --join-timeout-ms if "
-                 "workers start that slowly",
-             out);
+    if (now >= deadline_) finish(1, forming_timeout_words(), out);
     return out;
   }
   // Heartbeats: a process that stopped answering is lost, whatever it was doing.

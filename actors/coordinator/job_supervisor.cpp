@@ -176,9 +176,20 @@ void send_result(self_ptr self, const finish_job& f) {
   if (st.committer && !st.logic->checkpoints_in_flight() && st.logic->last_checkpoint_step() >= 0)
     st.committer->collect_garbage(st.committer->requests());
   st.committer.reset();
-  for (auto& a : st.agents)
-    if (a) self->send(a, stop_atom::value);
   const auto& l = *st.logic;
+  // A job that failed before it trained has no step for a worker to finish, and a worker
+  // that never took its place (a program that never called troupe.init(), or never made its
+  // Trainer) does not hear the coordinator's stop: its agent stops it at once instead of
+  // after the stop's grace.
+  const bool never_formed =
+      st.training_started == logic_time{} && !l.taking_over() && f.exit_code != exit_code::done;
+  for (auto& a : st.agents) {
+    if (!a) continue;
+    if (never_formed)
+      self->send(a, shutdown_atom::value, "the job failed before it started: " + f.message);
+    else
+      self->send(a, stop_atom::value);
+  }
   job_result res;
   res.exit_code = f.exit_code;
   res.message = f.message;

@@ -111,8 +111,9 @@ def init(*, steps=None, batch=None, micro_batch=None, seed=None, threads=None,
                  "threads": threads}
         for key, value in given.items():
             if value is not None and value != settings[key]:
-                print(f"troupe: init({key}={value}) differs from the job's {key} "
-                      f"{settings[key]}; the job's is used", file=sys.stderr)
+                # One write: the workers of a node share the terminal.
+                sys.stderr.write(f"troupe: init({key}={value}) differs from the job's {key} "
+                                 f"{settings[key]}; the job's is used\n")
         job = Job(settings["steps"], settings["last_step"], settings["batch"],
                   settings["micro_batch"], settings["seed"], settings["threads"],
                   settings["run_dir"], settings["bucket_bytes"], session)

@@ -14,7 +14,8 @@ write) trained plainly and under `troupe run -- /usr/bin/python3 SCRIPT`.
   troupe's checkpoint store: a format 3 manifest, verified chunks); SIGTERM at the launcher
   takes a checkpoint and exits 75;
 - a script that raises in step 7 ends the job with exit 1 and its traceback in the error;
-- a model troupe cannot train (a float64 parameter) and a misused API are refused by name.
+- a model troupe cannot train (a float64 parameter) and a misused API are refused by name;
+  a script that never calls the API, or never makes its Trainer, ends the job by a deadline.
 """
 
 import json
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 from harness import TROUPE, Job, fail, main, pid_alive, wait_until  # noqa: E402
@@ -212,6 +214,38 @@ def test_script_raises(tmp):
     print("ok: a script that raises in step 7 ends the job with exit 1 and its traceback")
 
 
+NEVER_JOINS = {
+    # name: (script, job options, words the error must say)
+    "exits": ("print('this script never calls troupe')\n", [], "calls troupe.init()"),
+    "sleeps": ("import time\ntime.sleep(600)\n", ["--join-timeout-ms", "3000"],
+               "calls troupe.init()"),
+    "no_trainer": ("import time, troupe\njob = troupe.init()\ntime.sleep(600)\n",
+                   ["--step-timeout-ms", "3000", "--heartbeat-timeout-ms", "1000"],
+                   "has made its troupe.Trainer"),
+}
+
+
+def test_never_joins(tmp):
+    """(f) A script that never calls the API, or stops after troupe.init(), ends the job with
+    exit 1 and words that say what to call, within its deadline, and nothing left running."""
+    for name, (text, job_args, words) in NEVER_JOINS.items():
+        script = os.path.join(tmp, f"never_{name}.py")
+        with open(script, "w") as f:
+            f.write(text)
+        started = time.monotonic()
+        out, _ = under_troupe(script, [], ["--world", "2", "--steps", "3", "--batch", "4",
+                                           "--micro-batch", "2"] + job_args, timeout=120,
+                              expect=1)
+        took = time.monotonic() - started
+        if words not in out:
+            fail(f"never_{name}: the error does not say {words!r}:\n{out[-3000:]}")
+        # Workers that never took their place hear no stop: their agent ends them at once,
+        # not after the 10 s a worker gets to finish its step.
+        if name == "sleeps" and took > 3 + 7:
+            fail(f"never_{name}: the job took {took:.1f} s to end after a 3 s join timeout")
+        print(f"ok: never_{name}: exit 1 in {took:.1f} s, saying {words!r}")
+
+
 MISUSE = {
     "float64": ("model = torch.nn.Linear(2, 1).double()", "is torch.float64"),
     "backward_outside": ("BACKWARD_OUTSIDE = True", "step.backward() outside"),
@@ -361,6 +395,7 @@ def test():
         test_sigterm(tmp)
         test_script_raises(tmp)
         test_refusals(tmp)
+        test_never_joins(tmp)
         test_gil_released(tmp)
         test_preload(tmp)
 

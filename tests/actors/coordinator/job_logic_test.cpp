@@ -2516,6 +2516,25 @@ TEST(JobLogicFormingTest, TheJoinDeadlineNamesTheMissingMembers) {
     EXPECT_NE(end[0].message.find(words), std::string::npos) << words << ": " << end[0].message;
 }
 
+// Every worker joined, but none took its place in the first generation (a Python script that
+// called troupe.init() and never made its Trainer): the error says so, not "only 2 of 2
+// joined", and names what the script must do.
+TEST(JobLogicFormingTest, MembersThatNeverTakeTheirPlacesAreNamed) {
+  auto cfg = small_config(2);
+  cfg.workload_command = {"python3", "train.py"};
+  logic_harness h(cfg);
+  h.join(0);
+  EXPECT_EQ(all_of<send_reconfigure>(h.join(1)).size(), 2u);
+  h.advance(std::chrono::milliseconds(cfg.step_timeout_ms) + 5min);
+  auto end = all_of<finish_job>(h.tick());
+  ASSERT_EQ(end.size(), 1u);
+  EXPECT_EQ(end[0].exit_code, 1);
+  for (const char* words : {"every worker joined, but generation 1 did not start",
+                            "members 0, 1 did not take their places", "troupe.Trainer"})
+    EXPECT_NE(end[0].message.find(words), std::string::npos) << words << ": " << end[0].message;
+  EXPECT_EQ(end[0].message.find("only 2 of 2"), std::string::npos) << end[0].message;
+}
+
 INSTANTIATE_TEST_SUITE_P(Recovery, JobLogicTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& param) {
                            return param.param ? std::string("PlanWithAbort")
