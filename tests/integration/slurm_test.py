@@ -27,6 +27,9 @@ run directory.
 (d) A plain `scancel`: troupe still stops with 75 and a checkpoint, but the script does not
     requeue a job Slurm is cancelling; a second `sbatch` with the same run directory resumes it,
     exactly.
+(e) A user's own PyTorch script (examples/python/mlp.py) under Slurm, issue 39: `sbatch
+    troupe.sbatch [options] -- python3 mlp.py`; the agents start the script as the workers on
+    both nodes, and the final state_dict equals the script run alone within float32 noise.
 
 Every daemon and process is stopped by pid (Slurm's, then everything in the namespaces), also
 when a part fails. Needs root, namespaces and `slurmctld slurmd slurm-client munge`; Skipped
@@ -45,9 +48,13 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 sys.path.insert(0, os.path.join(REPO, "chaos", "netns"))
 import cluster as netns  # noqa: E402
 import slurm_cluster  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
+from torch_state import PYTHON, have_torch, max_relative, state_of  # noqa: E402
 from netns_jobs import batch_of, run_schedule, worlds_of  # noqa: E402
 
 SBATCH = os.path.join(REPO, "deploy", "slurm", "troupe.sbatch")
+MLP = os.path.join(REPO, "examples", "python", "mlp.py")
+BUILD_PYTHON = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(TROUPE))), "python")
 COMMON = SMALL_MODEL + ["--metrics-port", "0", "--step-timeout-ms", "30000"]
 SHORT = COMMON + ["--steps", "30", "--checkpoint-every", "10"]
 # Room for part (c)'s three stops: each attempt runs 20 steps past its start before the test
@@ -400,6 +407,47 @@ def part_d(jobs, tmp, ref, ref_dir):
           f"checkpoint step {max(checkpoints)}; a second sbatch resumed from it", flush=True)
 
 
+def part_e(jobs, tmp):
+    """A user's own PyTorch script under Slurm (issue 39): `sbatch troupe.sbatch [options] --
+    python3 mlp.py`; the agents on both nodes start the script as the workers, and world 4
+    trains what the script trains alone, within float32 noise."""
+    name = "e-python"
+    if not have_torch() or not os.path.isfile(os.path.join(BUILD_PYTHON, "troupe",
+                                                              "__init__.py")):
+        print(f"{name}: skipped (no torch for {PYTHON}, or the troupe module is not built)",
+              flush=True)
+        return
+    run_dir = os.path.join(tmp, name)
+    shape = ["--steps", "20", "--batch", "32", "--micro-batch", "8"]
+    alone, together = os.path.join(tmp, "e-alone.pt"), os.path.join(tmp, "e-slurm.pt")
+    env = dict(os.environ, PYTHONPATH=BUILD_PYTHON)
+    for k in [k for k in env if k.startswith("TROUPE_")]:
+        del env[k]
+    p = subprocess.run([PYTHON, MLP] + shape + ["--seed", "7", "--out", alone], env=env,
+                       cwd=tmp, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        fail(f"{name}: mlp.py alone exited {p.returncode}:\n{p.stdout}{p.stderr}")
+    job, out = jobs.submit(name, run_dir, shape + [
+        "--seed", "7", "--eval-every", "0", "--no-progress", "--metrics-port", "0",
+        "--", PYTHON, MLP] + shape + ["--out", together])
+    info = jobs.wait_done(name, job, out, 180)
+    text = jobs.output(out)
+    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
+        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n"
+             f"{text[-6000:]}")
+    events = read_events(run_dir)
+    rank_hosts = sorted({e["host"] for e in events if e.get("event") == "rank_joined"})
+    steps = sorted(e["step"] for e in events if e.get("event") == "step")
+    if rank_hosts != ["node1", "node2"] or steps != list(range(1, 21)):
+        fail(f"{name}: ranks on {rank_hosts}, steps {steps}; expected both nodes, 1..20:\n"
+             f"{text[-6000:]}")
+    diff = max_relative(state_of(alone), state_of(together))
+    if diff > 1e-4:
+        fail(f"{name}: world 4 under Slurm differs from the script alone by {diff:.3g}")
+    print(f"{name}: job {job} COMPLETED: the script's workers on both nodes, its final "
+          f"state_dict within {diff:.2g} of the script alone", flush=True)
+
+
 def test():
     with tempfile.TemporaryDirectory(prefix="troupe-slurm-", dir="/tmp") as tmp:
         t0 = time.monotonic()
@@ -414,7 +462,8 @@ def test():
             for part in (lambda: part_a(jobs, tmp, short_ref, short_ref_dir),
                          lambda: part_b(jobs, tmp),
                          lambda: part_c(jobs, tmp, long_ref, long_ref_dir),
-                         lambda: part_d(jobs, tmp, long_ref, long_ref_dir)):
+                         lambda: part_d(jobs, tmp, long_ref, long_ref_dir),
+                         lambda: part_e(jobs, tmp)):
                 started = time.monotonic()
                 part()
                 print(f"  ({time.monotonic() - started:.1f}s)", flush=True)
