@@ -1,5 +1,7 @@
 // `troupe`: one binary for every role of a job (run, coordinator, agent, worker).
 
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -303,7 +305,13 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     parse_member_args(command, args, w.coordinator_host, w.coordinator_port, w.advertise, &w.member,
                       w.coordinators, &w.node, nullptr, &w.standby);
     require_descriptors(smallest_job_descriptors(), soft_descriptors_at_start, "a worker");
-    return troupe::actors::run_worker(w);
+    const int code = troupe::actors::run_worker(w);
+    // The rank thread is one of CAF's detached threads: it may still be exiting now, so the
+    // worker ends without running static destructors or atexit handlers under it.
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(code);
   }
   if (command == "ckpt") return troupe::cli::run_ckpt_tool(args);
   if (command == "report") {
@@ -329,6 +337,12 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything touches OpenSSL: no cleanup of it at exit. CAF's detached actor threads (a
+  // worker's rank thread) may still be unwinding when main returns, and OpenSSL's atexit
+  // cleanup freed their thread-local state under them (a double free: glibc's "corrupted
+  // size vs. prev_size" in a removed worker's exit, found with AddressSanitizer). The
+  // process's memory goes back to the system anyway.
+  OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr);
   // A peer that hangs up mid-write must cost one connection, not the process: OpenSSL writes
   // its alerts with plain write(), which raises SIGPIPE on a closed socket.
   std::signal(SIGPIPE, SIG_IGN);

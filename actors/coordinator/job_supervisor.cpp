@@ -186,7 +186,9 @@ void send_result(self_ptr self, const finish_job& f) {
   for (auto& a : st.agents) {
     if (!a) continue;
     if (never_formed)
-      self->send(a, shutdown_atom::value, "the job failed before it started: " + f.message);
+      self->send(a, shutdown_atom::value,
+                 std::string("the job failed before it trained (the coordinator says why); this "
+                             "node's workers are stopped at once"));
     else
       self->send(a, stop_atom::value);
   }
