@@ -108,8 +108,14 @@ def main():
     print(f"\n| run | median samples/s (of {args.rounds}) | runs |\n|---|---|---|")
     for k, v in results.items():
         print(f"| {k} | {med[k]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
-    print(f"\ntroupe world 1 / plain PyTorch: {med['troupe1'] / med['torch1']:.3f}")
-    print(f"troupe world 2 / DDP world 2: {med['troupe2'] / med['ddp2']:.3f}")
+    # Each round's runs are minutes apart at most; the machine's speed drifts more than that
+    # between rounds, so the ratio of each round's pair says more than the ratio of medians.
+    def paired(a, b):
+        return statistics.median(x / y for x, y in zip(results[a], results[b]))
+    print(f"\ntroupe world 1 / plain PyTorch: {med['troupe1'] / med['torch1']:.3f} "
+          f"(median of the rounds' ratios: {paired('troupe1', 'torch1'):.3f})")
+    print(f"troupe world 2 / DDP world 2: {med['troupe2'] / med['ddp2']:.3f} "
+          f"(median of the rounds' ratios: {paired('troupe2', 'ddp2'):.3f})")
     print(f"troupe world 2 / troupe world 1: {med['troupe2'] / med['troupe1']:.3f}")
 
 

@@ -16,11 +16,12 @@ class host_generation final : public workload_generation {
       : link_(std::move(link)), env_(env) {
     link_->set_superseded(false);
     link_->await_buckets();
-    if (env_.dp.size > 1) {
+    if (env_.dp.size > 1)
       dp_ = env_.connect({env_.generation, env_.dp.group, env_.dp.index, env_.dp.size});
-      reducer_ = std::make_unique<strategies::bucket_reducer>(dp_.get(), link_->buckets(),
-                                                              env_.op_timeout);
-    }
+    // One replica too: its buckets need no sum, but the reducer's thread measures each
+    // bucket's share of the gradient norm as backward finishes it, off the step's path.
+    reducer_ = std::make_unique<strategies::bucket_reducer>(dp_.get(), link_->buckets(),
+                                                            env_.op_timeout);
   }
 
   ~host_generation() override { reducer_.reset(); }
@@ -55,7 +56,7 @@ class host_generation final : public workload_generation {
   }
 
   step_outcome compute(const step_work& work) override {
-    if (reducer_) reducer_->begin_step();
+    reducer_->begin_step();
     sink_ = reducer_.get();
     link_->set_sink(sink_);
     ask a = asking(ask_kind::step);
@@ -71,14 +72,7 @@ class host_generation final : public workload_generation {
   void reduce(const reduce_env& env) override {
     (void)env;  // the reducer holds the step timeout as its deadline
     link_->set_sink(nullptr);
-    if (reducer_) {
-      norm_ = reducer_->finish().grad_norm;
-      return;
-    }
-    double sum = 0;  // one replica: nothing to reduce, the norm is its own
-    for (const auto& b : link_->buckets())
-      sum += comm::sum_of_squares(b.values.data(), b.values.size());
-    norm_ = std::sqrt(sum);
+    norm_ = reducer_->finish().grad_norm;
   }
   double local_grad_norm() const override { return norm_; }
 
