@@ -20,8 +20,8 @@ class host_generation final : public workload_generation {
       dp_ = env_.connect({env_.generation, env_.dp.group, env_.dp.index, env_.dp.size});
     // One replica too: its buckets need no sum, but the reducer's thread measures each
     // bucket's share of the gradient norm as backward finishes it, off the step's path.
-    reducer_ = std::make_unique<strategies::bucket_reducer>(dp_.get(), link_->buckets(),
-                                                            env_.op_timeout);
+    reducer_ =
+        std::make_unique<strategies::bucket_reducer>(dp_.get(), link_->buckets(), env_.op_timeout);
   }
 
   ~host_generation() override { reducer_.reset(); }
