@@ -5,6 +5,7 @@
 
 #include "actors/worker/program_state.hpp"
 #include "actors/worker/rank_worker.hpp"
+#include "actors/worker/runtime_reduced.hpp"
 #include "actors/worker/state_transfer.hpp"
 #include "chaos/faulty_communicator.hpp"
 #include "checkpoint/checkpoint.hpp"
@@ -109,6 +110,8 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
       env.connect = connect;
       env.op_timeout = op_timeout;
       next.work = w.job->make_generation(env);
+      if (w.job->traits().reduces == reduction::by_runtime)
+        next.work = reduced_by_runtime(std::move(next.work), env);
       if (auto* gpt = dynamic_cast<strategies::gpt_generation*>(next.work.get()))
         next.gpt = &gpt->engine();
       if (next.plan.shape.pp > 1) {

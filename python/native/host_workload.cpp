@@ -1,30 +1,23 @@
 #include "python/native/host_workload.hpp"
 
-#include <cmath>
 #include <optional>
 #include <utility>
-
-#include "runtime/comm/collective_math.hpp"
-#include "strategies/bucket_reducer.hpp"
 
 namespace troupe::python {
 namespace {
 
 class host_generation final : public workload_generation {
  public:
+  // The runtime wraps it (actors/worker/runtime_reduced.hpp): the data-parallel group and the
+  // bucket reducer over the script's buckets are the runtime's, as for any by_runtime workload.
   host_generation(std::shared_ptr<host_link> link, const generation_env& env)
       : link_(std::move(link)), env_(env) {
     link_->set_superseded(false);
     link_->await_buckets();
-    if (env_.dp.size > 1)
-      dp_ = env_.connect({env_.generation, env_.dp.group, env_.dp.index, env_.dp.size});
-    // One replica too: its buckets need no sum, but the reducer's thread measures each
-    // bucket's share of the gradient norm as backward finishes it, off the step's path.
-    reducer_ =
-        std::make_unique<strategies::bucket_reducer>(dp_.get(), link_->buckets(), env_.op_timeout);
   }
 
-  ~host_generation() override { reducer_.reset(); }
+  // No hook of the script's may reach a reducer that is gone.
+  ~host_generation() override { link_->set_sink(nullptr); }
 
   // Asked afresh each time: the script's tables change (an optimizer makes its state at its
   // first step, a restore swaps tensors in), and walking them every step would cost the step.
@@ -55,26 +48,23 @@ class host_generation final : public workload_generation {
     }
   }
 
+  // The script's hooks announce its buckets to the runtime's reducer, from the script's thread,
+  // while the script computes; only then.
   step_outcome compute(const step_work& work) override {
-    reducer_->begin_step();
-    sink_ = reducer_.get();
-    link_->set_sink(sink_);
+    link_->set_sink(work.sink);
     ask a = asking(ask_kind::step);
     a.work = work;
     a.work.share = env_.share;
     a.work.sink = nullptr;
+    struct unset {
+      host_link& link;
+      ~unset() { link.set_sink(nullptr); }
+    } after{*link_};
     const answer got = link_->request(std::move(a));
     return {got.loss_sum, got.count, 0.0};
   }
 
   std::vector<gradient_bucket> gradient_buckets() override { return link_->buckets(); }
-
-  void reduce(const reduce_env& env) override {
-    (void)env;  // the reducer holds the step timeout as its deadline
-    link_->set_sink(nullptr);
-    norm_ = reducer_->finish().grad_norm;
-  }
-  double local_grad_norm() const override { return norm_; }
 
   void apply(const apply_env& env) override {
     ask a = asking(ask_kind::apply);
@@ -83,13 +73,7 @@ class host_generation final : public workload_generation {
     link_->request(std::move(a));
   }
 
-  void abort() noexcept override {
-    link_->set_superseded(true);
-    if (reducer_) reducer_->abort();
-    if (dp_) dp_->abort();
-  }
-
-  comm::communicator* replica_group() override { return dp_.get(); }
+  void abort() noexcept override { link_->set_superseded(true); }
 
  private:
   ask asking(ask_kind kind) const {
@@ -103,10 +87,6 @@ class host_generation final : public workload_generation {
 
   std::shared_ptr<host_link> link_;
   generation_env env_;
-  std::unique_ptr<comm::communicator> dp_;
-  std::unique_ptr<strategies::bucket_reducer> reducer_;
-  gradient_sink* sink_ = nullptr;
-  double norm_ = 0;
 };
 
 class host_workload final : public workload {

@@ -23,12 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "actors/wire/connect.hpp"
-#include "actors/wire/node_address.hpp"
 #include "actors/worker/rank.hpp"
+#include "actors/worker/worker_environment.hpp"
 #include "python/native/host_link.hpp"
 #include "python/native/host_workload.hpp"
-#include "runtime/auth/credentials.hpp"
 #include "runtime/data/random.hpp"
 #include "runtime/data/sampler.hpp"
 #include "runtime/sys/warm_memory.hpp"
@@ -38,45 +36,6 @@ namespace py = pybind11;
 
 namespace troupe::python {
 namespace {
-
-std::string env_or(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : fallback;
-}
-
-int env_int(const char* name, int fallback) {
-  const std::string v = env_or(name);
-  if (v.empty()) return fallback;
-  try {
-    size_t used = 0;
-    const int x = std::stoi(v, &used);
-    if (used == v.size() && x >= 0) return x;
-  } catch (const std::exception&) {
-  }
-  throw std::invalid_argument(std::string(name) + " must be a non-negative integer, got '" + v +
-                              "'");
-}
-
-// The worker's arguments from the environment its agent gave it (actors/agent).
-actors::worker_args args_from_environment() {
-  actors::worker_args a;
-  const std::string list = env_or("TROUPE_COORDINATOR");
-  if (!actors::parse_endpoints(list, a.coordinators))
-    throw std::invalid_argument("TROUPE_COORDINATOR must be HOST:PORT[,HOST:PORT...], got '" +
-                                list + "'");
-  a.coordinator_host = a.coordinators.front().host;
-  a.coordinator_port = a.coordinators.front().port;
-  a.standby = env_or("TROUPE_STANDBY") == "1";
-  a.member = a.standby ? -1 : env_int("TROUPE_MEMBER", -1);
-  if (!a.standby && a.member < 0)
-    throw std::invalid_argument("TROUPE_MEMBER (or TROUPE_STANDBY=1) must be set");
-  a.node = env_int("TROUPE_NODE", 0);
-  const std::string token = env_or("TROUPE_JOIN_TOKEN");
-  if (token.empty()) throw std::invalid_argument("TROUPE_JOIN_TOKEN must name the job's token");
-  auth::set_process_credentials(auth::load_join_token(token));
-  a.advertise = actors::resolve_node_address(actors::choose_node_address("", ""));
-  return a;
-}
 
 // Whether this extension's bind() and connect() are the ones every library of the process calls
 // (its agent preloaded it), as the troupe binary's are: only then are gloo's pairs signed and
@@ -151,7 +110,7 @@ class session {
   // or nothing when the process was not needed (a standby told so) or could not join; then
   // `exit_code()` says how it ended.
   std::optional<job_settings> start(const std::string& name) {
-    actors::worker_args args = args_from_environment();
+    actors::worker_args args = actors::worker_args_from_environment();
     auto factory = [this, name](const job_settings& s) {
       {
         std::lock_guard lock(mu_);
