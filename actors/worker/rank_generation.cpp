@@ -123,7 +123,7 @@ reconfigured enter_generation(worker& w, const reconfigure& r) {
               strategies::make_schedule(strategies::parse_schedule_kind(w.cfg.parallel.schedule), p,
                                         next.plan.micro_batches_per_replica);
           // The next stage's activation slots, plus the one activation this stage's send holds.
-          next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s + 1)] + 1;
+          next_slots = strategies::peak_live_activations(schedule)[static_cast<size_t>(s) + 1] + 1;
         }
         next.stage =
             std::make_unique<stage_link>(w.self->system(), store, r.generation, view.pp.name, s, p,

@@ -62,6 +62,7 @@ template <class Body>
 void two_ranks(Body body) {
   comm::tcp_store_server server;
   std::vector<std::future<void>> ranks;
+  ranks.reserve(2);
   for (int r = 0; r < 2; ++r)
     ranks.push_back(std::async(std::launch::async, [&, r] {
       auto store = comm::connect_tcp_store("127.0.0.1", server.port(), 5s);
