@@ -191,10 +191,13 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
   }
   if (!program.empty()) out.cfg.workload_command = program;
   if (out.cfg.external_workload() && out.cfg.replicate_checkpoints)
-    // Not tested with a program's state yet: refused, never silently half-working.
+    // Replicas serve layouts whose ranks hold different shards; refused rather than kept as a
+    // copy nobody reads.
     throw usage_error("troupe " + command +
-                      ": --replicate-checkpoints is not supported yet for a workload of your own "
-                      "(`-- PROGRAM`); its checkpoints are on the disk only");
+                      ": --replicate-checkpoints has nothing to add for a workload of your own "
+                      "(`-- PROGRAM`): its job is data-parallel, so every live rank holds the "
+                      "whole state and a lost rank is restored from a peer's memory already; "
+                      "leave it out (checkpoints still go to the disk)");
   if (out.saved) {
     // A resume changes only what may change; the rest is the run's and shapes its math.
     for (const auto& c : changed_settings(*out.saved, out.cfg))

@@ -209,9 +209,11 @@ std::string job_logic::forming_timeout_words() const {
   if (live < params_.members || generation() == 0)
     return "only " + std::to_string(live) + " of " + std::to_string(params_.members) +
            " workers joined within " + within + "; missing: " + missing_members() +
-           (program.empty() ? std::string()
-                            : "; the workers run " + program +
-                                  ", which joins the job when it calls troupe.init()") +
+           (program.empty()
+                ? std::string()
+                : "; the workers run " + program +
+                      ", which joins the job when it calls troupe.init() (a Python script) or "
+                      "troupe::run_as_worker (a C++ program)") +
            "; check the agent's output for worker errors, or raise --join-timeout-ms if "
            "workers start that slowly";
   // Every worker joined, but some never took its place in the first generation.
@@ -248,7 +250,9 @@ void job_logic::maybe_open_first_generation(logic_time now, actions& out) {
                std::to_string(min_ranks) + ": " + missing_members(true) +
                (params_.cfg.external_workload()
                     ? "; the workers run `" + params_.cfg.workload_command.front() +
-                          " ...`, which joins the job when it calls troupe.init()"
+                          " ...`, which joins the job when it calls troupe.init() (a Python "
+                          "script) or "
+                          "troupe::run_as_worker (a C++ program)"
                     : std::string()) +
                "; check the agent's output for the worker's error, then run again (with "
                "--max-restarts N an agent restarts such a worker; a lower --min-ranks starts "

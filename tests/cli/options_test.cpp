@@ -31,6 +31,20 @@ std::string error_of(std::vector<std::string> args) {
   return {};
 }
 
+// `troupe run [options] -- PROGRAM ARGS`: the program is the workers'; what a data-parallel
+// job of one's own cannot use is refused by name (exit 2), never silently dropped.
+TEST(OptionsTest, AProgramAfterTheDashesIsTheWorkersAndItsRefusalsSayWhy) {
+  const auto o = parse({"--world", "3", "--", "python3", "train.py", "--lr", "3e-4"});
+  EXPECT_EQ(o.cfg.workload_command,
+            (std::vector<std::string>{"python3", "train.py", "--lr", "3e-4"}));
+  EXPECT_EQ(o.cfg.world, 3) << "options before the dashes are troupe's";
+  EXPECT_NE(error_of<usage_error>({"--"}).find("must be followed by the workers' program"),
+            std::string::npos);
+  const auto replicas = error_of<usage_error>({"--replicate-checkpoints", "--", "./prog"});
+  EXPECT_NE(replicas.find("--replicate-checkpoints has nothing to add"), std::string::npos)
+      << replicas;
+}
+
 TEST(OptionsTest, DefaultsAreValid) {
   auto o = parse({});
   EXPECT_EQ(o.cfg.world, 2);

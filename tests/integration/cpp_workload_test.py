@@ -97,6 +97,15 @@ def as_job(troupe, program, tmp):
         fail(f"a kill -9 changed a committed loss by {worst:.3g} relative")
     print(f"ok: linear_train as a job's workers: loss {calm[1]:.4f} -> {calm[60]:.6f} at world "
           f"2; through a kill -9 at step 20 every committed loss within {worst:.2g}")
+    # The hand-driven example never joins: the job says what a program must call.
+    alone_bin = os.path.join(os.path.dirname(program), "linear_workload")
+    p = subprocess.run([troupe, "run", "--run-dir", os.path.join(tmp, "never"), "--world", "1"] +
+                       JOB + ["--", alone_bin], capture_output=True, text=True, timeout=120)
+    if p.returncode != 1 or "troupe::run_as_worker" not in p.stdout + p.stderr:
+        fail(f"a program that never joins: exit {p.returncode}, expected 1 naming "
+             f"troupe::run_as_worker:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    print("ok: a program that never calls troupe::run_as_worker ends the job with exit 1, "
+          "saying so")
 
 
 if __name__ == "__main__":
