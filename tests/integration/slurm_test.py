@@ -107,6 +107,15 @@ class SlurmJobs:
             fail(f"{name}: {e}\n--- job output\n{self.output(out)[-6000:]}\n--- slurmctld\n"
                  f"{self.s.log('slurmctld')[-3000:]}")
 
+    def wait_completed(self, name, job, out, timeout):
+        """Waits for the job's end, which must be COMPLETED with exit 0:0; returns its output."""
+        info = self.wait_done(name, job, out, timeout)
+        text = self.output(out)
+        if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
+            fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n"
+                 f"{text[-6000:]}")
+        return text
+
     def wait_step(self, name, run_dir, step, job, out, timeout=60):
         deadline = time.monotonic() + timeout
         while True:
@@ -143,11 +152,8 @@ def part_a(jobs, tmp, ref, ref_dir):
     run_dir = os.path.join(tmp, name)
     t0 = time.monotonic()
     job, out = jobs.submit(name, run_dir, SHORT)
-    info = jobs.wait_done(name, job, out, 120)
+    text = jobs.wait_completed(name, job, out, 120)
     took = time.monotonic() - t0
-    text = jobs.output(out)
-    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
-        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n{text[-6000:]}")
     events = read_events(run_dir)
     hosts = sorted({e["host"] for e in events if e.get("event") == "agent_joined"})
     rank_hosts = sorted({e["host"] for e in events if e.get("event") == "rank_joined"})
@@ -189,11 +195,8 @@ def part_b(jobs, tmp):
                  f"{jobs.output(out)[-6000:]}")
         time.sleep(0.05)
     regrow_s = time.monotonic() - healed
-    info = jobs.wait_done(name, job, out, 150)
+    text = jobs.wait_completed(name, job, out, 150)
     took = time.monotonic() - t_cut
-    text = jobs.output(out)
-    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
-        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n{text[-6000:]}")
     events = read_events(run_dir)
     lost = [e for e in events if e.get("event") == "rank_lost"]
     generations = [e for e in events if e.get("event") == "generation"]
@@ -430,11 +433,7 @@ def part_e(jobs, tmp):
     job, out = jobs.submit(name, run_dir, shape + [
         "--seed", "7", "--eval-every", "0", "--no-progress", "--metrics-port", "0",
         "--", PYTHON, MLP] + shape + ["--out", together])
-    info = jobs.wait_done(name, job, out, 180)
-    text = jobs.output(out)
-    if info.get("JobState") != "COMPLETED" or info.get("ExitCode") != "0:0":
-        fail(f"{name}: job {job} ended {info.get('JobState')} {info.get('ExitCode')}:\n"
-             f"{text[-6000:]}")
+    text = jobs.wait_completed(name, job, out, 180)
     events = read_events(run_dir)
     rank_hosts = sorted({e["host"] for e in events if e.get("event") == "rank_joined"})
     steps = sorted(e["step"] for e in events if e.get("event") == "step")
