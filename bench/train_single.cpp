@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
   const troupe::train_config& c = o.cfg;
   try {
     troupe::set_blas_threads(c.blas_threads);
-    const troupe::byte_dataset data =
-        troupe::byte_dataset::open(c.data, c.val_fraction, c.model.context);
+    const troupe::token_dataset data =
+        troupe::token_dataset::open(c.data, c.val_fraction, c.model.context, c.val_data);
     troupe::gpt model(c.model);
     model.init_params(c.seed);
     troupe::adamw opt(c.optim, model.param_table(), model.num_params());

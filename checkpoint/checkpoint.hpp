@@ -253,6 +253,11 @@ struct full_state {
 /// byte checked against its hash.
 full_state load_full_state(const std::string& run_dir, const manifest& m);
 
+/// The parameters alone of load_full_state (the optimizer's moments are not read): for the
+/// commands that use a trained model (export, sample, eval). Format 2 reads only the chunks
+/// the parameters lie in, each checked against its key.
+std::vector<float> load_full_params(const std::string& run_dir, const manifest& m);
+
 /// What a restore read.
 struct restore_stats {
   uint64_t bytes_read = 0;  ///< from the disk or from memory

@@ -3,6 +3,7 @@
 // hash. Independent of the layout that wrote the checkpoint.
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <span>
@@ -222,6 +223,16 @@ state_map full_state_map(const manifest& m) {
     }
   }
   return map;
+}
+
+std::vector<float> load_full_params(const std::string& run_dir, const manifest& m) {
+  if (m.format_version == shard_format_version) return load_full_state(run_dir, m).params;
+  state_map map = full_state_map(m);
+  for (size_t a = 1; a < map.arrays.size(); ++a) map.arrays[a].clear();  // not the moments
+  std::vector<float> params(m.global_numel, 0.0f);
+  const std::array<std::span<float>, array_names.size()> buffers = {params, {}, {}};
+  restore_into(run_dir, m, map, buffers);
+  return params;
 }
 
 full_state load_full_state_v2(const std::string& run_dir, const manifest& m) {

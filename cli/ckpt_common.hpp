@@ -27,6 +27,8 @@ class tool_error : public std::runtime_error {
 std::optional<int64_t> latest_step(const std::string& run_dir);
 /// The same, nullopt when LATEST is damaged too.
 std::optional<int64_t> latest_step_or_none(const std::string& run_dir);
+/// Throws tool_error unless `run_dir` is a directory with a checkpoints directory.
+void require_checkpoints(const std::string& run_dir);
 
 /// "512 B", "1.4 MiB".
 std::string human(uint64_t bytes);

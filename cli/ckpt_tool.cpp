@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/format.hpp"
 #include "cli/ckpt_common.hpp"
+#include "cli/ckpt_export.hpp"
 #include "cli/options.hpp"
 #include "runtime/sys/printable.hpp"
 #include "runtime/sys/run_paths.hpp"
@@ -45,6 +46,16 @@ std::optional<int64_t> latest_step_or_none(const std::string& run_dir) {
   } catch (const ckpt::checkpoint_error&) {
     return std::nullopt;
   }
+}
+
+void require_checkpoints(const std::string& run_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    throw tool_error(run_dir + " is not a directory; give a job's run directory (its --run-dir)");
+  if (!fs::is_directory(run_paths::checkpoints(run_dir), ec))
+    throw tool_error(
+        run_dir + " has no checkpoints directory (" + run_paths::checkpoints(run_dir).string() +
+        "): no job has checkpointed there; give a job's run directory (its --run-dir)");
 }
 
 // ---- sizes and chunk sets ----------------------------------------------------------------
@@ -164,18 +175,6 @@ std::optional<int64_t> number_option(const std::string& sub, const parsed_args& 
   auto it = a.options.find(flag);
   if (it == a.options.end()) return std::nullopt;
   return parse_number(sub, flag, it->second);
-}
-
-// ---- the run directory -------------------------------------------------------------------
-
-void require_checkpoints(const std::string& run_dir) {
-  std::error_code ec;
-  if (!fs::is_directory(run_dir, ec))
-    throw tool_error(run_dir + " is not a directory; give a job's run directory (its --run-dir)");
-  if (!fs::is_directory(run_paths::checkpoints(run_dir), ec))
-    throw tool_error(
-        run_dir + " has no checkpoints directory (" + run_paths::checkpoints(run_dir).string() +
-        "): no job has checkpointed there; give a job's run directory (its --run-dir)");
 }
 
 // ---- ls ----------------------------------------------------------------------------------
@@ -480,8 +479,8 @@ int dispatch(const std::vector<std::string>& args) {
   const std::string help = ckpt_help(sub);
   if (help.empty())
     throw usage_error("troupe ckpt: unknown subcommand '" + sub +
-                      "'; subcommands: ls, inspect, verify, diff, gc, scrub (see troupe ckpt "
-                      "--help)");
+                      "'; subcommands: ls, inspect, verify, diff, gc, scrub, export (see "
+                      "troupe ckpt --help)");
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   for (const auto& a : rest) {
     if (a == "--help" || a == "-h") {
@@ -489,6 +488,7 @@ int dispatch(const std::vector<std::string>& args) {
       return 0;
     }
   }
+  if (sub == "export") return export_checkpoint(rest);  // its own options: ckpt_export.cpp
   std::set<std::string> allowed;
   if (sub == "inspect" || sub == "verify") allowed = {"--step"};
   if (sub == "gc") allowed = {"--keep-last", "--keep-every"};

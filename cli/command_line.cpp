@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <map>
 
 namespace troupe::cli {
@@ -76,6 +77,16 @@ void command_line::flag(const std::string& names) {
 
 usage_error command_line::error(const std::string& what) const {
   return usage_error(command_ + ": " + what + "; see " + command_ + " --help");
+}
+
+int64_t command_line::integer(const std::string& flag, const std::string& text, int64_t lo,
+                              int64_t hi) const {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi)
+    throw error(flag + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                ", got '" + text + "'");
+  return v;
 }
 
 void command_line::parse(const std::vector<std::string>& args, size_t max_positional,

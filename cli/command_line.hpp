@@ -4,6 +4,7 @@
 // mistake reads the same in every command: the option, the closest known one, and
 // `troupe CMD --help` (a usage_error: exit 2).
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -54,6 +55,8 @@ class command_line {
   const std::string& command() const { return command_; }
   /// A usage_error for this command: "troupe CMD: WHAT; see troupe CMD --help".
   usage_error error(const std::string& what) const;
+  /// `text`, the value of `flag`, as an integer in lo..hi; else an error() saying so.
+  int64_t integer(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) const;
 
  private:
   std::string command_;

@@ -18,10 +18,13 @@
 #include "bench/comm_bench.hpp"
 #include "cli/ckpt_tool.hpp"
 #include "cli/command_line.hpp"
+#include "cli/eval_tool.hpp"
 #include "cli/options.hpp"
 #include "cli/report.hpp"
+#include "cli/sample_tool.hpp"
 #include "cli/scheduler.hpp"
 #include "cli/status_tool.hpp"
+#include "cli/tokenize_tool.hpp"
 #include "coordinator/job_runner.hpp"
 #include "monitoring/log.hpp"
 #include "runtime/auth/credentials.hpp"
@@ -329,9 +332,25 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     }
     return troupe::cli::run_status_tool(args, command == "top");
   }
+  if (command == "tokenize") {
+    if (wants_help(args)) {
+      std::fputs(troupe::cli::tokenize_help().c_str(), stdout);
+      return 0;
+    }
+    return troupe::cli::run_tokenize(args);
+  }
+  if (command == "sample" || command == "eval") {
+    if (wants_help(args)) {
+      std::fputs(
+          (command == "sample" ? troupe::cli::sample_help() : troupe::cli::eval_help()).c_str(),
+          stdout);
+      return 0;
+    }
+    return command == "sample" ? troupe::cli::run_sample(args) : troupe::cli::run_eval(args);
+  }
   throw usage_error("troupe: unknown command '" + command +
                     "'; commands: run, coordinator, agent, worker, bench, ckpt, report, status, "
-                    "top");
+                    "top, tokenize, sample, eval");
 }
 
 }  // namespace

@@ -127,8 +127,10 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
   } else {
     out.cfg = from_file;
   }
-  bool world_given = false, nodes_given = false;
+  bool world_given = false, nodes_given = false, vocab_given = false;
   for (const auto& [flag, value] : cl.given()) {
+    vocab_given = vocab_given || flag == "--vocab" ||
+                  (flag == "--set" && value.rfind("model.vocab=", 0) == 0);
     world_given =
         world_given || flag == "--world" || (flag == "--set" && value.rfind("world=", 0) == 0);
     nodes_given = nodes_given || flag == "--nodes" ||
@@ -189,6 +191,10 @@ job_options parse_job_options(const std::vector<std::string>& args, bool coordin
       throw cl.error("option " + flag + " is not one of troupe " + command + "'s");
     }
   }
+  // Left out, the vocabulary is the data's (runtime/data/corpus_plan.cpp); a resumed run keeps
+  // the one it was planned with.
+  vocab_given = vocab_given || from_file.model.vocab != train_config{}.model.vocab;
+  if (!vocab_given && !out.saved) out.cfg.model.vocab = 0;
   if (!program.empty()) out.cfg.workload_command = program;
   if (out.cfg.external_workload() && out.cfg.replicate_checkpoints)
     // Replicas serve layouts whose ranks hold different shards; refused rather than kept as a
@@ -266,6 +272,9 @@ commands:
   report        one self-contained HTML report of a run (charts, timeline, headline numbers)
   status        a job's state now: step, world, layout, ranks, phases, last events
   top           the same, redrawn every second until Ctrl-C or the job ends
+  tokenize      train a SentencePiece tokenizer on a text corpus, write it as token files
+  sample        generate text from a run's checkpoint (a KV cache; bytes or its tokenizer)
+  eval          loss and perplexity of a run's checkpoint on its validation split or a file
 
 Run `troupe <command> --help` for a command's options.
 )";
@@ -554,6 +563,7 @@ subcommands:
   gc RUN_DIR [--keep-last K] [--keep-every N]   drops old checkpoints and unreferenced chunks
   scrub RUN_DIR                  verifies everything, moves damaged checkpoints aside, repairs
                                  LATEST
+  export RUN_DIR --format F OUT  the model as GPT-2 tensors for PyTorch (safetensors or torch)
 
 Exit codes: 0 ok, 1 an error or a damaged checkpoint, 2 bad usage.
 Run `troupe ckpt <subcommand> --help` for details.
@@ -602,6 +612,22 @@ left by a writer that died. Refuses (exit 1) while a job holds the run directory
   --keep-every N   with --keep-last, also keep every step that is a multiple of N
 Retention removes only checkpoints older than one that reads back intact, and never the
 newest intact one.
+)"},
+      {"export", R"(usage: troupe ckpt export RUN_DIR [--step N] --format safetensors|torch OUT
+
+Writes the parameters of a committed checkpoint of the built-in GPT (not the optimizer
+state) to OUT under HuggingFace GPT-2's names and shapes (transformer.wte.weight,
+transformer.h.0.attn.c_attn.weight, ..., lm_head.weight), in GPT-2's Conv1D orientation
+([in, out]: c_attn.weight is [d_model, 3 d_model]). Any layout's checkpoint (dp, ZeRO-1,
+tp, pp) gives the single-rank tensors; every chunk read is checked against its hash. OUT is
+written to a temporary name and renamed into place. A Mixture-of-Experts model is refused.
+  --step N          the checkpoint of step N (default: the newest at or before LATEST whose
+                    parameters read back intact; damaged ones are passed over, said on stderr)
+  --format F        safetensors (with metadata: step, d_model, n_head, n_layer, context,
+                    vocab, gpt2_config) or torch (the file torch.save writes for an
+                    OrderedDict of tensors; torch.load reads it)
+Exit 0 written, 1 no intact checkpoint or a damaged one asked for, 2 bad usage, a step
+with no checkpoint, or a model GPT-2 cannot hold.
 )"},
       {"scrub", R"(usage: troupe ckpt scrub RUN_DIR
 

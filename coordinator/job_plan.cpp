@@ -14,6 +14,7 @@
 #include "coordinator/job_steps.hpp"
 #include "coordinator/slurm_launch.hpp"
 #include "runtime/comm/tcp_signature.hpp"
+#include "runtime/data/corpus_plan.hpp"
 #include "runtime/preflight.hpp"
 #include "runtime/sys/child_process.hpp"
 #include "runtime/sys/run_paths.hpp"
@@ -166,21 +167,23 @@ job_plan plan_job(const job_options& opts, bool launch_local_agent) {
   job_plan job;
   job.cfg = opts.cfg;
   job.launch_local_agent = launch_local_agent;
+  // Empty only when --data and the config file left it out: an explicit "" is refused as it is
+  // read (runtime/config.cpp), so that it never means the default corpus.
+  if (job.cfg.data.empty()) job.cfg.data = default_corpus();
+  // Before the layout: the data decides the vocabulary, which tensor parallelism divides.
+  resolve_corpus(job.cfg);
   job.layout = first_layout(job.cfg);
   job.faults =
       chaos::parse_faults(job.cfg.elastic.faults, job.cfg.world + job.cfg.elastic.spares,
                           job.cfg.elastic.nodes, session_last_step(job.cfg), job.cfg.steps);
-  // Empty only when --data and the config file left it out: an explicit "" is refused as it is
-  // read (runtime/config.cpp), so that it never means the default corpus.
-  if (job.cfg.data.empty()) job.cfg.data = default_corpus();
   job.cfg.run_dir = absolute_run_dir(job.cfg.run_dir);
   place_listeners(opts, job);
   preflight(job.cfg, launch_local_agent && !job.slurm);
   // config.json keeps the files the job reads as absolute paths: `troupe status` and a
   // --resume from another directory find them. Made so after preflight, whose messages name
   // them as the user wrote them.
-  for (std::string* path : {&job.cfg.data, &job.cfg.metrics_token_file, &job.cfg.etcd.cacert,
-                            &job.cfg.etcd.cert, &job.cfg.etcd.key})
+  for (std::string* path : {&job.cfg.data, &job.cfg.val_data, &job.cfg.metrics_token_file,
+                            &job.cfg.etcd.cacert, &job.cfg.etcd.cert, &job.cfg.etcd.key})
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
   // A new job gets an id no other job has, so that jobs sharing an etcd never meet by
   // accident; config.json keeps it for --resume and the standby coordinators.

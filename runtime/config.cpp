@@ -34,6 +34,7 @@ struct unset_when_empty {
 };
 constexpr unset_when_empty empty_rules[] = {
     {"data", "train on the default corpus", "a corpus file", false},
+    {"val_data", "validate on a share of --data", "a corpus file", true},
     {"metrics_token_file", "serve /metrics without a token", "a token file", true},
     {"optim.freeze", "train every parameter", "a pattern", true},
 };

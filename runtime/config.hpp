@@ -106,6 +106,9 @@ struct train_config {
   int micro_batch = 4;  ///< sequences per forward/backward on one rank
   uint64_t seed = 1337;
   std::string data;  ///< corpus path; empty = the default corpus
+  /// Validation corpus: empty = the last val_fraction of `data` (or, for a token file named
+  /// train.bin, a val.bin beside it: coordinator/job_data.cpp fills it in).
+  std::string val_data;
   /// What the workers run: empty = the built-in GPT (`troupe worker`); otherwise the user's
   /// program (`troupe run ... -- python3 train.py ARGS`), which hosts the worker through the
   /// `troupe` Python module or libtroupe (docs/WORKLOAD.md). Such a job is data-parallel only.

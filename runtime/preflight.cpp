@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/data/dataset.hpp"
 #include "runtime/sys/run_paths.hpp"
 
 namespace troupe {
@@ -173,27 +174,34 @@ void check_against_host(const train_config& cfg, int local_ranks, const host_fac
           facts.memory_source +
           "); use a smaller model, --micro-batch, --world or more --tp/--pp/--ep/--zero");
   }
-  if (facts.data_bytes < 0) return;
+  if (facts.data_tokens < 0) return;
   const std::string corpus = "data (--data): corpus '" + cfg.data + "'";
-  if (facts.data_bytes == 0)
-    throw config_error(corpus + " is empty (0 bytes); give a non-empty text file");
-  // The same split as byte_dataset: the last floor(size * val_fraction) bytes are held out.
-  const auto size = static_cast<uint64_t>(facts.data_bytes);
-  const auto val = static_cast<uint64_t>(std::floor(static_cast<double>(size) * cfg.val_fraction));
-  const uint64_t train = size - val;
+  if (facts.data_tokens == 0)
+    throw config_error(corpus + " is empty (0 tokens); give a non-empty file");
+  // The same split as token_dataset: without a validation file, the last
+  // floor(tokens * val_fraction) tokens are held out.
+  const auto size = static_cast<uint64_t>(facts.data_tokens);
+  const bool own_val = facts.val_tokens >= 0;
+  const uint64_t val =
+      own_val ? static_cast<uint64_t>(facts.val_tokens)
+              : static_cast<uint64_t>(std::floor(static_cast<double>(size) * cfg.val_fraction));
+  const uint64_t train = own_val ? size : size - val;
   const uint64_t window = static_cast<uint64_t>(cfg.model.context) + 1;
-  // Distinct windows of context + 1 bytes a split holds: a batch's sequences and the
+  // Distinct windows of context + 1 tokens a split holds: a batch's sequences and the
   // validation estimate's are drawn from them.
-  const auto windows = [&](uint64_t bytes) { return bytes >= window ? bytes - window + 1 : 0; };
-  const std::string sizes = " has " + std::to_string(size) + " bytes: its training split " +
-                            std::to_string(train) + " and its validation split (val_fraction " +
-                            std::to_string(cfg.val_fraction).substr(0, 6) + ") " +
-                            std::to_string(val) + " bytes";
+  const auto windows = [&](uint64_t tokens) { return tokens >= window ? tokens - window + 1 : 0; };
+  const std::string sizes =
+      own_val ? " has " + std::to_string(size) + " tokens (its training split) and --val-data '" +
+                    cfg.val_data + "' " + std::to_string(val)
+              : " has " + std::to_string(size) + " tokens: its training split " +
+                    std::to_string(train) + " and its validation split (val_fraction " +
+                    std::to_string(cfg.val_fraction).substr(0, 6) + ") " + std::to_string(val) +
+                    " tokens";
   if (windows(train) < static_cast<uint64_t>(cfg.batch))
     throw config_error(corpus + sizes + "; the training split holds " +
                        std::to_string(windows(train)) +
                        " windows of context + 1 = " + std::to_string(window) +
-                       " bytes, fewer than the " + std::to_string(cfg.batch) +
+                       " tokens, fewer than the " + std::to_string(cfg.batch) +
                        " sequences of one batch (--batch); use a larger file or a smaller "
                        "--context or --batch");
   const uint64_t eval_sequences =
@@ -201,7 +209,7 @@ void check_against_host(const train_config& cfg, int local_ranks, const host_fac
   if (windows(val) < 1 || windows(val) < eval_sequences)
     throw config_error(
         corpus + sizes + "; the validation split holds " + std::to_string(windows(val)) +
-        " windows of context + 1 = " + std::to_string(window) + " bytes, fewer than the " +
+        " windows of context + 1 = " + std::to_string(window) + " tokens, fewer than the " +
         std::to_string(eval_sequences) + " the validation estimate reads (eval_batches " +
         std::to_string(cfg.eval_batches) + " x micro_batch " + std::to_string(cfg.micro_batch) +
         "); use a larger file or val_fraction, a smaller --context, or fewer "
@@ -243,17 +251,22 @@ host_facts read_host_facts(const train_config& cfg) {
         corpus +
         " not found; run scripts/setup.sh (it builds the default corpus) or pass --data FILE");
   if (fs::is_directory(status))
-    throw config_error(corpus + " is a directory; --data must name a text file");
+    throw config_error(corpus + " is a directory; --data must name a text file or a token file");
   if (!fs::is_regular_file(status))
-    throw config_error(corpus + " is not a regular file; --data must name a text file");
+    throw config_error(corpus +
+                       " is not a regular file; --data must name a text file or a token file");
   const int fd = ::open(cfg.data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw config_error(corpus + " cannot be read (" + std::strerror(errno) +
                        "); check its permissions");
   ::close(fd);
-  const auto size = fs::file_size(cfg.data, ec);
-  if (ec) throw config_error(corpus + ": cannot read its size (" + ec.message() + ")");
-  facts.data_bytes = static_cast<int64_t>(size);
+  try {
+    facts.data_tokens = static_cast<int64_t>(describe_corpus(cfg.data).tokens);
+    if (!cfg.val_data.empty())
+      facts.val_tokens = static_cast<int64_t>(describe_corpus(cfg.val_data).tokens);
+  } catch (const data_error& e) {
+    throw config_error(std::string("data (--data, --val-data): ") + e.what());
+  }
   return facts;
 }
 

@@ -15,7 +15,8 @@ namespace troupe {
 struct host_facts {
   uint64_t memory_bytes = 0;  ///< memory the job may use; 0 = unknown (no memory check)
   std::string memory_source;  ///< where memory_bytes came from, for the message
-  int64_t data_bytes = -1;    ///< size of cfg.data; -1 = unknown (no corpus checks)
+  int64_t data_tokens = -1;   ///< tokens of cfg.data (bytes of text); -1 = unknown (no checks)
+  int64_t val_tokens = -1;    ///< tokens of cfg.val_data; -1 = none (a share of cfg.data)
 };
 
 /// At least the bytes one rank holds: fp32 parameters, gradients and AdamW's two moments of

@@ -236,8 +236,10 @@ std::vector<setting> build_table() {
   add(make_field("model.context", &tc::model, &model_config::context),
       {"--context", "N", g_model, shapes_math, "tokens per sequence (default 64)", 2, 65536});
   add(make_field("model.vocab", &tc::model, &model_config::vocab),
-      {"--vocab", "N", g_model, shapes_math, "vocabulary size: the model reads bytes (256)", 256,
-       256, " (the model reads bytes)"});
+      {"--vocab", "N", g_model, shapes_math,
+       "vocabulary size (default: the data's: 256 for a text file, its sidecar's vocab_size for "
+       "a token file); at least the data's",
+       0, 1 << 24, " (0 = the data's)"});
   add(make_field("model.experts", &tc::model, &model_config::experts),
       {"--experts", "E", g_model, shapes_math, "experts per MoE MLP; 0 = a dense MLP (default 0)",
        0, 1024, " (0 = dense MLP)"});
@@ -331,13 +333,19 @@ std::vector<setting> build_table() {
       {"", "", g_train, may_change, "the learning rate it was re-based from", 0, 1e6});
   add(string_field("data", &tc::data),
       {"--data", "FILE", g_train, may_change,
-       "training text (default: the King James Bible corpus built at setup)"});
+       "training text, or a token file with its FILE.json sidecar (troupe tokenize) (default: "
+       "the King James Bible corpus built at setup)"});
+  add(string_field("val_data", &tc::val_data),
+      {"--val-data", "FILE", g_train, may_change,
+       "validation corpus, like --data (default: val.bin beside a token file train.bin, else "
+       "the last --val-fraction of --data)"});
   add(make_field("val_fraction", &tc::val_fraction),
       {.flag = "--val-fraction",
        .value_name = "X",
        .group = g_train,
        .resumable = shapes_math,
-       .help = "tail of the corpus held out for validation (default 0.05)",
+       .help = "tail of the corpus held out for validation, without a validation file "
+               "(default 0.05)",
        .lo = 0,
        .hi = 0.5,
        .lo_open = true,

@@ -10,12 +10,12 @@
 
 namespace troupe {
 
-grad_result compute_gradients(gpt& m, const byte_dataset& d, const train_config& cfg, int64_t step,
+grad_result compute_gradients(gpt& m, const token_dataset& d, const train_config& cfg, int64_t step,
                               int rank, int world) {
   return compute_share_gradients(m, d, cfg, step, rank, world);
 }
 
-double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg) {
+double evaluate(gpt& m, const token_dataset& d, const train_config& cfg) {
   return evaluate_model(m, d, cfg);
 }
 

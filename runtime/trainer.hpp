@@ -29,18 +29,18 @@ struct grad_result {
 /// then accumulates gradients scaled so that their SUM over all ranks is the gradient of
 /// the global mean loss over G*T tokens. The global mean loss is the sum of loss_sum over
 /// ranks divided by G*T. Throws std::invalid_argument on a bad rank, world or batch.
-grad_result compute_gradients(gpt& m, const byte_dataset& d, const train_config& cfg, int64_t step,
+grad_result compute_gradients(gpt& m, const token_dataset& d, const train_config& cfg, int64_t step,
                               int rank, int world);
 
 /// Mean validation loss over cfg.eval_batches micro-batches of cfg.micro_batch sequences
 /// (the same windows every call, so successive values are comparable). No gradients.
-double evaluate(gpt& m, const byte_dataset& d, const train_config& cfg);
+double evaluate(gpt& m, const token_dataset& d, const train_config& cfg);
 
 /// Threads OpenBLAS may use (n < 1 counts as 1). Process-wide: ranks that are threads of
 /// one process share it; ranks that are processes on one machine should each use 1.
 void set_blas_threads(int n);
 
-/// The data position (the 0-based "step" of byte_dataset::fill_train) that 1-based step
+/// The data position (the 0-based "step" of token_dataset::fill_train) that 1-based step
 /// `step` trains on: step - 1, moved on by one for every batch skipped at or before it
 /// (`skipped_steps` holds one entry per skip, the step whose batch diverged). A pure function,
 /// so every rank and every replay agrees on it.
@@ -77,7 +77,7 @@ inline sample_share replica_share(const std::vector<int>& counts, int micro_batc
 /// samples with the same B/G scaling per micro-batch, so the sum over replicas is the
 /// single-rank gradient whatever the division.
 template <class Model>
-grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg,
+grad_result compute_share_gradients(Model& m, const token_dataset& d, const train_config& cfg,
                                     int64_t step, const sample_share& share) {
   const int G = cfg.batch;
   const int T = cfg.model.context;
@@ -88,8 +88,8 @@ grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train
                                 std::to_string(G));
   const int mb = std::max(1, std::min(share.micro_batch, share.count));
   // Sized once per call; at most micro_batch * T bytes each, small next to the model.
-  std::vector<uint8_t> inputs(static_cast<size_t>(mb) * T);
-  std::vector<uint8_t> targets(inputs.size());
+  std::vector<token_id> inputs(static_cast<size_t>(mb) * T);
+  std::vector<token_id> targets(inputs.size());
 
   grad_result r;
   m.zero_grads();
@@ -111,7 +111,7 @@ grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train
 /// compute_share_gradients for rank `rank` of `world` equal replicas: samples
 /// [rank*G/W, (rank+1)*G/W) in micro-batches of at most cfg.micro_batch.
 template <class Model>
-grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train_config& cfg,
+grad_result compute_share_gradients(Model& m, const token_dataset& d, const train_config& cfg,
                                     int64_t step, int rank, int world) {
   const int G = cfg.batch;
   if (world < 1 || rank < 0 || rank >= world || G < 1 || G % world != 0 || cfg.micro_batch < 1) {
@@ -127,14 +127,14 @@ grad_result compute_share_gradients(Model& m, const byte_dataset& d, const train
 
 /// The loop behind evaluate, for any model with forward_loss().
 template <class Model>
-double evaluate_model(Model& m, const byte_dataset& d, const train_config& cfg) {
+double evaluate_model(Model& m, const token_dataset& d, const train_config& cfg) {
   const int B = cfg.micro_batch;
   const int T = cfg.model.context;
   if (cfg.eval_batches < 1 || B < 1) {
     throw std::invalid_argument("evaluate: eval_batches and micro_batch must be >= 1");
   }
-  std::vector<uint8_t> inputs(static_cast<size_t>(B) * T);
-  std::vector<uint8_t> targets(inputs.size());
+  std::vector<token_id> inputs(static_cast<size_t>(B) * T);
+  std::vector<token_id> targets(inputs.size());
   double sum = 0;
   for (int b = 0; b < cfg.eval_batches; ++b) {
     d.fill_val(cfg.seed, b, 0, B, T, inputs.data(), targets.data());

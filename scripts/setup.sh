@@ -18,6 +18,7 @@ packages=(
   libxxhash-dev         # checkpoint chunks: names (XXH3-128)
   libcli11-dev          # the command line of every subcommand
   cppzmq-dev libzmq3-dev   # checkpoint replicas in a peer's memory
+  libsentencepiece-dev sentencepiece   # troupe tokenize; spm_encode, its peer in bench/
   bible-kjv             # renders the default corpus (King James Bible, public domain)
   python3
   python3-dev pybind11-dev   # the troupe Python module (python/): a worker in a PyTorch script

@@ -26,12 +26,12 @@ class dense_backend final : public engine_backend {
 
   void init(uint64_t seed) override;
   void restore(const ckpt::full_state& full) override;
-  grad_result compute(const byte_dataset& data, int64_t step0) override;
+  grad_result compute(const token_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   double local_grad_norm() const override { return grad_norm_; }
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override;
-  eval_share evaluate(const byte_dataset& data) override;
+  eval_share evaluate(const token_dataset& data) override;
   ckpt::state_map state_map() const override;
   local_state state() override;
   bool reports_loss() const override { return view_.tp.index == 0; }
@@ -139,7 +139,7 @@ void dense_backend::restore(const ckpt::full_state& full) {
   }
 }
 
-grad_result dense_backend::compute(const byte_dataset& data, int64_t step0) {
+grad_result dense_backend::compute(const token_dataset& data, int64_t step0) {
   if (share_) {
     if (tp_) return compute_share_gradients(*tp_, data, cfg_, step0, *share_);
     return compute_share_gradients(*dense_, data, cfg_, step0, *share_);
@@ -181,12 +181,12 @@ double dense_backend::learning_rate(int64_t step0) const {
                : replicated_->learning_rate(step0, cfg_.steps);
 }
 
-eval_share dense_backend::evaluate(const byte_dataset& data) {
+eval_share dense_backend::evaluate(const token_dataset& data) {
   // Batch b belongs to replica b % dp, so the set of batches is the same for every layout.
   eval_share out;
   const int B = cfg_.micro_batch, T = cfg_.model.context;
   const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
-  std::vector<uint8_t> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  std::vector<token_id> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
   for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
     data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
     out.loss_sum += tp_ ? tp_->forward_loss(in.data(), tgt.data(), B, T)

@@ -25,7 +25,7 @@ class training_engine {
   void restore(const ckpt::full_state& full) { backend_->restore(full); }
 
   /// Stage 2: forward and backward over this rank's share of step `step0` (0-based).
-  grad_result compute(const byte_dataset& data, int64_t step0) {
+  grad_result compute(const token_dataset& data, int64_t step0) {
     return backend_->compute(data, step0);
   }
   /// Stage 3: sums gradients over the data-parallel group (or reduce-scatters them, ZeRO).
@@ -37,7 +37,7 @@ class training_engine {
   double learning_rate(int64_t step0) const { return backend_->learning_rate(step0); }
 
   /// This rank's part of the validation loss (a collective for tp, pp and ep).
-  eval_share evaluate(const byte_dataset& data) { return backend_->evaluate(data); }
+  eval_share evaluate(const token_dataset& data) { return backend_->evaluate(data); }
   /// Where this rank's state sits in the single-rank model, for checkpoints (no collective).
   ckpt::state_map state_map() const { return backend_->state_map(); }
 

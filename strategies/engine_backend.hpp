@@ -80,7 +80,7 @@ class engine_backend {
 
   virtual void init(uint64_t seed) = 0;
   virtual void restore(const ckpt::full_state& full) = 0;
-  virtual grad_result compute(const byte_dataset& data, int64_t step0) = 0;
+  virtual grad_result compute(const token_dataset& data, int64_t step0) = 0;
   virtual void reduce(const comm::op_options& opts) = 0;
   /// The L2 norm, in double, of every gradient value this rank holds after reduce(), with no
   /// communication: the global norm where a rank holds the whole reduced gradient, a partial
@@ -89,7 +89,7 @@ class engine_backend {
   virtual double local_grad_norm() const = 0;
   virtual void apply(int64_t step0, const comm::op_options& opts) = 0;
   virtual double learning_rate(int64_t step0) const = 0;
-  virtual eval_share evaluate(const byte_dataset& data) = 0;
+  virtual eval_share evaluate(const token_dataset& data) = 0;
   /// Which boxes of the single-rank model this rank's state buffers hold, and which share of
   /// them it writes to a checkpoint (checkpoint/state_map.hpp). No communication.
   virtual ckpt::state_map state_map() const = 0;

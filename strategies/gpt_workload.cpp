@@ -40,7 +40,7 @@ size_t region_index(const state_region& r) {
 
 }  // namespace
 
-gpt_generation::gpt_generation(const train_config& cfg, const byte_dataset& data,
+gpt_generation::gpt_generation(const train_config& cfg, const token_dataset& data,
                                const layout_plan& plan, int rank, uint64_t generation,
                                const connect_fn& connect)
     : cfg_(cfg),

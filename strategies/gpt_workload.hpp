@@ -18,7 +18,7 @@ namespace troupe::strategies {
 /// One generation of the GPT on one rank.
 class gpt_generation final : public workload_generation {
  public:
-  gpt_generation(const train_config& cfg, const byte_dataset& data, const layout_plan& plan,
+  gpt_generation(const train_config& cfg, const token_dataset& data, const layout_plan& plan,
                  int rank, uint64_t generation, const connect_fn& connect);
 
   state_view state() override;
@@ -38,21 +38,27 @@ class gpt_generation final : public workload_generation {
 
  private:
   const train_config& cfg_;
-  const byte_dataset& data_;
+  const token_dataset& data_;
   training_engine engine_;
 };
 
 /// The GPT of a job's config over its byte dataset (both outlive the workload).
 class gpt_workload final : public workload {
  public:
-  gpt_workload(const train_config& cfg, const byte_dataset& data) : cfg_(cfg), data_(data) {}
+  /// Throws data_error when the data holds token ids the model's vocabulary does not.
+  gpt_workload(const train_config& cfg, const token_dataset& data) : cfg_(cfg), data_(data) {
+    if (data.vocab() > cfg.model.vocab)
+      throw data_error("corpus '" + data.path() + "' has a vocabulary of " +
+                       std::to_string(data.vocab()) + " token ids, more than the model's " +
+                       std::to_string(cfg.model.vocab) + " (--vocab)");
+  }
   workload_traits traits() const override;
   /// env.plan_json is the generation's layout_plan (strategies::to_json).
   std::unique_ptr<workload_generation> make_generation(const generation_env& env) override;
 
  private:
   const train_config& cfg_;
-  const byte_dataset& data_;
+  const token_dataset& data_;
 };
 
 /// The GPT's state in a workload's terms: the tensor table of `model` (each tensor in every

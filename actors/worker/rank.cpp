@@ -659,7 +659,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     if (make) {
       w.job = make(settings_of(w.cfg, answer->config_json));
     } else {
-      w.data.emplace(byte_dataset::open(w.cfg.data, w.cfg.val_fraction));
+      w.data.emplace(token_dataset::open(w.cfg.data, w.cfg.val_fraction, 0, w.cfg.val_data));
       w.job = std::make_unique<strategies::gpt_workload>(w.cfg, *w.data);
     }
     // Every listener of this worker (gloo's pairs, its stage link, its checkpoint replica)

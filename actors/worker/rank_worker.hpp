@@ -83,7 +83,7 @@ struct worker {
   std::shared_ptr<worker_shared> shared;
   train_config cfg;
   std::unique_ptr<comm::kv_store> store;
-  std::optional<byte_dataset> data;
+  std::optional<token_dataset> data;
   std::unique_ptr<workload> job;        // what this process trains: the GPT over `data`
   chaos::fault_schedule faults;         // asked at each step what to inject
   std::string advertise = "127.0.0.1";  // this node's address, as peers reach it

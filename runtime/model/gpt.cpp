@@ -259,8 +259,9 @@ basic_gpt<F>::basic_gpt(const model_config& cfg, moe::expert_exchange* exchange)
     fail("n_head (" + std::to_string(cfg.n_head) + ") must divide d_model (" +
          std::to_string(cfg.d_model) + ")");
   }
-  if (cfg.vocab < 256) {
-    fail("vocab must be at least 256 to hold every byte value, got " + std::to_string(cfg.vocab));
+  if (cfg.vocab < 2) {
+    // The data's own vocabulary is checked against it where the data is opened.
+    fail("vocab must be at least 2, got " + std::to_string(cfg.vocab));
   }
   if (cfg.experts > 0) {
     const moe::moe_config mc{cfg.d_model, cfg.experts, cfg.top_k, cfg.capacity_factor};
@@ -339,7 +340,7 @@ void basic_gpt<F>::reserve(int B) {
 }
 
 template <typename F>
-double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+double basic_gpt<F>::forward(const token_id* inputs, const token_id* targets, int B, int T) {
   using namespace layers;
   const int C = cfg_.d_model;
   const int NH = cfg_.n_head;
@@ -387,7 +388,7 @@ double basic_gpt<F>::forward(const uint8_t* inputs, const uint8_t* targets, int 
 }
 
 template <typename F>
-void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss,
+void basic_gpt<F>::backward(const token_id* inputs, const token_id* targets, int B, int T, F dloss,
                             F aux_grad) {
   using namespace layers;
   const int C = cfg_.d_model;
@@ -447,7 +448,7 @@ void basic_gpt<F>::backward(const uint8_t* inputs, const uint8_t* targets, int B
 }
 
 template <typename F>
-double basic_gpt<F>::forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
+double basic_gpt<F>::forward_backward(const token_id* inputs, const token_id* targets, int B, int T,
                                       float grad_scale) {
   check_batch(B, T);
   reserve(B);
@@ -460,10 +461,17 @@ double basic_gpt<F>::forward_backward(const uint8_t* inputs, const uint8_t* targ
 }
 
 template <typename F>
-double basic_gpt<F>::forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+double basic_gpt<F>::forward_loss(const token_id* inputs, const token_id* targets, int B, int T) {
   check_batch(B, T);
   reserve(B);
   return forward(inputs, targets, B, T);
+}
+
+template <typename F>
+const F* basic_gpt<F>::last_probs() const {
+  if (capacity_b_ == 0) return nullptr;
+  // The forward pass leaves the probabilities where it computed the logits.
+  return carve_acts<F>(const_cast<F*>(acts_.data()), cfg_, capacity_b_).logits;
 }
 
 template class basic_gpt<float>;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/config.hpp"
+#include "runtime/data/token.hpp"
 #include "runtime/model/moe.hpp"
 
 namespace troupe {
@@ -79,15 +80,19 @@ class basic_gpt {
   /// One micro-batch of B sequences of T <= context tokens; targets are the next bytes.
   /// Accumulates grad_scale * d(mean loss)/d(params) into grads() and returns the mean
   /// cross-entropy in nats over the B*T tokens.
-  double forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
+  double forward_backward(const token_id* inputs, const token_id* targets, int B, int T,
                           float grad_scale);
   /// The mean loss only; grads() are untouched.
-  double forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T);
+  double forward_loss(const token_id* inputs, const token_id* targets, int B, int T);
 
   /// Parts of the last loss returned: the mean cross-entropy, and the unscaled aux loss
   /// summed over blocks (0 for a dense model); loss = lm + aux_loss_coef * aux.
   double last_lm_loss() const { return last_lm_; }
   double last_aux_loss() const { return last_aux_; }
+  /// The softmax probabilities [B*T, V] of the last forward pass (row b*T + t: the next-token
+  /// distribution after token t of sequence b), valid until the next pass; null before any.
+  /// What inference (runtime/model/generate.hpp) is checked against.
+  const F* last_probs() const;
   /// A flag (not owned; null = none) that another thread raises to stop a pass in flight:
   /// forward and backward look at it before each block and throw compute_interrupted. An
   /// aborted generation's compute ends within a block instead of running to its end.
@@ -103,8 +108,8 @@ class basic_gpt {
  private:
   void check_batch(int B, int T) const;
   void reserve(int B);
-  double forward(const uint8_t* inputs, const uint8_t* targets, int B, int T);
-  void backward(const uint8_t* inputs, const uint8_t* targets, int B, int T, F dloss, F aux_grad);
+  double forward(const token_id* inputs, const token_id* targets, int B, int T);
+  void backward(const token_id* inputs, const token_id* targets, int B, int T, F dloss, F aux_grad);
   void check_interrupt() const {
     if (interrupt_ != nullptr && interrupt_->load(std::memory_order_relaxed))
       throw compute_interrupted("compute interrupted: the generation was aborted");

@@ -80,7 +80,7 @@ inline F exp_shifted(F* y, const F* x, int n, F shift) {
 // ---------------------------------------------------------------- embedding
 
 template <typename F>
-void embedding_forward(F* out, const uint8_t* inputs, const F* wte, const F* wpe, int B, int T,
+void embedding_forward(F* out, const token_id* inputs, const F* wte, const F* wpe, int B, int T,
                        int C) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -93,7 +93,7 @@ void embedding_forward(F* out, const uint8_t* inputs, const F* wte, const F* wpe
 }
 
 template <typename F>
-void embedding_backward(F* dwte, F* dwpe, const F* dout, const uint8_t* inputs, int B, int T,
+void embedding_backward(F* dwte, F* dwpe, const F* dout, const token_id* inputs, int B, int T,
                         int C) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -238,6 +238,28 @@ void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const 
   }
 }
 
+template <typename F>
+void attention_forward_cached(F* out, F* scratch, const F* q, int ldq, const F* k, const F* v,
+                              int ldkv, int n, int p0, int C, int NH) {
+  const int hs = C / NH;
+  const int L = p0 + n;  // cached positions the last new row sees
+  const F scale = F(1) / std::sqrt(static_cast<F>(hs));
+  for (int h = 0; h < NH; ++h) {
+    const size_t col = static_cast<size_t>(h) * hs;
+    // Scores of the n new rows against every cached position, then the causal softmax of
+    // each row over positions 0 .. p0 + t, as attention_forward does for its square.
+    blas::gemm(false, true, n, L, hs, scale, q + col, ldq, k + col, ldkv, F(0), scratch, L);
+    for (int t = 0; t < n; ++t) {
+      F* row = scratch + static_cast<size_t>(t) * L;
+      const int seen = p0 + t + 1;
+      const F inv = F(1) / exp_shifted(row, row, seen, reduce_max(row, seen));
+      for (int j = 0; j < seen; ++j) row[j] *= inv;
+      for (int j = seen; j < L; ++j) row[j] = 0;
+    }
+    blas::gemm(false, false, n, hs, L, F(1), scratch, L, v + col, ldkv, F(0), out + col, C);
+  }
+}
+
 // ---------------------------------------------------------------- GELU
 //
 // 0.5 (1 + tanh(u)) equals sigmoid(2u), so gelu(x) = x * s with s = 1 / (1 + e^(-2u)):
@@ -317,7 +339,7 @@ void residual_backward(F* da, F* db, const F* dout, size_t n) {
 // ---------------------------------------------------------------- softmax + cross-entropy
 
 template <typename F>
-double softmax_crossentropy_forward(F* probs, const F* logits, const uint8_t* targets, int N,
+double softmax_crossentropy_forward(F* probs, const F* logits, const token_id* targets, int N,
                                     int V) {
   double loss = 0;
   for (int n = 0; n < N; ++n) {
@@ -335,7 +357,7 @@ double softmax_crossentropy_forward(F* probs, const F* logits, const uint8_t* ta
 }
 
 template <typename F>
-void softmax_crossentropy_backward(F* dlogits, const F* probs, const uint8_t* targets, F dloss,
+void softmax_crossentropy_backward(F* dlogits, const F* probs, const token_id* targets, F dloss,
                                    int N, int V) {
   for (int n = 0; n < N; ++n) {
     const F* p = probs + static_cast<size_t>(n) * V;
@@ -352,8 +374,8 @@ void softmax_crossentropy_backward(F* dlogits, const F* probs, const uint8_t* ta
 // clang-format off
 // NOLINTBEGIN(bugprone-macro-parentheses)
 #define TROUPE_LAYERS_INSTANTIATE(F)                                                          \
-  template void embedding_forward<F>(F*, const uint8_t*, const F*, const F*, int, int, int);  \
-  template void embedding_backward<F>(F*, F*, const F*, const uint8_t*, int, int, int);       \
+  template void embedding_forward<F>(F*, const token_id*, const F*, const F*, int, int, int);  \
+  template void embedding_backward<F>(F*, F*, const F*, const token_id*, int, int, int);       \
   template void layernorm_forward<F>(F*, F*, F*, const F*, const F*, const F*, int, int);     \
   template void layernorm_backward<F>(F*, F*, F*, const F*, const F*, const F*, const F*,     \
                                       const F*, int, int);                                    \
@@ -362,12 +384,14 @@ void softmax_crossentropy_backward(F* dlogits, const F* probs, const uint8_t* ta
   template void attention_forward<F>(F*, F*, const F*, int, int, int, int);                   \
   template void attention_backward<F>(F*, F*, const F*, const F*, const F*, int, int, int,    \
                                       int);                                                   \
+  template void attention_forward_cached<F>(F*, F*, const F*, int, const F*, const F*, int,   \
+                                            int, int, int, int);                              \
   template void gelu_forward<F>(F*, const F*, size_t);                                        \
   template void gelu_backward<F>(F*, const F*, const F*, size_t);                             \
   template void residual_forward<F>(F*, const F*, const F*, size_t);                          \
   template void residual_backward<F>(F*, F*, const F*, size_t);                               \
-  template double softmax_crossentropy_forward<F>(F*, const F*, const uint8_t*, int, int);    \
-  template void softmax_crossentropy_backward<F>(F*, const F*, const uint8_t*, F, int, int);
+  template double softmax_crossentropy_forward<F>(F*, const F*, const token_id*, int, int);    \
+  template void softmax_crossentropy_backward<F>(F*, const F*, const token_id*, F, int, int);
 
 TROUPE_LAYERS_INSTANTIATE(float)
 TROUPE_LAYERS_INSTANTIATE(double)

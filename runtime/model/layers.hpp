@@ -12,14 +12,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "runtime/data/token.hpp"
+
 namespace troupe::layers {
 
 /// out[b,t,:] = wte[inputs[b,t],:] + wpe[t,:]. wte is [V,C], wpe is [>=T,C].
 template <typename F>
-void embedding_forward(F* out, const uint8_t* inputs, const F* wte, const F* wpe, int B, int T,
+void embedding_forward(F* out, const token_id* inputs, const F* wte, const F* wpe, int B, int T,
                        int C);
 template <typename F>
-void embedding_backward(F* dwte, F* dwpe, const F* dout, const uint8_t* inputs, int B, int T,
+void embedding_backward(F* dwte, F* dwpe, const F* dout, const token_id* inputs, int B, int T,
                         int C);
 
 /// Per row: out = (inp - mean) * rstd * weight + bias, with rstd = 1/sqrt(var + 1e-5).
@@ -49,6 +51,16 @@ template <typename F>
 void attention_backward(F* dqkv, F* scratch, const F* dout, const F* qkv, const F* att, int B,
                         int T, int C, int NH);
 
+/// Inference (runtime/model/generate.hpp): causal attention of n new rows at positions
+/// p0 .. p0 + n - 1 against a cache of keys and values of positions 0 .. p0 + n - 1. q holds the
+/// n query rows (row stride ldq), k and v the cached rows (row stride ldkv), head h in columns
+/// h*hs .. (h+1)*hs of each as in attention_forward. Writes out[n,C]; scratch holds
+/// n * (p0 + n) values. Row t of the result is row p0 + t of attention_forward over the whole
+/// sequence: the same scaled scores, masked softmax and weighted sum.
+template <typename F>
+void attention_forward_cached(F* out, F* scratch, const F* q, int ldq, const F* k, const F* v,
+                              int ldkv, int n, int p0, int C, int NH);
+
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 template <typename F>
 void gelu_forward(F* out, const F* inp, size_t n);
@@ -64,11 +76,11 @@ void residual_backward(F* da, F* db, const F* dout, size_t n);
 /// Row-wise softmax of logits[N,V] into probs[N,V] (probs may alias logits) and the
 /// cross-entropy against targets[N]. Returns the SUM of the N per-row losses (nats).
 template <typename F>
-double softmax_crossentropy_forward(F* probs, const F* logits, const uint8_t* targets, int N,
+double softmax_crossentropy_forward(F* probs, const F* logits, const token_id* targets, int N,
                                     int V);
 /// dlogits += dloss * (probs - onehot(targets)): the gradient of dloss * sum of losses.
 template <typename F>
-void softmax_crossentropy_backward(F* dlogits, const F* probs, const uint8_t* targets, F dloss,
+void softmax_crossentropy_backward(F* dlogits, const F* probs, const token_id* targets, F dloss,
                                    int N, int V);
 
 }  // namespace troupe::layers

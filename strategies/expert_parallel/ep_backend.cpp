@@ -42,7 +42,7 @@ class expert_backend final : public engine_backend {
 
   void init(uint64_t seed) override { model_->init_params(seed); }
   void restore(const ckpt::full_state& full) override;
-  grad_result compute(const byte_dataset& data, int64_t step0) override;
+  grad_result compute(const token_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   double local_grad_norm() const override {
     return adamw::grad_norm(model_->grads(), model_->num_params());
@@ -51,7 +51,7 @@ class expert_backend final : public engine_backend {
   double learning_rate(int64_t step0) const override {
     return optim_->learning_rate(step0, cfg_.steps);
   }
-  eval_share evaluate(const byte_dataset& data) override;
+  eval_share evaluate(const token_dataset& data) override;
   ckpt::state_map state_map() const override;
   local_state state() override { return state_of(model_->params(), model_->num_params(), *optim_); }
   // Every rank reports the loss of its own slice: the slices partition the step's tokens.
@@ -198,10 +198,10 @@ void expert_backend::restore(const ckpt::full_state& full) {
   optim_->t() = full.adam_t;
 }
 
-grad_result expert_backend::compute(const byte_dataset& data, int64_t step0) {
+grad_result expert_backend::compute(const token_dataset& data, int64_t step0) {
   ep_comm_->take_seconds();  // an evaluation's or checkpoint's exchanges are not this step's
   const int G = cfg_.batch, T = cfg_.model.context, S = plan_.slice;
-  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
+  std::vector<token_id> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
       targets(inputs.size());
   for (auto& row : load_.tokens) std::fill(row.begin(), row.end(), 0);
   std::fill(load_.dropped.begin(), load_.dropped.end(), 0);
@@ -282,14 +282,14 @@ void expert_backend::apply(int64_t step0, const comm::op_options& opts) {
   optim_->step(model_->params(), model_->grads(), step0, cfg_.steps);
 }
 
-eval_share expert_backend::evaluate(const byte_dataset& data) {
+eval_share expert_backend::evaluate(const token_dataset& data) {
   // Validation batch b belongs to copy b % (dp / ep); its ep group splits it like a training
   // micro-batch, so every ep rank runs the same number of (collective) forwards. Each rank
   // adds its slice's mean / ep; one rank per group counts the batch. Summed over the ranks
   // that is the one-rank evaluate.
   eval_share out;
   const int B = cfg_.micro_batch, T = cfg_.model.context, S = B / ep_;
-  std::vector<uint8_t> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
+  std::vector<token_id> inputs(static_cast<size_t>(S) * static_cast<size_t>(T)),
       targets(inputs.size());
   for (int b = view_.at.edp; b < cfg_.eval_batches; b += edp_) {
     data.fill_val(cfg_.seed, b, view_.at.ep * S, S, T, inputs.data(), targets.data());

@@ -31,7 +31,7 @@ class pipeline_backend final : public engine_backend {
 
   void init(uint64_t seed) override { model_->init_params(seed); }
   void restore(const ckpt::full_state& full) override;
-  grad_result compute(const byte_dataset& data, int64_t step0) override;
+  grad_result compute(const token_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   double local_grad_norm() const override {
     return adamw::grad_norm(model_->grads(), model_->num_params());
@@ -41,7 +41,7 @@ class pipeline_backend final : public engine_backend {
     return zero_ ? zero_->learning_rate(step0, cfg_.steps)
                  : replicated_->learning_rate(step0, cfg_.steps);
   }
-  eval_share evaluate(const byte_dataset& data) override;
+  eval_share evaluate(const token_dataset& data) override;
   ckpt::state_map state_map() const override;
   local_state state() override {
     return zero_ ? state_of(model_->params(), model_->num_params(), *zero_)
@@ -180,12 +180,12 @@ void pipeline_backend::restore(const ckpt::full_state& full) {
   }
 }
 
-grad_result pipeline_backend::compute(const byte_dataset& data, int64_t step0) {
+grad_result pipeline_backend::compute(const token_dataset& data, int64_t step0) {
   const int G = cfg_.batch, T = cfg_.model.context, B = micro_batch_size_;
   const int first = first_sample_;
   model_->zero_grads();
   const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
-  auto fill = [&](int index, uint8_t* in, uint8_t* tgt) {
+  auto fill = [&](int index, token_id* in, token_id* tgt) {
     data.fill_train(cfg_.seed, step0, first + index * B, B, T, in, tgt);
   };
   // The same B/G scaling per micro-batch as the single-rank step (runtime/trainer.hpp).
@@ -243,13 +243,13 @@ void pipeline_backend::apply(int64_t step0, const comm::op_options& opts) {
   replicated_->step(model_->params(), model_->grads(), step0, cfg_.steps);
 }
 
-eval_share pipeline_backend::evaluate(const byte_dataset& data) {
+eval_share pipeline_backend::evaluate(const token_dataset& data) {
   // Batch b belongs to replica b % dp, so the set of batches is the same for every layout.
   eval_share out;
   const int B = cfg_.micro_batch, T = cfg_.model.context;
   const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
   const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
-  std::vector<uint8_t> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  std::vector<token_id> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
   for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
     data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
     out.loss_sum += executor_->forward_only(in.data(), tgt.data(), B, opts);

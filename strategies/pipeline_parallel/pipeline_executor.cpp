@@ -76,8 +76,8 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
 
   for (const pipe_op& op : program_) {
     const int slot = op.micro_batch % slots_;
-    uint8_t* in = inputs_.data() + tokens * static_cast<size_t>(slot);
-    uint8_t* tgt = targets_.data() + tokens * static_cast<size_t>(slot);
+    token_id* in = inputs_.data() + tokens * static_cast<size_t>(slot);
+    token_id* tgt = targets_.data() + tokens * static_cast<size_t>(slot);
     const bool fwd = op.pass == pipe_pass::forward;
     transfer need;
     if (fwd && !first)
@@ -122,7 +122,7 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
   return out;
 }
 
-double pipeline_executor::forward_only(const uint8_t* inputs, const uint8_t* targets, int B,
+double pipeline_executor::forward_only(const token_id* inputs, const token_id* targets, int B,
                                        const comm::op_options& opts) {
   const size_t act_bytes = static_cast<size_t>(B) * static_cast<size_t>(context_) *
                            static_cast<size_t>(model_.config().d_model) * sizeof(float);

@@ -15,7 +15,7 @@ namespace troupe::strategies {
 
 /// Fills micro-batch `index` of this replica's step: B sequences of T input bytes and the
 /// T target bytes of each.
-using micro_batch_fn = std::function<void(int index, uint8_t* inputs, uint8_t* targets)>;
+using micro_batch_fn = std::function<void(int index, token_id* inputs, token_id* targets)>;
 
 /// Told before and after every pass of the schedule (the stage actor listens to these).
 struct pipeline_observer {
@@ -53,7 +53,7 @@ class pipeline_executor {
 
   /// Forward only, one micro-batch of B sequences at a time through every stage, for the
   /// validation loss: returns the mean loss on the last stage (0 elsewhere).
-  double forward_only(const uint8_t* inputs, const uint8_t* targets, int B,
+  double forward_only(const token_id* inputs, const token_id* targets, int B,
                       const comm::op_options& opts);
 
   int stage() const { return stage_; }
@@ -68,8 +68,8 @@ class pipeline_executor {
   int micro_batches_ = 0, batch_ = 0, context_ = 0;
   int slots_ = 1;
   std::vector<pipe_op> program_;
-  std::vector<uint8_t> inputs_, targets_;  // [slots][batch * context]
-  std::vector<float> grad_out_;            // staging for the gradient sent to the previous stage
+  std::vector<token_id> inputs_, targets_;  // [slots][batch * context]
+  std::vector<float> grad_out_;             // staging for the gradient sent to the previous stage
 };
 
 }  // namespace troupe::strategies

@@ -352,7 +352,7 @@ const float* tp_gpt::stage_output(int slot) const {
   return a.layers.empty() ? a.encoded.data() : a.layers.back().res3.data();
 }
 
-double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B,
+double tp_gpt::forward_stage(int slot, const token_id* inputs, const token_id* targets, int B,
                              int T) {
   using namespace layers;
   check_batch(B, T);
@@ -400,7 +400,7 @@ double tp_gpt::forward_stage(int slot, const uint8_t* inputs, const uint8_t* tar
          N;
 }
 
-void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T,
+void tp_gpt::backward_stage(int slot, const token_id* inputs, const token_id* targets, int B, int T,
                             float grad_scale) {
   using namespace layers;
   const int C = cfg_.d_model;
@@ -468,7 +468,7 @@ void tp_gpt::backward_stage(int slot, const uint8_t* inputs, const uint8_t* targ
   // Otherwise dres_out_ now holds the gradient of this stage's input (input_grad()).
 }
 
-double tp_gpt::forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
+double tp_gpt::forward_backward(const token_id* inputs, const token_id* targets, int B, int T,
                                 float grad_scale) {
   check_whole_model();
   check_batch(B, T);
@@ -478,7 +478,7 @@ double tp_gpt::forward_backward(const uint8_t* inputs, const uint8_t* targets, i
   return loss;
 }
 
-double tp_gpt::forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T) {
+double tp_gpt::forward_loss(const token_id* inputs, const token_id* targets, int B, int T) {
   check_whole_model();
   check_batch(B, T);
   reserve(B);

@@ -131,10 +131,10 @@ class tp_gpt {
 
   /// As gpt::forward_backward: accumulates grad_scale * d(mean loss)/d(shard) into grads()
   /// and returns the mean cross-entropy (the same on every rank). Collective.
-  double forward_backward(const uint8_t* inputs, const uint8_t* targets, int B, int T,
+  double forward_backward(const token_id* inputs, const token_id* targets, int B, int T,
                           float grad_scale);
   /// The mean loss only. Collective.
-  double forward_loss(const uint8_t* inputs, const uint8_t* targets, int B, int T);
+  double forward_loss(const token_id* inputs, const token_id* targets, int B, int T);
 
   /// Copies this rank's slices out of a single-rank flat buffer (full_num_params() values).
   /// Local; every rank passes the same full buffer.
@@ -157,11 +157,11 @@ class tp_gpt {
   /// placed in stage_input(slot). A last stage returns the mean loss; any other stage
   /// returns 0 and leaves its output in stage_output(slot). Collective over the tp group.
   void reserve_slots(int B, int slots);
-  double forward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T);
+  double forward_stage(int slot, const token_id* inputs, const token_id* targets, int B, int T);
   /// A last stage starts from the loss (scaled by grad_scale / (B T), like forward_backward);
   /// any other stage from the gradient placed in output_grad(). A first stage ends in the
   /// embedding; any other stage leaves the gradient of its input in input_grad().
-  void backward_stage(int slot, const uint8_t* inputs, const uint8_t* targets, int B, int T,
+  void backward_stage(int slot, const token_id* inputs, const token_id* targets, int B, int T,
                       float grad_scale);
   /// [B * T * d_model] buffers for the pipeline's send/recv.
   float* stage_input(int slot);

@@ -48,7 +48,7 @@ void row_parallel_linear_backward(float* dinp_l, float* dweight_l, float* dbias,
   layers::linear_backward(dinp_l, dweight_l, dbias, dout, inp_l, weight_l, N, C_l, OC);
 }
 
-void vocab_parallel_embedding_forward(const tp_group& g, float* out, const uint8_t* inputs,
+void vocab_parallel_embedding_forward(const tp_group& g, float* out, const token_id* inputs,
                                       const float* wte_l, int vocab_start, int V_l,
                                       const float* wpe, int B, int T, int C) {
   const size_t NC = static_cast<size_t>(B) * T * C;
@@ -71,7 +71,7 @@ void vocab_parallel_embedding_forward(const tp_group& g, float* out, const uint8
 }
 
 void vocab_parallel_embedding_backward(float* dwte_l, float* dwpe, const float* dout,
-                                       const uint8_t* inputs, int vocab_start, int V_l, int B,
+                                       const token_id* inputs, int vocab_start, int V_l, int B,
                                        int T, int C) {
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -88,7 +88,7 @@ void vocab_parallel_embedding_backward(float* dwte_l, float* dwpe, const float* 
 }
 
 double vocab_parallel_cross_entropy_forward(const tp_group& g, float* probs_l,
-                                            const float* logits_l, const uint8_t* targets, int N,
+                                            const float* logits_l, const token_id* targets, int N,
                                             int vocab_start, int V_l, float* work) {
   const int t = g.size();
   const size_t Nz = static_cast<size_t>(N);
@@ -140,7 +140,7 @@ double vocab_parallel_cross_entropy_forward(const tp_group& g, float* probs_l,
 }
 
 void vocab_parallel_cross_entropy_backward(float* dlogits_l, const float* probs_l,
-                                           const uint8_t* targets, float dloss, int N,
+                                           const token_id* targets, float dloss, int N,
                                            int vocab_start, int V_l) {
   for (int n = 0; n < N; ++n) {
     const float* p = probs_l + static_cast<size_t>(n) * V_l;

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "runtime/comm/communicator.hpp"
+#include "runtime/data/token.hpp"
 
 namespace troupe::tensor_parallel {
 
@@ -58,12 +59,12 @@ void row_parallel_linear_backward(float* dinp_l, float* dweight_l, float* dbias,
 /// Vocabulary-parallel embedding: out[b,t,:] (OVERWRITTEN) = wte[inputs[b,t],:] + wpe[t,:],
 /// where this rank holds rows [vocab_start, vocab_start + V_l) of wte as wte_l. Rows it does
 /// not own contribute zeros to one all-reduce; the replicated wpe is added after it.
-void vocab_parallel_embedding_forward(const tp_group& g, float* out, const uint8_t* inputs,
+void vocab_parallel_embedding_forward(const tp_group& g, float* out, const token_id* inputs,
                                       const float* wte_l, int vocab_start, int V_l,
                                       const float* wpe, int B, int T, int C);
 /// Accumulates dwte_l for the tokens this rank owns and dwpe (replicated). No collective.
 void vocab_parallel_embedding_backward(float* dwte_l, float* dwpe, const float* dout,
-                                       const uint8_t* inputs, int vocab_start, int V_l, int B,
+                                       const token_id* inputs, int vocab_start, int V_l, int B,
                                        int T, int C);
 
 /// Floats of workspace vocab_parallel_cross_entropy_forward needs for N rows on t ranks.
@@ -78,12 +79,12 @@ inline size_t cross_entropy_workspace(int N, int t) {
 /// the partial sums of exp together with the target logit, which only its owner contributes.
 /// Returns the SUM of the N per-row losses, the same on every rank.
 double vocab_parallel_cross_entropy_forward(const tp_group& g, float* probs_l,
-                                            const float* logits_l, const uint8_t* targets, int N,
+                                            const float* logits_l, const token_id* targets, int N,
                                             int vocab_start, int V_l, float* work);
 /// dlogits_l += dloss * (probs_l - onehot(targets) restricted to this rank's columns).
 /// No collective.
 void vocab_parallel_cross_entropy_backward(float* dlogits_l, const float* probs_l,
-                                           const uint8_t* targets, float dloss, int N,
+                                           const token_id* targets, float dloss, int N,
                                            int vocab_start, int V_l);
 
 }  // namespace troupe::tensor_parallel

@@ -9,7 +9,7 @@
 
 namespace troupe::tensor_parallel {
 
-grad_result compute_tp_gradients(tp_gpt& m, const byte_dataset& d, const train_config& cfg,
+grad_result compute_tp_gradients(tp_gpt& m, const token_dataset& d, const train_config& cfg,
                                  int64_t step, int dp_rank, int dp_world) {
   // The same samples, micro-batches and B/G scaling as the single-rank step; the tp ranks
   // of one replica pass the same dp_rank and run each pass together.

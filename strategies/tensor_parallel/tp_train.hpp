@@ -21,7 +21,7 @@ namespace troupe::tensor_parallel {
 /// global-batch gradient. loss_sum and tokens are this replica's (the same on its tp ranks),
 /// so sum them over the dp group only, not over tp. Throws std::invalid_argument on a bad
 /// dp_rank, dp_world or batch.
-grad_result compute_tp_gradients(tp_gpt& m, const byte_dataset& d, const train_config& cfg,
+grad_result compute_tp_gradients(tp_gpt& m, const token_dataset& d, const train_config& cfg,
                                  int64_t step, int dp_rank, int dp_world);
 
 /// adamw::clip_gradients for a shard: scales m.grads() by opt.clip_scale(norm) of the FULL

@@ -43,11 +43,11 @@ train_config tiny_config() {
   return cfg;
 }
 
-byte_dataset tiny_data() {
+token_dataset tiny_data() {
   std::vector<uint8_t> bytes(20000);
   for (size_t i = 0; i < bytes.size(); ++i)
     bytes[i] = static_cast<uint8_t>("a stitch in time saves nine "[i % 28] + (i / 89) % 5);
-  return byte_dataset::from_bytes(std::move(bytes), 0.1);
+  return token_dataset::from_bytes(std::move(bytes), 0.1);
 }
 
 struct layout_case {
@@ -113,7 +113,7 @@ void on_every_rank(const layout_case& c, uint64_t generation, Body body) {
 testing::full_model_state train_and_save(const layout_case& c, const std::string& run_dir,
                                          int steps, ckpt::manifest& committed) {
   const train_config cfg = config_for(c);
-  const byte_dataset data = tiny_data();
+  const token_dataset data = tiny_data();
   testing::full_model_state saved;
   std::mutex mu;
   std::vector<ckpt::shard_report> reports(static_cast<size_t>(cfg.world));

@@ -75,7 +75,7 @@ SET_KEYS = [
     ("optim.grad_clip", ("0",)),
     ("model.capacity_factor", ()),
     ("model.aux_loss_coef", ("0",)),
-    ("model.vocab", ()),
+    ("model.vocab", ("0",)),  # 0 = the data's vocabulary
     ("val_fraction", ()),
     ("eval_batches", ()),
     ("bucket_bytes", ()),

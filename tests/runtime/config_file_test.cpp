@@ -259,7 +259,7 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   host_facts facts;
   facts.memory_bytes = 64ULL << 30;
   facts.memory_source = "test";
-  facts.data_bytes = 4 << 20;
+  facts.data_tokens = 4 << 20;
   check_against_host(c, c.world, facts);  // the default job fits
   EXPECT_LT(estimate_rank_bytes(c), 256.0 * (1 << 20));
   // --micro-batches M trains micro-batches of batch / M: fewer of them means bigger
@@ -283,9 +283,9 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   EXPECT_TRUE(has(msg, "needs at least") && has(msg, "this machine has 64.00 GiB")) << msg;
 
   host_facts tiny = facts;
-  tiny.data_bytes = 0;
+  tiny.data_tokens = 0;
   EXPECT_TRUE(has(message(c, tiny), "empty"));
-  tiny.data_bytes = 100;
+  tiny.data_tokens = 100;
   msg = message(c, tiny);
   EXPECT_TRUE(has(msg, "corpus.txt") && has(msg, "validation split")) << msg;
   train_config many = c;
@@ -295,7 +295,7 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   train_config wide = c;
   wide.batch = 1 << 20;
   wide.micro_batch = 4;
-  tiny.data_bytes = 10000;
+  tiny.data_tokens = 10000;
   msg = message(wide, tiny);
   EXPECT_TRUE(has(msg, "--batch")) << msg;
 }

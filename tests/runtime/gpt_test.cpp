@@ -33,11 +33,11 @@ model_config tiny_config() {
 /// A micro-batch of B sequences of T bytes with some repeated tokens.
 struct batch {
   int B, T;
-  std::vector<uint8_t> inputs, targets;
+  std::vector<token_id> inputs, targets;
   batch(int b, int t, unsigned seed) : B(b), T(t), inputs(b * t), targets(b * t) {
     for (int i = 0; i < b * t; ++i) {
-      inputs[i] = static_cast<uint8_t>((seed * 131 + i * 37) % 11 + 97);
-      targets[i] = static_cast<uint8_t>((seed * 71 + i * 53) % 13 + 97);
+      inputs[i] = static_cast<token_id>((seed * 131 + i * 37) % 11 + 97);
+      targets[i] = static_cast<token_id>((seed * 71 + i * 53) % 13 + 97);
     }
   }
 };
@@ -208,7 +208,7 @@ TEST(gpt, rejects_bad_shapes) {
   bad.n_head = 3;
   EXPECT_THROW(gpt{bad}, std::invalid_argument);
   bad = tiny_config();
-  bad.vocab = 100;
+  bad.vocab = 1;  // the data's vocabulary is checked where the data is opened
   EXPECT_THROW(gpt{bad}, std::invalid_argument);
   gpt m(tiny_config());
   const batch x(1, 7, 1);

@@ -66,7 +66,7 @@ void check_layer(Case& c) {
 
 struct embedding_case {
   int B = 2, T = 3, C = 4, V = 5;
-  std::vector<uint8_t> tokens{0, 3, 3, 4, 1, 0};  // repeats exercise the accumulation
+  std::vector<token_id> tokens{0, 3, 3, 4, 1, 0};  // repeats exercise the accumulation
   std::vector<double> wte = random_vector(V * C, 1);
   std::vector<double> wpe = random_vector(T * C, 2);
   std::vector<double> R = random_vector(B * T * C, 3);
@@ -165,7 +165,7 @@ struct residual_case {
 struct crossentropy_case {
   int N = 4, V = 37;  // not a multiple of 8: vector and scalar exp paths
   double dloss = 0.7;
-  std::vector<uint8_t> targets{0, 36, 3, 3};
+  std::vector<token_id> targets{0, 36, 3, 3};
   std::vector<double> logits = random_vector(N * V, 19, 3.0);
   std::vector<double> R{1.0};  // the output is dloss * (sum of losses) itself
   std::vector<std::vector<double>*> inputs() { return {&logits}; }
@@ -281,7 +281,7 @@ TEST(layers, float_crossentropy_is_stable_for_extreme_logits) {
   std::vector<float> logits(N * V, 0.0f), probs(N * V);
   logits[3] = 1000.0f;       // row 0: one dominant logit
   logits[V + 5] = -1000.0f;  // row 1: one hopeless target
-  const std::vector<uint8_t> targets{3, 5};
+  const std::vector<token_id> targets{3, 5};
   const double loss =
       layers::softmax_crossentropy_forward(probs.data(), logits.data(), targets.data(), N, V);
   EXPECT_NEAR(loss, 0.0 + (1000.0 + std::log(39.0)), 1e-3);

@@ -225,11 +225,11 @@ model_config moe_config(int top_k, double capacity_factor) {
 }
 
 struct batch {
-  std::vector<uint8_t> inputs, targets;
+  std::vector<token_id> inputs, targets;
   batch(int n, unsigned seed) : inputs(n), targets(n) {
     for (int i = 0; i < n; ++i) {
-      inputs[i] = static_cast<uint8_t>((seed * 131 + i * 37) % 11 + 97);
-      targets[i] = static_cast<uint8_t>((seed * 71 + i * 53) % 13 + 97);
+      inputs[i] = static_cast<token_id>((seed * 131 + i * 37) % 11 + 97);
+      targets[i] = static_cast<token_id>((seed * 71 + i * 53) % 13 + 97);
     }
   }
 };

@@ -47,7 +47,7 @@ train_config small_config() {
 }
 
 /// Sum over ranks of each rank's compute_gradients, for `world` ranks.
-std::vector<double> summed_gradients(gpt& m, const byte_dataset& d, const train_config& c,
+std::vector<double> summed_gradients(gpt& m, const token_dataset& d, const train_config& c,
                                      int world, double& loss_sum) {
   std::vector<double> sum(m.num_params(), 0.0);
   loss_sum = 0;
@@ -64,7 +64,7 @@ std::vector<double> summed_gradients(gpt& m, const byte_dataset& d, const train_
 // the single-rank gradient of the global mean loss, for any world size dividing the batch
 // and any micro-batch size (including one that leaves a short last micro-batch).
 TEST(trainer, rank_gradients_sum_to_the_single_rank_gradient) {
-  const byte_dataset d = byte_dataset::from_bytes(structured_text(20000), 0.1);
+  const token_dataset d = token_dataset::from_bytes(structured_text(20000), 0.1);
   for (int micro : {1, 2, 3, 8}) {
     train_config c = small_config();
     c.micro_batch = micro;
@@ -92,7 +92,7 @@ TEST(trainer, rank_gradients_sum_to_the_single_rank_gradient) {
 }
 
 TEST(trainer, rejects_an_uneven_split) {
-  const byte_dataset d = byte_dataset::from_bytes(structured_text(5000), 0.1);
+  const token_dataset d = token_dataset::from_bytes(structured_text(5000), 0.1);
   train_config c = small_config();
   gpt m(c.model);
   EXPECT_THROW(compute_gradients(m, d, c, 0, 0, 3), std::invalid_argument);
@@ -100,7 +100,7 @@ TEST(trainer, rejects_an_uneven_split) {
 }
 
 /// A few steps of the reference loop; returns the loss of every step.
-std::vector<double> train(gpt& m, const byte_dataset& d, const train_config& c) {
+std::vector<double> train(gpt& m, const token_dataset& d, const train_config& c) {
   adamw opt(c.optim, m.param_table(), m.num_params());
   std::vector<double> losses;
   for (int step = 0; step < c.steps; ++step) {
@@ -113,7 +113,7 @@ std::vector<double> train(gpt& m, const byte_dataset& d, const train_config& c) 
 }
 
 TEST(trainer, training_is_bit_for_bit_deterministic) {
-  const byte_dataset d = byte_dataset::from_bytes(structured_text(20000), 0.1);
+  const token_dataset d = token_dataset::from_bytes(structured_text(20000), 0.1);
   train_config c = small_config();
   c.steps = 4;
   gpt a(c.model), b(c.model);
@@ -131,7 +131,7 @@ TEST(trainer, training_is_bit_for_bit_deterministic) {
 // text's unigram entropy is 2.80 nats, so this needs the model to use its context (it
 // reaches ~2.25; a broken gradient stays near 5.5 or above 2.8).
 TEST(trainer, tiny_model_learns_structured_text) {
-  const byte_dataset d = byte_dataset::from_bytes(structured_text(50000), 0.1);
+  const token_dataset d = token_dataset::from_bytes(structured_text(50000), 0.1);
   train_config c = small_config();
   c.steps = 50;
   c.micro_batch = 8;

@@ -45,9 +45,9 @@ struct rank_run {
 };
 
 struct through_engine final : rank_run {
-  const byte_dataset& data;
+  const token_dataset& data;
   training_engine engine;
-  through_engine(const train_config& cfg, const byte_dataset& d, const layout_plan& plan, int r,
+  through_engine(const train_config& cfg, const token_dataset& d, const layout_plan& plan, int r,
                  const connect_fn& connect)
       : data(d),
         engine(cfg, plan.shape, r, 1, connect,
@@ -74,7 +74,7 @@ struct through_engine final : rank_run {
 struct through_workload final : rank_run {
   gpt_workload workload;
   std::unique_ptr<workload_generation> gen;
-  through_workload(const train_config& cfg, const byte_dataset& d, const layout_plan& plan, int r,
+  through_workload(const train_config& cfg, const token_dataset& d, const layout_plan& plan, int r,
                    const connect_fn& connect)
       : workload(cfg, d) {
     generation_env env;
@@ -132,7 +132,7 @@ struct through_workload final : rank_run {
 run_result train(const train_config& cfg, const layout_plan& plan, bool workload) {
   const int world = plan.shape.world();
   comm::tcp_store_server server;
-  const byte_dataset data = tiny_data();
+  const token_dataset data = tiny_data();
   run_result out;
   const auto n = static_cast<size_t>(cfg.steps);
   out.loss_sums.assign(n, 0.0);
@@ -221,7 +221,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(GptWorkloadTraits, SaysWhatTheGptIs) {
   const train_config cfg = tiny_config();
-  const byte_dataset data = tiny_data();
+  const token_dataset data = tiny_data();
   const auto t = gpt_workload(cfg, data).traits();
   EXPECT_EQ(t.name, "gpt");
   EXPECT_EQ(t.layouts, layout_support::planned);

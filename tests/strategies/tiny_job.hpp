@@ -26,11 +26,11 @@ inline train_config tiny_config(int n_layer) {
   return cfg;
 }
 
-inline byte_dataset tiny_data() {
+inline token_dataset tiny_data() {
   std::vector<uint8_t> bytes(20000);
   for (size_t i = 0; i < bytes.size(); ++i)
     bytes[i] = static_cast<uint8_t>("the quick brown fox "[i % 20] + (i / 97) % 3);
-  return byte_dataset::from_bytes(std::move(bytes), 0.1);
+  return token_dataset::from_bytes(std::move(bytes), 0.1);
 }
 
 }  // namespace troupe::testing

@@ -123,14 +123,14 @@ train_config tiny_moe() {
   return cfg;
 }
 
-byte_dataset corpus() {
+token_dataset corpus() {
   std::vector<uint8_t> bytes(20000);
   uint32_t h = 12345;
   for (auto& b : bytes) {
     h = h * 1664525u + 1013904223u;
     b = static_cast<uint8_t>('a' + (h >> 24) % 26);
   }
-  return byte_dataset::from_bytes(std::move(bytes), 0.2);
+  return token_dataset::from_bytes(std::move(bytes), 0.2);
 }
 
 struct reference_run {
@@ -140,7 +140,7 @@ struct reference_run {
   double val = 0;
 };
 
-reference_run run_reference(const train_config& cfg, const byte_dataset& data, int steps) {
+reference_run run_reference(const train_config& cfg, const token_dataset& data, int steps) {
   reference_run out;
   gpt m(cfg.model);
   m.init_params(cfg.seed);
@@ -173,7 +173,7 @@ std::atomic<uint64_t> next_generation{1};
 
 // Trains `steps` steps of `shape` (optionally from `from`, optionally as a plan divides the
 // steps), ranks as threads.
-layout_run run_layout(const train_config& cfg, const byte_dataset& data, ts::layout shape,
+layout_run run_layout(const train_config& cfg, const token_dataset& data, ts::layout shape,
                       int steps, const ckpt::full_state* from = nullptr,
                       const ts::micro_batching& batching = {}) {
   const int world = shape.world();

@@ -192,12 +192,12 @@ model_config ep_model(const ep_case& c) {
 }
 
 /// Step s's global micro-batch: ep * seqs_per_rank sequences; rank r takes its slice.
-void step_batch(int step, int n, std::vector<uint8_t>& in, std::vector<uint8_t>& tg) {
+void step_batch(int step, int n, std::vector<token_id>& in, std::vector<token_id>& tg) {
   in.resize(n);
   tg.resize(n);
   for (int i = 0; i < n; ++i) {
-    in[i] = static_cast<uint8_t>((step * 29 + i * 37 + i * i) % 23 + 97);
-    tg[i] = static_cast<uint8_t>((step * 13 + i * 53) % 19 + 97);
+    in[i] = static_cast<token_id>((step * 29 + i * 37 + i * i) % 23 + 97);
+    tg[i] = static_cast<token_id>((step * 13 + i * 53) % 19 + 97);
   }
 }
 
@@ -242,7 +242,7 @@ TEST_P(expert_parallel, matches_single_rank_model) {
   {
     gpt m(cfg);
     m.init_params(seed);
-    std::vector<uint8_t> in, tg;
+    std::vector<token_id> in, tg;
     for (int s = 0; s < steps; ++s) {
       step_batch(s, p * seqs_per_rank * T, in, tg);
       m.zero_grads();
@@ -264,7 +264,7 @@ TEST_P(expert_parallel, matches_single_rank_model) {
     strategies::ep_exchange exchange(comm, opts);
     gpt m(cfg, &exchange);
     m.init_params(seed);
-    std::vector<uint8_t> in, tg;
+    std::vector<token_id> in, tg;
     const size_t slice = static_cast<size_t>(seqs_per_rank) * T;
     for (int s = 0; s < steps; ++s) {
       step_batch(s, p * seqs_per_rank * T, in, tg);

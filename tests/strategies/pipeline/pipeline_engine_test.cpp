@@ -35,7 +35,7 @@ struct run_result {
 run_result train(const train_config& cfg, const layout& shape) {
   const int world = shape.world();
   comm::tcp_store_server server;
-  const byte_dataset data = tiny_data();
+  const token_dataset data = tiny_data();
   run_result out;
   out.losses.assign(static_cast<size_t>(cfg.steps), 0.0);
   std::vector<double> tokens(static_cast<size_t>(cfg.steps), 0.0);

@@ -253,7 +253,7 @@ TEST(tensor_parallel, forward_backward_matches_single_rank_gpt) {
 }
 
 /// A deterministic corpus with enough structure for the loss to fall.
-byte_dataset synthetic_corpus() {
+token_dataset synthetic_corpus() {
   const std::string words[] = {"the ",  "quick ", "brown ", "fox ",  "jumps ",  "over ",
                                "lazy ", "dog ",   "and ",   "then ", "sleeps. "};
   std::vector<uint8_t> bytes;
@@ -262,7 +262,7 @@ byte_dataset synthetic_corpus() {
     h = h * 6364136223846793005ULL + 1442695040888963407ULL;
     for (char ch : words[(h >> 33) % 11]) bytes.push_back(static_cast<uint8_t>(ch));
   }
-  return byte_dataset::from_bytes(std::move(bytes), 0.1);
+  return token_dataset::from_bytes(std::move(bytes), 0.1);
 }
 
 train_config training_config() {
@@ -284,7 +284,7 @@ TEST(tensor_parallel, training_matches_single_rank_trainer) {
   set_blas_threads(1);
   const int steps = 20;
   const train_config cfg = training_config();
-  const byte_dataset data = synthetic_corpus();
+  const token_dataset data = synthetic_corpus();
 
   gpt ref(cfg.model);
   ref.init_params(cfg.seed);

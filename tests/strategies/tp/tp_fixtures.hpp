@@ -25,11 +25,11 @@ inline model_config small_config() {
 /// B sequences of T bytes drawn from a small alphabet with repeats.
 struct batch {
   int B, T;
-  std::vector<uint8_t> inputs, targets;
+  std::vector<token_id> inputs, targets;
   batch(int b, int t, unsigned seed) : B(b), T(t), inputs(b * t), targets(b * t) {
     for (int i = 0; i < b * t; ++i) {
-      inputs[i] = static_cast<uint8_t>((seed * 131 + i * 37) % 29 + 90);
-      targets[i] = static_cast<uint8_t>((seed * 71 + i * 53) % 31 + 88);
+      inputs[i] = static_cast<token_id>((seed * 131 + i * 37) % 29 + 90);
+      targets[i] = static_cast<token_id>((seed * 71 + i * 53) % 31 + 88);
     }
   }
 };
