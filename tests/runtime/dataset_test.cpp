@@ -127,7 +127,7 @@ TEST(dataset, open_reads_a_file_and_reports_bad_ones) {
 // A token file of `width` bytes per id with its sidecar; returns its path.
 std::string write_token_file(const std::string& name, const std::vector<uint32_t>& ids, int width,
                              int64_t vocab, int64_t sidecar_tokens = -1) {
-  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  auto path = (std::filesystem::temp_directory_path() / name).string();
   {
     std::ofstream out(path, std::ios::binary);
     for (uint32_t id : ids) out.write(reinterpret_cast<const char*>(&id), width);  // little-endian

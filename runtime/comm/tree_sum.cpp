@@ -1,0 +1,129 @@
+#include "runtime/comm/tree_sum.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+namespace troupe::comm {
+namespace {
+
+// The real leaves of `node` in M's tree: [lo, min(lo + size, M)).
+int real_end(const tree_node& node, int M) { return std::min(node.lo + node.size, M); }
+
+void add_into(std::vector<float>& left, const std::vector<float>& right) {
+  for (size_t i = 0; i < left.size(); ++i) left[i] += right[i];
+}
+
+}  // namespace
+
+int tree_width(int M) {
+  if (M < 1) throw std::invalid_argument("tree_width: M must be at least 1");
+  int w = 1;
+  while (w < M) w *= 2;
+  return w;
+}
+
+std::vector<tree_node> canonical_pieces(int M, int a, int b) {
+  if (!(0 <= a && a < b && b <= M))
+    throw std::invalid_argument("canonical_pieces: need 0 <= a < b <= M, got a " +
+                                std::to_string(a) + ", b " + std::to_string(b) + ", M " +
+                                std::to_string(M));
+  const int width = tree_width(M);
+  std::vector<tree_node> out;
+  for (int x = a; x < b;) {
+    // The largest node starting at x (aligned to its size) whose real leaves end by b.
+    int size = 1;
+    while (size < width && x % (2 * size) == 0 && std::min(x + 2 * size, M) <= b) size *= 2;
+    out.push_back({x, size});
+    x = real_end(out.back(), M);
+  }
+  return out;
+}
+
+tree_accumulator::tree_accumulator(int M, int first, int count, size_t n)
+    : M_(M), next_(first), end_(first + count), width_(tree_width(M)), n_(n) {
+  if (!(0 <= first && count > 0 && end_ <= M))
+    throw std::invalid_argument("tree_accumulator: leaves [" + std::to_string(first) + ", " +
+                                std::to_string(end_) + ") are not within [0, " + std::to_string(M) +
+                                ")");
+}
+
+void tree_accumulator::add_leaf(int index, std::span<const float> gradient) {
+  if (index != next_ || index >= end_)
+    throw std::invalid_argument("tree_accumulator: leaf " + std::to_string(index) +
+                                " out of order (expected " + std::to_string(next_) + ")");
+  if (gradient.size() != n_)
+    throw std::invalid_argument("tree_accumulator: a leaf of " + std::to_string(gradient.size()) +
+                                " floats, expected " + std::to_string(n_));
+  ++next_;
+  nodes_.push_back({index, 1});
+  values_.emplace_back(gradient.begin(), gradient.end());
+  promote_and_merge();
+}
+
+void tree_accumulator::promote_and_merge() {
+  for (;;) {
+    tree_node& top = nodes_.back();
+    // A left child whose sibling lies past M is its parent too: no addition, no new node.
+    if (top.size < width_ && top.lo % (2 * top.size) == 0 && top.lo + top.size >= M_) {
+      top.size *= 2;
+      continue;
+    }
+    if (nodes_.size() < 2) return;
+    const tree_node& below = nodes_[nodes_.size() - 2];
+    const bool siblings = below.size == top.size && below.lo % (2 * below.size) == 0 &&
+                          below.lo + below.size == top.lo;
+    if (!siblings) return;
+    add_into(values_[values_.size() - 2], values_.back());
+    values_.pop_back();
+    nodes_.pop_back();
+    nodes_.back().size *= 2;
+  }
+}
+
+void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out) {
+  const int width = tree_width(M);
+  std::map<int, tree_piece> by_lo;
+  for (const tree_piece& p : pieces) {
+    if (p.node.size < 1 || p.node.size > width || (p.node.size & (p.node.size - 1)) != 0 ||
+        p.node.lo < 0 || p.node.lo % p.node.size != 0 || p.node.lo >= M ||
+        !by_lo.emplace(p.node.lo, p).second)
+      throw std::invalid_argument("combine_pieces: a piece at " + std::to_string(p.node.lo) +
+                                  " of size " + std::to_string(p.node.size) +
+                                  " is not a node of the tree over " + std::to_string(M) +
+                                  " leaves, or is given twice");
+  }
+  for (int x = 0; x < M;) {
+    const auto it = by_lo.find(x);
+    if (it == by_lo.end())
+      throw std::invalid_argument("combine_pieces: no piece starts at leaf " + std::to_string(x));
+    x = real_end(it->second.node, M);
+  }
+  if (by_lo.size() == 1) {
+    std::copy_n(by_lo.begin()->second.values, n, out);
+    return;
+  }
+  // Evaluates node (lo, size) into `dst`: a given piece, else the sum of its children. The
+  // recursion is as deep as the tree (log2 of the width).
+  std::vector<std::vector<float>> scratch;
+  auto eval = [&](auto&& self, int lo, int size, float* dst, size_t depth) -> void {
+    if (const auto it = by_lo.find(lo); it != by_lo.end() && it->second.node.size == size) {
+      std::copy_n(it->second.values, n, dst);
+      return;
+    }
+    if (size == 1)
+      throw std::invalid_argument("combine_pieces: leaf " + std::to_string(lo) +
+                                  " lies inside another piece");
+    const int half = size / 2;
+    self(self, lo, half, dst, depth + 1);
+    if (lo + half >= M) return;  // the right half is past M: this node is its left child
+    if (scratch.size() <= depth) scratch.resize(depth + 1);
+    scratch[depth].resize(n);
+    self(self, lo + half, half, scratch[depth].data(), depth + 1);
+    for (size_t i = 0; i < n; ++i) dst[i] += scratch[depth][i];
+  };
+  eval(eval, 0, width, out, 0);
+}
+
+}  // namespace troupe::comm

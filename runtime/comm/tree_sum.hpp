@@ -1,0 +1,71 @@
+#pragma once
+// One order of summation for a step's micro-batch gradients, whatever the world (issue 42):
+// a fixed binary tree over the global micro-batch index. A rank that holds micro-batches
+// [a, b) sums them along the tree into the tree's nodes that lie inside [a, b) (its canonical
+// pieces); the pieces of every rank, combined in tree order, give the bits that one rank
+// holding every micro-batch gives. Floating-point addition is commutative, so only the tree's
+// shape decides the result, never which rank or operand comes first.
+//
+// The tree over M micro-batches: nodes are the dyadic intervals [lo, lo + size) of
+// [0, 2^ceil(log2 M)), clipped to [0, M). A leaf is one micro-batch's gradient; an inner node
+// is fl(left + right), elementwise; a node whose right half lies past M is its left child
+// (no addition).
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace troupe::comm {
+
+/// A node of the tree: the dyadic interval starting at `lo` of `size` (a power of two) leaves,
+/// of which those below the tree's M are real.
+struct tree_node {
+  int lo = 0;
+  int size = 1;
+  bool operator==(const tree_node&) const = default;
+};
+
+/// The smallest power of two at least M (M >= 1): the tree's width.
+int tree_width(int M);
+
+/// The largest nodes of M's tree whose real leaves all lie in [a, b), in index order: what a
+/// rank holding micro-batches [a, b) sums on its own. Throws std::invalid_argument unless
+/// 0 <= a < b <= M.
+std::vector<tree_node> canonical_pieces(int M, int a, int b);
+
+/// Sums a rank's leaves, given in ascending index order, into its canonical pieces: a stack of
+/// at most log2(width) + 1 partial sums, each merged with its sibling as soon as both exist.
+class tree_accumulator {
+ public:
+  /// The rank's leaves are micro-batches [first, first + count) of M; each is n floats.
+  tree_accumulator(int M, int first, int count, size_t n);
+
+  /// Adds leaf `index` (the next one in order; std::invalid_argument otherwise).
+  void add_leaf(int index, std::span<const float> gradient);
+
+  /// After the last leaf: the canonical pieces, in index order, and their values.
+  const std::vector<tree_node>& nodes() const { return nodes_; }
+  const std::vector<std::vector<float>>& values() const { return values_; }
+
+ private:
+  void promote_and_merge();
+
+  int M_, next_, end_, width_;
+  size_t n_;
+  std::vector<tree_node> nodes_;            ///< the stack, bottom first
+  std::vector<std::vector<float>> values_;  ///< one per node, n_ floats
+};
+
+/// One piece of the whole sum, as a rank holds it.
+struct tree_piece {
+  tree_node node;
+  const float* values = nullptr;  ///< n floats
+};
+
+/// The tree's root value (n floats into `out`) from pieces that tile [0, M) exactly (every
+/// rank's canonical pieces, in any order): each inner node above them is the sum of its two
+/// children, so the result has the bits of one accumulator over [0, M). Throws
+/// std::invalid_argument when the pieces do not tile [0, M) with nodes of M's tree.
+void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out);
+
+}  // namespace troupe::comm
