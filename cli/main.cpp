@@ -16,6 +16,7 @@
 #include "actors/wire/node_address.hpp"
 #include "actors/worker/rank.hpp"
 #include "bench/comm_bench.hpp"
+#include "cli/bench_control_plane.hpp"
 #include "cli/ckpt_tool.hpp"
 #include "cli/command_line.hpp"
 #include "cli/eval_tool.hpp"
@@ -234,6 +235,14 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
     const auto& cfg = opts.cfg;
     using troupe::process_role;
     long needed = troupe::descriptors_needed(cfg, process_role::coordinator);
+    if (const char* sim = std::getenv("TROUPE_SIMULATED_CONNECTIONS"); sim && coordinator_only) {
+      // `troupe bench control-plane` starts this coordinator for simulated members that share
+      // connections (one per simulated node): what it holds follows those, not the ranks.
+      auto shape = cfg;
+      shape.world = std::max(1, std::atoi(sim));
+      shape.elastic.spares = 0;
+      needed = troupe::descriptors_needed(shape, process_role::coordinator);
+    }
     if (!coordinator_only)  // its agents and workers run here too, with the same limit
       needed = std::max({needed, troupe::descriptors_needed(cfg, process_role::agent),
                          troupe::descriptors_needed(cfg, process_role::worker)});
@@ -269,7 +278,15 @@ int dispatch(int argc, char** argv, long soft_descriptors_at_start) {
       }
       return troupe::bench::run_comm_bench(options);
     }
-    throw usage_error("troupe bench: unknown benchmark '" + args[0] + "'; benchmarks: comm");
+    if (args[0] == "control-plane") {
+      if (wants_help(args)) {
+        std::fputs(troupe::cli::bench_help().c_str(), stdout);
+        return 0;
+      }
+      return troupe::cli::run_control_plane_bench({args.begin() + 1, args.end()});
+    }
+    throw usage_error("troupe bench: unknown benchmark '" + args[0] +
+                      "'; benchmarks: comm, control-plane");
   }
   if (command == "agent") {
     if (wants_help(args)) {

@@ -508,6 +508,7 @@ honoured, or refused with exit 2, never replaced:
 
 std::string bench_help() {
   return R"(usage: troupe bench comm [options]
+       troupe bench control-plane --members N [options]
 
 Benchmarks the data plane's collectives (all_reduce, all_gather, reduce_scatter,
 all_to_all) across real processes on this machine, like nccl-tests: for each size, the
@@ -533,6 +534,38 @@ across real nodes (network namespaces or hosts), one `troupe bench comm` per nod
   --serve-store H:P      serve the ranks' store at H:P (one node does), or
   --store H:P            meet the other nodes' ranks in the store at H:P
   --bind ADDR            address the data plane's pairs listen on (this node's address)
+
+troupe bench control-plane: the real coordinator (`troupe coordinator`, started here with a
+job of N data-parallel ranks) against N simulated members that speak the control protocol
+(hello, heartbeats, votes, commits, reports; TLS with the job's token) without training.
+Each simulated node is one connection with --members-per-node members. Prints forming
+time, the control plane's share of a step (last vote out to last commit in) p50/p99, a
+loss's time to the next commit, the coordinator's CPU per step and memory per member.
+  --members N                simulated members (required)
+  --first-member K           their member ids start at K (default 0); with --coordinator,
+                             for a job whose members 0..K-1 are real workers (an agent's
+                             --ranks K) and which runs with TROUPE_TRANSPORT=null (their
+                             data plane then does nothing, as the simulated members' does)
+  --steps S                  steps (default 50)
+  --step-ms MS               simulated compute of one step (default 200)
+  --jitter-ms MS             each step's compute varies by up to +-MS (default 0)
+  --members-per-node M       members sharing one connection (default 8; 1 = one per member)
+  --lose K                   K members lost at once after step --lose-at (default the middle)
+  --lose-at STEP
+  --lose-percent P           P % of the members lost at once after --lose-percent-at
+  --lose-percent-at STEP     (default three quarters into the run)
+  --straggler F              the first simulated member's steps take F times as long
+  --checkpoint-every K       as troupe run's (default 0: only at the end)
+  --heartbeat-timeout-ms MS  as troupe run's (default 2000)
+  --connect-threads T        nodes connecting at once (default 8)
+  --hello-timeout-s S        forming must finish within S seconds (default 600)
+  --coordinator HOST:PORT    use a running coordinator instead (with --join-token FILE);
+                             the coordinator's /proc figures are then left out, and the
+                             events figures unless --run-dir names its run directory
+  --join-token FILE
+  --run-dir DIR              where the coordinator runs (default a temporary directory,
+                             removed after a clean run)
+  --json                     print one JSON object instead of the table
 )";
 }
 

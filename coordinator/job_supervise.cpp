@@ -169,7 +169,7 @@ job_supervision::job_supervision(const job_plan& job, job_listeners& listeners, 
     setup.status = &board;
     setup.on_event = [&board,
                       next = std::move(setup.on_event)](const troupe::events::job_event& event) {
-      board.observe(troupe::events::to_json(event));
+      board.observe(event);
       if (next) next(event);
     };
   }

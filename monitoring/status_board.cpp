@@ -85,7 +85,7 @@ struct status_board::fold {
     doc["state"] = "forming";
     if (!keep_run_dir.is_null()) doc["run_dir"] = keep_run_dir;
     if (!keep_source.is_null()) doc["source"] = keep_source;
-    board.ranks_ = json::array();
+    board.clear_rows();
     board.rank_steps_.clear();
     put(doc, "world", e.world);
     put(doc, "total_steps", e.steps);
@@ -207,18 +207,13 @@ struct status_board::fold {
     put(row, "node", e.node);
     put(row, "pid", e.pid);
     put(row, "host", e.host);
-    json& rows = board.ranks_;
-    for (auto it = rows.begin(); it != rows.end();)
-      it = (*it).value("rank", -1.0) == e.rank ? rows.erase(it) : it + 1;
-    rows.push_back(std::move(row));
-    std::sort(rows.begin(), rows.end(), [](const json& x, const json& y) {
-      return x.value("rank", 0.0) < y.value("rank", 0.0);
-    });
+    board.erase_rows_of_rank(e.rank);
+    board.add_row(e.rank, e.member, std::move(row));
   }
 
   void operator()(const events::rank_lost& e) {
-    for (auto& row : board.ranks_)
-      if (row.value("member", -1.0) == e.member) row["lost"] = true;
+    for (auto [at, end] = board.rows_of_member_.equal_range(e.member); at != end; ++at)
+      at->second->second.shown["lost"] = true;
   }
 
   void operator()(const events::job_ended& e) {
@@ -273,31 +268,72 @@ void status_board::observe(const json& event) {
   } catch (const json::exception&) {
     return;  // a known kind that does not read: nothing of it is trusted, as of a torn line
   }
+  const auto ms = number_at(event, "unix_ms");
   std::lock_guard lock(mutex_);
+  fold_in(typed);
+  kept_event kept;
+  kept.shown = trimmed(event);
+  if (!kept.shown.contains("unix_ms")) kept.shown["unix_ms"] = unix_ms_now();
+  kept.step = std::holds_alternative<events::step>(typed);
+  remember(std::move(kept));
+  updated_ms_ = ms ? static_cast<int64_t>(*ms) : unix_ms_now();
+}
+
+void status_board::observe(const events::job_event& event) {
+  if (const auto* other = std::get_if<events::untyped>(&event)) {
+    observe(other->object);  // as it came, its own unix_ms included
+    return;
+  }
+  const int64_t now = unix_ms_now();
+  std::lock_guard lock(mutex_);
+  fold_in(event);
+  kept_event kept;
+  kept.typed = event;
+  kept.unix_ms = now;
+  kept.step = std::holds_alternative<events::step>(event);
+  remember(std::move(kept));
+  updated_ms_ = now;
+}
+
+void status_board::fold_in(const events::job_event& typed) {
   try {
     std::visit(fold{*this}, typed);
   } catch (const json::exception&) {
     // A nested document (phases) that does not add up: its fields stay as they were.
   }
-  remember(event, std::holds_alternative<events::step>(typed));
-  if (const auto ms = number_at(event, "unix_ms"))
-    updated_ms_ = static_cast<int64_t>(*ms);
-  else
-    updated_ms_ = unix_ms_now();
 }
 
-void status_board::remember(const json& e, bool step) {
-  json kept = trimmed(e);
-  if (!kept.contains("unix_ms")) kept["unix_ms"] = unix_ms_now();
+void status_board::remember(kept_event kept) {
   // A run of steps keeps only its newest, so that steps do not push the notable events out.
-  if (step && !events_.empty() && events_.back().step) events_.pop_back();
-  events_.push_back({std::move(kept), step});
+  if (kept.step && !events_.empty() && events_.back().step) events_.pop_back();
+  events_.push_back(std::move(kept));
   while (events_.size() > max_events_) events_.pop_front();
 }
 
+void status_board::clear_rows() {
+  ranks_.clear();
+  rows_of_member_.clear();
+}
+
+void status_board::add_row(int rank, int member, json row) {
+  // At the end of its rank's rows, in amortised constant time when rows come in rank order.
+  const auto at = ranks_.emplace_hint(ranks_.end(), rank, rank_row{member, std::move(row)});
+  rows_of_member_.emplace(member, at);
+}
+
+void status_board::erase_rows_of_rank(int rank) {
+  auto [at, end] = ranks_.equal_range(rank);
+  while (at != end) {
+    auto [index, index_end] = rows_of_member_.equal_range(at->second.member);
+    while (index != index_end && index->second != at) ++index;
+    if (index != index_end) rows_of_member_.erase(index);
+    at = ranks_.erase(at);
+  }
+}
+
 void status_board::set_ranks(uint64_t generation, std::vector<status_rank> ranks) {
-  json rows = json::array();
   std::lock_guard lock(mutex_);
+  clear_rows();
   for (const auto& r : ranks) {
     json row = {{"rank", r.rank},
                 {"member", r.member},
@@ -316,9 +352,8 @@ void status_board::set_ranks(uint64_t generation, std::vector<status_rank> ranks
         row["compute_s"] = s.compute_s;
       }
     }
-    rows.push_back(std::move(row));
+    add_row(r.rank, r.member, std::move(row));
   }
-  ranks_ = std::move(rows);
 }
 
 void status_board::note_rank_step(uint64_t generation, int rank, double work_s, double compute_s) {
@@ -335,9 +370,20 @@ json status_board::snapshot() const {
   doc["format"] = format_version;
   if (!doc.contains("source")) doc["source"] = "live";
   doc["updated_unix_ms"] = updated_ms_;
-  doc["ranks"] = ranks_;
+  json rows = json::array();
+  rows.get_ref<json::array_t&>().reserve(ranks_.size());
+  for (const auto& [rank, row] : ranks_) rows.push_back(row.shown);
+  doc["ranks"] = std::move(rows);
   json events = json::array();
-  for (const auto& e : events_) events.push_back(e.shown);
+  for (const auto& e : events_) {
+    if (!e.typed) {
+      events.push_back(e.shown);
+      continue;
+    }
+    json shown = trimmed(events::to_json(*e.typed));
+    shown["unix_ms"] = e.unix_ms;
+    events.push_back(std::move(shown));
+  }
   doc["events"] = std::move(events);
   return doc;
 }

@@ -6,10 +6,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
+
+#include "monitoring/events/events.hpp"
 
 namespace troupe::monitoring {
 
@@ -56,7 +61,11 @@ class status_board {
   /// as a torn line would be. A kind this build does not know (a newer troupe's) changes no
   /// field but is listed among the last events as it came.
   void observe(const nlohmann::json& event);
-  /// The ranks of `generation` as the coordinator's tick sees them (replaces the table).
+  /// One event as the job emits it: the same fold as observe(to_json(event)), without the trip
+  /// through JSON (it is written out only if it is still among the last events when asked for).
+  void observe(const events::job_event& event);
+  /// The ranks of `generation` as the coordinator's tick sees them (replaces the table), in
+  /// rank order (the tick sorts them; the table is kept ordered by rank).
   void set_ranks(uint64_t generation, std::vector<status_rank> ranks);
   /// A rank's vote for a step: its own seconds of work (compute + communication) and compute.
   void note_rank_step(uint64_t generation, int rank, double work_s, double compute_s);
@@ -73,20 +82,36 @@ class status_board {
     uint64_t generation = 0;
     double work_s = 0, compute_s = 0;
   };
-  // An event of the last-events list: as it came (trimmed), and whether it is a step.
+  // An event of the last-events list: as it came (trimmed), or typed (written out, trimmed,
+  // when a snapshot shows it), with the unix_ms it came at; and whether it is a step.
   struct kept_event {
     nlohmann::json shown;
+    std::optional<events::job_event> typed;
+    int64_t unix_ms = 0;
     bool step = false;
   };
+  // The rank table, ordered by rank (rows of one rank in the order they came), with where
+  // each member's rows are: a rank_joined or rank_lost costs a logarithm, not a pass over
+  // every row (and a sort of them all), which a job of ten thousand ranks forming cannot pay.
+  struct rank_row {
+    int member = -1;
+    nlohmann::json shown;
+  };
+  using rank_rows = std::multimap<int, rank_row>;
   // Folds one typed event into the document (status_board.cpp): one call per kind.
   struct fold;
-  void remember(const nlohmann::json& e, bool step);
+  void fold_in(const events::job_event& typed);
+  void remember(kept_event kept);
+  void clear_rows();
+  void add_row(int rank, int member, nlohmann::json row);
+  void erase_rows_of_rank(int rank);
 
   mutable std::mutex mutex_;
   std::size_t max_events_;
   nlohmann::json doc_;             // every scalar field, updated in place
   std::deque<kept_event> events_;  // the last max_events_
-  nlohmann::json ranks_ = nlohmann::json::array();
+  rank_rows ranks_;
+  std::unordered_multimap<int, rank_rows::iterator> rows_of_member_;
   std::vector<rank_step> rank_steps_;  // by rank
   int64_t updated_ms_ = 0;
 };

@@ -260,7 +260,7 @@ std::vector<setting> build_table() {
   // ---- training
   add(make_field("world", &tc::world),
       {"--world", "N", g_train, may_change,
-       "worker ranks (default 2); the global batch stays the same for any world", 1, 256});
+       "worker ranks (default 2); the global batch stays the same for any world", 1, 1 << 17});
   add(make_field("steps", &tc::steps),
       {"--steps", "N", g_train, may_change,
        "training steps: the learning-rate schedule's length (default 400); raised on "
@@ -449,7 +449,7 @@ std::vector<setting> build_table() {
        "the world grows back up to this when workers join; 0 = --world (default 0)"});
   add(make_field("elastic.spares", &tc::elastic, &elastic_config::spares),
       {"--spares", "K", g_elastic, may_change,
-       "started, idle workers that take a lost rank's place (default 0)", 0, 256});
+       "started, idle workers that take a lost rank's place (default 0)", 0, 1 << 17});
   add(make_field("elastic.max_restarts", &tc::elastic, &elastic_config::max_restarts),
       {"--max-restarts", "N", g_elastic, may_change,
        "each agent restarts a dead worker up to N times and it rejoins in its old place "

@@ -14,7 +14,7 @@ namespace {
 
 // Worlds above this are refused with a reason rather than enumerated: the cost model walks
 // every group, and the config itself stops at 256 ranks.
-constexpr int max_world = 4096;
+constexpr int max_world = 1 << 17;  // as --world (runtime/settings.cpp)
 
 std::string str(int v) { return std::to_string(v); }
 
@@ -476,9 +476,15 @@ std::string to_json(const layout_plan& p) {
   for (size_t i = 0; i < p.stages.size(); ++i)
     stages += (i ? "," : "") + std::string("[") + str(p.stages[i].first) + "," +
               str(p.stages[i].last) + "]";
-  std::string counts;
-  for (size_t i = 0; i < p.replica_micro_batches.size(); ++i)
-    counts += (i ? "," : "") + str(p.replica_micro_batches[i]);
+  // Runs of equal counts, [[replicas, count], ...]: the plan goes to every rank, and one entry
+  // per replica would make that quadratic in the world; a plan has at most two distinct counts
+  // unless a rebalance chose them.
+  std::string runs;
+  const auto& counts = p.replica_micro_batches;
+  for (size_t i = 0, end = 0; i < counts.size(); i = end) {
+    while (end < counts.size() && counts[end] == counts[i]) ++end;
+    runs += (i ? ",[" : "[") + str(static_cast<int>(end - i)) + "," + str(counts[i]) + "]";
+  }
   const std::string nums =
       "\"bubble\":" + exact(p.bubble) + ",\"params_per_rank\":" + exact(p.params_per_rank) +
       ",\"memory_bytes\":" + exact(p.memory_bytes) + ",\"step_seconds\":" + exact(p.step_seconds);
@@ -486,7 +492,7 @@ std::string to_json(const layout_plan& p) {
          stages + "],\"micro_batches\":" + str(p.micro_batches) +
          ",\"micro_batch_size\":" + str(p.micro_batch_size) +
          ",\"micro_batches_per_replica\":" + str(p.micro_batches_per_replica) +
-         ",\"replica_micro_batches\":[" + counts + "]," + nums + "}";
+         ",\"replica_micro_batch_runs\":[" + runs + "]," + nums + "}";
 }
 
 namespace {

@@ -142,15 +142,18 @@ std::string check_plan(const layout& l, const model_config& model, const plan_co
 /// std::invalid_argument with check_plan's reason otherwise.
 layout_plan make_plan(const layout& l, const model_config& model, const plan_constraints& c);
 
-/// The plan as a JSON object, for events.jsonl and for the reconfigure message that carries
-/// it to every rank: the layout, spares, stages, micro-batching (replica_micro_batches
-/// included), bubble and estimates. Doubles are written in the shortest form that reads back
-/// to the same value (null when not finite), so plan_from_json(to_json(p)) == p.
+/// The plan as a JSON object, for the reconfigure message that carries it to every rank: the
+/// layout, spares, stages, micro-batching, bubble and estimates. Each replica's micro-batch
+/// count is written as runs of equal counts ("replica_micro_batch_runs": [[replicas, count],
+/// ...]), so an even plan's text does not grow with dp. Doubles are written in the shortest
+/// form that reads back to the same value (null when not finite), so
+/// plan_from_json(to_json(p)) == p.
 std::string to_json(const layout_plan& p);
 
 /// The plan as events.jsonl shows it (job_start's "layout", each generation's "plan"): the
-/// object to_json writes, as a JSON value that dumps to the same numbers, with the layout's
-/// name ("describe") and the ZeRO stage ("zero") added.
+/// object to_json writes, as a JSON value that dumps to the same numbers, with the counts
+/// listed one per replica ("replica_micro_batches", as readers of the events expect) instead
+/// of as runs, and the layout's name ("describe") and the ZeRO stage ("zero") added.
 nlohmann::json plan_doc(const layout_plan& p, int zero);
 
 /// Whether the result holds a plan, and accessors that read better than std::get.

@@ -181,14 +181,35 @@ layout_plan plan_from_json(const std::string& text) {
     p.stages.push_back(r);
     next = r.last;
   }
-  if (!doc.contains("replica_micro_batches") || !doc["replica_micro_batches"].is_array() ||
-      doc["replica_micro_batches"].size() != static_cast<size_t>(p.shape.dp))
-    throw bad("'replica_micro_batches' must list dp (" + std::to_string(p.shape.dp) + ") counts");
-  int64_t sum = 0;
-  for (const auto& x : doc["replica_micro_batches"]) {
-    p.replica_micro_batches.push_back(integer(x, "replica_micro_batches entry", 1, most));
-    sum += p.replica_micro_batches.back();
+  // Each replica's count, as runs [[replicas, count], ...] (to_json) or, from an older
+  // writer, one entry per replica.
+  const bool as_runs = doc.contains("replica_micro_batch_runs");
+  if (as_runs == doc.contains("replica_micro_batches"))
+    throw bad("exactly one of 'replica_micro_batch_runs' and 'replica_micro_batches' is needed");
+  if (as_runs) {
+    const json& runs = doc["replica_micro_batch_runs"];
+    if (!runs.is_array()) throw bad("'replica_micro_batch_runs' is not a list");
+    int64_t replicas = 0;
+    for (const auto& run : runs) {
+      if (!run.is_array() || run.size() != 2) throw bad("a run must be [replicas, count]");
+      replicas += integer(run[0], "run replicas", 1, most);
+      if (replicas > p.shape.dp) break;
+    }
+    if (replicas != p.shape.dp)
+      throw bad("'replica_micro_batch_runs' must cover dp (" + std::to_string(p.shape.dp) +
+                ") replicas");
+    for (const auto& run : runs)
+      p.replica_micro_batches.insert(p.replica_micro_batches.end(), run[0].get<size_t>(),
+                                     integer(run[1], "run count", 1, most));
+  } else {
+    const json& counts = doc["replica_micro_batches"];
+    if (!counts.is_array() || counts.size() != static_cast<size_t>(p.shape.dp))
+      throw bad("'replica_micro_batches' must list dp (" + std::to_string(p.shape.dp) + ") counts");
+    for (const auto& x : counts)
+      p.replica_micro_batches.push_back(integer(x, "replica_micro_batches entry", 1, most));
   }
+  int64_t sum = 0;
+  for (int x : p.replica_micro_batches) sum += x;
   if (sum != p.micro_batches)
     throw bad("replica_micro_batches sum to " + std::to_string(sum) + ", not micro_batches " +
               std::to_string(p.micro_batches));

@@ -34,8 +34,10 @@ plan_result replan_layout(const layout_plan& previous, int live, const model_con
 std::vector<int> balance_micro_batches(int M, const std::vector<double>& replica_speed,
                                        int min_each);
 
-/// Reads what to_json(layout_plan) wrote. Throws std::invalid_argument naming the field on
-/// malformed input (sizes below 1, counts that do not sum to M or do not match dp, ...).
+/// Reads what to_json(layout_plan) wrote, or what it wrote before protocol 18 (the counts
+/// listed per replica as "replica_micro_batches"). Throws std::invalid_argument naming the
+/// field on malformed input (sizes below 1, counts that do not sum to M or do not match dp,
+/// ...).
 layout_plan plan_from_json(const std::string& text);
 
 }  // namespace troupe::strategies

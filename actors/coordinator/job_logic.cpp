@@ -64,7 +64,7 @@ actions job_logic::on_agent_joined(const agent_hello& h, launch_plan& answer) {
   members_.readmit_agent(h, ended_, answer, out);
   if (!answer.error.empty() || !takeover_ || takeover_done_) return out;
   ++takeover_agents_;
-  for (int32_t m : h.members) takeover_members_.try_emplace(m, false);
+  for (int32_t m : h.members) takeover_roll_.wait_for(m);
   maybe_finish_takeover(latest_, false, out);
   return out;
 }
@@ -81,7 +81,7 @@ actions job_logic::take_over(const takeover& t, logic_time now) {
 }
 
 void job_logic::note_rejoin(const hello& h) {
-  takeover_members_[h.member] = true;
+  takeover_roll_.back(h.member);
   takeover_newest_generation_ =
       std::max({takeover_newest_generation_, h.newest_generation, h.held_generation});
   if (h.held_generation > 0 && !h.held_plan_json.empty() &&
@@ -93,24 +93,20 @@ void job_logic::note_rejoin(const hello& h) {
       // generation has no plan here), and a peer or the checkpoint provides it.
     }
   }
-}
-
-bool job_logic::every_rank_back() const {
-  if (takeover_plans_.empty()) return false;
-  const auto& [newest, plan] = *takeover_plans_.rbegin();
-  std::vector<bool> held(static_cast<size_t>(plan.shape.world()), false);
-  for (const auto& m : members_.members())
-    if (m.live && m.held_generation == newest && m.held_rank >= 0 &&
-        m.held_rank < static_cast<int32_t>(held.size()))
-      held[static_cast<size_t>(m.held_rank)] = true;
-  return std::all_of(held.begin(), held.end(), [](bool b) { return b; });
+  // The takeover may start once a member of every rank of the newest generation with a plan
+  // is back (the agents, which only matter for restarts, need not be).
+  if (!takeover_plans_.empty() && takeover_plans_.rbegin()->first != takeover_roll_.generation()) {
+    const auto& [newest, plan] = *takeover_plans_.rbegin();
+    takeover_roll_.hold_against(newest, plan.shape.world(), members_.members());
+  } else if (const member_info* m = members_.find(h.member)) {
+    takeover_roll_.holder(*m, 1);
+  }
 }
 
 void job_logic::maybe_finish_takeover(logic_time now, bool force, actions& out) {
   if (!takeover_ || takeover_done_ || ended_) return;
-  bool everyone = takeover_agents_ >= params_.nodes;
-  for (const auto& [member, back] : takeover_members_) everyone = everyone && back;
-  if (!everyone && !force && !every_rank_back()) return;
+  const bool everyone = takeover_agents_ >= params_.nodes && takeover_roll_.everyone_back();
+  if (!everyone && !force && !takeover_roll_.every_rank_held()) return;
   takeover_done_ = true;
   const int min_ranks = std::max(1, params_.bounds.min_ranks);
   if (members_.live_count() < min_ranks) {
@@ -141,11 +137,7 @@ actions job_logic::on_member_joined(const hello& h, logic_time now, welcome& ans
   if (h.rejoin && takeover_ && !takeover_done_) {
     latest_ = std::max(latest_, now);
     // What it holds answers the takeover's abort too; its plan is kept for planning.
-    if (member_info* m = members_.find(h.member)) {
-      m->held_generation = h.held_generation;
-      m->held_rank = h.held_rank;
-      m->held_step = h.held_step;
-    }
+    members_.set_held(h.member, h.held_generation, h.held_rank, h.held_step);
     note_rejoin(h);
     maybe_finish_takeover(now, false, out);
     return out;
@@ -176,12 +168,13 @@ actions job_logic::on_member_rejoined(int32_t member, logic_time now) {
 }
 
 int job_logic::first_members_pending() const {
-  int pending = 0;
-  for (int32_t m = 0; m < members_.expected(); ++m) {
+  // Counted, not scanned: this runs on every join while some first member is known gone.
+  int gone = 0;
+  for (const auto& [m, why] : never_joined_) {
     const member_info* info = members_.find(m);
-    if (!(info && info->live) && !never_joined_.contains(m)) ++pending;
+    if (m >= 0 && m < members_.expected() && !(info && info->live)) ++gone;
   }
-  return pending;
+  return members_.expected() - members_.live_first_members() - gone;
 }
 
 std::string job_logic::missing_members(bool gone_only) const {

@@ -39,6 +39,7 @@
 #include "actors/coordinator/job/step_commit.hpp"
 #include "actors/coordinator/job/stopping.hpp"
 #include "actors/coordinator/job/straggler_response.hpp"
+#include "actors/coordinator/job/takeover_roll.hpp"
 #include "actors/coordinator/restore_plan.hpp"
 #include "actors/wire/messages.hpp"
 #include "chaos/fault_spec.hpp"
@@ -83,6 +84,9 @@ class job_logic {
                                   const std::string& error, logic_time now = {});
   actions on_eval_done(const eval_done& e, logic_time now);
   actions on_member_lost(int32_t member, loss_cause cause, const std::string& why, logic_time now);
+  /// The regroup window of the losses before (schedule_regroup) is over: one new generation for
+  /// all of them, unless one began meanwhile.
+  actions on_regroup(logic_time now);
   /// A worker process ended, as its agent saw it: logged, and its member is lost when it was
   /// the member's current process (not an earlier one that was restarted). A first member
   /// whose process dies before it joined is waited for when its agent restarts it; otherwise
@@ -131,6 +135,8 @@ class job_logic {
   int world() const { return generations_.world(); }
   const strategies::layout_plan& plan() const { return generations_.plan(); }
   const std::vector<member_info>& members() const { return members_.members(); }
+  /// The member with id `id`, nullptr if none joined.
+  const member_info* member(int32_t id) const { return members_.find(id); }
   /// The member holding `rank` in the current generation, -1 if none.
   int32_t member_of_rank(int32_t rank) const { return members_.member_of_rank(rank); }
   /// Seconds since each placed rank's last heartbeat (index = rank).
@@ -164,7 +170,10 @@ class job_logic {
   std::string words(const halt& h) const;
 
   // Recovery (job_logic_recovery.cpp): generations opened, planned and formed.
-  void begin_generation(const std::string& reason, logic_time now, actions& out);
+  /// `counted`: whether it counts toward max_failed_recoveries (a recovery interrupted by more
+  /// losses did not fail: the members it waited for are gone).
+  void begin_generation(const std::string& reason, logic_time now, actions& out,
+                        bool counted = true);
   // Whether the next plan needs no state reports: what each member holds is known.
   bool can_plan_without_reports() const;
   // Plans the generation now and puts each member's reconfigure into its abort (the aborts
@@ -199,9 +208,6 @@ class job_logic {
   // member the agents run is back (or `force`, at the deadline).
   void note_rejoin(const hello& h);
   void maybe_finish_takeover(logic_time now, bool force, actions& out);
-  // Whether a member of every rank of the newest generation the rejoined members held is back
-  // (the agents, which only matter for restarts, need not be).
-  bool every_rank_back() const;
   // The first members neither joined nor known gone, and the words naming the missing ones
   // (or only those known gone).
   int first_members_pending() const;
@@ -222,8 +228,12 @@ class job_logic {
   goodput_ledger ledger_;
   job_state state_ = job_state::forming;
   bool ended_ = false;
-  logic_time deadline_{};  // forming, recovery, or the step watchdog
-  logic_time latest_{};    // the newest time an event carried
+  // Losses waiting for their regroup (schedule_regroup): the first one's words and how many.
+  std::string regroup_reason_;
+  int regroup_losses_ = 0;
+  logic_time regroup_first_{}, regroup_last_{};  // the first and the newest of those losses
+  logic_time deadline_{};                        // forming, recovery, or the step watchdog
+  logic_time latest_{};                          // the newest time an event carried
   std::optional<logic_time> last_tick_;
   std::chrono::milliseconds stall_{0};  // the newest stall of the coordinator, until taken
   // First members whose process ended before they joined and that no agent restarts, with
@@ -237,7 +247,7 @@ class job_logic {
   // intact one (0: none).
   uint64_t fallback_generation_ = 0;
   bool takeover_done_ = false;
-  std::map<int32_t, bool> takeover_members_;  // member -> rejoined
+  takeover_roll takeover_roll_;
   int takeover_agents_ = 0;
   uint64_t takeover_newest_generation_ = 0;
   std::map<uint64_t, strategies::layout_plan> takeover_plans_;

@@ -18,7 +18,8 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
                                             : "spare member " + std::to_string(member)) +
                            " lost (" + to_string(cause) + "): " + why;
   if (state_ == job_state::forming && takeover_) {  // the takeover goes on without it
-    takeover_members_.erase(member);
+    takeover_roll_.forget(member);
+    takeover_roll_.holder(*members_.find(member), -1);
     maybe_finish_takeover(now, false, out);
     return out;
   }
@@ -40,7 +41,43 @@ actions job_logic::on_member_lost(int32_t member, loss_cause cause, const std::s
     return out;  // an idle spare: nothing to redo
   generations_.note_cause(to_string(cause));
   replacements_.member_lost(lost->node, cause, now);
-  begin_generation(what, now, out);
+  if (params_.regroup_window.count() < 0) {
+    begin_generation(what, now, out);
+    return out;
+  }
+  // Nothing commits meanwhile (the lost rank votes no more), so waiting costs only the window;
+  // a generation per loss would cost each an abort round, and a burst exhausts
+  // max_failed_recoveries without a step.
+  regroup_last_ = now;
+  if (regroup_losses_++ == 0) {
+    regroup_reason_ = what;
+    regroup_first_ = now;
+    out.push_back(schedule_regroup{params_.regroup_window});
+  }
+  return out;
+}
+
+actions job_logic::on_regroup(logic_time now) {
+  actions out;
+  if (regroup_losses_ == 0 || ended_) return out;
+  latest_ = std::max(latest_, now);
+  // Losses still arriving (the connections of many nodes close over tens of milliseconds): wait
+  // until they have been quiet for a window, at most ten windows in all.
+  const auto window = params_.regroup_window;
+  const auto quiet = std::chrono::duration_cast<std::chrono::milliseconds>(now - regroup_last_);
+  if (quiet < window && now - regroup_first_ < 10 * window) {
+    out.push_back(schedule_regroup{window - quiet});
+    return out;
+  }
+  const int more = regroup_losses_ - 1;
+  std::string reason = std::move(regroup_reason_);
+  if (more > 0)
+    reason += " (and " + std::to_string(more) + " more member" + (more == 1 ? "" : "s") +
+              " lost with it)";
+  // Losses that interrupt a recovery make it start over without counting as a failed one: the
+  // world only shrinks (bounded by --min-ranks), so this cannot go on forever; a loss storm
+  // spread over seconds would otherwise end the job after max_failed_recoveries windows.
+  begin_generation(reason, now, out, state_ != job_state::recovering);  // clears the losses
   return out;
 }
 
@@ -48,7 +85,7 @@ actions job_logic::on_worker_exited(const worker_exited& w, logic_time now) {
   actions out{emit_event{events::worker_exited{
       .member = w.member, .pid = w.pid, .exit_code = w.exit_code, .signal = w.signal}}};
   if (state_ == job_state::forming && takeover_ && !members_.find(w.member)) {
-    takeover_members_.erase(w.member);  // it will not rejoin
+    takeover_roll_.forget(w.member);  // it will not rejoin
     maybe_finish_takeover(now, false, out);
     return out;
   }
@@ -181,15 +218,19 @@ void job_logic::blame_failed_step(logic_time now, actions& out) {
   if (state_ == job_state::training) begin_generation(why, now, out);
 }
 
-void job_logic::begin_generation(const std::string& reason, logic_time now, actions& out) {
+void job_logic::begin_generation(const std::string& reason, logic_time now, actions& out,
+                                 bool counted) {
   if (ended_) return;
+  // This generation plans without every member lost so far: a regroup pending is served.
+  regroup_losses_ = 0;
+  regroup_reason_.clear();
   // A member was lost or a vote failed while the job was stopping: stop now, or roll back
   // now, without waiting any longer for checkpoints in flight.
   if (stopping_.halting() && take_halt(out)) return;
   // Taken before the state changes: whether every member holds what the planner would ask.
   const bool was_training = state_ == job_state::training;
   if (state_ != job_state::recovering) generations_.begin_recovery(reason, now);
-  if (generations_.too_many_recoveries(params_.max_failed_recoveries)) {
+  if (counted && generations_.too_many_recoveries(params_.max_failed_recoveries)) {
     finish(1,
            "gave up after " + std::to_string(params_.max_failed_recoveries) +
                " recoveries without a committed step; last: " + reason,

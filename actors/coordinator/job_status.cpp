@@ -28,6 +28,16 @@ void publish_status(monitoring::status_board& board, const job_logic& logic, log
   board.set_ranks(logic.generation(), std::move(rows));
 }
 
+bool status_publisher::tick(monitoring::status_board& board, const job_logic& logic, logic_time now,
+                            int64_t epoch) {
+  const shown current{logic.generation(), logic.state(), epoch};
+  if (last_ && now - *last_ < period_ && current == shown_) return false;
+  publish_status(board, logic, now, epoch);
+  last_ = now;
+  shown_ = current;
+  return true;
+}
+
 void note_vote(monitoring::status_board& board, const step_done& vote) {
   if (!vote.ok) return;
   board.note_rank_step(vote.generation, vote.rank, vote.compute_s + vote.comm_s, vote.compute_s);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <unordered_map>
 
 #include "actors/coordinator/checkpoint_committer.hpp"
 #include "actors/coordinator/expert_group.hpp"
@@ -48,7 +49,9 @@ struct supervisor_state {
   job_setup setup;
   std::optional<job_logic> logic;
   std::optional<job_metrics> metrics;
-  std::map<int32_t, member_handles> members;
+  std::map<int32_t, member_handles> members;  // changed only by set_handles, drop_handles
+  // Which member each handle of `members` belongs to: a down_msg names only its source.
+  std::unordered_map<caf::actor_addr, int32_t> member_by_addr;
   std::vector<caf::actor> agents;  // by node
   chaos::fault_schedule faults;    // setup.faults, each fired once as its step begins
   bool result_sent = false;
@@ -83,6 +86,8 @@ struct supervisor_state {
   // does. A held failed end is also carried out at the give-up, when members still follow.
   actions held;
   bool confirmed_end = false;
+  status_publisher status_tick;  // the tick's rank table for GET /status, at most once a second
+  std::optional<logic_time> last_beats;  // when this coordinator last beat (send_beats)
   static inline const char* name = "job_supervisor";
 };
 
@@ -396,6 +401,8 @@ void run(self_ptr self, actions todo) {
               st.committer->fall_back(x.step, x.error);
             else
               followups.push_back(nothing_intact(x));
+          } else if constexpr (std::is_same_v<T, schedule_regroup>) {
+            self->delayed_send(self, x.after, regroup_atom::value);
           } else if constexpr (std::is_same_v<T, record_skipped>) {
             try {
               save_skipped_batches(st.setup.cfg.run_dir, x.steps);
@@ -471,14 +478,31 @@ void update_gauges(self_ptr self) {
       node_of_rank[static_cast<size_t>(m.rank)] = m.node;
   st.metrics->set_rank_gauges(st.logic->heartbeat_ages(now(self)), st.logic->straggler_scores(),
                               node_of_rank, st.setup.cfg.metrics_rank_labels);
-  if (st.setup.status) publish_status(*st.setup.status, *st.logic, now(self), st.setup.epoch);
+  if (st.setup.status) st.status_tick.tick(*st.setup.status, *st.logic, now(self), st.setup.epoch);
+}
+
+// A handle of an earlier process of the member stops naming it: its down is not this one's.
+void drop_handles(supervisor_state& st, int32_t member) {
+  const auto it = st.members.find(member);
+  if (it == st.members.end()) return;
+  for (const auto* a : {&it->second.rank, &it->second.control})
+    if (*a)
+      if (auto x = st.member_by_addr.find(a->address());
+          x != st.member_by_addr.end() && x->second == member)
+        st.member_by_addr.erase(x);
+  st.members.erase(it);
+}
+
+void set_handles(supervisor_state& st, int32_t member, member_handles handles) {
+  drop_handles(st, member);
+  for (const auto* a : {&handles.rank, &handles.control})
+    if (*a) st.member_by_addr[a->address()] = member;
+  st.members[member] = std::move(handles);
 }
 
 int32_t member_of(self_ptr self, const caf::actor_addr& addr) {
-  for (const auto& [id, h] : self->state.members)
-    if ((h.rank && h.rank.address() == addr) || (h.control && h.control.address() == addr))
-      return id;
-  return -1;
+  const auto it = self->state.member_by_addr.find(addr);
+  return it == self->state.member_by_addr.end() ? -1 : it->second;
 }
 
 caf::behavior leading(self_ptr self);
@@ -686,9 +710,17 @@ void on_down(self_ptr self, const caf::down_msg& dm) {
   }
 }
 
-// The members and agents watch for the coordinator's heartbeat as it watches theirs.
+// The members and agents watch for the coordinator's heartbeat as it watches theirs: one per
+// heartbeat interval, as members beat (welcome::heartbeat_interval_ms), on the first tick that
+// far from the last. Beating on every tick instead sent 100,000 messages a second to 10,000
+// members. The longest gap, an interval and a tick (500 ms by default), is a quarter of the
+// shortest silence a member or agent acts on (a heartbeat timeout, with standbys; without,
+// a member waits twice that and an agent the coordinator timeout).
 void send_beats(self_ptr self) {
   auto& s = self->state;
+  const auto interval = heartbeat_interval(liveness_of(s.setup.cfg.elastic).heartbeat);
+  if (s.last_beats && now(self) - *s.last_beats < interval) return;
+  s.last_beats = now(self);
   heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
   beat.epoch = s.setup.epoch;
   for (const auto& m : s.logic->members())
@@ -813,9 +845,8 @@ caf::behavior leading_behavior(self_ptr self) {
           // A member of ours that took this coordinator for lost (it was silent past the
           // member's timeout) and found no other leader: it comes back with its state, and
           // the generation it dropped is formed again.
-          for (const auto& m : s.logic->members()) {
-            if (m.id != h.member || !m.live || m.pid != h.pid) continue;
-            s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
+          if (const member_info* m = s.logic->member(h.member); m && m->live && m->pid == h.pid) {
+            set_handles(s, h.member, member_handles{sender, h.control ? h.control : sender});
             self->monitor(sender);
             w.generation = s.logic->generation();
             fill_welcome(self, w);
@@ -833,13 +864,13 @@ caf::behavior leading_behavior(self_ptr self) {
         auto previous = s.members.find(h.member);
         std::optional<member_handles> old;
         if (previous != s.members.end()) old = previous->second;
-        s.members[h.member] = member_handles{sender, h.control ? h.control : sender};
+        set_handles(s, h.member, member_handles{sender, h.control ? h.control : sender});
         auto todo = s.logic->on_member_joined(h, now(self), w);
         if (!w.error.empty()) {
           if (old)
-            s.members[h.member] = *old;
+            set_handles(s, h.member, *old);
           else
-            s.members.erase(h.member);
+            drop_handles(s, h.member);
           return w;
         }
         self->monitor(sender);
@@ -854,6 +885,7 @@ caf::behavior leading_behavior(self_ptr self) {
         run(self, self->state.logic->on_vote(d, now(self)));
       },
       [=](const state_report& r) { run(self, self->state.logic->on_state_report(r, now(self))); },
+      [=](regroup_atom) { run(self, self->state.logic->on_regroup(now(self))); },
       [=](const reconfigured& r) { run(self, self->state.logic->on_reconfigured(r, now(self))); },
       [=](const heartbeat& h) {
         auto& seen = self->state.stage_rejections[h.member];
@@ -866,7 +898,13 @@ caf::behavior leading_behavior(self_ptr self) {
         for (auto& a : todo)
           if (auto* abort = std::get_if<send_abort>(&a)) {  // an evicted member: answer it directly
             abort->msg.epoch = self->state.setup.epoch;
-            self->send(caf::actor_cast<caf::actor>(self->current_sender()), abort->msg);
+            // Workers beat without a sender (anon_send from their heartbeat thread): the
+            // answer goes to the member's control actor then.
+            auto to = caf::actor_cast<caf::actor>(self->current_sender());
+            if (auto it = self->state.members.find(h.member);
+                !to && it != self->state.members.end())
+              to = it->second.control;
+            if (to) self->send(to, abort->msg);
           }
         std::erase_if(todo, [](const action& a) { return std::holds_alternative<send_abort>(a); });
         run(self, std::move(todo));

@@ -49,10 +49,15 @@ struct restore_plan {
 /// takes another and receives the state from a rank that has it (peer); when some rank's state
 /// is held by no live member at `committed`, every rank restores the checkpoint at
 /// `checkpoint_step` (or starts from the seed when there is none) and the job replays from
-/// there. `plans` holds the plan of every generation a member may hold state from. Pure.
+/// there. `plans` holds the plan of every generation a member may hold state from. Member ids
+/// in `live` are distinct. Pure; O(N log N) in ranks and members.
 restore_plan plan_restore(const std::vector<member_info>& live,
                           const std::map<uint64_t, strategies::layout_plan>& plans,
                           const strategies::layout_plan& next, int zero, int64_t committed,
                           int64_t checkpoint_step);
+
+/// Index = rank: the ranks that receive their state from it as a peer, ascending
+/// (reconfigure::send_to). One pass over the plan.
+std::vector<std::vector<int32_t>> peer_receivers(const restore_plan& plan);
 
 }  // namespace troupe::actors

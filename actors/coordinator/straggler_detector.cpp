@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 
 namespace troupe::actors {
 namespace {
@@ -18,6 +19,101 @@ double median_of(std::vector<double> v) {
   const double lower = *std::max_element(v.begin(), v.begin() + mid);
   return lower + (upper - lower) / 2;  // (lower + upper) / 2 overflows near DBL_MAX
 }
+
+// The median of m values from their order statistics (kth(0) the smallest), with median_of's
+// rule for an even count, so that both give the same bits.
+template <class KthSmallest>
+double median_by_rank(size_t m, KthSmallest kth) {
+  if (m == 0) return nan;
+  const double upper = kth(m / 2);
+  if (m % 2 == 1) return upper;
+  const double lower = kth(m / 2 - 1);
+  return lower + (upper - lower) / 2;
+}
+
+// The first index in [lo, hi) where `reached` holds (hi if none); it must hold from there on.
+template <class Reached>
+size_t first_where(size_t lo, size_t hi, Reached reached) {
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (reached(mid))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+// Every judged rank's window in one sorted pool, so that the median of the pool without one
+// rank's share costs O(log^2 window) instead of a fresh O(ranks x window) selection. The k-th
+// smallest of the rest is the smallest pooled value v with at least k + 1 of the rest <= v;
+// that count is the pool's (kept per place) less the share's, and leaving out `window` values
+// moves an order statistic by at most `window` places.
+class pooled_windows {
+ public:
+  explicit pooled_windows(std::vector<double> values)
+      : sorted_(std::move(values)), at_most_(sorted_.size()) {
+    std::sort(sorted_.begin(), sorted_.end());
+    for (size_t i = sorted_.size(); i-- > 0;)
+      at_most_[i] =
+          i + 1 < sorted_.size() && sorted_[i + 1] == sorted_[i] ? at_most_[i + 1] : i + 1;
+  }
+
+  /// The median of the pool less `share` (sorted; its values are in the pool).
+  double median_without(std::span<const double> share) const {
+    return median_by_rank(sorted_.size() - share.size(), [&](size_t k) {
+      const auto rest_at_most = [&](size_t i) {
+        const auto own = std::upper_bound(share.begin(), share.end(), sorted_[i]) - share.begin();
+        return at_most_[i] - static_cast<size_t>(own);
+      };
+      // Values before place k that qualify equal the value at k, since their ties reach it.
+      return sorted_[first_where(k, k + share.size() + 1,
+                                 [&](size_t i) { return rest_at_most(i) >= k + 1; })];
+    });
+  }
+
+ private:
+  std::vector<double> sorted_;
+  std::vector<size_t> at_most_;  ///< per place, how many pooled values are <= the one there
+};
+
+// Every judged rank's typical step, sorted once. Rounding is monotone, so |s - center| over
+// the sorted values falls until the center and rises after it: how many lie within d of any
+// center takes two binary searches, and the k-th smallest distance is the smallest one, on
+// either side, with at least k + 1 distances <= it.
+class pooled_typicals {
+ public:
+  explicit pooled_typicals(std::vector<double> values) : sorted_(std::move(values)) {
+    std::sort(sorted_.begin(), sorted_.end());
+  }
+
+  /// The median of |s - center| over the values less one copy of `own` (one of them).
+  double median_distance_without(double own, double center) const {
+    const size_t n = sorted_.size();
+    const auto split = static_cast<size_t>(
+        std::lower_bound(sorted_.begin(), sorted_.end(), center) - sorted_.begin());
+    const auto distance = [&](size_t i) { return std::abs(sorted_[i] - center); };
+    const double own_distance = std::abs(own - center);
+    const auto within = [&](double d) {
+      const size_t below =
+          split - first_where(0, split, [&](size_t i) { return distance(i) <= d; });
+      const size_t above = first_where(split, n, [&](size_t i) { return distance(i) > d; }) - split;
+      return below + above - (own_distance <= d ? 1 : 0);
+    };
+    return median_by_rank(n - 1, [&](size_t k) {
+      const auto enough = [&](size_t i) { return within(distance(i)) >= k + 1; };
+      const size_t up = first_where(split, n, enough);
+      const size_t down = first_where(0, split, [&](size_t j) { return enough(split - 1 - j); });
+      double kth = std::numeric_limits<double>::infinity();
+      if (up < n) kth = distance(up);
+      if (down < split) kth = std::min(kth, distance(split - 1 - down));
+      return kth;
+    });
+  }
+
+ private:
+  std::vector<double> sorted_;
+};
 
 // How many times slower than `base` the window's steps are: the geometric mean of their ratios
 // to `base`, without the slowest step and with each ratio capped at `cap` either way. A mean
@@ -78,26 +174,32 @@ std::vector<straggler_verdict> straggler_detector::observe(const std::vector<dou
   // A rank is compared with the others only, never with itself: in a world of 2 the median
   // of all would sit halfway to the straggler. The others' steps are pooled, so one noisy
   // step or one noisy rank barely moves the baseline.
+  std::vector<double> steps, typicals, shares;
+  steps.reserve(judged.size() * window);
+  shares.reserve(judged.size() * window);
+  typicals.reserve(judged.size());
+  for (size_t r : judged) {
+    steps.insert(steps.end(), windows_[r].begin(), windows_[r].end());
+    shares.insert(shares.end(), windows_[r].begin(), windows_[r].end());
+    std::sort(shares.end() - static_cast<std::ptrdiff_t>(window), shares.end());
+    typicals.push_back(smoothed_[r]);
+  }
+  const pooled_windows others_steps(std::move(steps));
+  const pooled_typicals others_typicals(std::move(typicals));
   const double cap = 2 * std::log(opts_.factor);
   std::vector<straggler_verdict> out;
-  std::vector<double> pool, spread;
-  for (size_t r : judged) {
-    pool.clear();
-    spread.clear();
-    for (size_t q : judged) {
-      if (q == r) continue;
-      pool.insert(pool.end(), windows_[q].begin(), windows_[q].end());
-    }
-    const double base = median_of(pool);
+  for (size_t j = 0; j < judged.size(); ++j) {
+    const size_t r = judged[j];
+    const double base =
+        others_steps.median_without(std::span<const double>(shares).subspan(j * window, window));
     if (!(base > 0)) {  // alone, or the others take no time: nothing to compare with
       scores_[r] = 1.0;
       above_[r] = 0;
       flagged_[r] = false;
       continue;
     }
-    for (size_t q : judged)
-      if (q != r) spread.push_back(std::abs(smoothed_[q] - base));
-    const double mad = std::max(median_of(spread), 0.02 * base);
+    const double mad =
+        std::max(others_typicals.median_distance_without(smoothed_[r], base), 0.02 * base);
     // What is shown is the plain ratio of medians; what decides is the steadier slowness,
     // whose cap would understate a badly slowed rank.
     scores_[r] = smoothed_[r] / base;

@@ -33,8 +33,9 @@ using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
 using result_atom = caf::atom_constant<caf::atom("result")>;  // the launcher awaits the job's end
 using launch_atom = caf::atom_constant<caf::atom("launch")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
-using settle_atom = caf::atom_constant<caf::atom("settle")>;  // a failure waits for its cause
-using watch_atom = caf::atom_constant<caf::atom("watch")>;    // a stage actor monitors a neighbour
+using settle_atom = caf::atom_constant<caf::atom("settle")>;    // a failure waits for its cause
+using regroup_atom = caf::atom_constant<caf::atom("regroup")>;  // losses together: one generation
+using watch_atom = caf::atom_constant<caf::atom("watch")>;  // a stage actor monitors a neighbour
 using introduce_atom =
     caf::atom_constant<caf::atom("introduce")>;               // a stage hands the next its actor
 using resume_atom = caf::atom_constant<caf::atom("resume")>;  // SIGCONT a stopped process (chaos)

@@ -4,6 +4,7 @@
 // struct has and how they are written and read.
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -156,6 +157,36 @@ struct restored {
     f("checkpoint_step", e.checkpoint_step);
   }
   friend bool operator==(const restored&, const restored&) = default;
+};
+
+/// The `restored` events of a generation in one, for a job of more ranks than
+/// --metrics-rank-labels ("restored_summary"): how many ranks restored from each source, the
+/// bytes of all of them (and how many of those came from peers' memory), and the spread of a
+/// rank's bytes and seconds.
+struct restored_summary {
+  static constexpr std::string_view name = "restored_summary";
+  uint64_t generation = 0;
+  int64_t step = 0;
+  int32_t ranks = 0;
+  std::map<std::string, int32_t> from;  ///< ranks by to_string(state_source)
+  uint64_t bytes = 0;
+  uint64_t from_memory_bytes = 0;
+  spread<uint64_t> rank_bytes;
+  spread<double> rank_seconds;
+  std::optional<int64_t> checkpoint_step;  ///< only when some rank restored from a checkpoint
+  template <class S, class F>
+  static void fields(S& e, F&& f) {
+    f("generation", e.generation);
+    f("step", e.step);
+    f("ranks", e.ranks);
+    f("from", e.from);
+    f("bytes", e.bytes);
+    f("from_memory_bytes", e.from_memory_bytes);
+    f("rank_bytes", e.rank_bytes);
+    f("rank_seconds", e.rank_seconds);
+    f("checkpoint_step", e.checkpoint_step);
+  }
+  friend bool operator==(const restored_summary&, const restored_summary&) = default;
 };
 
 /// --resume passed over a checkpoint (or LATEST) that did not read back ("checkpoint_fallback").

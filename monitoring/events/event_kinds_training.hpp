@@ -143,9 +143,10 @@ struct generation {
 /// The data plane a generation's ranks connect over ("transport"), logged after its
 /// "generation" event: what comm::choose_transport picks for a group of all its ranks from
 /// the requests (TROUPE_TRANSPORT) and hosts its members reported when they joined. backend is
-/// "shm", "hierarchical" (shm inside nodes, gloo across), "tcp" (gloo), or "invalid" (shm
-/// asked for across hosts: the group will not connect). shrunk: the ranks kept the group of
-/// the generation before instead of connecting anew.
+/// "shm", "hierarchical" (shm inside nodes, gloo across), "tcp" (gloo), "null" (every rank
+/// asked for TROUPE_TRANSPORT=null: control-plane tests, collectives do nothing), or "invalid"
+/// (shm asked for across hosts, or null by only some ranks: the group will not connect). shrunk:
+/// the ranks kept the group of the generation before instead of connecting anew.
 struct transport {
   static constexpr std::string_view name = "transport";
   uint64_t generation = 0;
@@ -292,6 +293,29 @@ struct memory {
     f("zero", e.zero);
   }
   friend bool operator==(const memory&, const memory&) = default;
+};
+
+/// The `memory` events of a generation's first step in one, for a job of more ranks than
+/// --metrics-rank-labels ("memory_summary"): how many ranks reported and the spread of each
+/// figure over them.
+struct memory_summary {
+  static constexpr std::string_view name = "memory_summary";
+  int64_t step = 0;
+  uint64_t generation = 0;
+  int32_t ranks = 0;
+  spread<int64_t> optimizer_state_bytes;
+  spread<int64_t> peak_rss_bytes;
+  int zero = 0;  ///< the ZeRO stage
+  template <class S, class F>
+  static void fields(S& e, F&& f) {
+    f("step", e.step);
+    f("generation", e.generation);
+    f("ranks", e.ranks);
+    f("optimizer_state_bytes", e.optimizer_state_bytes);
+    f("peak_rss_bytes", e.peak_rss_bytes);
+    f("zero", e.zero);
+  }
+  friend bool operator==(const memory_summary&, const memory_summary&) = default;
 };
 
 /// A MoE step's routing, summed over the ranks ("expert_load").

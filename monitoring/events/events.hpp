@@ -42,7 +42,7 @@ using job_event =
                  worker_exited, agent_lost, agent_joined, rank_joined, connect_failed, restored,
                  training_started, straggler, memory, replacement_wait, fault, expert_load,
                  expert_load_rejected, job_start, checkpoint_fallback, resume, leader, goodput,
-                 etcd_state_lost, untyped>;
+                 etcd_state_lost, memory_summary, restored_summary, untyped>;
 
 /// The "event" string of `e` ("" for an untyped object without one).
 [[nodiscard]] std::string kind(const job_event& e);

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <unordered_map>
 #include <utility>
 
 #include "runtime/comm/collective_math.hpp"
@@ -37,15 +38,12 @@ namespace troupe::comm {
 
 node_layout node_layout::of_hosts(const std::vector<std::string>& hosts) {
   node_layout l;
-  std::vector<std::string> seen;
-  for (const auto& h : hosts) {
-    auto it = std::find(seen.begin(), seen.end(), h);
-    if (it == seen.end()) {
-      seen.push_back(h);
-      it = seen.end() - 1;
-    }
-    l.node_of.push_back(static_cast<int>(it - seen.begin()));
-  }
+  // Indexed: the coordinator numbers the nodes of every generation's ranks, thousands of them.
+  std::unordered_map<std::string, int> node_of_host;
+  l.node_of.reserve(hosts.size());
+  for (const auto& h : hosts)
+    l.node_of.push_back(
+        node_of_host.try_emplace(h, static_cast<int>(node_of_host.size())).first->second);
   return l;
 }
 

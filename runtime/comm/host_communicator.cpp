@@ -10,6 +10,8 @@
 #include <fstream>
 #include <optional>
 
+#include "runtime/comm/null_communicator.hpp"
+
 namespace troupe::comm {
 
 std::string this_host_identity() {
@@ -33,15 +35,23 @@ std::string transport_identity() {
 std::string requested_transport() {
   const char* v = std::getenv("TROUPE_TRANSPORT");
   const std::string s = v == nullptr || *v == '\0' ? "auto" : v;
-  if (s != "auto" && s != "tcp" && s != "shm") {
+  if (s != "auto" && s != "tcp" && s != "shm" && s != "null") {
     throw comm_error(comm_errc::invalid,
-                     "TROUPE_TRANSPORT must be auto, tcp or shm, not '" + s + "'");
+                     "TROUPE_TRANSPORT must be auto, tcp, shm or null, not '" + s + "'");
   }
   return s;
 }
 
 transport_kind choose_transport(const std::vector<std::string>& requested,
                                 const std::vector<std::string>& hosts) {
+  const auto nulls = std::count(requested.begin(), requested.end(), "null");
+  if (nulls > 0 && static_cast<size_t>(nulls) == requested.size()) return transport_kind::null;
+  if (nulls > 0) {
+    throw comm_error(comm_errc::invalid,
+                     "TROUPE_TRANSPORT=null for " + std::to_string(nulls) + " of the group's " +
+                         std::to_string(requested.size()) +
+                         " ranks: the null data plane needs it set for every rank");
+  }
   bool want_shm = false;
   for (const auto& r : requested) {
     if (r == "tcp") return transport_kind::tcp;
@@ -69,6 +79,9 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
     throw comm_error(comm_errc::invalid, where + ": invalid identity or options");
   }
   const std::string mine = requested_transport();
+  // Meets no one: the null ranks of a group cannot see whether the others asked for null too
+  // (the coordinator can: its generation event says "invalid" when they did not).
+  if (mine == "null") return make_null_communicator(id);
   const auto start = clock_type::now();
   const auto left = [&] {  // what is left of the one connect deadline
     return std::max(std::chrono::milliseconds(1),
@@ -129,6 +142,8 @@ std::unique_ptr<communicator> make_host_communicator(kv_store& store, const comm
             return "hier " + node_layout::of_hosts(hosts).to_string();
           case transport_kind::tcp:
             break;
+          case transport_kind::null:  // every rank asked for null, this one did not
+            return "error this rank did not ask for the null data plane";
         }
         return "tcp";
       } catch (const comm_error& e) {

@@ -672,7 +672,7 @@ TEST(PlanJson, RoundTripIsExactInEveryField) {
   p.micro_batches_per_replica = 3;
   p.bubble = ts::pipeline_bubble(2, 2);
   const auto j = ts::to_json(p);
-  EXPECT_TRUE(contains(j, R"("replica_micro_batches":[3,2,2])")) << j;
+  EXPECT_TRUE(contains(j, R"("replica_micro_batch_runs":[[1,3],[2,2]])")) << j;
   EXPECT_EQ(ts::plan_from_json(j), p) << j;
   // Equality sees the fields that matter.
   auto q = p;
@@ -687,7 +687,8 @@ TEST(PlanJson, RoundTripIsExactInEveryField) {
 }
 
 // The plan as events show it is to_json's object as a value: the same fields and numbers, the
-// same text when dumped (integral doubles stay "0", not "0.0"), plus its name and ZeRO stage.
+// same text when dumped (integral doubles stay "0", not "0.0"), with the counts listed per
+// replica instead of as runs, plus its name and ZeRO stage.
 TEST(PlanJson, TheEventDocumentIsToJsonsObject) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   auto p = ts::make_plan({2, 2, 2, 1}, dense_small(), batch_of(16, 4));
@@ -705,6 +706,8 @@ TEST(PlanJson, TheEventDocumentIsToJsonsObject) {
   plans.push_back(p);
   for (const auto& plan : plans) {
     nlohmann::json expected = nlohmann::json::parse(ts::to_json(plan));
+    expected.erase("replica_micro_batch_runs");
+    expected["replica_micro_batches"] = plan.replica_micro_batches;
     expected["describe"] = ts::describe(plan.shape);
     expected["zero"] = 1;
     const nlohmann::json doc = ts::plan_doc(plan, 1);
@@ -734,6 +737,9 @@ TEST(PlanJson, MalformedPlansAreRefused) {
     if (at != std::string::npos) j.replace(at, from.size(), to);
     return j;
   };
+  // An older writer's per-replica list is read too.
+  ASSERT_NO_THROW(ts::plan_from_json(
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batches":[2,2])")));
   const std::vector<std::string> bad = {
       "",
       "not json",
@@ -748,10 +754,27 @@ TEST(PlanJson, MalformedPlansAreRefused) {
       with(R"("micro_batches":4)", R"("micro_batches":5)"),  // counts sum to 4
       with(R"("micro_batches":4)", R"("micro_batches":0)"),
       with(R"("micro_batch_size":4)", R"("micro_batch_size":0)"),
-      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[2])"),
-      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[4,0])"),
-      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[5,-1])"),
-      with(R"("replica_micro_batches":[2,2])", R"("replica_micro_batches":[2.5,1.5])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[1,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[3,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[1,4],[1,0]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[1,5],[1,-1]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])",
+           R"("replica_micro_batch_runs":[[1,2.5],[1,1.5]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[0,2],[2,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[-1,2],[3,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[[2,2,0]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":[2,2])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runs":{})"),
+      with(R"("replica_micro_batch_runs":[[2,2]])",
+           R"("replica_micro_batch_runs":[[99999999999,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batch_runz":[[2,2]])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])",
+           R"("replica_micro_batch_runs":[[2,2]],"replica_micro_batches":[2,2])"),
+      // The per-replica list older writers sent.
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batches":[2])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batches":[4,0])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batches":[5,-1])"),
+      with(R"("replica_micro_batch_runs":[[2,2]])", R"("replica_micro_batches":[2.5,1.5])"),
       with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2]])"),
       with(R"("stages":[[0,2],[2,4]])", R"("stages":[[0,2],[2,2]])"),
       with(R"("dp":2)", R"("dp":99999999999)"),

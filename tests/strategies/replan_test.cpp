@@ -70,7 +70,8 @@ TEST(ReplanTest, PlanTravelsAsJson) {
   EXPECT_THROW(plan_from_json("{}"), std::invalid_argument);
   EXPECT_THROW(plan_from_json("not json"), std::invalid_argument);
   std::string wrong_sum = to_json(p);
-  wrong_sum.replace(wrong_sum.find("[2,1,1]"), 7, "[2,2,1]");
+  const std::string counts = "[[1,2],[2,1]]";  // 2, 1, 1 as runs
+  wrong_sum.replace(wrong_sum.find(counts), counts.size(), "[[1,2],[2,2]]");
   EXPECT_THROW(plan_from_json(wrong_sum), std::invalid_argument);
 }
 

@@ -92,10 +92,12 @@ checkpoint_collection::share_outcome checkpoint_collection::add_share(const shar
                 " holds a state with another table or extras than another rank's (the script "
                 "is not the same on every rank, or keeps per-rank state in an extra)";
     }
-    if (error.empty() && c.in > 1 && w.adam_t != c.commit.adam_t)
+    // Against the ranks that wrote theirs: a skipped or failed share says nothing of its step.
+    if (error.empty() && c.written > 0 && w.adam_t != c.commit.adam_t)
       error = "rank " + std::to_string(w.rank) + " is at optimizer step " +
               std::to_string(w.adam_t) + ", another rank at " + std::to_string(c.commit.adam_t);
     c.commit.adam_t = w.adam_t;
+    ++c.written;
     c.commit.bytes_written += w.bytes_written;
     c.commit.bytes_deduplicated += w.bytes_deduplicated;
     c.commit.stall_s = std::max(c.commit.stall_s, w.stall_s);

@@ -75,6 +75,7 @@ class checkpoint_collection {
     commit_checkpoint commit;
     std::vector<bool> reported;  // by rank
     int in = 0;
+    int written = 0;  // shares of ok ranks: only theirs carry an optimizer step to compare
     bool ok = true;
     bool skipped = false;
     std::string error;  // the first rank's

@@ -37,8 +37,9 @@ events::transport data_plane(const membership& members, int world) {
   }
   const auto layout = comm::node_layout::of_hosts(hosts);
   t.nodes = layout.nodes();
-  for (int n = 0; n < t.nodes; ++n)
-    t.ranks_per_node = std::max(t.ranks_per_node, static_cast<int>(layout.members(n).size()));
+  std::vector<int> ranks_on(static_cast<size_t>(t.nodes), 0);
+  for (int n : layout.node_of)
+    t.ranks_per_node = std::max(t.ranks_per_node, ++ranks_on[static_cast<size_t>(n)]);
   try {
     switch (comm::choose_transport(requested, hosts)) {
       case comm::transport_kind::shm:
@@ -50,12 +51,38 @@ events::transport data_plane(const membership& members, int world) {
       case comm::transport_kind::tcp:
         t.backend = "tcp";
         break;
+      case comm::transport_kind::null:
+        t.backend = "null";
+        break;
     }
   } catch (const comm::comm_error&) {
-    // shm asked for across hosts: the group refuses to connect, and connect_failed says why.
+    // shm asked for across hosts, or null by some ranks only: the group cannot connect.
     t.backend = "invalid";
   }
   return t;
+}
+
+// Where the ranks of a generation got their state, in one event (see restored_summary).
+events::restored_summary restored_in_all(const std::map<int32_t, reconfigured>& done,
+                                         const restore_plan& restore, uint64_t generation) {
+  events::restored_summary all;
+  all.generation = generation;
+  all.step = restore.start_step;
+  std::vector<uint64_t> bytes;
+  std::vector<double> seconds;
+  for (const auto& [rank, r] : done) {
+    const auto source = restore.source[static_cast<size_t>(rank)];
+    ++all.from[to_string(source)];
+    if (source == state_source::checkpoint) all.checkpoint_step = restore.start_step;
+    all.bytes += r.bytes;
+    all.from_memory_bytes += r.memory_bytes;
+    bytes.push_back(r.bytes);
+    seconds.push_back(r.seconds);
+  }
+  all.ranks = static_cast<int32_t>(done.size());
+  all.rank_bytes = events::spread_of(std::move(bytes));
+  all.rank_seconds = events::spread_of(std::move(seconds));
+  return all;
 }
 
 }  // namespace
@@ -78,7 +105,10 @@ int replanner::world_for(const strategies::layout_plan& previous, int live) cons
 }
 
 generation_plan::generation_plan(const job_params& p)
-    : replan_(p), zero_(p.cfg.parallel.zero), plan_(p.plan) {}
+    : replan_(p),
+      zero_(p.cfg.parallel.zero),
+      rank_labels_(p.cfg.metrics_rank_labels),
+      plan_(p.plan) {}
 
 void generation_plan::begin_recovery(const std::string& reason, logic_time now) {
   started_ = now;
@@ -113,6 +143,7 @@ void generation_plan::reconfigures(const membership& members, const std::vector<
   const std::string plan_json = strategies::to_json(plan_);
   one_host_ = members.ranks_share_one_host();
   transport_ = data_plane(members, world());
+  const auto receivers = peer_receivers(restore_);
   for (const auto& m : members.members()) {
     if (!m.live) continue;
     reconfigure msg;
@@ -128,9 +159,7 @@ void generation_plan::reconfigures(const membership& members, const std::vector<
     if (m.rank >= 0) {
       msg.source = restore_.source[static_cast<size_t>(m.rank)];
       msg.source_rank = restore_.source_rank[static_cast<size_t>(m.rank)];
-      for (size_t r = 0; r < restore_.source_rank.size(); ++r)
-        if (restore_.source[r] == state_source::peer && restore_.source_rank[r] == m.rank)
-          msg.send_to.push_back(static_cast<int32_t>(r));
+      msg.send_to = receivers[static_cast<size_t>(m.rank)];
     } else {
       msg.source = state_source::none;
     }
@@ -180,25 +209,33 @@ std::optional<std::string> generation_plan::connect_failure(const reconfigured& 
 void generation_plan::formed(uint64_t generation, int spares, int64_t committed, logic_time now,
                              actions& out) {
   const double took = std::chrono::duration<double>(now - started_).count();
-  for (const auto& [rank, done] : restored_) {
-    const auto source = restore_.source[static_cast<size_t>(rank)];
-    const size_t r = static_cast<size_t>(rank);
-    events::restored piece{
-        .rank = rank,
-        .member = done.member,
-        .generation = generation,
-        .from = to_string(source),
-        .bytes = done.bytes,
-        .seconds = done.seconds,
-        .step = restore_.start_step,
-        .from_memory_bytes =
-            done.memory_bytes > 0 ? std::optional<uint64_t>(done.memory_bytes) : std::nullopt,
-        .peer_rank = source == state_source::peer ? std::optional<int32_t>(restore_.source_rank[r])
-                                                  : std::nullopt,
-        .checkpoint_step = source == state_source::checkpoint
-                               ? std::optional<int64_t>(restore_.start_step)
-                               : std::nullopt};
-    out.push_back(emit_event{std::move(piece)});
+  // A line per rank tells a small job's recovery; ten thousand lines would tell less than their
+  // spread does.
+  if (world() > rank_labels_) {
+    if (!restored_.empty())
+      out.push_back(emit_event{restored_in_all(restored_, restore_, generation)});
+  } else {
+    for (const auto& [rank, done] : restored_) {
+      const auto source = restore_.source[static_cast<size_t>(rank)];
+      const size_t r = static_cast<size_t>(rank);
+      events::restored piece{.rank = rank,
+                             .member = done.member,
+                             .generation = generation,
+                             .from = to_string(source),
+                             .bytes = done.bytes,
+                             .seconds = done.seconds,
+                             .step = restore_.start_step,
+                             .from_memory_bytes = done.memory_bytes > 0
+                                                      ? std::optional<uint64_t>(done.memory_bytes)
+                                                      : std::nullopt,
+                             .peer_rank = source == state_source::peer
+                                              ? std::optional<int32_t>(restore_.source_rank[r])
+                                              : std::nullopt,
+                             .checkpoint_step = source == state_source::checkpoint
+                                                    ? std::optional<int64_t>(restore_.start_step)
+                                                    : std::nullopt};
+      out.push_back(emit_event{std::move(piece)});
+    }
   }
   out.push_back(emit_event{events::generation{.number = generation,
                                               .world = world(),

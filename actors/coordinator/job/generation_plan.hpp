@@ -97,7 +97,8 @@ class generation_plan {
   /// which that failure opened, a retry would fail the same way again: returns why the job
   /// ends. Logs each connect failure.
   std::optional<std::string> connect_failure(const reconfigured& r, actions& out);
-  /// Every member is in: logs where each rank's state came from, the generation, and (the
+  /// Every member is in: logs where each rank's state came from (a `restored` event each, or
+  /// for more ranks than metrics_rank_labels one `restored_summary`), the generation, and (the
   /// first time) that training started at `committed`.
   void formed(uint64_t generation, int spares, int64_t committed, logic_time now, actions& out);
 
@@ -111,6 +112,7 @@ class generation_plan {
 
   replanner replan_;
   int zero_ = 0;
+  int rank_labels_ = 64;  // the most ranks that log a restored event each
   strategies::layout_plan plan_;
   std::map<uint64_t, strategies::layout_plan> plans_;  // generation -> plan, for held state
   restore_plan restore_;

@@ -4,6 +4,7 @@
 // the job's end) that every machine of actors/coordinator/job/ returns and job_supervisor.cpp
 // carries out.
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -105,8 +106,16 @@ struct checkpoint_fallback_found {
   std::vector<int64_t> passed_over;  ///< older committed ones found damaged as well
 };
 
+/// Members were lost: call job_logic::on_regroup after `after`, so that losses arriving
+/// together (a node, a switch, many connections closing at once) make one new generation
+/// instead of one each.
+struct schedule_regroup {
+  std::chrono::milliseconds after{0};
+};
+
 using action = std::variant<send_commit, send_abort, send_reconfigure, send_stop, emit_event,
-                            commit_checkpoint, finish_job, record_skipped, fall_back_checkpoint>;
+                            commit_checkpoint, finish_job, record_skipped, fall_back_checkpoint,
+                            schedule_regroup>;
 using actions = std::vector<action>;
 
 }  // namespace troupe::actors

@@ -23,6 +23,9 @@ job_params make_job_params(const train_config& cfg, const strategies::layout_pla
   p.coordinator_timeout = waits.coordinator;
   p.rejoin_timeout = waits.rejoin;
   p.stall_gap = p.heartbeat_timeout / 2;
+  // Long enough for the connections of a lost node (or of every node behind a lost switch) to
+  // close together, short beside the heartbeat timeout that finds a silent member.
+  p.regroup_window = milliseconds(20);
   p.form_timeout = milliseconds(cfg.elastic.join_timeout_ms);
   p.straggler_policy = cfg.elastic.straggler_policy;
   p.replacement_wait = milliseconds(cfg.elastic.replacement_wait_ms);

@@ -37,6 +37,10 @@ struct job_params {
   /// member beats five times per timeout and a shorter gap cannot age a beat past it.
   std::chrono::milliseconds stall_gap{0};
   std::chrono::milliseconds settle{500};  ///< a failed vote waits this long for its root cause
+  /// A member lost in the middle of training waits this long for the losses that come with it
+  /// (schedule_regroup), which then make one new generation together. Negative: every loss
+  /// begins its generation at once (the logic's unit tests); make_job_params sets 20 ms.
+  std::chrono::milliseconds regroup_window{-1};
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
   /// How long a recovery waits for workers that agents are restarting (a crash with restarts

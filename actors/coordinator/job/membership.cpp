@@ -129,12 +129,15 @@ member_info* membership::admit(const hello& h, bool forming, bool job_over, logi
     answer.error = "member " + std::to_string(h.member) + " is not a valid member id";
     return nullptr;
   }
-  member_info* m = find(h.member);
+  member_info* m = find_mutable(h.member);
   if (m && m->live) {
     answer.error = "member " + std::to_string(h.member) + " already joined (a duplicate worker)";
     return nullptr;
   }
-  if (!m) {
+  if (m) {
+    count(*m, -1);
+  } else {
+    slot_of_.emplace(h.member, members_.size());
     members_.push_back(member_info{});
     m = &members_.back();
   }
@@ -148,6 +151,7 @@ member_info* membership::admit(const hello& h, bool forming, bool job_over, logi
   // A member that joins a running job waits idle for the next generation; the current one
   // (training, or being formed) does not wait for it.
   m->reported = m->reconfigured = !forming;
+  count(*m, 1);
   answer.heartbeat_interval_ms =
       static_cast<int32_t>(heartbeat_interval(heartbeat_timeout_).count());
   out.push_back(emit_event{events::rank_joined{.member = h.member,
@@ -162,12 +166,17 @@ member_info* membership::admit(const hello& h, bool forming, bool job_over, logi
 std::optional<membership::lost_member> membership::lose(int32_t member, loss_cause cause,
                                                         const std::string& why, int64_t committed,
                                                         actions& out) {
-  member_info* m = find(member);
+  member_info* m = find_mutable(member);
   if (!m || !m->live) return std::nullopt;
+  count(*m, -1);
   m->live = false;
   m->evicted = cause == loss_cause::straggler;
   const lost_member lost{m->rank, m->node};
   m->rank = -1;
+  count(*m, 1);
+  if (lost.rank >= 0 && static_cast<size_t>(lost.rank) < member_of_rank_.size() &&
+      member_of_rank_[static_cast<size_t>(lost.rank)] == member)
+    member_of_rank_[static_cast<size_t>(lost.rank)] = -1;
   out.push_back(emit_event{events::rank_lost{.rank = lost.rank,
                                              .member = member,
                                              .node = m->node,
@@ -180,7 +189,7 @@ std::optional<membership::lost_member> membership::lose(int32_t member, loss_cau
 }
 
 void membership::record_heartbeat(const heartbeat& h, logic_time now, actions& out) {
-  member_info* m = find(h.member);
+  member_info* m = find_mutable(h.member);
   if (!m || !m->live) {
     // A process of a member declared lost that speaks again (its link healed, or it woke from
     // a SIGSTOP): its word no longer counts. An evicted straggler is told to go; any other is
@@ -262,7 +271,14 @@ std::vector<int32_t> membership::fault_victims(const chaos::fault& f, int world)
 void membership::stale(const std::string& what, int32_t member, uint64_t message_generation,
                        actions& out) {
   ++stale_;
-  out.push_back(emit_event{events::stale_message{what, member, message_generation, generation_}});
+  // A recovery of a large job meets a late vote from nearly every member: the first few per
+  // generation are logged, the rest only counted (stale_messages()).
+  if (stale_logged_generation_ != generation_) {
+    stale_logged_generation_ = generation_;
+    stale_logged_ = 0;
+  }
+  if (stale_logged_++ < max_stale_events_per_generation)
+    out.push_back(emit_event{events::stale_message{what, member, message_generation, generation_}});
 }
 
 void membership::abort_live(const std::string& reason, actions& out) {
@@ -271,10 +287,12 @@ void membership::abort_live(const std::string& reason, actions& out) {
     m.reported = m.reconfigured = false;
     out.push_back(send_abort{m.id, abort_generation{generation_, reason, false, {}}});
   }
+  recount();
 }
 
 void membership::all_reported() {
   for (auto& m : members_) m.reported = true;
+  recount();
 }
 
 void membership::assume_reports(int64_t committed) {
@@ -286,16 +304,27 @@ void membership::assume_reports(int64_t committed) {
     m.held_rank = placed ? m.rank : -1;
     m.held_step = placed ? committed : -1;
   }
+  recount();
 }
 
 bool membership::report(const state_report& r) {
-  member_info* m = find(r.member);
+  member_info* m = find_mutable(r.member);
   if (!m || m->reported) return false;  // a duplicate, or a member that joined after the abort
+  count(*m, -1);
   m->reported = true;
   m->held_generation = r.held_generation;
   m->held_rank = r.held_rank;
   m->held_step = r.held_step;
+  count(*m, 1);
   return true;
+}
+
+void membership::set_held(int32_t member, uint64_t generation, int32_t rank, int64_t step) {
+  member_info* m = find_mutable(member);
+  if (!m) return;
+  m->held_generation = generation;
+  m->held_rank = rank;
+  m->held_step = step;
 }
 
 void membership::place(const restore_plan& plan) {
@@ -304,24 +333,24 @@ void membership::place(const restore_plan& plan) {
     m.reconfigured = false;
   }
   for (size_t r = 0; r < plan.member_of_rank.size(); ++r)
-    if (auto* m = find(plan.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
+    if (auto* m = find_mutable(plan.member_of_rank[r])) m->rank = static_cast<int32_t>(r);
+  // A member named for two ranks keeps the last; a rank whose member is gone has none.
+  member_of_rank_.assign(plan.member_of_rank.size(), -1);
+  for (const auto& m : members_)
+    if (m.live && m.rank >= 0) member_of_rank_[static_cast<size_t>(m.rank)] = m.id;
+  recount();
 }
 
 void membership::mark_reconfigured(int32_t member) {
-  if (auto* m = find(member)) m->reconfigured = true;
-}
-
-bool membership::everyone_reported() const {
-  return std::none_of(members_.begin(), members_.end(),
-                      [](const member_info& m) { return m.live && !m.reported; });
-}
-
-bool membership::everyone_reconfigured() const {
-  return std::none_of(members_.begin(), members_.end(),
-                      [](const member_info& m) { return m.live && !m.reconfigured; });
+  member_info* m = find_mutable(member);
+  if (!m) return;
+  count(*m, -1);
+  m->reconfigured = true;
+  count(*m, 1);
 }
 
 const member_info* membership::first_unready() const {
+  if (unreported_ == 0 && unreconfigured_ == 0) return nullptr;
   for (const auto& m : members_)
     if (m.live && !(m.reported && m.reconfigured)) return &m;
   return nullptr;
@@ -350,29 +379,31 @@ void membership::stop_all(int exit_code, const std::string& message, actions& ou
 }
 
 const member_info* membership::find(int32_t member) const {
-  for (const auto& m : members_)
-    if (m.id == member) return &m;
-  return nullptr;
+  const auto it = slot_of_.find(member);
+  return it == slot_of_.end() ? nullptr : &members_[it->second];
 }
 
-member_info* membership::find(int32_t member) {
+member_info* membership::find_mutable(int32_t member) {
   return const_cast<member_info*>(std::as_const(*this).find(member));
 }
 
 int32_t membership::member_of_rank(int32_t rank) const {
-  for (const auto& m : members_)
-    if (m.live && m.rank == rank && rank >= 0) return m.id;
-  return -1;
+  if (rank < 0 || static_cast<size_t>(rank) >= member_of_rank_.size()) return -1;
+  return member_of_rank_[static_cast<size_t>(rank)];
 }
 
-int membership::live_count() const {
-  return static_cast<int>(
-      std::count_if(members_.begin(), members_.end(), [](const member_info& m) { return m.live; }));
+void membership::count(const member_info& m, int sign) {
+  if (!m.live) return;
+  live_ += sign;
+  if (m.rank < 0) idle_ += sign;
+  if (!m.reported) unreported_ += sign;
+  if (!m.reconfigured) unreconfigured_ += sign;
+  if (m.id >= 0 && m.id < expected_) live_first_ += sign;
 }
 
-int membership::idle_count() const {
-  return static_cast<int>(std::count_if(members_.begin(), members_.end(),
-                                        [](const member_info& m) { return m.live && m.rank < 0; }));
+void membership::recount() {
+  live_ = idle_ = unreported_ = unreconfigured_ = live_first_ = 0;
+  for (const auto& m : members_) count(m, 1);
 }
 
 std::vector<member_info> membership::live_members() const {

@@ -3,12 +3,15 @@
 // fences off every older message, each member's heartbeat, its place in the current generation
 // and its part in forming the next one, and the processes a fault hits. A pure state machine:
 // each method takes the time it needs as an argument and appends the actions it decides on.
+// Lookups by member id and by rank are indexed, and the counts the coordinator asks for on
+// every message are kept as members change, so each message costs O(1) at any job size.
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -92,7 +95,7 @@ class membership {
   std::vector<int32_t> fault_victims(const chaos::fault& f, int world) const;
 
   /// A message that came too late for its generation (or from a member no longer in the
-  /// job): counted, and logged as a stale_message event.
+  /// job): counted, and logged as a stale_message event (the first 16 of each generation).
   void stale(const std::string& what, int32_t member, uint64_t message_generation, actions& out);
   uint64_t stale_messages() const { return stale_; }
 
@@ -106,11 +109,13 @@ class membership {
   void assume_reports(int64_t committed);
   /// A member's state report. Returns whether it was new.
   bool report(const state_report& r);
+  /// What a member that rejoins a takeover says it holds (the takeover plans from it).
+  void set_held(int32_t member, uint64_t generation, int32_t rank, int64_t step);
   /// Places the members of a new generation as the restore plan says; all must reconfigure.
   void place(const restore_plan& plan);
   void mark_reconfigured(int32_t member);
-  bool everyone_reported() const;
-  bool everyone_reconfigured() const;
+  bool everyone_reported() const { return unreported_ == 0; }
+  bool everyone_reconfigured() const { return unreconfigured_ == 0; }
   /// The first live member that has not reported or reconfigured yet, if any.
   const member_info* first_unready() const;
 
@@ -119,13 +124,16 @@ class membership {
   /// The end: aborts every live member (unless the job is done) and stops it.
   void stop_all(int exit_code, const std::string& message, actions& out) const;
 
+  /// The member with id `member`, nullptr if none joined. Read-only: the counts below follow
+  /// every change, so changes go through this class.
   const member_info* find(int32_t member) const;
-  member_info* find(int32_t member);
-  /// The member holding `rank` in the current generation, -1 if none.
+  /// The live member holding `rank` in the current generation, -1 if none.
   int32_t member_of_rank(int32_t rank) const;
-  int live_count() const;
+  int live_count() const { return live_; }
   /// Live members without a rank in the current generation.
-  int idle_count() const;
+  int idle_count() const { return idle_; }
+  /// Live members among the first `expected()` (ids 0 .. expected() - 1).
+  int live_first_members() const { return live_first_; }
   const std::vector<member_info>& members() const { return members_; }
   std::vector<member_info> live_members() const;
 
@@ -142,6 +150,24 @@ class membership {
   std::vector<int32_t> launched_on_;  // by member: the node told to start it
   int32_t next_member_ = 0;           // the id the next agent's first worker gets
   uint64_t stale_ = 0;
+  static constexpr int max_stale_events_per_generation = 16;
+  uint64_t stale_logged_generation_ = 0;
+  int stale_logged_ = 0;
+
+  member_info* find_mutable(int32_t member);
+  // Adds (sign 1) or takes away (sign -1) what `m` contributes to the counts: every change
+  // to one member is bracketed by both, a change to all of them ends with recount().
+  void count(const member_info& m, int sign);
+  void recount();
+  std::unordered_map<int32_t, size_t> slot_of_;  // member id -> index in members_
+  std::vector<int32_t> member_of_rank_;          // by rank: its live member, -1 if none
+  // Of the live members: all, those without a rank, those not reported, not reconfigured,
+  // and those among the first expected_.
+  int live_ = 0;
+  int idle_ = 0;
+  int unreported_ = 0;
+  int unreconfigured_ = 0;
+  int live_first_ = 0;
 };
 
 }  // namespace troupe::actors

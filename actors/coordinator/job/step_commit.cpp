@@ -19,7 +19,11 @@ double step_votes::mean_loss() const {
 }
 
 step_commit::step_commit(const job_params& p, logic_time now)
-    : settle_(p.settle), zero_(p.cfg.parallel.zero), committed_(p.start_step), last_commit_(now) {}
+    : settle_(p.settle),
+      zero_(p.cfg.parallel.zero),
+      rank_labels_(p.cfg.metrics_rank_labels),
+      committed_(p.start_step),
+      last_commit_(now) {}
 
 void step_commit::new_generation() {
   pending_ = step_votes{};
@@ -38,6 +42,8 @@ void step_commit::count(const step_done& v, int world, uint64_t generation, logi
     p.step = v.step;
     p.arrived.assign(static_cast<size_t>(world), now);
     p.rank_compute_s.assign(static_cast<size_t>(world), std::nan(""));
+    optimizer_state_bytes_.clear();
+    peak_rss_bytes_.clear();
   }
   p.arrived[static_cast<size_t>(v.rank)] = now;
   p.rank_compute_s[static_cast<size_t>(v.rank)] =
@@ -56,13 +62,29 @@ void step_commit::count(const step_done& v, int world, uint64_t generation, logi
   p.optim_s += v.optim_s;
   p.ckpt_stall_s += v.ckpt_stall_s;
   if (p.diverged.empty()) p.diverged = vote_divergence(v.rank, loss_sum, v.tokens, grad_norm);
-  if (v.optim_state_bytes > 0)
+  if (v.optim_state_bytes > 0 && world <= rank_labels_) {
     out.push_back(emit_event{events::memory{.rank = v.rank,
                                             .step = v.step,
                                             .generation = generation,
                                             .optimizer_state_bytes = v.optim_state_bytes,
                                             .peak_rss_bytes = v.peak_rss_bytes,
                                             .zero = zero_}});
+  } else if (v.optim_state_bytes > 0) {
+    // Ten thousand lines a generation would say less than one line of their spread.
+    optimizer_state_bytes_.push_back(v.optim_state_bytes);
+    peak_rss_bytes_.push_back(v.peak_rss_bytes);
+  }
+  if (p.count == world && !optimizer_state_bytes_.empty()) {
+    out.push_back(emit_event{events::memory_summary{
+        .step = v.step,
+        .generation = generation,
+        .ranks = static_cast<int32_t>(optimizer_state_bytes_.size()),
+        .optimizer_state_bytes = events::spread_of(std::move(optimizer_state_bytes_)),
+        .peak_rss_bytes = events::spread_of(std::move(peak_rss_bytes_)),
+        .zero = zero_}});
+    optimizer_state_bytes_.clear();
+    peak_rss_bytes_.clear();
+  }
 }
 
 void step_commit::fail(const step_done& v, logic_time now) {

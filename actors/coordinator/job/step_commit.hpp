@@ -51,7 +51,8 @@ class step_commit {
   void new_generation();
 
   /// A rank's vote that its step went well (a rank of `world` in generation `generation`):
-  /// summed, checked for divergence, its memory figures logged.
+  /// summed, checked for divergence, its memory figures logged: a `memory` event each, or for
+  /// more ranks than metrics_rank_labels one `memory_summary` once the step's votes are in.
   void count(const step_done& v, int world, uint64_t generation, logic_time now, actions& out);
   /// A rank's vote that its step failed: the first one starts the settle window.
   void fail(const step_done& v, logic_time now);
@@ -98,8 +99,11 @@ class step_commit {
  private:
   std::chrono::milliseconds settle_;
   int zero_ = 0;
+  int rank_labels_ = 64;  // the most ranks that log a memory event each
   int64_t committed_ = 0;
   step_votes pending_;
+  // The pending step's memory figures, for its memory_summary (above rank_labels_ ranks).
+  std::vector<int64_t> optimizer_state_bytes_, peak_rss_bytes_;
   bool held_ = false;
   // failed votes
   std::string failure_;

@@ -200,6 +200,12 @@ class SupervisorDsl : public ::testing::Test,
   // carrying generation 2 with r0 alone, restored from its own memory. A loss in the middle
   // of training needs no state report: the survivor holds the last committed step.
   void expect_recovery_of(const member& r0) {
+    // A loss waits the regroup window (job_params::regroup_window) for others that come with
+    // it; nothing is aborted before the window is over.
+    drop_heartbeats(r0.control);
+    EXPECT_EQ(pending(r0.control), "");
+    EXPECT_EQ(advance_time(std::chrono::milliseconds(25)), 1u);
+    run_actor(supervisor_);
     drop_heartbeats(r0.control);
     auto ab = expect_from<abort_generation>(supervisor_, r0.control);
     ASSERT_TRUE(ab);
@@ -321,6 +327,32 @@ TEST_F(SupervisorDsl, SilenceLongerThanTheHeartbeatTimeoutIsAHang) {
   EXPECT_EQ(advance_time(500ms), 1u);
   run_actor(supervisor_);
   expect_recovery_of(r0);
+}
+
+// The coordinator beats as its members do, once per heartbeat interval (a fifth of the 2 s
+// timeout, as the welcome says), not on each 100 ms tick: ten times fewer messages.
+TEST_F(SupervisorDsl, BeatsOncePerHeartbeatIntervalNotOnEveryTick) {
+  auto [r0, r1] = form();
+  std::vector<int> beat_at_tick;
+  for (int tick = 1; tick <= 16; ++tick) {
+    for (const member& m : {r0, r1}) inject_from(m.control, supervisor_, heartbeat{m.id, 1, 0});
+    EXPECT_EQ(advance_time(100ms), 1u);
+    run_actor(supervisor_);
+    int to_members = 0;
+    for (const member& m : {r0, r1})
+      while (!pending(m.control).empty()) {
+        auto b = expect_from<heartbeat>(supervisor_, m.control);
+        ASSERT_TRUE(b);
+        EXPECT_EQ(b->member, -1);
+        ++to_members;
+      }
+    if (to_members > 0) {
+      EXPECT_EQ(to_members, 2) << "tick " << tick;  // one each
+      beat_at_tick.push_back(tick);
+    }
+  }
+  // Its first tick (at 0 ms, before anybody joined) was a beat; then every 400 ms.
+  EXPECT_EQ(beat_at_tick, (std::vector<int>{4, 8, 12, 16}));
 }
 
 TEST_F(SupervisorDsl, AJobThatNeverFormsFailsAtTheFormDeadline) {

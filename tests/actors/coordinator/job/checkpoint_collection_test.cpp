@@ -87,6 +87,37 @@ TEST(CheckpointCollection, AFailedShareFailsTheCheckpointUntilALaterOneIsCommitt
   EXPECT_EQ(c.failed_step(), -1);
 }
 
+// A rank still writing the previous checkpoint skips its share (rank_checkpoints.cpp: not ok,
+// no optimizer step); the ranks that wrote theirs are not compared with its step of 0, in
+// whichever order the shares arrive (a mixed job of real and simulated members found this).
+TEST(CheckpointCollection, ASkippedShareIsNotTakenForAnotherOptimizerStep) {
+  shard_written skipped = share(1, 5);
+  skipped.ok = false;
+  skipped.skipped = true;
+  skipped.adam_t = 0;
+  skipped.error = "the previous checkpoint was still being written (checkpoint_overlap skip)";
+  for (bool skipped_first : {true, false}) {
+    checkpoint_collection c(params());
+    c.start(5, 3);
+    actions out;
+    if (skipped_first) c.add_share(skipped, 1, 3, out);
+    c.add_share(share(0, 5), 1, 3, out);
+    if (!skipped_first) c.add_share(skipped, 1, 3, out);
+    EXPECT_EQ(c.add_share(share(2, 5), 1, 3, out), outcome::given_up) << skipped_first;
+    EXPECT_EQ(event_names(out), std::vector<std::string>{"checkpoint_skipped"}) << skipped_first;
+    EXPECT_EQ(c.failed_step(), -1) << skipped_first;
+  }
+  // Two ranks that did write theirs, at different steps, still fail it.
+  checkpoint_collection c(params());
+  c.start(5, 2);
+  actions out;
+  shard_written behind = share(1, 5);
+  behind.adam_t = 4;
+  c.add_share(share(0, 5), 1, 2, out);
+  EXPECT_EQ(c.add_share(behind, 1, 2, out), outcome::given_up);
+  EXPECT_EQ(event_names(out), std::vector<std::string>{"checkpoint_failed"});
+}
+
 TEST(CheckpointCollection, AnAbandonedCheckpointIsOwedByTheNextCommittedStep) {
   checkpoint_collection c(params());
   c.start(5, 2);

@@ -91,6 +91,48 @@ TEST(StepCommit, LogsTheMemoryARankReports) {
   EXPECT_EQ(e.optimizer_state_bytes, 1024);
 }
 
+// Up to metrics_rank_labels ranks a memory event each; above, one memory_summary once the
+// step's votes are all in, with the spread of each figure over the ranks.
+TEST(StepCommit, AboveTheRankLabelsTheMemoryOfAllRanksIsOneSummary) {
+  job_params p = params();
+  p.cfg.metrics_rank_labels = 2;
+  const auto memory_vote = [](int32_t rank, int64_t step, int64_t optimizer, int64_t rss) {
+    step_done v = vote(rank, step);
+    v.optim_state_bytes = optimizer;
+    v.peak_rss_bytes = rss;
+    return v;
+  };
+  {  // 2 ranks: at the threshold, each rank its line
+    step_commit s(p, t0);
+    actions out;
+    s.count(memory_vote(0, 5, 10, 1), 2, 1, t0, out);
+    s.count(memory_vote(1, 5, 20, 2), 2, 1, t0, out);
+    ASSERT_EQ(out.size(), 2u);
+    for (const auto& a : out) EXPECT_EQ(events::kind(std::get<emit_event>(a).event), "memory");
+  }
+  step_commit s(p, t0);
+  actions out;
+  const int world = 4;
+  s.count(memory_vote(2, 5, 300, 30), world, 3, t0, out);
+  s.count(memory_vote(0, 5, 100, 50), world, 3, t0, out);
+  s.count(vote(3, 5), world, 3, t0, out);  // a rank without figures (none to report)
+  EXPECT_TRUE(out.empty());
+  s.count(memory_vote(1, 5, 200, 40), world, 3, t0, out);
+  ASSERT_EQ(out.size(), 1u);
+  const auto& e = std::get<events::memory_summary>(std::get<emit_event>(out[0]).event);
+  EXPECT_EQ(e.step, 5);
+  EXPECT_EQ(e.generation, 3u);
+  EXPECT_EQ(e.ranks, 3);
+  EXPECT_EQ(e.optimizer_state_bytes, (events::spread<int64_t>{100, 200, 300}));
+  EXPECT_EQ(e.peak_rss_bytes, (events::spread<int64_t>{30, 40, 50}));
+
+  // The next step's votes carry no figures: nothing more is logged.
+  out.clear();
+  s.take();
+  for (int32_t r = 0; r < world; ++r) s.count(vote(r, 6), world, 3, t0, out);
+  EXPECT_TRUE(out.empty());
+}
+
 TEST(FailedVotes, WaitTheSettleWindowForTheirRootCause) {
   step_commit s(params(), t0);
   s.fail(failed_vote(1, comm::comm_errc::peer_lost), t0);
