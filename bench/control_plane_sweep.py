@@ -31,6 +31,7 @@ ROWS = [
     ("heartbeats_in_per_s", "heartbeats in (1/s)", 1),
     ("loopback_bytes_per_s", "control bytes (MB/s)", 1e-6),
     ("events_bytes_per_step", "events.jsonl per step (bytes)", 1),
+    ("metrics_bytes", "one /metrics scrape (KB)", 1e-3),
     ("sim_cpu_s_per_step", "simulator CPU per step (s)", 1),
     ("machine_cores_busy", "cores busy (of 2)", 1),
 ]

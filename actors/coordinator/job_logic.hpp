@@ -174,6 +174,9 @@ class job_logic {
   /// losses did not fail: the members it waited for are gone).
   void begin_generation(const std::string& reason, logic_time now, actions& out,
                         bool counted = true);
+  // Begins one generation for the losses waiting for their regroup, if any (the window is not
+  // waited out: the caller found them together).
+  void regroup_now(logic_time now, actions& out, bool counted);
   // Whether the next plan needs no state reports: what each member holds is known.
   bool can_plan_without_reports() const;
   // Plans the generation now and puts each member's reconfigure into its abort (the aborts

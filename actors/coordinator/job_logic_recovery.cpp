@@ -69,16 +69,21 @@ actions job_logic::on_regroup(logic_time now) {
     out.push_back(schedule_regroup{window - quiet});
     return out;
   }
+  // Losses that interrupt a recovery make it start over without counting as a failed one: the
+  // world only shrinks (bounded by --min-ranks), so this cannot go on forever; a loss storm
+  // spread over seconds would otherwise end the job after max_failed_recoveries windows.
+  regroup_now(now, out, state_ != job_state::recovering);
+  return out;
+}
+
+void job_logic::regroup_now(logic_time now, actions& out, bool counted) {
+  if (regroup_losses_ == 0 || ended_) return;
   const int more = regroup_losses_ - 1;
   std::string reason = std::move(regroup_reason_);
   if (more > 0)
     reason += " (and " + std::to_string(more) + " more member" + (more == 1 ? "" : "s") +
               " lost with it)";
-  // Losses that interrupt a recovery make it start over without counting as a failed one: the
-  // world only shrinks (bounded by --min-ranks), so this cannot go on forever; a loss storm
-  // spread over seconds would otherwise end the job after max_failed_recoveries windows.
-  begin_generation(reason, now, out, state_ != job_state::recovering);  // clears the losses
-  return out;
+  begin_generation(reason, now, out, counted);  // clears the pending losses
 }
 
 actions job_logic::on_worker_exited(const worker_exited& w, logic_time now) {
@@ -155,6 +160,9 @@ actions job_logic::on_tick(logic_time now) {
     out.insert(out.end(), more.begin(), more.end());
     if (ended_) return out;
   }
+  // Found together, in one tick: nothing more to wait for.
+  regroup_now(now, out, state_ != job_state::recovering);
+  if (ended_) return out;
   if (state_ == job_state::training && steps_.failure_settled(now)) {
     blame_failed_step(now, out);
     return out;
@@ -173,9 +181,11 @@ actions job_logic::on_tick(logic_time now) {
       const int32_t member = m->id;
       const std::string why =
           m->reported ? "did not finish reconfiguring in time" : "did not report its state in time";
-      // on_member_lost opens the next generation, with fresh deadlines.
+      // The next generation opens now, with fresh deadlines (a later tick must not find this
+      // recovery's deadline passed again and lose another member for it).
       auto more = on_member_lost(member, loss_cause::hang, why, now);
       out.insert(out.end(), more.begin(), more.end());
+      regroup_now(now, out, true);
     }
     return out;
   }
@@ -215,6 +225,7 @@ void job_logic::blame_failed_step(logic_time now, actions& out) {
     out.insert(out.end(), more.begin(), more.end());
     if (ended_) return;
   }
+  regroup_now(now, out, true);  // the culprits, named together
   if (state_ == job_state::training) begin_generation(why, now, out);
 }
 

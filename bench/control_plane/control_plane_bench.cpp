@@ -1,6 +1,9 @@
 #include "bench/control_plane/control_plane_bench.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "bench/control_plane/coordinator_process.hpp"
 #include "bench/control_plane/measure.hpp"
 #include "bench/control_plane/sim_node.hpp"
+#include "monitoring/http_client.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/sys/child_process.hpp"
 
@@ -119,6 +123,51 @@ window_mark mark(sim_ledger& ledger, pid_t coordinator, const std::vector<pid_t>
   w.events_bytes = file_bytes(events);
   w.step = step;
   return w;
+}
+
+struct metrics_scrape {
+  int64_t bytes = 0;
+  int64_t series = 0;  ///< sample lines
+  double ms = 0;       ///< the scrape's round trip
+};
+
+// One Prometheus scrape of the coordinator, as a server scraping it would see it.
+metrics_scrape scrape_metrics(uint16_t port) {
+  metrics_scrape out;
+  if (port == 0) return out;
+  try {
+    const int64_t t0 = now_ns();
+    const auto answer = monitoring::http_get("127.0.0.1", port, "/metrics", {},
+                                             std::chrono::seconds(10), 64u << 20);
+    out.ms = static_cast<double>(now_ns() - t0) / 1e6;
+    if (answer.status != 200) return out;
+    out.bytes = static_cast<int64_t>(answer.body.size());
+    for (size_t at = 0; at < answer.body.size();) {
+      const size_t end = answer.body.find('\n', at);
+      if (answer.body[at] != '#' && end != at) ++out.series;
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+  } catch (const std::exception& e) {
+    say(std::string("could not scrape the coordinator's metrics: ") + e.what());
+  }
+  return out;
+}
+
+// A port free now on loopback (the kernel's pick), for the coordinator's metrics.
+uint16_t free_local_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
 
 struct fault_result {
@@ -283,6 +332,7 @@ int run_control_plane_bench(const bench_options& opt) {
     req.steps = o.steps;
     req.checkpoint_every = o.checkpoint_every;
     req.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
+    req.metrics_port = free_local_port();
     coordinator = std::make_unique<coordinator_process>(req, 120);
     host = coordinator->host();
     port = coordinator->port();
@@ -374,6 +424,7 @@ int run_control_plane_bench(const bench_options& opt) {
       std::min(o.lose > 0 ? o.lose_at : o.steps, o.lose_percent > 0 ? o.lose_percent_at : o.steps);
   window_mark begin, end;
   fault_result loss, mass_loss;
+  metrics_scrape metrics;
   int64_t t_first_commit = 0;
   for (int64_t k = 1; k <= o.steps; ++k) {
     if (!wait_until([&] { return all_committed(ledger, k); }, step_limit)) {
@@ -386,7 +437,10 @@ int run_control_plane_bench(const bench_options& opt) {
     if (k == 1)
       if (auto* s = ledger.step(1)) t_first_commit = s->last_commit_ns.load();
     if (k == warm) begin = mark(ledger, cpid, sims, events, k);
-    if (k == first_fault) end = mark(ledger, cpid, sims, events, k);
+    if (k == first_fault) {
+      end = mark(ledger, cpid, sims, events, k);
+      if (coordinator) metrics = scrape_metrics(coordinator->metrics_port());
+    }
     if (o.lose > 0 && k == o.lose_at) {
       say("losing " + std::to_string(o.lose) + " member(s) after step " + std::to_string(k));
       loss = lose_members(ledger, o.lose, step_limit);
@@ -498,6 +552,11 @@ int run_control_plane_bench(const bench_options& opt) {
         static_cast<double>(end.events_bytes - begin.events_bytes) / window_steps;
     r["events_lines"] = file_lines(events);
     r["events_bytes"] = file_bytes(events);
+    if (metrics.bytes > 0) {
+      r["metrics_bytes"] = metrics.bytes;  // one scrape of /metrics
+      r["metrics_series"] = metrics.series;
+      r["metrics_scrape_ms"] = metrics.ms;
+    }
   }
   uint64_t newest_generation = 0;
   for (size_t m = 0; m < ledger.member_count(); ++m)

@@ -112,6 +112,7 @@ std::vector<std::string> coordinator_argv(const coordinator_request& req) {
 coordinator_process::coordinator_process(const coordinator_request& req, int timeout_s) {
   fs::create_directories(req.run_dir);
   log_ = (fs::path(req.run_dir) / "coordinator.log").string();
+  metrics_port_ = static_cast<uint16_t>(req.metrics_port);
   const int out = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) throw std::runtime_error("cannot write " + log_);
   // The child's stdout and stderr go to the log: dup them around the spawn.

@@ -55,6 +55,7 @@ class coordinator_process {
   uint16_t port() const { return port_; }
   const std::string& join_token() const { return token_; }
   const std::string& log_path() const { return log_; }
+  uint16_t metrics_port() const { return metrics_port_; }
   /// Waits up to `timeout_s` for its exit; its exit code, or nullopt (then it is killed).
   std::optional<int> wait(int timeout_s);
   /// False once it has exited (reaped here; wait() then returns its code at once).
@@ -67,6 +68,7 @@ class coordinator_process {
   uint16_t port_ = 0;
   std::string token_;
   std::string log_;
+  uint16_t metrics_port_ = 0;
 };
 
 /// The `troupe coordinator` argument list for a job of `req.members` data-parallel ranks of the
