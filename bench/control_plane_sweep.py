@@ -7,6 +7,13 @@ every figure, prints a markdown table and writes the curves as SVG beside the ta
   python3 bench/control_plane_sweep.py --sizes 100,1000,4000,10000 --runs 3 \
       --svg-dir docs/benchmarks --json-out /tmp/scale.json
 
+Aggregation through the nodes' relays against members that talk to the coordinator directly,
+in one session (the direct sweep first, its JSON then drawn beside the aggregated one):
+
+  python3 bench/control_plane_sweep.py --sizes 1000,4000,10000 --json-out /tmp/direct.json
+  python3 bench/control_plane_sweep.py --sizes 1000,4000,10000 --baseline /tmp/direct.json \
+      --svg-dir docs/benchmarks -- --aggregate
+
 Each run starts its own coordinator; the machine should be otherwise idle.
 """
 import argparse
@@ -29,6 +36,8 @@ ROWS = [
     ("coordinator_cpu_s_per_step", "coordinator CPU per step (s)", 1),
     ("rss_per_member_bytes", "coordinator memory per member (KB)", 1e-3),
     ("heartbeats_in_per_s", "heartbeats in (1/s)", 1),
+    ("coordinator_messages_in_per_step", "messages in per step", 1),
+    ("coordinator_messages_out_per_step", "messages out per step", 1),
     ("loopback_bytes_per_s", "control bytes (MB/s)", 1e-6),
     ("events_bytes_per_step", "events.jsonl per step (bytes)", 1),
     ("metrics_bytes", "one /metrics scrape (KB)", 1e-3),
@@ -100,6 +109,9 @@ def main():
     ap.add_argument("--step-ms", type=int, default=200)
     ap.add_argument("--svg-dir", default="")
     ap.add_argument("--json-out", default="")
+    ap.add_argument("--baseline", default="",
+                    help="an earlier sweep's --json-out (direct): drawn beside this one in "
+                         "scale_aggregate.svg, with its ratios in the table")
     ap.add_argument("extra", nargs="*", help="more `troupe bench control-plane` options")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -123,6 +135,28 @@ def main():
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({str(n): table[n] for n in sizes}, f, indent=1)
+    if a.baseline:
+        with open(a.baseline) as f:
+            base = json.load(f)
+        print()
+        print("| this / baseline | " + " | ".join(f"{n:,}" for n in sizes) + " |")
+        print("|---|" + "---:|" * len(sizes))
+        for key, label, _ in ROWS:
+            cells = []
+            for n in sizes:
+                b, v = base.get(str(n), {}).get(key), table[n][key]
+                cells.append("—" if not b or v is None else f"{v / b:.2g}")
+            print(f"| {label} | " + " | ".join(cells) + " |")
+        if a.svg_dir:
+            both = lambda k, t: [(n, t[n][k]) for n in sizes if t.get(n, {}).get(k)]
+            base_n = {int(n): v for n, v in base.items()}
+            svg_curve(os.path.join(a.svg_dir, "scale_aggregate.svg"),
+                      "Control share of a step: direct against through the relays", "ms",
+                      {"direct p50": both("step_control_ms_p50", base_n),
+                       "direct p99": both("step_control_ms_p99", base_n),
+                       "aggregated p50": both("step_control_ms_p50", table),
+                       "aggregated p99": both("step_control_ms_p99", table)})
+        return
     if a.svg_dir and len(sizes) > 1:
         pick = lambda k, s=1: [(n, table[n][k] * s) for n in sizes if table[n][k]]
         svg_curve(os.path.join(a.svg_dir, "scale_step.svg"), "The control plane's share of a step",

@@ -13,9 +13,11 @@ int run_control_plane_bench(const std::vector<std::string>& args) {
        {"--members", "--first-member", "--steps", "--step-ms", "--jitter-ms", "--members-per-node",
         "--lose", "--lose-at", "--lose-percent", "--lose-percent-at", "--straggler",
         "--checkpoint-every", "--heartbeat-timeout-ms", "--connect-threads", "--hello-timeout-s",
-        "--coordinator", "--join-token", "--run-dir"})
+        "--coordinator", "--join-token", "--run-dir", "--vote-window-ms"})
     cl.value(v);
   cl.flag("--json");
+  cl.flag("--aggregate");
+  cl.flag("--etcd");
   cl.parse(args);
   bench::control_plane::bench_options o;
   auto integer = [&](const char* flag, int64_t lo, int64_t hi, auto& into) {
@@ -57,6 +59,11 @@ int run_control_plane_bench(const std::vector<std::string>& args) {
   o.join_token = cl.last("--join-token").value_or("");
   o.run_dir = cl.last("--run-dir").value_or("");
   o.json = cl.has("--json");
+  o.aggregate = cl.has("--aggregate");
+  o.etcd = cl.has("--etcd");
+  integer("--vote-window-ms", 1, 600000, o.vote_window_ms);
+  if (cl.has("--vote-window-ms") && !o.aggregate)
+    throw cl.error("--vote-window-ms is a relay's setting: it needs --aggregate");
   try {
     return bench::control_plane::run_control_plane_bench(o);
   } catch (const std::invalid_argument& e) {

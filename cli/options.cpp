@@ -550,6 +550,13 @@ loss's time to the next commit, the coordinator's CPU per step and memory per me
   --step-ms MS               simulated compute of one step (default 200)
   --jitter-ms MS             each step's compute varies by up to +-MS (default 0)
   --members-per-node M       members sharing one connection (default 8; 1 = one per member)
+  --aggregate                each node's relay (its agent) bundles its members' votes and
+                             heartbeats and takes one commit for them: a message per node
+                             instead of per member (default: every member talks directly)
+  --vote-window-ms MS        with --aggregate, how long a relay holds a step's first vote for
+                             the node's other ranks (default 100)
+  --etcd                     the coordinator leads through its own etcd (--etcd local);
+                             etcd's count of its writes per step and per loss is reported
   --lose K                   K members lost at once after step --lose-at (default the middle)
   --lose-at STEP
   --lose-percent P           P % of the members lost at once after --lose-percent-at

@@ -41,7 +41,7 @@ const std::vector<std::string> may_change = {
     "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
     "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/coordinator_timeout_ms",
     "/elastic/rejoin_timeout_ms", "/elastic/join_timeout_ms", "/elastic/replacement_wait_ms",
-    "/elastic/straggler_policy", "/elastic/faults",
+    "/elastic/straggler_policy", "/elastic/faults", "/elastic/relay",
     // What is done about a divergence; the batches it skipped are in skipped_batches.json.
     "/on_divergence", "/max_rollbacks",
     // How the data plane's connections are guarded.

@@ -59,6 +59,9 @@ struct elastic_config {
   /// With max_restarts: how long a recovery waits for a crashed worker's restart to rejoin
   /// (one generation at the old world instead of a shrink and a grow); 0 = never waits.
   int replacement_wait_ms = 1000;
+  /// Aggregation through the agents: each agent carries its node's votes and heartbeats to the
+  /// coordinator in one message and hands out one commit per node (actors/agent/node_relay).
+  bool relay = false;
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
   std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated
 };

@@ -485,6 +485,11 @@ std::vector<setting> build_table() {
        "with --max-restarts: a recovery waits this long for a crashed worker's restart; 0 = "
        "shrink at once (default 1000)",
        0, 600000});
+  add(make_field("elastic.relay", &tc::elastic, &elastic_config::relay),
+      {"--relay", "", g_elastic, may_change,
+       "each agent carries its node's votes and heartbeats to the coordinator as one message "
+       "and hands out one commit for the node: a message per node instead of per rank "
+       "(docs/benchmarks/scale.md); not with --etcd (default off)"});
   add(section_string_field("elastic.straggler_policy", &tc::elastic,
                            &elastic_config::straggler_policy),
       {.flag = "--straggler-policy",

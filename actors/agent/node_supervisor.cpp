@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "actors/agent/node_agent_state.hpp"
+#include "actors/agent/node_relay.hpp"
 #include "actors/wire/connect.hpp"
 #include "actors/wire/messages.hpp"
 #include "actors/wire/tls_transport.hpp"
@@ -267,6 +268,25 @@ void fence_node(self_ptr self, const std::string& why) {
   self->delayed_send(self, kill, stop_atom::value, int32_t{2});
 }
 
+// --relay: this node's workers vote and beat through the agent's relay, which carries them to
+// the coordinator as one message per node. They find it in TROUPE_NODE_RELAY (inherited).
+void use_relay(self_ptr self, const launch_plan& plan) {
+  auto& s = self->state;
+  if (!plan.relay) {
+    ::unsetenv("TROUPE_NODE_RELAY");
+    return;
+  }
+  if (!s.args.relay) {
+    monitoring::log(monitoring::level::warn, agent_ctx,
+                    "the job asks for --relay, but this agent runs none (it follows several "
+                    "coordinators): its workers talk to the coordinator directly");
+    return;
+  }
+  const auto interval = heartbeat_interval(s.heartbeat_timeout);
+  self->send(s.args.relay, lead_atom::value, s.coordinator, static_cast<int32_t>(interval.count()));
+  ::setenv("TROUPE_NODE_RELAY", ("127.0.0.1:" + std::to_string(s.args.relay_port)).c_str(), 1);
+}
+
 // The coordinator's launch plan, accepted: this agent becomes node plan.node and starts its
 // members.
 void follow_plan(self_ptr self, const launch_plan& plan) {
@@ -285,6 +305,7 @@ void follow_plan(self_ptr self, const launch_plan& plan) {
   s.coordinator_seen = std::chrono::steady_clock::now();
   s.epoch = plan.epoch;
   s.exe = self_executable();
+  use_relay(self, plan);
   // Workers look for the leader themselves when it changes, so they get every coordinator.
   s.endpoint = s.several_coordinators()
                    ? endpoints_text(s.args.coordinators)
@@ -328,6 +349,8 @@ caf::behavior node_supervisor(self_ptr self, agent_args args, caf::actor coordin
   if (st.args.coordinators.empty())  // alone: the rejoin search asks it
     st.args.coordinators.push_back(endpoint{st.args.coordinator_host, st.args.coordinator_port});
   if (coordinator) self->monitor(coordinator);
+  // The relay ends with this agent.
+  if (st.args.relay) self->send(st.args.relay, watch_atom::value, caf::actor{self});
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.asking && dm.source == s.asking.address()) {
@@ -526,8 +549,26 @@ int run_agent(const agent_args& args) {
       return 1;
     }
   }
+  agent_args with_relay = args;
+  if (!several) {
+    // Ready for a job that asks for it (--relay), on loopback: only this node's workers reach it,
+    // over TLS with the job's token like every other port of the job.
+    relay_setup r;
+    r.coordinator = coordinator;
+    with_relay.relay = sys.spawn(node_relay, r);
+    auto port = publish_for_job(sys, with_relay.relay, 0, "127.0.0.1", false, "relay");
+    if (port) {
+      with_relay.relay_port = *port;
+    } else {
+      monitoring::log(monitoring::level::warn, agent_ctx,
+                      "cannot listen for this node's relay (" + sys.render(port.error()) +
+                          "): its workers talk to the coordinator directly");
+      caf::anon_send_exit(with_relay.relay, caf::exit_reason::user_shutdown);
+      with_relay.relay = nullptr;
+    }
+  }
   auto code = std::make_shared<std::atomic<int>>(0);
-  auto agent = sys.spawn(node_supervisor, args, coordinator, code, searches);
+  auto agent = sys.spawn(node_supervisor, with_relay, coordinator, code, searches);
   // SIGTERM (also what the kernel sends when the launching coordinator dies) stops the
   // workers in order and says why, instead of ending the agent silently. Under a scheduler
   // (preempt_on_signals) SIGTERM and SIGUSR1 are the scheduler's word for the whole job: the

@@ -3,6 +3,7 @@
 // processes, reports how each one ends, and stops them all when told or when the
 // coordinator is lost.
 
+#include <caf/actor.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -19,6 +20,10 @@ struct agent_args : coordinator_contact {
   /// The job's program (`troupe agent ... -- PROGRAM ARGS`): started as each worker, which
   /// joins through the `troupe` module or libtroupe; empty = `troupe worker`.
   std::vector<std::string> program;
+  /// Filled by run_agent: this node's relay (actors/agent/node_relay.hpp) and its loopback port,
+  /// for a job that asks for one (launch_plan::relay); none with several coordinators.
+  caf::actor relay = {};
+  uint16_t relay_port = 0;
 };
 
 /// Runs the agent until its workers are gone; returns the process exit code

@@ -90,6 +90,8 @@ job_metrics::job_metrics(monitoring::metrics_registry& r)
       stage_rejections(
           &r.add_counter_family("troupe_rejected_connections_total", rejected_connections_help)
                .with({{"listener", "stage"}})),
+      relayed_votes(&r.add_counter("troupe_relayed_votes_total",
+                                   "Votes that came bundled by the nodes' relays (--relay)")),
       rank_seconds(&r.add_counter_family(
           "troupe_rank_seconds_total",
           "Rank-seconds of the job by phase; the phases sum to wall time x rank slots")),

@@ -51,6 +51,7 @@ struct job_metrics {
   monitoring::counter* rollbacks;
   monitoring::counter* etcd_state_lost;
   monitoring::counter* stage_rejections;
+  monitoring::counter* relayed_votes;        // votes that came in a node relay's bundle (--relay)
   monitoring::counter_family* rank_seconds;  // by phase (actors/coordinator/job/goodput.hpp)
   monitoring::gauge* goodput;
   monitoring::gauge* mfu_ratio;

@@ -15,11 +15,13 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/coordinator/checkpoint_committer.hpp"
 #include "actors/coordinator/expert_group.hpp"
 #include "actors/coordinator/job_metrics.hpp"
 #include "actors/coordinator/job_status.hpp"
+#include "actors/coordinator/relayed_commits.hpp"
 #include "actors/wire/state_table.hpp"
 #include "chaos/hooks.hpp"
 #include "chaos/schedule.hpp"
@@ -43,6 +45,7 @@ using nlohmann::json;
 struct member_handles {
   caf::actor rank;     // commits, reconfigurations, stop
   caf::actor control;  // aborts (reach a collective in flight)
+  caf::actor relay;    // its node's relay (hello::relay): commits and beats go there; may be null
 };
 
 struct supervisor_state {
@@ -367,6 +370,10 @@ void run(self_ptr self, actions todo) {
     return;
   }
   std::vector<checkpoint_fallback_found> followups;  // answered at once, after these actions
+  relayed_commits relayed;  // one node_commit per relay, sent once every action is carried out
+  const auto send_relayed = [&] {
+    relayed.flush([&](const caf::actor& relay, node_commit c) { self->send(relay, std::move(c)); });
+  };
   for (auto& a : todo) {
     if (st.dying) return;
     std::visit(
@@ -376,10 +383,14 @@ void run(self_ptr self, actions todo) {
             emit(self, x.event);
           } else if constexpr (std::is_same_v<T, send_commit>) {
             x.msg.epoch = st.setup.epoch;
-            if (dies_mid_commit(self, x.msg.step)) return;
+            if (dies_mid_commit(self, x.msg.step)) return send_relayed();  // what went so far
             if (x.msg.checkpoint && st.committer) st.committer->checkpoint_requested();
-            if (auto it = st.members.find(x.member); it != st.members.end())
-              self->send(it->second.rank, x.msg);
+            if (auto it = st.members.find(x.member); it != st.members.end()) {
+              if (it->second.relay)
+                relayed.add(it->second.relay, x.member, x.msg);
+              else
+                self->send(it->second.rank, x.msg);
+            }
           } else if constexpr (std::is_same_v<T, send_reconfigure>) {
             x.msg.epoch = st.setup.epoch;
             if (auto it = st.members.find(x.member); it != st.members.end())
@@ -416,6 +427,7 @@ void run(self_ptr self, actions todo) {
         },
         a);
   }
+  send_relayed();
   for (const auto& f : followups) run(self, st.logic->on_checkpoint_fallback(f, now(self)));
   inject_faults(self);
   if (st.logic->state() == job_state::training && st.training_started == logic_time{}) {
@@ -552,6 +564,7 @@ caf::behavior job_supervisor(self_ptr self, job_setup setup) {
       [=](pause_atom, const std::string&) {},
       // A member's beat to a coordinator it took for the leader.
       [=](const heartbeat&) {},
+      [=](const node_beats&) {},
       [=](lead_atom, int64_t epoch, const std::string& state_json) {
         auto& st = self->state;
         st.setup.epoch = epoch;
@@ -723,10 +736,16 @@ void send_beats(self_ptr self) {
   s.last_beats = now(self);
   heartbeat beat{-1, s.logic->generation(), s.logic->committed()};
   beat.epoch = s.setup.epoch;
+  std::unordered_set<caf::actor_addr> relays_beaten;  // a relay hands the beat to its members
   for (const auto& m : s.logic->members())
     if (m.live)
-      if (auto it = s.members.find(m.id); it != s.members.end())
-        self->send(it->second.control, beat);
+      if (auto it = s.members.find(m.id); it != s.members.end()) {
+        const auto& relay = it->second.relay;
+        if (!relay)
+          self->send(it->second.control, beat);
+        else if (relays_beaten.insert(relay.address()).second)
+          self->send(relay, beat);
+      }
   for (auto& a : s.agents)
     if (a) self->send(a, beat);
 }
@@ -753,7 +772,10 @@ void pause(self_ptr self) {
       [=](pause_atom) {}, [=](pause_atom, const std::string& why) { resume(self, 0, why); },
       // Who still follows this coordinator (for giving up, see resume); the logic hears the
       // beats that waited once it goes on.
-      [=](const heartbeat& h) { self->state.heard_while_paused[h.member] = now(self); });
+      [=](const heartbeat& h) { self->state.heard_while_paused[h.member] = now(self); },
+      [=](const node_beats& b) {
+        for (const auto& h : b.beats) self->state.heard_while_paused[h.member] = now(self);
+      });
 }
 
 // Whether some member still follows this coordinator: it beat within the coordinator timeout.
@@ -818,6 +840,37 @@ void fill_welcome(self_ptr self, welcome& w) {
       static_cast<int32_t>(heartbeat_interval(liveness_of(s.setup.cfg.elastic).heartbeat).count());
 }
 
+// A member's heartbeat, alone or from its relay's bundle. An evicted member is answered
+// directly: at `sender`, or at its control actor when the beat came without one.
+void on_beat(self_ptr self, const heartbeat& h, caf::actor sender) {
+  auto& seen = self->state.stage_rejections[h.member];
+  if (h.rejected_connections > seen) {
+    self->state.metrics->stage_rejections->inc(static_cast<double>(h.rejected_connections - seen));
+    seen = h.rejected_connections;
+  }
+  auto todo = self->state.logic->on_heartbeat(h, now(self));
+  for (auto& a : todo)
+    if (auto* abort = std::get_if<send_abort>(&a)) {
+      abort->msg.epoch = self->state.setup.epoch;
+      auto to = sender;
+      if (auto it = self->state.members.find(h.member); !to && it != self->state.members.end())
+        to = it->second.control;
+      if (to) self->send(to, abort->msg);
+    }
+  std::erase_if(todo, [](const action& a) { return std::holds_alternative<send_abort>(a); });
+  run(self, std::move(todo));
+}
+
+// A relay's bundle longer than any node: refused whole, with the reason in the log.
+bool refused_bundle(self_ptr self, const char* what, size_t entries) {
+  if (entries <= max_bundle) return false;
+  monitoring::log(monitoring::level::warn, ctx(self),
+                  std::string("refused a ") + what + " of " + std::to_string(entries) +
+                      " entries from " + caf::to_string(self->current_sender()) + " (at most " +
+                      std::to_string(max_bundle) + " per node)");
+  return true;
+}
+
 caf::behavior leading_behavior(self_ptr self) {
   return {
       [=](const agent_hello& h) -> launch_plan {
@@ -846,7 +899,8 @@ caf::behavior leading_behavior(self_ptr self) {
           // member's timeout) and found no other leader: it comes back with its state, and
           // the generation it dropped is formed again.
           if (const member_info* m = s.logic->member(h.member); m && m->live && m->pid == h.pid) {
-            set_handles(s, h.member, member_handles{sender, h.control ? h.control : sender});
+            set_handles(s, h.member,
+                        member_handles{sender, h.control ? h.control : sender, h.relay});
             self->monitor(sender);
             w.generation = s.logic->generation();
             fill_welcome(self, w);
@@ -864,7 +918,7 @@ caf::behavior leading_behavior(self_ptr self) {
         auto previous = s.members.find(h.member);
         std::optional<member_handles> old;
         if (previous != s.members.end()) old = previous->second;
-        set_handles(s, h.member, member_handles{sender, h.control ? h.control : sender});
+        set_handles(s, h.member, member_handles{sender, h.control ? h.control : sender, h.relay});
         auto todo = s.logic->on_member_joined(h, now(self), w);
         if (!w.error.empty()) {
           if (old)
@@ -888,26 +942,20 @@ caf::behavior leading_behavior(self_ptr self) {
       [=](regroup_atom) { run(self, self->state.logic->on_regroup(now(self))); },
       [=](const reconfigured& r) { run(self, self->state.logic->on_reconfigured(r, now(self))); },
       [=](const heartbeat& h) {
-        auto& seen = self->state.stage_rejections[h.member];
-        if (h.rejected_connections > seen) {
-          self->state.metrics->stage_rejections->inc(
-              static_cast<double>(h.rejected_connections - seen));
-          seen = h.rejected_connections;
+        // Workers beat without a sender (anon_send from their heartbeat thread).
+        on_beat(self, h, caf::actor_cast<caf::actor>(self->current_sender()));
+      },
+      [=](const node_beats& b) {
+        if (refused_bundle(self, "node_beats", b.beats.size())) return;
+        for (const auto& h : b.beats) on_beat(self, h, nullptr);  // not the relay: its member
+      },
+      [=](const node_votes& b) {
+        if (refused_bundle(self, "node_votes", b.votes.size())) return;
+        self->state.metrics->relayed_votes->inc(static_cast<double>(b.votes.size()));
+        for (const auto& d : b.votes) {
+          if (self->state.setup.status) note_vote(*self->state.setup.status, d);
+          run(self, self->state.logic->on_vote(d, now(self)));
         }
-        auto todo = self->state.logic->on_heartbeat(h, now(self));
-        for (auto& a : todo)
-          if (auto* abort = std::get_if<send_abort>(&a)) {  // an evicted member: answer it directly
-            abort->msg.epoch = self->state.setup.epoch;
-            // Workers beat without a sender (anon_send from their heartbeat thread): the
-            // answer goes to the member's control actor then.
-            auto to = caf::actor_cast<caf::actor>(self->current_sender());
-            if (auto it = self->state.members.find(h.member);
-                !to && it != self->state.members.end())
-              to = it->second.control;
-            if (to) self->send(to, abort->msg);
-          }
-        std::erase_if(todo, [](const action& a) { return std::holds_alternative<send_abort>(a); });
-        run(self, std::move(todo));
       },
       [=](const expert_load_report& r) {
         auto& s = self->state;

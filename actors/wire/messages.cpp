@@ -67,6 +67,9 @@ system_config::system_config() {
   add_message_type<state_report>("troupe::state_report");
   add_message_type<reconfigured>("troupe::reconfigured");
   add_message_type<heartbeat>("troupe::heartbeat");
+  add_message_type<node_beats>("troupe::node_beats");
+  add_message_type<node_votes>("troupe::node_votes");
+  add_message_type<node_commit>("troupe::node_commit");
   // Heartbeats off means a frozen (SIGSTOPped, partitioned) peer is never noticed;
   // both settings must be non-zero for the middleman to check.
   set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(500)});

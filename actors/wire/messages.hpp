@@ -2,10 +2,12 @@
 // The control plane's whole vocabulary: every atom and message type that crosses a
 // process boundary between the coordinator, agents and ranks, registered in one place.
 
+#include <algorithm>
 #include <caf/actor.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -46,6 +48,10 @@ using silent_atom = caf::atom_constant<caf::atom("silent")>;
 // The leader's lease lapsed (etcd unreachable, quorum lost): the supervisor decides nothing until
 // it leads again (lead_atom) or gives up (pause_atom with the reason: the job ends).
 using pause_atom = caf::atom_constant<caf::atom("pause")>;
+// Aggregation through the agents (hello::relay): a member tells its node's relay where it
+// stands, (relay_placed_atom, member, the actor that takes its commits and the coordinator's
+// beats, generation, rank); generation 0 and rank -1 before its first generation.
+using relay_placed_atom = caf::atom_constant<caf::atom("placed")>;
 
 /// CAF 0.17 packs doubles with its own IEEE 754 code (caf/detail/ieee_754.hpp): a NaN arrives
 /// as an arbitrary number (often a negative one) and an infinity never leaves, the packing
@@ -76,6 +82,11 @@ struct hello {
   int32_t held_rank = -1;           ///< its rank there
   int64_t held_step = -1;           ///< the committed step its state is at; -1 = none usable
   std::string held_plan_json = {};  ///< strategies::to_json of held_generation's plan
+  /// Aggregation through the agents: the node's relay, which carries this member's votes and
+  /// heartbeats to the coordinator in bundles (node_votes, node_beats) and hands it the commits
+  /// and the coordinator's beats that come to the relay once for the node (node_commit). Null:
+  /// the member and the coordinator talk directly.
+  caf::actor relay = {};
 };
 
 /// The coordinator's answer: the member is admitted (or refused, and why). Its rank and the
@@ -89,6 +100,12 @@ struct welcome {
   std::string error;  ///< non-empty: the member is refused (and why)
   int64_t epoch = 0;  ///< the answering coordinator's leadership epoch (0 without etcd)
 };
+
+/// How often a member sends its heartbeat (welcome::heartbeat_interval_ms): five beats per
+/// timeout, so one late beat never looks like a hang, and at most twenty a second.
+inline std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds heartbeat_timeout) {
+  return std::max(std::chrono::milliseconds(50), heartbeat_timeout / 5);
+}
 
 /// The start of a refusal (welcome::error, launch_plan::error) from a coordinator that does not
 /// lead the job (a standby): the member or agent tries the next coordinator it knows.
@@ -207,6 +224,9 @@ struct launch_plan {
   /// How long an agent cut off from every coordinator keeps looking for the leader to rejoin
   /// the job (--rejoin-timeout-ms); 0 = it exits at once.
   int32_t rejoin_timeout_ms = 0;
+  /// --relay: the agent runs a node relay (actors/agent/node_relay.hpp) and its workers vote
+  /// and beat through it (TROUPE_NODE_RELAY).
+  bool relay = false;
 };
 
 /// A rank's vote for one step (stage 3 done: its gradients are all-reduced).
@@ -355,6 +375,26 @@ struct worker_exited {
   int32_t signal = 0;     ///< the signal that killed it, or 0
 };
 
+/// Aggregation through the agents (hello::relay): a node's relay sends its members' heartbeats
+/// of one interval as one message, and their votes for a step as one message once every rank
+/// it carries has voted (or its window passed). The coordinator handles each entry as if it
+/// had come alone; a bundle longer than max_bundle is refused whole.
+struct node_beats {
+  std::vector<heartbeat> beats;
+};
+struct node_votes {
+  std::vector<step_done> votes;
+};
+/// The coordinator's commit for the ranks a relay carries: one message per node instead of one
+/// per rank. `members[i]` gets `msg` with `peer_wait_s[i]` as its peer wait.
+struct node_commit {
+  commit msg;
+  std::vector<int32_t> members;
+  std::vector<double> peer_wait_s;
+};
+/// The most entries a node_beats or node_votes may carry: more members than one node runs.
+inline constexpr size_t max_bundle = 4096;
+
 /// The job's end, as the launcher (troupe run / troupe coordinator) reports it.
 struct job_result {
   int32_t exit_code = 0;  ///< 0 done, 1 failed, 3 diverged, 4 a checkpoint failed, 130 interrupted
@@ -373,7 +413,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hello& x) {
   return f(caf::meta::type_name("troupe::hello"), x.protocol, x.member, x.pid, x.host, x.node,
            x.control, x.transport, x.rejoin, x.epoch_seen, x.newest_generation, x.held_generation,
-           x.held_rank, x.held_step, x.held_plan_json);
+           x.held_rank, x.held_step, x.held_plan_json, x.relay);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, welcome& x) {
@@ -410,7 +450,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, launch_plan& x) {
   return f(caf::meta::type_name("troupe::launch_plan"), x.generation, x.node, x.members,
            x.max_restarts, x.coordinator_timeout_ms, x.error, x.epoch, x.heartbeat_timeout_ms,
-           x.rejoin_timeout_ms);
+           x.rejoin_timeout_ms, x.relay);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_done& x) {
@@ -453,6 +493,18 @@ typename Inspector::result_type inspect(Inspector& f, expert_load_report& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, worker_exited& x) {
   return f(caf::meta::type_name("troupe::worker_exited"), x.member, x.pid, x.exit_code, x.signal);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_beats& x) {
+  return f(caf::meta::type_name("troupe::node_beats"), x.beats);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_votes& x) {
+  return f(caf::meta::type_name("troupe::node_votes"), x.votes);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_commit& x) {
+  return f(caf::meta::type_name("troupe::node_commit"), x.msg, x.members, x.peer_wait_s);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, job_result& x) {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -488,6 +489,7 @@ int serve(worker& w) {
     w.newest_generation = std::max(w.newest_generation, r.generation);
     w.skipped_steps = r.skipped_steps;
     auto done = enter_generation(w, r);
+    if (done.ok) tell_relay_placed(w, r.generation, r.rank);
     if (!done.ok)
       monitoring::log(
           monitoring::level::warn, w.log_ctx(),
@@ -557,10 +559,11 @@ job_settings settings_of(const train_config& cfg, const std::string& config_json
 }
 
 void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args args, size_t first,
-                std::shared_ptr<std::atomic<int>> code, workload_factory make) {
+                std::shared_ptr<std::atomic<int>> code, workload_factory make, caf::actor relay) {
   worker w;
   w.self = self;
   w.coordinator = coordinator;
+  w.relay = relay;
   w.member = args.member;
   w.node = args.node;
   w.coordinators = args.coordinators;
@@ -575,9 +578,11 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     code->store(c);
     self->send_exit(control, caf::exit_reason::user_shutdown);
   };
-  const hello greeting{
-      protocol_version,          args.member, getpid(), this_host(), args.node, control,
-      comm::transport_identity()};
+  hello greeting{protocol_version,          args.member, getpid(), this_host(), args.node, control,
+                 comm::transport_identity()};
+  greeting.relay = w.relay;
+  // The relay hands this member the coordinator's beats from now on, before any generation.
+  tell_relay_placed(w, 0, -1);
   std::optional<welcome> answer;
   std::string error;
   if (!w.ha()) {
@@ -648,7 +653,7 @@ void rank_actor(caf::blocking_actor* self, caf::actor coordinator, worker_args a
     w.shared->set_coordinator(w.coordinator);
     // A silent coordinator is not the end: the heartbeat thread tells this actor, which stops
     // computing and asks for the leader again (rehome).
-    beats.emplace(w.coordinator, args.member, w.shared,
+    beats.emplace(w.relay ? w.relay : w.coordinator, args.member, w.shared,
                   std::chrono::milliseconds(std::max(10, answer->heartbeat_interval_ms)),
                   silence_policy_of(w), caf::actor_cast<caf::actor>(self));
     w.beats = &*beats;
@@ -755,8 +760,32 @@ int run_worker(const worker_args& args, const workload_factory& make) {
     if (!member) return 0;  // not needed: the agent stops or is gone
     mine.member = *member;
   }
+  // --relay: its agent's relay, on loopback (actors/agent/node_relay.hpp). Only a job with one
+  // coordinator asks for it (config validation), so a takeover never has to move it.
+  caf::actor relay;
+  if (const char* at = std::getenv("TROUPE_NODE_RELAY");
+      at && *at && args.coordinators.size() <= 1) {
+    std::string host;
+    uint16_t port = 0;
+    if (!parse_endpoint(at, host, port)) {
+      monitoring::log(
+          monitoring::level::error, lc,
+          std::string("TROUPE_NODE_RELAY must be HOST:PORT (its agent sets it), got '") + at + "'");
+      return 1;
+    }
+    auto found = remote_job_actor_until(
+        sys, host, port,
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(args.connect_timeout_ms));
+    if (!found) {
+      monitoring::log(monitoring::level::error, lc,
+                      "cannot reach its agent's relay at " + std::string(at) + ": " +
+                          sys.render(found.error()) + " (the agent may have ended)");
+      return 1;
+    }
+    relay = *found;
+  }
   auto code = std::make_shared<std::atomic<int>>(1);
-  sys.spawn(rank_actor, coordinator, mine, first, code, make);
+  sys.spawn(rank_actor, coordinator, mine, first, code, make, relay);
   sys.await_all_actors_done();
   return code->load();
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -78,6 +79,9 @@ struct worker {
   int64_t epoch_warned = -1;  // the older epoch last logged as ignored (logged once each)
   heartbeat_thread* beats = nullptr;
   caf::actor control;
+  // --relay: its agent's node relay (TROUPE_NODE_RELAY), which carries its votes and heartbeats
+  // to the coordinator and hands it the commits; null = it talks to the coordinator directly.
+  caf::actor relay;
   int32_t member = -1;
   size_t unwritten_heap = 0;  // warmed heap that still wants its first write (idle spares)
   std::shared_ptr<worker_shared> shared;
@@ -105,10 +109,20 @@ struct worker {
 /// Sends `msg` to the coordinator, unless this process has fenced itself (it lost the
 /// coordinator, worker_shared::fence): then nothing it says may count, and nothing goes out.
 /// Nothing goes out while it looks for a new leader either: the old one would not hear it.
+/// A vote goes through the node's relay when there is one.
 template <class Message>
 void tell_coordinator(worker& w, Message&& msg) {
-  if (!w.shared->fenced() && !w.shared->rehoming())
-    w.self->send(w.coordinator, std::forward<Message>(msg));
+  if (w.shared->fenced() || w.shared->rehoming()) return;
+  if constexpr (std::is_same_v<std::decay_t<Message>, step_done>)
+    if (w.relay) return w.self->send(w.relay, std::forward<Message>(msg));
+  w.self->send(w.coordinator, std::forward<Message>(msg));
+}
+
+/// Tells the node's relay (if any) where this member stands: the votes of a step it waits for
+/// and where its commits and the coordinator's beats go (the control actor).
+inline void tell_relay_placed(worker& w, uint64_t generation, int32_t rank) {
+  if (w.relay)
+    w.self->send(w.relay, relay_placed_atom::value, w.member, w.control, generation, rank);
 }
 
 /// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.

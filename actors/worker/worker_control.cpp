@@ -67,6 +67,8 @@ caf::behavior control_actor(caf::event_based_actor* self, std::shared_ptr<worker
       [=](const heartbeat& h) {
         if (!from_older_epoch(h.epoch, shared->epoch_seen().load())) shared->coordinator_seen();
       },
+      // A commit the node's relay hands on (--relay): the step loop's.
+      [=](const commit& c) { self->send(rank, c); },
   };
 }
 

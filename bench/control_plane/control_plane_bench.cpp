@@ -22,8 +22,10 @@
 #include "actors/coordinator/job/membership.hpp"
 #include "actors/wire/connect.hpp"
 #include "bench/control_plane/coordinator_process.hpp"
+#include "bench/control_plane/etcd_writes.hpp"
 #include "bench/control_plane/measure.hpp"
 #include "bench/control_plane/sim_node.hpp"
+#include "bench/control_plane/sim_process.hpp"
 #include "monitoring/http_client.hpp"
 #include "runtime/auth/credentials.hpp"
 #include "runtime/sys/child_process.hpp"
@@ -103,6 +105,7 @@ struct window_mark {
   double sim_cpu_s = 0;
   int64_t lo_bytes = 0;
   uint64_t beats_sent = 0, beats_received = 0, votes = 0, commits = 0;
+  uint64_t messages_in = 0, messages_out = 0;  // the coordinator's
   int64_t events_bytes = 0;
   int64_t step = 0;
 };
@@ -118,6 +121,8 @@ window_mark mark(sim_ledger& ledger, pid_t coordinator, const std::vector<pid_t>
   w.lo_bytes = loopback_bytes();
   w.beats_sent = ledger.beats_sent.load();
   w.beats_received = ledger.beats_received.load();
+  w.messages_in = ledger.messages_to_coordinator.load();
+  w.messages_out = ledger.messages_from_coordinator.load();
   w.votes = ledger.votes_sent.load();
   w.commits = ledger.commits_received.load();
   w.events_bytes = file_bytes(events);
@@ -213,74 +218,11 @@ fault_result lose_members(sim_ledger& ledger, int count, std::chrono::millisecon
   return out;
 }
 
-// CAF numbers the actor systems of one process in one byte of their node ids: past 256 they
-// repeat, and the coordinator would take two nodes for one.
-constexpr int nodes_per_process = 250;
-
-struct sim_process_setup {
-  int first_node = 0, last_node = 0;  ///< [first, last)
-  std::string host;
-  uint16_t port = 0;
-  std::chrono::milliseconds heartbeat_interval{400};
-};
-
-// One simulator process (forked): connects its nodes, kills the members the bench marks, and
-// stops them all when told. Returns its exit status.
-int run_sim_process(const bench_options& o, const sim_process_setup& p, sim_ledger& ledger) {
-  std::vector<std::unique_ptr<sim_node>> nodes(static_cast<size_t>(p.last_node - p.first_node));
-  const auto connect_deadline = clock_type::now() + std::chrono::seconds(o.hello_timeout_s);
-  std::atomic<int> next{p.first_node};
-  std::vector<std::thread> pool;
-  for (int t = 0; t < std::max(1, o.connect_threads); ++t)
-    pool.emplace_back([&] {
-      for (int k; (k = next.fetch_add(1)) < p.last_node;) {
-        node_setup s;
-        // Numbered from the first simulated member's id: real agents, each with at least one
-        // of the members below it, hold at most that many nodes, so none shares a number.
-        s.node = o.first_member + k;
-        for (int m = k * o.members_per_node; m < std::min(o.members, (k + 1) * o.members_per_node);
-             ++m)
-          s.members.push_back(o.first_member + m);
-        s.coordinator_host = p.host;
-        s.coordinator_port = p.port;
-        s.connect_deadline = connect_deadline;
-        s.heartbeat_interval = p.heartbeat_interval;
-        s.member.ledger = &ledger;
-        s.member.step_ms = o.step_ms;
-        s.member.jitter_ms = o.jitter_ms;
-        s.member.hello_timeout_s = o.hello_timeout_s;
-        if (o.straggler > 1 && k == 0) {
-          s.slow_members = {o.first_member};
-          s.slowdown = o.straggler;
-        }
-        auto n = std::make_unique<sim_node>(std::move(s));
-        if (auto error = n->start(); !error.empty()) {
-          std::fprintf(stderr, "troupe bench control-plane: node %d: %s\n", k, error.c_str());
-          ledger.control().nodes_failed.fetch_add(1);
-        } else {
-          ledger.control().nodes_connected.fetch_add(1);
-        }
-        nodes[static_cast<size_t>(k - p.first_node)] = std::move(n);
-      }
-    });
-  for (auto& t : pool) t.join();
-  int32_t round = 0;
-  while (!ledger.control().quit.load()) {
-    if (const int32_t now = ledger.control().kill_round.load(); now != round) {
-      round = now;
-      for (auto& n : nodes)
-        for (int32_t m : n->members())
-          if (ledger.member(m).kill.exchange(false)) n->kill_member(m);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-  nodes.clear();
-  return 0;
-}
-
 void check(const bench_options& o) {
   auto bad = [](const std::string& w) { throw std::invalid_argument(w); };
   if (o.members < 1) bad("--members N is required (1 or more)");
+  if (o.etcd && !o.coordinator.empty())
+    bad("--etcd starts the coordinator with its own etcd: it does not go with --coordinator");
   if (o.steps < 4) bad("--steps must be at least 4 (two warm-up steps, then measured ones)");
   if (o.members_per_node < 1) bad("--members-per-node must be at least 1");
   if (o.lose < 0 || o.lose >= o.members) bad("--lose K must be in 0..members-1");
@@ -333,6 +275,7 @@ int run_control_plane_bench(const bench_options& opt) {
     req.checkpoint_every = o.checkpoint_every;
     req.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
     req.metrics_port = free_local_port();
+    if (o.etcd) req.extra = {"--etcd", "local"};
     coordinator = std::make_unique<coordinator_process>(req, 120);
     host = coordinator->host();
     port = coordinator->port();
@@ -424,6 +367,12 @@ int run_control_plane_bench(const bench_options& opt) {
       std::min(o.lose > 0 ? o.lose_at : o.steps, o.lose_percent > 0 ? o.lose_percent_at : o.steps);
   window_mark begin, end;
   fault_result loss, mass_loss;
+  // --etcd: etcd's own count of the coordinator's writes, at the window's ends and around the
+  // single loss (its generation and the commit after it).
+  const uint16_t etcd_port = o.etcd ? local_etcd_port(o.run_dir + "/run").value_or(0) : 0;
+  if (o.etcd && !etcd_port) say("the job's etcd was not found: no etcd figures");
+  auto etcd_now = [&] { return etcd_port ? scrape_etcd(etcd_port) : std::nullopt; };
+  std::optional<etcd_counts> etcd_begin, etcd_end, etcd_before_loss, etcd_after_loss;
   metrics_scrape metrics;
   int64_t t_first_commit = 0;
   for (int64_t k = 1; k <= o.steps; ++k) {
@@ -436,14 +385,20 @@ int run_control_plane_bench(const bench_options& opt) {
     }
     if (k == 1)
       if (auto* s = ledger.step(1)) t_first_commit = s->last_commit_ns.load();
-    if (k == warm) begin = mark(ledger, cpid, sims, events, k);
+    if (k == warm) {
+      begin = mark(ledger, cpid, sims, events, k);
+      etcd_begin = etcd_now();
+    }
     if (k == first_fault) {
       end = mark(ledger, cpid, sims, events, k);
+      etcd_end = etcd_now();
       if (coordinator) metrics = scrape_metrics(coordinator->metrics_port());
     }
     if (o.lose > 0 && k == o.lose_at) {
       say("losing " + std::to_string(o.lose) + " member(s) after step " + std::to_string(k));
+      etcd_before_loss = etcd_now();
       loss = lose_members(ledger, o.lose, step_limit);
+      etcd_after_loss = etcd_now();
     }
     if (o.lose_percent > 0 && k == o.lose_percent_at) {
       const int count = std::max(
@@ -488,6 +443,7 @@ int run_control_plane_bench(const bench_options& opt) {
   r["nodes"] = nodes_count;
   r["connections"] = nodes_count;
   r["members_per_node"] = o.members_per_node;
+  r["aggregate"] = o.aggregate;
   r["steps"] = o.steps;
   r["step_ms"] = o.step_ms;
   r["connect_s"] = seconds_since(t_start, t_connected);
@@ -545,6 +501,17 @@ int run_control_plane_bench(const bench_options& opt) {
       static_cast<double>(end.beats_sent - begin.beats_sent) / std::max(1e-9, window_s);
   r["heartbeats_out_per_s"] =
       static_cast<double>(end.beats_received - begin.beats_received) / std::max(1e-9, window_s);
+  r["coordinator_messages_in_per_step"] =
+      static_cast<double>(end.messages_in - begin.messages_in) / window_steps;
+  r["coordinator_messages_out_per_step"] =
+      static_cast<double>(end.messages_out - begin.messages_out) / window_steps;
+  if (etcd_begin && etcd_end) {
+    const double per_step = (etcd_end->writes() - etcd_begin->writes()) / window_steps;
+    r["etcd_writes_per_step"] = per_step;
+    r["etcd_txns_per_step"] = (etcd_end->txns - etcd_begin->txns) / window_steps;
+    if (etcd_before_loss && etcd_after_loss)  // the loss's generation, less its one commit
+      r["etcd_writes_per_loss"] = etcd_after_loss->writes() - etcd_before_loss->writes() - per_step;
+  }
   r["loopback_bytes_per_s"] =
       static_cast<double>(end.lo_bytes - begin.lo_bytes) / std::max(1e-9, window_s);
   if (!events.empty()) {

@@ -23,7 +23,14 @@ struct bench_options {
   double straggler = 0;  ///< > 1: the first simulated member's steps take this many times as long
   int checkpoint_every = 0;
   int heartbeat_timeout_ms = 2000;
+  /// Aggregation through the agents: each node's relay bundles its members' votes and beats
+  /// and takes one commit for them (sim_relay.hpp); off, every member talks to the coordinator.
+  bool aggregate = false;
+  int vote_window_ms = 100;  ///< aggregated: how long a relay holds a step's first vote
   int connect_threads = 8;
+  /// The coordinator leads through its own etcd (--etcd local); etcd's write counts are
+  /// reported (etcd_writes_per_step, etcd_writes_per_loss).
+  bool etcd = false;
   int hello_timeout_s = 600;
   /// Where the coordinator started here runs ("" = a fresh directory under /tmp, removed
   /// afterwards); with `coordinator`, that coordinator's run directory, read for the events

@@ -84,6 +84,10 @@ class sim_ledger {
   std::atomic<uint64_t> reports{0};
   std::atomic<uint64_t> refusals{0};  ///< hellos refused or unanswered
   std::atomic<uint64_t> stops{0};     ///< members told to stop (the job's end, an eviction)
+  /// Messages on the wire while training, whatever they carry (a node_votes counts once): what
+  /// the coordinator's I/O thread handles, apart from the generations' messages.
+  std::atomic<uint64_t> messages_to_coordinator{0};
+  std::atomic<uint64_t> messages_from_coordinator{0};
 
  private:
   sim_ledger() = default;

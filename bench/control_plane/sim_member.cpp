@@ -3,6 +3,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 
+#include "actors/agent/node_relay.hpp"
 #include "actors/wire/messages.hpp"
 #include "actors/wire/welcome_verdict.hpp"
 
@@ -43,6 +44,9 @@ void enter(member_actor* self, const reconfigure& r) {
   self->send(s.setup.coordinator, done);
   s.held_generation = r.generation;
   s.held_rank = r.rank;
+  if (s.setup.relay)
+    self->send(s.setup.relay, relay_placed_atom::value, s.setup.id, caf::actor{self}, r.generation,
+               r.rank);
   if (r.rank >= 0) schedule_vote(self, r.start_step + 1);
 }
 
@@ -61,6 +65,7 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
   // (TROUPE_TRANSPORT=null), so that the coordinator names one transport for the group.
   const std::string transport = "null\n" + st.host;
   hello greeting{protocol_version, st.id, fake_pid(st.id), st.host, st.node, self, transport};
+  greeting.relay = st.relay;
   self->request(st.coordinator, std::chrono::seconds(st.hello_timeout_s), greeting)
       .then(
           [=](const welcome& w) {
@@ -92,7 +97,12 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
         vote.compute_s = vote.compute_cpu_s = s.setup.step_ms / 1000.0;
         if (auto* rec = s.setup.ledger->step(step)) store_max(rec->last_vote_ns, now_ns());
         s.setup.ledger->votes_sent.fetch_add(1, std::memory_order_relaxed);
-        self->send(s.setup.coordinator, vote);
+        if (s.setup.relay) {
+          self->send(s.setup.relay, vote);
+        } else {
+          s.setup.ledger->messages_to_coordinator.fetch_add(1, std::memory_order_relaxed);
+          self->send(s.setup.coordinator, vote);
+        }
       },
       [=](const commit& c) {
         auto& s = self->state;
@@ -104,6 +114,8 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
         rec.commit_step.store(c.step);
         rec.commit_ns.store(t);
         s.setup.ledger->commits_received.fetch_add(1, std::memory_order_relaxed);
+        if (!s.setup.relay)
+          s.setup.ledger->messages_from_coordinator.fetch_add(1, std::memory_order_relaxed);
         if (auto* step = s.setup.ledger->step(c.step)) {
           store_max(step->last_commit_ns, t);
           step->commits.fetch_add(1, std::memory_order_relaxed);
@@ -148,6 +160,8 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
         auto& s = self->state;
         if (!from_older_epoch(h.epoch, s.epoch)) s.epoch = h.epoch;
         s.setup.ledger->beats_received.fetch_add(1, std::memory_order_relaxed);
+        if (!s.setup.relay)
+          s.setup.ledger->messages_from_coordinator.fetch_add(1, std::memory_order_relaxed);
       },
       [=](stop_atom) {
         self->state.setup.ledger->stops.fetch_add(1);

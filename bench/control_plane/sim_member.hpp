@@ -19,6 +19,7 @@ struct member_setup {
   int32_t node = 0;
   std::string host;  ///< "simnode-<node>": no one-host shortcut fires
   caf::actor coordinator;
+  caf::actor relay;  ///< its node's relay (actors/agent/node_relay.hpp); null = none
   sim_ledger* ledger = nullptr;
   int step_ms = 200;    ///< simulated forward + backward
   int jitter_ms = 0;    ///< uniform in [-jitter, +jitter]

@@ -4,6 +4,7 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/agent/node_relay.hpp"
 #include "actors/wire/connect.hpp"
 
 namespace troupe::bench::control_plane {
@@ -17,9 +18,10 @@ struct ticker_state {
 
 // Every interval, one heartbeat per live member of the node, sent without a sender as a
 // worker's heartbeat thread sends it.
-caf::behavior ticker(caf::stateful_actor<ticker_state>* self, caf::actor coordinator,
+// Aggregated, `to` is the node's relay, which bundles the beats; otherwise the coordinator.
+caf::behavior ticker(caf::stateful_actor<ticker_state>* self, caf::actor to,
                      std::vector<int32_t> members, sim_ledger* ledger,
-                     std::chrono::milliseconds interval) {
+                     std::chrono::milliseconds interval, bool relayed) {
   self->send(self, beat_atom::value);
   return {[=](beat_atom) {
     for (int32_t m : members) {
@@ -27,7 +29,8 @@ caf::behavior ticker(caf::stateful_actor<ticker_state>* self, caf::actor coordin
       if (!rec.alive.load(std::memory_order_relaxed)) continue;
       actors::heartbeat beat{m, rec.generation.load(std::memory_order_relaxed),
                              rec.commit_step.load(std::memory_order_relaxed), 0};
-      caf::anon_send(coordinator, beat);
+      caf::anon_send(to, beat);
+      if (!relayed) ledger->messages_to_coordinator.fetch_add(1, std::memory_order_relaxed);
       ledger->beats_sent.fetch_add(1, std::memory_order_relaxed);
     }
     self->delayed_send(self, interval, beat_atom::value);
@@ -54,6 +57,15 @@ std::string sim_node::start() {
                                               setup_.coordinator_port, setup_.connect_deadline);
   if (!found) return system_->render(found.error());
   coordinator_ = *found;
+  if (setup_.aggregate) {
+    actors::relay_setup r;
+    r.coordinator = coordinator_;
+    r.vote_window = setup_.vote_window;
+    r.beat_interval = setup_.heartbeat_interval;
+    r.to_coordinator = &setup_.member.ledger->messages_to_coordinator;
+    r.from_coordinator = &setup_.member.ledger->messages_from_coordinator;
+    relay_ = system_->spawn(actors::node_relay, r);
+  }
   const std::string host = "simnode-" + std::to_string(setup_.node);
   for (int32_t id : setup_.members) {
     member_setup m = setup_.member;
@@ -61,13 +73,14 @@ std::string sim_node::start() {
     m.node = setup_.node;
     m.host = host;
     m.coordinator = coordinator_;
+    m.relay = relay_;
     if (std::find(setup_.slow_members.begin(), setup_.slow_members.end(), id) !=
         setup_.slow_members.end())
       m.slowdown = setup_.slowdown;
     member_actors_.push_back(system_->spawn(sim_member, m));
   }
-  ticker_ = system_->spawn(ticker, coordinator_, setup_.members, setup_.member.ledger,
-                           setup_.heartbeat_interval);
+  ticker_ = system_->spawn(ticker, relay_ ? relay_ : coordinator_, setup_.members,
+                           setup_.member.ledger, setup_.heartbeat_interval, bool{relay_});
   return "";
 }
 
@@ -84,9 +97,11 @@ bool sim_node::kill_member(int32_t member) {
 void sim_node::kill_all() {
   for (int32_t m : setup_.members) setup_.member.ledger->member(m).alive.store(false);
   for (auto& a : member_actors_) caf::anon_send_exit(a, caf::exit_reason::kill);
-  if (ticker_) caf::anon_send_exit(ticker_, caf::exit_reason::kill);
+  for (auto* a : {&ticker_, &relay_})
+    if (*a) caf::anon_send_exit(*a, caf::exit_reason::kill);
   member_actors_.clear();
   ticker_ = nullptr;
+  relay_ = nullptr;
   coordinator_ = nullptr;
 }
 

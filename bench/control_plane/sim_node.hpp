@@ -1,7 +1,8 @@
 #pragma once
 // One simulated node: its own CAF actor system (so its own TLS connection to the coordinator,
 // as a real process has), a few member actors, and a ticker that sends their heartbeats the
-// way a worker's heartbeat thread does (anon_send, every interval).
+// way a worker's heartbeat thread does (anon_send, every interval). Aggregated, a relay stands
+// for the node's agent: the heartbeats go as one node_beats, the votes through the relay.
 
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
@@ -27,6 +28,10 @@ struct node_setup {
   /// Members whose step takes `slowdown` times as long (stragglers).
   std::vector<int32_t> slow_members;
   double slowdown = 1;
+  /// Aggregation through the agents: the node's relay carries its members' votes and beats in
+  /// bundles and hands out the coordinator's node_commits (actors/agent/node_relay.hpp).
+  bool aggregate = false;
+  std::chrono::milliseconds vote_window{100};
 };
 
 class sim_node {
@@ -54,6 +59,7 @@ class sim_node {
   caf::actor coordinator_;
   std::vector<caf::actor> member_actors_;
   caf::actor ticker_;
+  caf::actor relay_;
 };
 
 }  // namespace troupe::bench::control_plane

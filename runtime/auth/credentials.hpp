@@ -25,7 +25,7 @@ namespace troupe::auth {
 /// The control-plane protocol version (the shape of troupe's messages) a token is made for; a
 /// process of another build refuses a token, and a coordinator, of another version by name.
 /// Bumped whenever a message in actors/wire/messages.hpp changes shape.
-inline constexpr int protocol_version = 18;
+inline constexpr int protocol_version = 19;
 
 /// Thrown when a token cannot be made or read; the message names the file and what is wrong.
 class credentials_error : public std::runtime_error {

@@ -1,7 +1,9 @@
 """Issue 41 at CI size: the real coordinator against 2,000 simulated members (`troupe bench
 control-plane`) forms the job, commits every step, survives one loss and a 10 % loss (one
 generation for the 200, not one per loss), and stays within bounds on step latency and memory
-per member. Bad options are exit 2 with a one-line message."""
+per member; once with every member talking to the coordinator, once aggregated through the
+nodes' relays (--aggregate), which must cut the coordinator's messages per step by the
+members per node. Bad options are exit 2 with a one-line message."""
 
 import json
 import os
@@ -38,10 +40,10 @@ def tail(path, lines=40):
         return f"({path} unreadable)"
 
 
-def run_bench(run_dir):
+def run_bench(run_dir, extra):
     """Runs the simulation in its own process group, so that a run past the deadline takes
     its simulator processes with it (the coordinator dies with the bench: PR_SET_PDEATHSIG)."""
-    proc = subprocess.Popen([TROUPE] + BENCH + RUN + ["--run-dir", run_dir],
+    proc = subprocess.Popen([TROUPE] + BENCH + RUN + extra + ["--run-dir", run_dir],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -54,10 +56,11 @@ def run_bench(run_dir):
     return proc.returncode, out, err
 
 
-def scale():
+def scale(extra):
+    """One run; returns its JSON figures."""
     with tempfile.TemporaryDirectory(prefix="troupe-control-plane-test-") as run_dir:
         start = time.monotonic()
-        code, out, err = run_bench(run_dir)
+        code, out, err = run_bench(run_dir, extra)
         wall = time.monotonic() - start
         log = tail(os.path.join(run_dir, "run", "coordinator.log"))
         if code != 0:
@@ -67,7 +70,8 @@ def scale():
             r = json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):
             fail(f"stdout is not one JSON object:\n{out}\n{err[-2000:]}")
-        print(f"{MEMBERS} members, {wall:.0f} s: {json.dumps(r, sort_keys=True)}", flush=True)
+        print(f"{MEMBERS} members {extra}, {wall:.0f} s: {json.dumps(r, sort_keys=True)}",
+              flush=True)
         problems = []
         if r.get("coordinator_exit") != 0:
             problems.append(f"coordinator_exit is {r.get('coordinator_exit')}, not 0")
@@ -84,8 +88,26 @@ def scale():
         if not r.get("steps_measured", 0) >= 30:
             problems.append(f"steps_measured is {r.get('steps_measured')}, under 30")
         problems += generation_problems(os.path.join(run_dir, "run", "events.jsonl"))
+        if r.get("aggregate") != ("--aggregate" in extra):
+            problems.append(f"aggregate is {r.get('aggregate')}")
         if problems:
-            fail("; ".join(problems) + f"\ncoordinator log:\n{log}")
+            fail(f"{extra}: " + "; ".join(problems) + f"\ncoordinator log:\n{log}")
+        return r
+
+
+def messages_problems(direct, aggregated):
+    """A step's votes and the interval's beats come as one message per node, and the commits
+    and beats go out as one: 8 members per node, so well under a quarter of the messages."""
+    problems = []
+    for key in ("coordinator_messages_in_per_step", "coordinator_messages_out_per_step"):
+        d, a = direct.get(key), aggregated.get(key)
+        if not (isinstance(d, (int, float)) and isinstance(a, (int, float)) and d > 0):
+            problems.append(f"{key} missing: direct {d!r}, aggregated {a!r}")
+        elif a > d / 4:
+            problems.append(f"{key}: aggregated {a:.0f} is not under a quarter of direct {d:.0f}")
+        elif d < MEMBERS:
+            problems.append(f"{key}: direct {d:.0f} is fewer than one per member")
+    return problems
 
 
 def generation_problems(events_path):
@@ -108,6 +130,7 @@ def bad_options():
         (["--members", "0"], "--members"),
         (["--lose", "5", "--members", "5"], "--lose"),
         (["--members", "10", "--coordinator", "x:1"], "--join-token"),
+        (["--members", "10", "--vote-window-ms", "5"], "--aggregate"),
     ]
     for args, needle in cases:
         start = time.monotonic()
@@ -122,7 +145,11 @@ def bad_options():
 
 def test():
     bad_options()
-    scale()
+    direct = scale([])
+    aggregated = scale(["--aggregate"])
+    problems = messages_problems(direct, aggregated)
+    if problems:
+        fail("; ".join(problems))
 
 
 if __name__ == "__main__":

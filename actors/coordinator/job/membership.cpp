@@ -7,10 +7,6 @@
 
 namespace troupe::actors {
 
-std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds heartbeat_timeout) {
-  return std::max(std::chrono::milliseconds(50), heartbeat_timeout / 5);
-}
-
 namespace {
 
 // What a removed member's process is told about its removal.
@@ -46,7 +42,8 @@ membership::membership(const job_params& p)
       max_restarts_(p.max_restarts),
       heartbeat_timeout_(p.heartbeat_timeout),
       coordinator_timeout_(p.coordinator_timeout),
-      rejoin_timeout_(p.rejoin_timeout) {}
+      rejoin_timeout_(p.rejoin_timeout),
+      relay_(p.cfg.elastic.relay) {}
 
 void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& answer,
                              actions& out) {
@@ -69,6 +66,7 @@ void membership::admit_agent(const agent_hello& h, bool job_over, launch_plan& a
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
   answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
   answer.rejoin_timeout_ms = static_cast<int32_t>(rejoin_timeout_.count());
+  answer.relay = relay_;
   for (int i = 0; i < count; ++i) {
     launched_on_.resize(static_cast<size_t>(next_member_) + 1, -1);
     launched_on_[static_cast<size_t>(next_member_)] = node;
@@ -118,6 +116,7 @@ void membership::readmit_agent(const agent_hello& h, bool job_over, launch_plan&
   answer.coordinator_timeout_ms = static_cast<int32_t>(coordinator_timeout_.count());
   answer.heartbeat_timeout_ms = static_cast<int32_t>(heartbeat_timeout_.count());
   answer.rejoin_timeout_ms = static_cast<int32_t>(rejoin_timeout_.count());
+  answer.relay = relay_;
   out.push_back(emit_event{events::agent_joined{h.host, h.pid, h.node, h.members}});
 }
 

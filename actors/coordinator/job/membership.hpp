@@ -23,10 +23,6 @@
 
 namespace troupe::actors {
 
-/// How often a member sends its heartbeat (welcome::heartbeat_interval_ms): five beats per
-/// timeout, so one late beat never looks like a hang, and at most twenty a second.
-std::chrono::milliseconds heartbeat_interval(std::chrono::milliseconds heartbeat_timeout);
-
 class membership {
  public:
   explicit membership(const job_params& p);
@@ -144,6 +140,7 @@ class membership {
   std::chrono::milliseconds heartbeat_timeout_;
   std::chrono::milliseconds coordinator_timeout_;
   std::chrono::milliseconds rejoin_timeout_;
+  bool relay_ = false;  ///< launch_plan::relay
   uint64_t generation_ = 0;
   std::vector<member_info> members_;
   std::vector<int32_t> agent_pids_;   // by node

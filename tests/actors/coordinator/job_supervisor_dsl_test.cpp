@@ -5,20 +5,9 @@
 // formation, a vote round, the loss of a rank (its actor going down, its agent's exit
 // report, or its heartbeats stopping) and the recovery that follows, and the forming
 // deadline. Time moves only by advance_time: no test here sleeps or waits on the wall clock.
-//
-// dsl.hpp's expect/allow/disallow report through the CAF test engine, which exists only
-// inside CAF's own runner (under GoogleTest they dereference a null test and crash), so the
-// fixture below does what they do with the same scheduler calls and gtest's assertions.
 
-// The order below matters, so clang-format leaves it alone.
 // clang-format off
-#define FAIL(msg) CAF_FAIL(msg)  // dsl.hpp 0.17.6 calls FAIL() without defining it
-#include <caf/test/dsl.hpp>
-#undef FAIL  // gtest's FAIL() from here on
-// The CAF test engine dsl.hpp refers to, without its main(): gtest_main runs the tests.
-#define CAF_TEST_NO_MAIN
-#include <caf/test/unit_test_impl.hpp>
-#include <gtest/gtest.h>
+#include "tests/actors/caf_dsl_in_gtest.hpp"  // first: the CAF test engine
 // clang-format on
 
 #include <chrono>
@@ -44,13 +33,10 @@ using namespace std::chrono_literals;
 // launcher waiting for the result. The test reads their mailboxes; they answer nothing (CAF's
 // drop handler would answer an error, which ends the supervisor).
 caf::behavior stand_in() {
-  return {[](const welcome&) {},
-          [](const reconfigure&) {},
-          [](const commit&) {},
-          [](const abort_generation&) {},
-          [](const heartbeat&) {},
-          [](stop_atom) {},
-          [](result_atom, const job_result&) {}};
+  return {[](const welcome&) {},   [](const reconfigure&) {},
+          [](const commit&) {},    [](const abort_generation&) {},
+          [](const heartbeat&) {}, [](const node_commit&) {},
+          [](stop_atom) {},        [](result_atom, const job_result&) {}};
 }
 
 struct member {
@@ -153,7 +139,8 @@ class SupervisorDsl : public ::testing::Test,
     }
   }
 
-  member join(int32_t id) {
+  // `relay`: the member's node relay (aggregation through the agents), or none.
+  member join(int32_t id, const caf::actor& relay = nullptr) {
     member m{id, sys.spawn(stand_in), sys.spawn(stand_in)};
     members_.push_back(m);
     hello h;
@@ -161,18 +148,19 @@ class SupervisorDsl : public ::testing::Test,
     h.pid = 100 + id;
     h.host = "test";
     h.control = m.control;
+    h.relay = relay;
     inject_from(m.rank, supervisor_, h);
     return m;
   }
 
   // Both members join; each is told its place in generation 1 and answers.
-  std::pair<member, member> form() {
-    const member r0 = join(0);
+  std::pair<member, member> form(const caf::actor& relay = nullptr) {
+    const member r0 = join(0, relay);
     auto w0 = expect_from<welcome>(supervisor_, r0.rank);
     EXPECT_TRUE(w0 && w0->error.empty());
     // Half the job is not a job: nobody is placed yet.
     EXPECT_EQ(pending(r0.rank), "");
-    const member r1 = join(1);
+    const member r1 = join(1, relay);
     // The last member completes the job: the plan goes to both, the one that joined last
     // before its own welcome (it waits in its mailbox until the welcome is in).
     for (const member& m : {r0, r1}) {
@@ -389,6 +377,93 @@ TEST_F(SupervisorDsl, AJobThatNeverFormsFailsAtTheFormDeadline) {
   EXPECT_NEAR(res.wall_s, form_timeout_ms / 1000.0 + 0.1, 1e-9);
   // A finished job stops ticking: nothing is left on the clock.
   EXPECT_TRUE(sched.clock().schedule().empty());
+}
+
+// Aggregation through the agents: a node's relay brings its ranks' votes in one message, and
+// the coordinator answers it with one node_commit for them, not one commit per rank.
+TEST_F(SupervisorDsl, ARelayCarriesItsNodesVotesAndTakesOneCommitForThem) {
+  const caf::actor relay = sys.spawn(stand_in);
+  auto [r0, r1] = form(relay);
+  inject_from(relay, supervisor_, node_votes{{vote(1, 1, 0, 10.0)}});
+  EXPECT_EQ(pending(relay), "");  // one vote of two: no commit
+  inject_from(relay, supervisor_, node_votes{{vote(1, 1, 1, 20.0)}});
+  auto c = expect_from<node_commit>(supervisor_, relay);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->msg.generation, 1u);
+  EXPECT_EQ(c->msg.step, 1);
+  EXPECT_EQ(c->members, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(c->peer_wait_s.size(), 2u);
+  EXPECT_EQ(pending(relay), "");  // one message for the node
+  for (const member& m : {r0, r1}) EXPECT_EQ(pending(m.rank), "");
+  EXPECT_NE(registry_.render_prometheus().find("\ntroupe_loss 3.75\n"), std::string::npos);
+  // Both votes in one bundle commit the next step the same way.
+  inject_from(relay, supervisor_, node_votes{{vote(1, 2, 0, 10.0), vote(1, 2, 1, 20.0)}});
+  c = expect_from<node_commit>(supervisor_, relay);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->msg.step, 2);
+  EXPECT_EQ(c->members.size(), 2u);
+  caf::anon_send_exit(relay, caf::exit_reason::kill);
+}
+
+// A relay's node_beats keep every member it carries alive, and the coordinator's own beat goes
+// to the relay once for them all.
+TEST_F(SupervisorDsl, NodeBeatsKeepTheirMembersAliveAndTheRelayIsBeatenOnce) {
+  const caf::actor relay = sys.spawn(stand_in);
+  auto [r0, r1] = form(relay);
+  for (int i = 1; i * 500 <= 2 * heartbeat_timeout_ms; ++i) {
+    inject_from(relay, supervisor_, node_beats{{heartbeat{0, 1, 0}, heartbeat{1, 1, 0}}});
+    EXPECT_EQ(advance_time(500ms), 1u);
+    run_actor(supervisor_);
+    auto b = expect_from<heartbeat>(supervisor_, relay);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->member, -1);
+    EXPECT_EQ(pending(relay), "") << "one beat for the node";
+    for (const member& m : {r0, r1})
+      ASSERT_EQ(pending(m.control), "") << "after " << i * 500 << " ms";
+  }
+  caf::anon_send_exit(relay, caf::exit_reason::kill);
+}
+
+// Bundles longer than any node are refused whole: none of their entries counts.
+TEST_F(SupervisorDsl, ABundleLongerThanAnyNodeIsRefusedWhole) {
+  const caf::actor relay = sys.spawn(stand_in);
+  form(relay);
+  node_votes flood;
+  for (size_t i = 0; i <= max_bundle; ++i)
+    flood.votes.push_back(vote(1, 1, static_cast<int32_t>(i % 2), 10.0));
+  inject_from(relay, supervisor_, flood);
+  EXPECT_EQ(pending(relay), "");  // no commit
+  inject_from(relay, supervisor_, node_votes{{vote(1, 1, 0, 10.0), vote(1, 1, 1, 20.0)}});
+  EXPECT_TRUE(expect_from<node_commit>(supervisor_, relay));
+  caf::anon_send_exit(relay, caf::exit_reason::kill);
+}
+
+// A member declared lost (silent past the timeout) whose process speaks again is told it was
+// removed. Workers beat without a sender: the answer goes to its control actor, where before it
+// went to the missing sender and was lost.
+TEST_F(SupervisorDsl, ARemovedMembersBeatWithoutASenderIsAnsweredAtItsControl) {
+  auto [r0, r1] = form();
+  train_one_step(r0, r1);
+  heartbeat beat{0, 1, 1};
+  for (int i = 1; i * 500 <= heartbeat_timeout_ms + 500; ++i) {
+    inject_from(r0.control, supervisor_, beat);
+    EXPECT_EQ(advance_time(500ms), 1u);
+    run_actor(supervisor_);
+    if (i * 500 <= heartbeat_timeout_ms) {
+      drop_heartbeats(r0.control);
+      drop_heartbeats(r1.control);
+    }
+  }
+  expect_recovery_of(r0, false);
+  drop_heartbeats(r1.control);
+  ASSERT_EQ(pending(r1.control), "");
+  caf::anon_send(supervisor_, heartbeat{1, 1, 1});  // r1's heartbeat thread wakes up
+  run_actor(supervisor_);
+  drop_heartbeats(r1.control);
+  auto told = expect_from<abort_generation>(supervisor_, r1.control);
+  ASSERT_TRUE(told);
+  EXPECT_TRUE(told->final);
+  EXPECT_EQ(told->reason.rfind(std::string(removed_prefix), 0), 0u) << told->reason;
 }
 
 }  // namespace

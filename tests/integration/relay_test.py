@@ -1,0 +1,108 @@
+"""Aggregation through the agents (--relay, issue 41): the workers of each node vote and beat
+through their agent's relay, which carries a node's votes to the coordinator as one message
+and hands out one commit per node.
+
+- A 4-rank job on 2 nodes trains the same losses with the relay as without it, bit for bit
+  (the relay changes only how the control plane's messages travel), and the coordinator
+  counts the votes that came bundled (troupe_relayed_votes_total; none without --relay).
+- A rank killed with kill -9 mid-run: the job regroups without it and keeps committing
+  through the relays (the dead rank's votes are no longer waited for).
+- --relay with --etcd is refused (exit 2): the relays do not follow a takeover yet."""
+
+import os
+import re
+import signal
+import subprocess
+import urllib.request
+
+from harness import (SMALL_MODEL, TROUPE, Job, fail, free_port, main, run_to_end, step_losses,
+                     wait_until)
+
+STEPS = 20
+BASE = SMALL_MODEL + ["--world", "4", "--nodes", "2", "--checkpoint-every", "0"]
+
+
+def relayed_votes(port):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    m = re.search(r"^troupe_relayed_votes_total (\S+)$", body, re.M)
+    if not m:
+        fail(f"troupe_relayed_votes_total missing from /metrics:\n{body[:2000]}")
+    return float(m.group(1))
+
+
+def same_losses_with_and_without():
+    runs = {}
+    for name, extra in (("direct", []), ("relay", ["--relay"])):
+        code, events, output = run_to_end(BASE + ["--steps", str(STEPS), "--metrics-port", "0"]
+                                          + extra, timeout=300)
+        if code != 0:
+            fail(f"{name}: exit {code}:\n{output}")
+        runs[name] = step_losses(events)
+        if sorted(runs[name]) != list(range(1, STEPS + 1)):
+            fail(f"{name}: expected steps 1..{STEPS}, got {sorted(runs[name])}")
+    if runs["direct"] != runs["relay"]:
+        diff = [s for s in runs["direct"] if runs["direct"][s] != runs["relay"].get(s)]
+        fail(f"the losses differ with --relay at steps {diff[:5]}: "
+             f"{[(runs['direct'][s], runs['relay'].get(s)) for s in diff[:3]]}")
+    print(f"{STEPS} steps, the same losses with and without --relay")
+
+
+def kill_a_rank_under_the_relay():
+    port = free_port()
+    args = BASE + ["--steps", "100000", "--metrics-port", str(port), "--relay",
+                   "--fault", "kill:rank=3:step=8"]
+    with Job(args) as job:
+        def trained_after_the_loss():
+            ev = job.events()
+            gens = [e for e in ev if e.get("event") == "generation" and e.get("number", 0) >= 2]
+            return gens and any(e.get("event") == "step" and e.get("generation", 0) >= 2
+                                and e["step"] >= gens[-1]["start_step"] + 5 for e in ev)
+        try:
+            wait_until(trained_after_the_loss, 180,
+                       "the job to lose rank 3 and train 5 steps without it")
+        except SystemExit:
+            print(job.output(), flush=True)
+            raise
+        ev = job.events()
+        gens = [e for e in ev if e.get("event") == "generation"]
+        if gens[-1].get("world") != 3:
+            fail(f"expected the job to go on at world 3, generations: "
+                 f"{[(g.get('number'), g.get('world')) for g in gens]}")
+        steps = max(e["step"] for e in ev if e.get("event") == "step")
+        votes = relayed_votes(port)
+        # Every rank's vote of every committed step came through a relay (and more: a step in
+        # flight, the votes of the step the loss aborted).
+        if votes < 3 * steps:
+            fail(f"only {votes:.0f} votes came through the relays after {steps} steps")
+        print(f"lost rank 3, went on at world 3; {votes:.0f} votes relayed over {steps} steps")
+        job.proc.send_signal(signal.SIGINT)
+        job.wait(60)
+        job.assert_no_process_left()
+
+
+def direct_job_relays_nothing():
+    port = free_port()
+    with Job(BASE + ["--steps", "100000", "--metrics-port", str(port)]) as job:
+        wait_until(lambda: any(e.get("event") == "step" and e["step"] >= 3 for e in job.events()),
+                   120, "3 steps")
+        if relayed_votes(port) != 0:
+            fail("votes came through a relay without --relay")
+
+
+def refused_with_etcd():
+    p = subprocess.run([TROUPE, "run", "--relay", "--etcd", "local", "--steps", "2"],
+                       capture_output=True, text=True, timeout=60)
+    out = (p.stdout + p.stderr).strip()
+    if p.returncode != 2 or "--relay" not in out:
+        fail(f"--relay with --etcd: expected exit 2 naming --relay, got {p.returncode}:\n{out}")
+
+
+def test():
+    refused_with_etcd()
+    same_losses_with_and_without()
+    direct_job_relays_nothing()
+    kill_a_rank_under_the_relay()
+
+
+if __name__ == "__main__":
+    main(test)
