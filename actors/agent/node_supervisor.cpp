@@ -284,7 +284,8 @@ void use_relay(self_ptr self, const launch_plan& plan) {
   }
   const auto interval = heartbeat_interval(s.heartbeat_timeout);
   self->send(s.args.relay, lead_atom::value, s.coordinator, static_cast<int32_t>(interval.count()));
-  ::setenv("TROUPE_NODE_RELAY", ("127.0.0.1:" + std::to_string(s.args.relay_port)).c_str(), 1);
+  ::setenv("TROUPE_NODE_RELAY",
+           (s.args.relay_host + ":" + std::to_string(s.args.relay_port)).c_str(), 1);
 }
 
 // The coordinator's launch plan, accepted: this agent becomes node plan.node and starts its
@@ -551,12 +552,16 @@ int run_agent(const agent_args& args) {
   }
   agent_args with_relay = args;
   if (!several) {
-    // Ready for a job that asks for it (--relay), on loopback: only this node's workers reach it,
-    // over TLS with the job's token like every other port of the job.
+    // Ready for a job that asks for it (--relay). It listens where every listener of this node's
+    // processes does: the node's address (--advertise, or the route toward the coordinator),
+    // over TLS with the job's token.
     relay_setup r;
     r.coordinator = coordinator;
     with_relay.relay = sys.spawn(node_relay, r);
-    auto port = publish_for_job(sys, with_relay.relay, 0, "127.0.0.1", false, "relay");
+    with_relay.relay_host = args.advertise.empty()
+                                ? local_address_toward(args.coordinator_host, args.coordinator_port)
+                                : args.advertise;
+    auto port = publish_for_job(sys, with_relay.relay, 0, with_relay.relay_host, false, "relay");
     if (port) {
       with_relay.relay_port = *port;
     } else {

@@ -20,9 +20,11 @@ struct agent_args : coordinator_contact {
   /// The job's program (`troupe agent ... -- PROGRAM ARGS`): started as each worker, which
   /// joins through the `troupe` module or libtroupe; empty = `troupe worker`.
   std::vector<std::string> program;
-  /// Filled by run_agent: this node's relay (actors/agent/node_relay.hpp) and its loopback port,
-  /// for a job that asks for one (launch_plan::relay); none with several coordinators.
+  /// Filled by run_agent: this node's relay (actors/agent/node_relay.hpp) and where it listens
+  /// (the node's address), for a job that asks for one (launch_plan::relay); none with several
+  /// coordinators.
   caf::actor relay = {};
+  std::string relay_host = {};
   uint16_t relay_port = 0;
 };
 

@@ -588,6 +588,9 @@ class tls_middleman_actor : public caf::io::middleman_actor_impl {
   caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
     auto fd = net::new_tcp_acceptor_impl(port, addr, reuse);
     if (!fd) return std::move(fd.error());
+    // The processes this one starts (an agent's workers, the launcher's agents) must not hold
+    // its listener open past its end; CAF 0.17's headers do not say whether it sees to that.
+    sys::set_close_on_exec(*fd);
     return caf::make_counted<tls_doorman>(mpx(), *fd, context_);
   }
 

@@ -180,6 +180,14 @@ def test():
                                                                   "--world", "4", "--pp", "2",
                                                                   "--micro-batches", "4"],
                       os.path.join(tmp, "across-pp"))
+            # The agents' relays (--relay) listen on their node's address too, and the
+            # workers vote through them.
+            relayed = netns_job(c, "2 nodes x 2 ranks, --relay",
+                                SMALL_MODEL + ["--steps", "6", "--metrics-port", "0", "--world", "4",
+                                               "--relay"],
+                                os.path.join(tmp, "across-relay"))
+            if sorted(step_losses(relayed)) != list(range(1, 7)):
+                fail(f"--relay across nodes committed steps {sorted(step_losses(relayed))}")
         losses = step_losses(events)
         if sorted(losses) != list(range(1, STEPS + 1)):
             fail(f"the job across nodes committed steps {sorted(losses)}, expected 1..{STEPS}")
