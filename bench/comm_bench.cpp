@@ -29,6 +29,7 @@
 #include "runtime/comm/host_communicator.hpp"
 #include "runtime/comm/shm_communicator.hpp"
 #include "runtime/comm/store.hpp"
+#include "strategies/exact_reducer.hpp"
 
 namespace troupe::bench {
 namespace {
@@ -84,6 +85,9 @@ const op_table tables[] = {
     {"all_gather", gather_factor},      // size: the gathered output (all ranks' parts)
     {"reduce_scatter", gather_factor},  // size: the input (all ranks' parts)
     {"all_to_all", gather_factor},      // size: one rank's whole send buffer
+    // --reduction exact's sum (strategies/exact_reducer.hpp), one micro-batch per rank in
+    // 4 MiB buckets as a job runs it: compare its busbw with all_reduce's.
+    {"exact_all_reduce", all_reduce_factor},
 };
 
 const op_table* find_op(const std::string& name) {
@@ -293,7 +297,17 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
       const size_t per_rank = std::max<size_t>(1, bytes / 4 / n);
       const size_t count = t.bus_factor == all_reduce_factor ? bytes / 4 : per_rank * n;
       std::function<void()> once;
-      if (name == "all_reduce") {
+      std::optional<strategies::exact_reducer> exact;
+      std::vector<float> leaf;
+      if (name == "exact_all_reduce") {
+        exact.emplace(std::vector<int>(n, 1), rank, count, size_t{4} << 18);
+        leaf.assign(count, 0.0f);
+        once = [&] {
+          exact->begin_step();
+          exact->add_micro_batch(rank, leaf, 0.0);  // a spare buffer comes back in `leaf`
+          exact->all_reduce(*c, out.data(), op);
+        };
+      } else if (name == "all_reduce") {
         once = [&] { c->all_reduce(in.data(), count, comm::reduce_op::sum, op); };
       } else if (name == "all_gather") {
         once = [&] { c->all_gather(in.data(), out.data(), per_rank * 4, op); };

@@ -59,6 +59,8 @@ void print_table(const std::vector<row>& rows, const std::string& indent = "");
 
 /// `troupe ckpt inspect`: step = nullopt for the one LATEST names.
 int inspect(const std::string& run_dir, std::optional<int64_t> step);
+/// `troupe ckpt hash`: step = nullopt for the one LATEST names.
+int hash(const std::string& run_dir, std::optional<int64_t> step);
 /// `troupe ckpt diff`: steps = nullopt for the two newest committed ones.
 int diff(const std::string& run_dir, std::optional<std::pair<int64_t, int64_t>> steps);
 

@@ -479,7 +479,7 @@ int dispatch(const std::vector<std::string>& args) {
   const std::string help = ckpt_help(sub);
   if (help.empty())
     throw usage_error("troupe ckpt: unknown subcommand '" + sub +
-                      "'; subcommands: ls, inspect, verify, diff, gc, scrub, export (see "
+                      "'; subcommands: ls, inspect, verify, diff, hash, gc, scrub, export (see "
                       "troupe ckpt --help)");
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   for (const auto& a : rest) {
@@ -490,7 +490,7 @@ int dispatch(const std::vector<std::string>& args) {
   }
   if (sub == "export") return export_checkpoint(rest);  // its own options: ckpt_export.cpp
   std::set<std::string> allowed;
-  if (sub == "inspect" || sub == "verify") allowed = {"--step"};
+  if (sub == "inspect" || sub == "verify" || sub == "hash") allowed = {"--step"};
   if (sub == "gc") allowed = {"--keep-last", "--keep-every"};
   const parsed_args a = parse_args(sub, rest, allowed);
   const size_t extra = sub == "diff" ? 2 : 0;
@@ -512,6 +512,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (sub == "inspect") return inspect(run_dir, step);
   if (sub == "verify") return cmd_verify(run_dir, step);
   if (sub == "diff") return diff(run_dir, pair);
+  if (sub == "hash") return hash(run_dir, step);
   if (sub == "scrub") return cmd_scrub(run_dir);
   return cmd_gc(run_dir, static_cast<size_t>(keep_last.value_or(0)), keep_every.value_or(0));
 }

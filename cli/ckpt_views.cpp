@@ -1,4 +1,5 @@
-// `troupe ckpt inspect` and `troupe ckpt diff`: what a checkpoint holds, and how two differ.
+// `troupe ckpt inspect`, `diff` and `hash`: what a checkpoint holds, how two differ, and a
+// digest of its training state.
 
 #include <algorithm>
 #include <array>
@@ -9,6 +10,7 @@
 #include <tuple>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/hash.hpp"
 #include "cli/ckpt_common.hpp"
 #include "runtime/sys/run_paths.hpp"
 
@@ -84,18 +86,31 @@ difference compare(const std::vector<float>& a, const std::vector<float>& b, siz
 
 }  // namespace
 
-int inspect(const std::string& run_dir, std::optional<int64_t> step) {
+namespace {
+
+// The step --step names, else the one LATEST names (which must be readable), and LATEST's step
+// if it can be read; `verb` is the subcommand, for the hint.
+std::pair<int64_t, std::optional<int64_t>> chosen_step(const std::string& run_dir,
+                                                       std::optional<int64_t> step,
+                                                       const std::string& verb) {
   std::optional<int64_t> latest;
   try {
     latest = step ? latest_step_or_none(run_dir) : latest_step(run_dir);
   } catch (const ckpt::checkpoint_error& e) {
-    throw tool_error(std::string(e.what()) + " (inspect a step directly with --step N)");
+    throw tool_error(std::string(e.what()) + " (" + verb + " a step directly with --step N)");
   }
   if (!step && !latest)
     throw tool_error(run_paths::checkpoints(run_dir).string() +
                      " has no LATEST: nothing committed; pick a step with --step N (see troupe "
                      "ckpt ls)");
-  const manifest m = ckpt::read_manifest(run_dir, step ? *step : *latest);
+  return {step ? *step : *latest, latest};
+}
+
+}  // namespace
+
+int inspect(const std::string& run_dir, std::optional<int64_t> step) {
+  const auto [chosen, latest] = chosen_step(run_dir, step, "inspect");
+  const manifest m = ckpt::read_manifest(run_dir, chosen);
   std::printf("checkpoint %s%s\n", ckpt::format::step_dir(run_dir, m.step).c_str(),
               latest == m.step ? " (LATEST)" : "");
   std::vector<row> head = {
@@ -268,6 +283,29 @@ int diff(const std::string& run_dir, std::optional<std::pair<int64_t, int64_t>> 
     std::puts("largest difference: 0");
   else
     std::printf("largest difference: %s (%s)\n", number_text(worst).c_str(), worst_where.c_str());
+  return 0;
+}
+
+int hash(const std::string& run_dir, std::optional<int64_t> step) {
+  const manifest m = ckpt::read_manifest(run_dir, chosen_step(run_dir, step, "hash").first);
+  const ckpt::full_state s = ckpt::load_full_state(run_dir, m);
+  // Each array alone, then the whole state: the counters and every array's bytes, in order.
+  ckpt::hasher64 all;
+  all.update(&s.step, sizeof s.step);
+  all.update(&s.adam_t, sizeof s.adam_t);
+  std::string line = "step " + std::to_string(s.step) + " adam_t " + std::to_string(s.adam_t);
+  const std::array<std::pair<const char*, const std::vector<float>*>, 3> arrays = {
+      {{"params", &s.params}, {"exp_avg", &s.exp_avg}, {"exp_avg_sq", &s.exp_avg_sq}}};
+  for (const auto& [name, values] : arrays) {
+    ckpt::hasher64 one;
+    one.update(values->data(), values->size() * sizeof(float));
+    const uint64_t count = values->size();
+    all.update(&count, sizeof count);
+    all.update(values->data(), values->size() * sizeof(float));
+    line += std::string(" ") + name + " " + ckpt::hash_to_hex(one.digest());
+  }
+  line += " state " + ckpt::hash_to_hex(all.digest());
+  std::printf("%s\n", line.c_str());
   return 0;
 }
 

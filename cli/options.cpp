@@ -518,7 +518,9 @@ and Open MPI in the same session.
 
 options:
   --ranks 2,4            process counts to run (default 2,4)
-  --ops LIST             all_reduce,all_gather,reduce_scatter,all_to_all (default all)
+  --ops LIST             all_reduce,all_gather,reduce_scatter,all_to_all (default: these
+                         four) and exact_all_reduce (--reduction exact's sum, one
+                         micro-batch per rank, to compare with all_reduce)
   --min-bytes 4K         smallest message (K, M suffixes)
   --max-bytes 256M       largest message; sizes step by 4x
   --batches 5            timed batches per size (the median is reported)
@@ -600,6 +602,7 @@ subcommands:
   inspect RUN_DIR [--step N]     one checkpoint's manifest (default: the one LATEST names)
   verify RUN_DIR [--step N]      reads back every chunk or shard and checks its hash
   diff RUN_DIR [A B]             what two checkpoints share and how far their values differ
+  hash RUN_DIR [--step N]        one digest of the training state: equal bits, equal digests
   gc RUN_DIR [--keep-last K] [--keep-every N]   drops old checkpoints and unreferenced chunks
   scrub RUN_DIR                  verifies everything, moves damaged checkpoints aside, repairs
                                  LATEST
@@ -641,6 +644,18 @@ bytes of the chunks they share and of those only one of them holds, then per ten
 array whether the chunks are identical ("same"), and where they are not, the largest
 absolute difference of the values (both are read back whole and verified). Format 1
 checkpoints are compared by value only.
+)"},
+      {"hash", R"(usage: troupe ckpt hash RUN_DIR [--step N]
+
+Reads a checkpoint back whole (any layout, every chunk verified), in the single-rank
+layout, and prints the step, AdamW's step count and a 64-bit digest (trp64) of each state
+array's bytes (params, exp_avg, exp_avg_sq), then one of all of them with the counts:
+  step 30 adam_t 30 params 1f0c... exp_avg 9a2e... exp_avg_sq 03b1... state 77d4...
+Two runs trained to the same bits print the same line whatever their world or layout (with
+--reduction exact, a job on 1 or 4 ranks, through losses and rejoins). A digest says whether
+the bits are equal, not how far apart they are: troupe ckpt diff says that.
+  --step N    the checkpoint of step N (default: the one LATEST names)
+Exit 0 printed, 1 no such checkpoint or a damaged one, 2 bad usage.
 )"},
       {"gc", R"(usage: troupe ckpt gc RUN_DIR [--keep-last K] [--keep-every N]
 

@@ -36,12 +36,12 @@ const std::vector<std::string> may_change = {
     // The layout may change too: a checkpoint holds boxes of the single-rank model, which any
     // layout reads back (reshard on restore).
     "/parallel/tp", "/parallel/pp", "/parallel/ep", "/parallel/zero", "/parallel/micro_batches",
-    "/parallel/schedule",
+    "/parallel/schedule", "/parallel/reduction",
     // How the job survives failures does not change what it computes.
     "/elastic/nodes", "/elastic/min_ranks", "/elastic/max_ranks", "/elastic/spares",
     "/elastic/max_restarts", "/elastic/heartbeat_timeout_ms", "/elastic/coordinator_timeout_ms",
     "/elastic/rejoin_timeout_ms", "/elastic/join_timeout_ms", "/elastic/replacement_wait_ms",
-    "/elastic/straggler_policy", "/elastic/faults", "/elastic/relay",
+    "/elastic/straggler_policy", "/elastic/straggler_factor", "/elastic/faults", "/elastic/relay",
     // What is done about a divergence; the batches it skipped are in skipped_batches.json.
     "/on_divergence", "/max_rollbacks",
     // How the data plane's connections are guarded.

@@ -416,6 +416,21 @@ void validate(const train_config& c) {
               " ms), at most 5 h, or 0 for 5 x the heartbeat timeout: workers and agents must "
               "wait for a silent coordinator longer than it waits for them; got " +
               std::to_string(e.coordinator_timeout_ms));
+  if (p.reduction == "exact") {
+    // What the exact sum covers so far: the built-in GPT's data parallelism.
+    const auto refuse = [](bool bad, const std::string& what) {
+      require(!bad, "config: parallel.reduction exact (--reduction exact) does not combine with " +
+                        what +
+                        " yet: it sums the built-in GPT's data-parallel gradients only; "
+                        "leave it out or use --reduction fast");
+    };
+    refuse(c.external_workload(), "a workload of your own (`-- PROGRAM`)");
+    refuse(p.tp > 1, "parallel.tp (--tp)");
+    refuse(p.pp > 1, "parallel.pp (--pp)");
+    refuse(p.ep > 1, "parallel.ep (--ep)");
+    refuse(p.zero != 0, "parallel.zero (--zero)");
+    refuse(m.experts > 0, "model.experts (--experts)");
+  }
   if (c.external_workload()) {
     // The user's program is opaque to the planner: it can only be replicated.
     const auto refuse = [](bool bad, const std::string& what) {

@@ -34,6 +34,12 @@ struct parallel_config {
   int micro_batches = 0;          ///< pipeline micro-batches per step; 0 = batch / micro_batch
   std::string schedule = "1f1b";  ///< gpipe | 1f1b
   int zero = 0;                   ///< 0 = replicated optimizer state, 1 = sharded over dp
+  /// How a step's micro-batch gradients are summed: "fast" (each rank folds its own, the
+  /// collective adds the ranks' totals: the bits depend on the world), "exact" (one binary
+  /// tree over the global micro-batch index, strategies/exact_reducer.hpp: the same bits on
+  /// any world, any split and any transport), or "auto": exact where it is supported, fast
+  /// elsewhere (strategies::reduces_exactly).
+  std::string reduction = "auto";
 };
 
 /// Elastic recovery: how many agents, how far the world may shrink and grow, spares, failure
@@ -63,7 +69,9 @@ struct elastic_config {
   /// coordinator in one message and hands out one commit per node (actors/agent/node_relay).
   bool relay = false;
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
-  std::string faults;                     ///< injected faults (chaos/fault_spec.hpp), ';'-separated
+  /// A rank is a straggler when its compute stays this many times the others' (CPU time).
+  double straggler_factor = 1.3;
+  std::string faults;  ///< injected faults (chaos/fault_spec.hpp), ';'-separated
 };
 
 /// Where the coordinator leads the job through etcd (runtime/etcd/leader_election.hpp).

@@ -381,6 +381,16 @@ std::vector<setting> build_table() {
   add(make_field("parallel.zero", &tc::parallel, &parallel_config::zero),
       {"--zero", "0|1", g_layout, may_change,
        "1 = ZeRO-1: the optimizer state sharded over the data-parallel ranks (default 0)", 0, 1});
+  add(section_string_field("parallel.reduction", &tc::parallel, &parallel_config::reduction),
+      {.flag = "--reduction",
+       .value_name = "MODE",
+       .group = g_layout,
+       .resumable = may_change,
+       .help = "exact: the micro-batch gradients and the loss are summed in one order whatever "
+               "the world, so a job gives the same bits on 1 or 4 ranks, through losses and "
+               "rejoins (data parallelism of the built-in GPT, without --zero); fast: each rank "
+               "sums its own first; auto: exact where it applies, else fast (default auto)",
+       .choices = {"auto", "fast", "exact"}});
   // ---- run directory and checkpoints
   add(string_field("run_dir", &tc::run_dir),
       {"--run-dir", "DIR", g_ckpt, may_change,
@@ -496,8 +506,20 @@ std::vector<setting> build_table() {
        .value_name = "P",
        .group = g_elastic,
        .resumable = may_change,
-       .help = "what is done about a rank whose compute stays 1.3x the median (default warn)",
+       .help = "what is done about a rank whose compute stays --straggler-factor times the "
+               "other ranks' (default warn)",
        .choices = {"warn", "rebalance", "evict"}});
+  add(make_field("elastic.straggler_factor", &tc::elastic, &elastic_config::straggler_factor),
+      {.flag = "--straggler-factor",
+       .value_name = "X",
+       .group = g_elastic,
+       .resumable = may_change,
+       .help = "a rank is a straggler when its compute CPU time stays X times the other "
+               "ranks' for several steps; raise it on a host shared with other work "
+               "(default 1.3)",
+       .lo = 1,
+       .hi = 100,
+       .lo_open = true});
   // ---- faults, divergence, deadlines
   add(command_field(),
       {"", "", g_train, may_change,

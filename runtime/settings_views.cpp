@@ -35,6 +35,7 @@ bool read_by_workers(const setting& s) {
                                                             "max_rollbacks",
                                                             "on_divergence",
                                                             "elastic.straggler_policy",
+                                                            "elastic.straggler_factor",
                                                             "elastic.replacement_wait_ms"};
   return std::find(coordinator_only.begin(), coordinator_only.end(), s.key) ==
          coordinator_only.end();

@@ -75,10 +75,14 @@ inline sample_share replica_share(const std::vector<int>& counts, int micro_batc
 /// The loop behind compute_gradients, for any model with zero_grads() and
 /// forward_backward() (the dense gpt, a tensor-parallel shard): every layout runs the same
 /// samples with the same B/G scaling per micro-batch, so the sum over replicas is the
-/// single-rank gradient whatever the division.
-template <class Model>
+/// single-rank gradient whatever the division. After each micro-batch,
+/// `after_micro_batch(index, loss_sum)` is told the step's micro-batch index (share.first /
+/// share.micro_batch for the first) and its loss summed over its tokens; it may take the
+/// gradients the model holds and zero them (the exact reduction keeps micro-batches apart).
+template <class Model, class AfterMicroBatch>
 grad_result compute_share_gradients(Model& m, const token_dataset& d, const train_config& cfg,
-                                    int64_t step, const sample_share& share) {
+                                    int64_t step, const sample_share& share,
+                                    AfterMicroBatch&& after_micro_batch) {
   const int G = cfg.batch;
   const int T = cfg.model.context;
   if (share.first < 0 || share.count < 0 || share.first + share.count > G || share.micro_batch < 1)
@@ -103,9 +107,16 @@ grad_result compute_share_gradients(Model& m, const token_dataset& d, const trai
     const double mean = m.forward_backward(inputs.data(), targets.data(), B, T, scale);
     r.loss_sum += mean * B * T;
     r.tokens += static_cast<int64_t>(B) * T;
+    after_micro_batch((share.first + s) / share.micro_batch, mean * B * T);
   }
   r.compute_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
+}
+
+template <class Model>
+grad_result compute_share_gradients(Model& m, const token_dataset& d, const train_config& cfg,
+                                    int64_t step, const sample_share& share) {
+  return compute_share_gradients(m, d, cfg, step, share, [](int, double) {});
 }
 
 /// compute_share_gradients for rank `rank` of `world` equal replicas: samples

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <stdexcept>
 
@@ -11,6 +12,7 @@
 #include "runtime/optim/adamw.hpp"
 #include "strategies/data_parallel.hpp"
 #include "strategies/engine_backend.hpp"
+#include "strategies/exact_reducer.hpp"
 #include "strategies/state_layout.hpp"
 #include "strategies/tensor_parallel/tp_gpt.hpp"
 #include "strategies/tensor_parallel/tp_train.hpp"
@@ -29,6 +31,7 @@ class dense_backend final : public engine_backend {
   grad_result compute(const token_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   double local_grad_norm() const override { return grad_norm_; }
+  std::optional<double> reduced_loss_sum() const override { return reduced_loss_; }
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override;
   eval_share evaluate(const token_dataset& data) override;
@@ -53,6 +56,12 @@ class dense_backend final : public engine_backend {
   std::optional<adamw> replicated_;
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
+  // --reduction exact: the tree over the step's micro-batches, the buffer the model's next
+  // micro-batch gradient is swapped into, and the job's loss sum after reduce (on the first
+  // replica; 0 on the others, so that the coordinator's sum in any order is exact).
+  std::optional<exact_reducer> exact_;
+  std::vector<float> leaf_;
+  std::optional<double> reduced_loss_;
   std::optional<sample_share> share_;     // this replica's samples, when the plan says
   double grad_norm_ = 0;                  // of the local gradients after the last reduce
   std::atomic<bool> interrupted_{false};  // raised by abort(): the model's pass stops
@@ -97,6 +106,16 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     share_ =
         replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
   }
+  if (reduces_exactly(cfg, shape)) {
+    if (tp_ || zero_ || !share_)
+      throw std::invalid_argument(
+          "dense_backend: --reduction exact needs plain data parallelism (no tp, no ZeRO) and "
+          "the plan's micro-batches; layout " +
+          describe(shape) + (share_ ? "" : " without a plan"));
+    exact_.emplace(batching.replica_micro_batches, view_.dp.index, full_numel_,
+                   static_cast<size_t>(std::max(cfg.bucket_bytes, 4)) / sizeof(float));
+    leaf_.resize(full_numel_);
+  }
 }
 
 void dense_backend::init(uint64_t seed) {
@@ -140,6 +159,16 @@ void dense_backend::restore(const ckpt::full_state& full) {
 }
 
 grad_result dense_backend::compute(const token_dataset& data, int64_t step0) {
+  if (exact_) {
+    exact_->begin_step();
+    reduced_loss_.reset();
+    return compute_share_gradients(*dense_, data, cfg_, step0, *share_,
+                                   [&](int index, double loss_sum) {
+                                     dense_->swap_grads(leaf_);
+                                     exact_->add_micro_batch(index, leaf_, loss_sum);
+                                     dense_->zero_grads();
+                                   });
+  }
   if (share_) {
     if (tp_) return compute_share_gradients(*tp_, data, cfg_, step0, *share_);
     return compute_share_gradients(*dense_, data, cfg_, step0, *share_);
@@ -150,7 +179,17 @@ grad_result dense_backend::compute(const token_dataset& data, int64_t step0) {
 }
 
 void dense_backend::reduce(const comm::op_options& opts) {
-  if (zero_) {
+  if (exact_) {
+    const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+    exact_->all_reduce(*dp_comm_, dense_->grads(), opts);
+    comm::op_options rest = opts;
+    rest.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                deadline - std::chrono::steady_clock::now()),
+                            std::chrono::milliseconds(1));
+    const double total = exact_->job_loss_sum(*dp_comm_, rest);
+    reduced_loss_ = view_.dp.index == 0 ? total : 0.0;
+    grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
+  } else if (zero_) {
     zero_->reduce_gradients(*dp_comm_, dense_->grads(), opts);
     grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
   } else if (tp_) {

@@ -32,6 +32,8 @@ class training_engine {
   void reduce(const comm::op_options& opts) { backend_->reduce(opts); }
   /// After reduce: the norm of this rank's gradients, for the divergence check (no collective).
   double local_grad_norm() const { return backend_->local_grad_norm(); }
+  /// After reduce: the loss sum the backend settled (--reduction exact), else nullopt.
+  std::optional<double> reduced_loss_sum() const { return backend_->reduced_loss_sum(); }
   /// Stage 4, after the commit: clip by the global norm and apply AdamW.
   void apply(int64_t step0, const comm::op_options& opts) { backend_->apply(step0, opts); }
   double learning_rate(int64_t step0) const { return backend_->learning_rate(step0); }

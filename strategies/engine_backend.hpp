@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -87,6 +88,9 @@ class engine_backend {
   /// figure otherwise. Finite exactly when every value is, and a non-finite value anywhere in
   /// the reduced gradient reaches some rank's buffer, so the divergence check needs no more.
   virtual double local_grad_norm() const = 0;
+  /// After reduce(), where the backend sums the step's loss itself (--reduction exact): this
+  /// rank's loss sum for the vote, in place of compute()'s. nullopt: compute()'s stands.
+  virtual std::optional<double> reduced_loss_sum() const { return std::nullopt; }
   virtual void apply(int64_t step0, const comm::op_options& opts) = 0;
   virtual double learning_rate(int64_t step0) const = 0;
   virtual eval_share evaluate(const token_dataset& data) = 0;

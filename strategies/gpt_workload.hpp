@@ -26,6 +26,9 @@ class gpt_generation final : public workload_generation {
   step_outcome compute(const step_work& work) override;
   void reduce(const reduce_env& env) override { engine_.reduce(env.opts); }
   double local_grad_norm() const override { return engine_.local_grad_norm(); }
+  std::optional<double> reduced_loss_sum() const override {
+    return engine_.reports_loss() ? engine_.reduced_loss_sum() : std::nullopt;
+  }
   void apply(const apply_env& env) override { engine_.apply(env.step - 1, env.opts); }
   double learning_rate(int64_t step) const override { return engine_.learning_rate(step - 1); }
   eval_result evaluate(const eval_env& env) override;

@@ -327,6 +327,7 @@ loop_result train(worker& w, int64_t start_step) {
     vote.loss_sum = done.loss_sum;
     vote.tokens = done.count;
     vote.grad_norm = work.local_grad_norm();
+    if (const auto settled = work.reduced_loss_sum()) vote.loss_sum = *settled;
     if (injected.diverge) {
       // An injected bad batch: the coordinator must refuse to commit this step.
       monitoring::log(monitoring::level::warn, w.log_ctx(),

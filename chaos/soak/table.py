@@ -108,7 +108,11 @@ def write(out, soak, failed=None):
                  f"{summary['generations']}.")
     c = summary["comparison"]
     if c:
-        lines.append(f"Against the undisturbed run of steps 1..{c['end_step']}: worst step loss "
+        bits = ("every step's loss and the final state bit for bit"
+                if c.get("same_state_bits") and not c.get("unequal_loss_steps") else
+                f"{c.get('unequal_loss_steps', '?')} steps' losses unequal")
+        lines.append(f"Against the undisturbed run of steps 1..{c['end_step']} "
+                     f"(--reduction exact): {bits}; worst step loss "
                      f"difference {c['worst_loss_difference']:.1e} (step "
                      f"{c['worst_loss_step']}), final parameters "
                      f"{c['parameter_difference']:.1e} (relative L2).")

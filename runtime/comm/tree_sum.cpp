@@ -42,24 +42,57 @@ std::vector<tree_node> canonical_pieces(int M, int a, int b) {
 }
 
 tree_accumulator::tree_accumulator(int M, int first, int count, size_t n)
-    : M_(M), next_(first), end_(first + count), width_(tree_width(M)), n_(n) {
+    : M_(M), next_(first), end_(first + count), width_(tree_width(M)), n_(n), first_(first) {
   if (!(0 <= first && count > 0 && end_ <= M))
     throw std::invalid_argument("tree_accumulator: leaves [" + std::to_string(first) + ", " +
                                 std::to_string(end_) + ") are not within [0, " + std::to_string(M) +
                                 ")");
 }
 
-void tree_accumulator::add_leaf(int index, std::span<const float> gradient) {
+void tree_accumulator::check_leaf(int index, size_t size) const {
   if (index != next_ || index >= end_)
     throw std::invalid_argument("tree_accumulator: leaf " + std::to_string(index) +
                                 " out of order (expected " + std::to_string(next_) + ")");
-  if (gradient.size() != n_)
-    throw std::invalid_argument("tree_accumulator: a leaf of " + std::to_string(gradient.size()) +
+  if (size != n_)
+    throw std::invalid_argument("tree_accumulator: a leaf of " + std::to_string(size) +
                                 " floats, expected " + std::to_string(n_));
+}
+
+void tree_accumulator::add_leaf(int index, std::span<const float> gradient) {
+  check_leaf(index, gradient.size());
   ++next_;
   nodes_.push_back({index, 1});
-  values_.emplace_back(gradient.begin(), gradient.end());
+  if (spare_.empty()) {
+    values_.emplace_back(gradient.begin(), gradient.end());
+  } else {
+    values_.push_back(std::move(spare_.back()));
+    spare_.pop_back();
+    std::copy(gradient.begin(), gradient.end(), values_.back().begin());
+  }
   promote_and_merge();
+}
+
+void tree_accumulator::take_leaf(int index, std::vector<float>& gradient) {
+  check_leaf(index, gradient.size());
+  ++next_;
+  nodes_.push_back({index, 1});
+  std::vector<float> replacement;
+  if (spare_.empty()) {
+    replacement.resize(n_);
+  } else {
+    replacement = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  values_.push_back(std::move(gradient));
+  gradient = std::move(replacement);
+  promote_and_merge();
+}
+
+void tree_accumulator::reset() {
+  for (auto& v : values_) spare_.push_back(std::move(v));
+  values_.clear();
+  nodes_.clear();
+  next_ = first_;
 }
 
 void tree_accumulator::promote_and_merge() {
@@ -76,6 +109,7 @@ void tree_accumulator::promote_and_merge() {
                           below.lo + below.size == top.lo;
     if (!siblings) return;
     add_into(values_[values_.size() - 2], values_.back());
+    spare_.push_back(std::move(values_.back()));
     values_.pop_back();
     nodes_.pop_back();
     nodes_.back().size *= 2;
@@ -83,6 +117,12 @@ void tree_accumulator::promote_and_merge() {
 }
 
 void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out) {
+  tree_scratch scratch;
+  combine_pieces(M, pieces, n, out, scratch);
+}
+
+void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out,
+                    tree_scratch& scratch) {
   const int width = tree_width(M);
   std::map<int, tree_piece> by_lo;
   for (const tree_piece& p : pieces) {
@@ -100,30 +140,27 @@ void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* 
       throw std::invalid_argument("combine_pieces: no piece starts at leaf " + std::to_string(x));
     x = real_end(it->second.node, M);
   }
-  if (by_lo.size() == 1) {
-    std::copy_n(by_lo.begin()->second.values, n, out);
-    return;
-  }
-  // Evaluates node (lo, size) into `dst`: a given piece, else the sum of its children. The
-  // recursion is as deep as the tree (log2 of the width).
-  std::vector<std::vector<float>> scratch;
-  auto eval = [&](auto&& self, int lo, int size, float* dst, size_t depth) -> void {
-    if (const auto it = by_lo.find(lo); it != by_lo.end() && it->second.node.size == size) {
-      std::copy_n(it->second.values, n, dst);
-      return;
-    }
+  // Node (lo, size)'s value: a given piece where it lies, else the sum of its children
+  // written into `dst`. The left child may use `dst` too (it is read before the sum lands
+  // there, element by element); the right one uses this depth's scratch buffer, which no
+  // node above it is still reading. The recursion is as deep as the tree (log2 of the width).
+  auto eval = [&](auto&& self, int lo, int size, float* dst, size_t depth) -> const float* {
+    if (const auto it = by_lo.find(lo); it != by_lo.end() && it->second.node.size == size)
+      return it->second.values;
     if (size == 1)
       throw std::invalid_argument("combine_pieces: leaf " + std::to_string(lo) +
                                   " lies inside another piece");
     const int half = size / 2;
-    self(self, lo, half, dst, depth + 1);
-    if (lo + half >= M) return;  // the right half is past M: this node is its left child
-    if (scratch.size() <= depth) scratch.resize(depth + 1);
-    scratch[depth].resize(n);
-    self(self, lo + half, half, scratch[depth].data(), depth + 1);
-    for (size_t i = 0; i < n; ++i) dst[i] += scratch[depth][i];
+    const float* left = self(self, lo, half, dst, depth + 1);
+    if (lo + half >= M) return left;  // the right half is past M: this node is its left child
+    if (scratch.levels.size() <= depth) scratch.levels.resize(depth + 1);
+    if (scratch.levels[depth].size() < n) scratch.levels[depth].resize(n);
+    const float* right = self(self, lo + half, half, scratch.levels[depth].data(), depth + 1);
+    for (size_t i = 0; i < n; ++i) dst[i] = left[i] + right[i];
+    return dst;
   };
-  eval(eval, 0, width, out, 0);
+  const float* root = eval(eval, 0, width, out, 0);
+  if (root != out) std::copy_n(root, n, out);
 }
 
 }  // namespace troupe::comm

@@ -42,18 +42,27 @@ class tree_accumulator {
 
   /// Adds leaf `index` (the next one in order; std::invalid_argument otherwise).
   void add_leaf(int index, std::span<const float> gradient);
+  /// The same without a copy: takes `gradient` (n floats) and leaves in its place a buffer of
+  /// n floats with unspecified contents, reused from merged nodes, so that a step's leaves
+  /// allocate nothing once the pool is warm.
+  void take_leaf(int index, std::vector<float>& gradient);
+  /// Starts over with the same leaves (the next step), keeping every buffer for reuse.
+  void reset();
 
   /// After the last leaf: the canonical pieces, in index order, and their values.
   const std::vector<tree_node>& nodes() const { return nodes_; }
   const std::vector<std::vector<float>>& values() const { return values_; }
 
  private:
+  void check_leaf(int index, size_t size) const;
   void promote_and_merge();
 
   int M_, next_, end_, width_;
   size_t n_;
   std::vector<tree_node> nodes_;            ///< the stack, bottom first
   std::vector<std::vector<float>> values_;  ///< one per node, n_ floats
+  std::vector<std::vector<float>> spare_;   ///< buffers of merged nodes, for take_leaf
+  int first_;
 };
 
 /// One piece of the whole sum, as a rank holds it.
@@ -62,10 +71,19 @@ struct tree_piece {
   const float* values = nullptr;  ///< n floats
 };
 
+/// Buffers combine_pieces may keep between calls (one per level of the tree it needs), so
+/// that a step's combines allocate nothing once warm.
+struct tree_scratch {
+  std::vector<std::vector<float>> levels;
+};
+
 /// The tree's root value (n floats into `out`) from pieces that tile [0, M) exactly (every
 /// rank's canonical pieces, in any order): each inner node above them is the sum of its two
-/// children, so the result has the bits of one accumulator over [0, M). Throws
+/// children, so the result has the bits of one accumulator over [0, M). Each inner node is
+/// written once, from its children where they lie (no copies of the pieces). Throws
 /// std::invalid_argument when the pieces do not tile [0, M) with nodes of M's tree.
+void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out,
+                    tree_scratch& scratch);
 void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* out);
 
 }  // namespace troupe::comm

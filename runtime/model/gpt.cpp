@@ -322,6 +322,14 @@ void basic_gpt<F>::zero_grads() {
 }
 
 template <typename F>
+void basic_gpt<F>::swap_grads(std::vector<F>& other) {
+  if (other.size() != grads_.size())
+    throw std::invalid_argument("swap_grads: a buffer of " + std::to_string(other.size()) +
+                                " values for a model of " + std::to_string(grads_.size()));
+  grads_.swap(other);
+}
+
+template <typename F>
 void basic_gpt<F>::check_batch(int B, int T) const {
   if (B < 1 || T < 1 || T > cfg_.context) {
     throw std::invalid_argument("gpt: a micro-batch needs B >= 1 and 1 <= T <= context (" +

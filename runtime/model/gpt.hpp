@@ -76,6 +76,9 @@ class basic_gpt {
   /// projections of each block N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
   void init_params(uint64_t seed);
   void zero_grads();
+  /// Exchanges the gradient buffer with `other` (num_params() values; std::invalid_argument
+  /// otherwise), so that a micro-batch's gradient can be taken without a copy.
+  void swap_grads(std::vector<F>& other);
 
   /// One micro-batch of B sequences of T <= context tokens; targets are the next bytes.
   /// Accumulates grad_scale * d(mean loss)/d(params) into grads() and returns the mean

@@ -443,6 +443,10 @@ class workload_generation {
   /// reduction::by_workload: the L2 norm of the gradients this rank holds after reduce(),
   /// without communication (the runtime computes it itself for by_runtime).
   virtual double local_grad_norm() const { return 0.0; }
+  /// reduction::by_workload: where reduce() also summed the step's loss over the group (the
+  /// GPT's --reduction exact, which sums it in one order on any world), this rank's part of
+  /// it for the vote in place of compute()'s loss_sum; nullopt (the default) keeps that.
+  virtual std::optional<double> reduced_loss_sum() const { return std::nullopt; }
 
   /// The committed step: update parameters and optimizer state. Only after the runtime's
   /// commit; an exception here leaves the rank's state unusable (the job restores it).

@@ -1,5 +1,5 @@
 """`troupe ckpt` on a real run: ls, inspect, verify (intact, a corrupted chunk, a damaged or a missing
-LATEST), diff, gc (refused under the run lock, then --keep-last 1), and usage errors."""
+LATEST), diff, hash, gc (refused under the run lock, then --keep-last 1), and usage errors."""
 
 import fcntl
 import json
@@ -67,7 +67,8 @@ def test_usage(tmp, run_dir):
                  ["ckpt", "ls", run_dir, "--nope"], ["ckpt", "inspect", run_dir, "--step"],
                  ["ckpt", "inspect", run_dir, "--step", "x"], ["ckpt", "verify", run_dir, "--step=-3"],
                  ["ckpt", "diff", run_dir, "4"], ["ckpt", "diff", run_dir, "4", "y"],
-                 ["ckpt", "gc", run_dir, "--keep-last", "many"], ["ckpt", "gc", run_dir, "--step", "1"]):
+                 ["ckpt", "gc", run_dir, "--keep-last", "many"], ["ckpt", "gc", run_dir, "--step", "1"],
+                 ["ckpt", "hash", run_dir, "4"], ["ckpt", "hash", run_dir, "--step", "x"]):
         code, out, err = troupe(*args)
         if code != 2 or not err.strip():
             fail(f"{args}: expected exit 2 and a message on stderr, got {code}:\n{out}{err}")
@@ -139,6 +140,19 @@ def test():
             fail(f"diff should show wte.weight's largest difference:\n{out}")
         ckpt("diff", run_dir)  # default: the two newest
 
+        # hash: the training state's digests; LATEST's by default, equal for equal bits only.
+        out, _ = ckpt("hash", run_dir)
+        digest = re.fullmatch(r"step 12 adam_t 12 params ([0-9a-f]{16}) exp_avg ([0-9a-f]{16}) "
+                              r"exp_avg_sq ([0-9a-f]{16}) state ([0-9a-f]{16})", out.strip())
+        if not digest:
+            fail(f"hash should print step, adam_t and four 16-hex-digit digests:\n{out}")
+        if ckpt("hash", run_dir, "--step", "12")[0] != out:
+            fail("hash --step 12 should print what hash of LATEST (12) prints")
+        out4, _ = ckpt("hash", run_dir, "--step", "4")
+        if not out4.startswith("step 4 adam_t 4 ") or out4.split()[5] == digest.group(1):
+            fail(f"hash of step 4 should differ from step 12's:\n{out4}{out}")
+        ckpt("hash", run_dir, "--step", "5", expect=1)  # no such checkpoint
+
         # A corrupted chunk that only step 12 references: verify names it, exit 1.
         m12 = manifest(run_dir, 12)
         older = chunk_keys(manifest(run_dir, 4)) | chunk_keys(manifest(run_dir, 8))
@@ -148,6 +162,9 @@ def test():
         out, _ = ckpt("verify", run_dir, expect=1)
         if path not in out or "step 4: ok" not in out or "step 12: ok" in out:
             fail(f"verify should name the damaged chunk {path} of step 12:\n{out}")
+        _, err = ckpt("hash", run_dir, expect=1)
+        if path not in err:
+            fail(f"hash of a damaged checkpoint should name the damaged chunk {path}:\n{err}")
         out, _ = ckpt("verify", run_dir, "--step", "8")
         if "step 8: ok" not in out or "step 12" in out:
             fail(f"verify --step 8 should check step 8 only:\n{out}")

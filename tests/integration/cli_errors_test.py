@@ -110,6 +110,14 @@ def test():
         expect_usage_error(["run", "--ep", "2"], "parallel.ep", "model.experts")
         expect_usage_error(["run", "--schedule", "zigzag"], "parallel.schedule")
         expect_usage_error(["run", "--zero", "2"], "parallel.zero")
+        # --reduction exact covers the built-in GPT's data parallelism only, so far.
+        expect_usage_error(["run", "--reduction", "bitwise"], "parallel.reduction")
+        expect_usage_error(["run", "--reduction", "exact", "--zero", "1"], "--reduction exact",
+                           "parallel.zero")
+        expect_usage_error(["run", "--reduction", "exact", "--tp", "2"], "--reduction exact",
+                           "parallel.tp")
+        expect_usage_error(["run", "--reduction", "exact", "--", "python3", "train.py"],
+                           "--reduction exact", "workload of your own")
         expect_usage_error(["run", "--top-k", "3"], "model.top_k")
         # An explicit --micro-batches is honoured or refused, never answered with another layout.
         fresh = ["--run-dir", os.path.join(tmp, "fresh")]

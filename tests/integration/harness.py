@@ -154,9 +154,9 @@ def verify_left_behind(run_dir):
         fail(f"a committed checkpoint left in {run_dir} does not verify:\n{out}")
 
 
-def run_to_end(args, timeout, run_dir=None):
+def run_to_end(args, timeout, run_dir=None, env=None):
     """Runs a job to completion; returns (exit code, events, output)."""
-    with Job(args, run_dir=run_dir) as job:
+    with Job(args, run_dir=run_dir, env=env) as job:
         code = job.wait(timeout)
         return code, job.events(), job.output()
 

@@ -17,6 +17,10 @@ ARGS = SMALL_MODEL + ["--d-model", "128", "--heads", "4", "--context", "64", "--
                       "--world", str(WORLD), "--min-ranks", "2", "--steps", "100000",
                       "--checkpoint-every", "0", "--metrics-port", "0",
                       "--straggler-policy", "evict",
+                      # The fault triples the rank's compute (it scores 2.5-3); once it is gone,
+                      # a healthy rank of the two left scored 1.31 under the other tests on
+                      # these cores (CI).
+                      "--straggler-factor", "1.9",
                       "--fault", f"slow:rank={SLOW}:factor=3:from={SLOW_FROM}"]
 
 

@@ -4,6 +4,7 @@
 
 #include "monitoring/events/events.hpp"
 #include "runtime/comm/host_communicator.hpp"
+#include "strategies/exact_reducer.hpp"
 #include "strategies/mesh.hpp"
 
 namespace troupe::actors {
@@ -106,6 +107,7 @@ int replanner::world_for(const strategies::layout_plan& previous, int live) cons
 
 generation_plan::generation_plan(const job_params& p)
     : replan_(p),
+      reduction_cfg_(p.cfg),
       zero_(p.cfg.parallel.zero),
       rank_labels_(p.cfg.metrics_rank_labels),
       plan_(p.plan) {}
@@ -254,11 +256,13 @@ void generation_plan::formed(uint64_t generation, int spares, int64_t committed,
   // or later, when a member was lost while the first one connected.
   if (!training_announced_) {
     training_announced_ = true;
-    out.push_back(
-        emit_event{events::training_started{.world = world(),
-                                            .generation = generation,
-                                            .start_step = committed,
-                                            .layout = strategies::plan_doc(plan_, zero_)}});
+    nlohmann::json layout = strategies::plan_doc(plan_, zero_);
+    layout["reduction"] =
+        strategies::reduces_exactly(reduction_cfg_, plan_.shape) ? "exact" : "fast";
+    out.push_back(emit_event{events::training_started{.world = world(),
+                                                      .generation = generation,
+                                                      .start_step = committed,
+                                                      .layout = std::move(layout)}});
   }
   cause_.clear();
 }

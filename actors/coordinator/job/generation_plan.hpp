@@ -111,6 +111,7 @@ class generation_plan {
   };
 
   replanner replan_;
+  train_config reduction_cfg_;  // what decides the reduction in effect (training_started)
   int zero_ = 0;
   int rank_labels_ = 64;  // the most ranks that log a restored event each
   strategies::layout_plan plan_;

@@ -28,6 +28,7 @@ job_params make_job_params(const train_config& cfg, const strategies::layout_pla
   p.regroup_window = milliseconds(20);
   p.form_timeout = milliseconds(cfg.elastic.join_timeout_ms);
   p.straggler_policy = cfg.elastic.straggler_policy;
+  p.straggler_factor = cfg.elastic.straggler_factor;
   p.replacement_wait = milliseconds(cfg.elastic.replacement_wait_ms);
   p.max_restarts = cfg.elastic.max_restarts;
   p.skipped_steps = std::move(skipped_steps);

@@ -42,6 +42,7 @@ struct job_params {
   /// begins its generation at once (the logic's unit tests); make_job_params sets 20 ms.
   std::chrono::milliseconds regroup_window{-1};
   std::string straggler_policy = "warn";  ///< warn | rebalance | evict
+  double straggler_factor = 1.3;          ///< straggler_options::factor
   int max_failed_recoveries = 5;          ///< recoveries in a row without a committed step
   /// How long a recovery waits for workers that agents are restarting (a crash with restarts
   /// left), so they take their old places in one generation instead of a shrink and a grow.

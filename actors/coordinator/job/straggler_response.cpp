@@ -40,7 +40,7 @@ std::vector<int> rebalanced_micro_batches(const strategies::layout_plan& plan,
 }
 
 straggler_response::straggler_response(const job_params& p)
-    : policy_(p.straggler_policy), detector_(straggler_options{}) {}
+    : policy_(p.straggler_policy), detector_(straggler_options{.factor = p.straggler_factor}) {}
 
 straggler_response::verdict straggler_response::observe(const std::vector<double>& compute_s,
                                                         const strategies::layout_plan& plan,

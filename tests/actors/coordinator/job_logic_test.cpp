@@ -450,6 +450,33 @@ TEST_P(JobLogicTest, AnEvictedStragglerIsToldToGo) {
   EXPECT_TRUE(told[0].msg.reason.starts_with(evicted_prefix)) << told[0].msg.reason;
 }
 
+// --straggler-factor: a rank 1.6x the others is a straggler at the default 1.3, not at 2; one
+// 2.5x the others is at 2.
+TEST_P(JobLogicTest, TheStragglerFactorIsTheThreshold) {
+  auto cfg = small_config(4);
+  cfg.batch = cfg.micro_batch * 12;
+  const auto factor_2 = [](job_params& p) { p.straggler_factor = 2.0; };
+  {
+    logic_harness h(cfg, 0, 0, 2, "evict");
+    h.form();
+    const actions all = vote_with_a_slow_rank(h, 4, 3, 0.16);
+    EXPECT_TRUE(has_event(all, "straggler")) << "1.6x at the default factor";
+  }
+  {
+    logic_harness h(cfg, 0, 0, 2, "evict", factor_2);
+    h.form();
+    const actions all = vote_with_a_slow_rank(h, 4, 3, 0.16);
+    EXPECT_FALSE(has_event(all, "straggler")) << "1.6x under --straggler-factor 2";
+    EXPECT_EQ(h.logic().state(), job_state::training);
+  }
+  {
+    logic_harness h(cfg, 0, 0, 2, "evict", factor_2);
+    h.form();
+    const actions all = vote_with_a_slow_rank(h, 4, 3, 0.25);
+    EXPECT_TRUE(has_event(all, "straggler")) << "2.5x under --straggler-factor 2";
+  }
+}
+
 // Under load the first generation may never form (a member cannot connect its groups in time
 // and says so); the job then trains from generation 2, and training_started must still be
 // said, once.

@@ -123,6 +123,37 @@ TEST(TreeSum, EverySplitGivesTheBitsOfOneRank) {
   }
 }
 
+// take_leaf (the trainer's path: the model's gradient buffer is swapped in, a spare one comes
+// back) gives add_leaf's bits, step after step through reset(), and allocates nothing once the
+// first step has filled the pool.
+TEST(TreeSum, TakenLeavesAndResetGiveTheBitsOfCopiedOnes) {
+  const int M = 8;
+  std::vector<std::vector<float>> leaves(M, std::vector<float>(7));
+  for (int i = 0; i < M; ++i)
+    for (size_t j = 0; j < 7; ++j)
+      leaves[static_cast<size_t>(i)][j] =
+          std::ldexp(1.0f + 0.1f * static_cast<float>(i), -i) - 0.3f * static_cast<float>(j);
+  tree_accumulator copied(M, 3, 5, 7);
+  for (int i = 3; i < 8; ++i) copied.add_leaf(i, leaves[static_cast<size_t>(i)]);
+  tree_accumulator taken(M, 3, 5, 7);
+  for (int step = 0; step < 3; ++step) {
+    taken.reset();
+    for (int i = 3; i < 8; ++i) {
+      std::vector<float> buffer = leaves[static_cast<size_t>(i)];
+      taken.take_leaf(i, buffer);
+      ASSERT_EQ(buffer.size(), 7u) << "a buffer of n floats comes back";
+    }
+    ASSERT_EQ(taken.nodes(), copied.nodes());
+    for (size_t k = 0; k < copied.values().size(); ++k)
+      EXPECT_TRUE(same_bits(taken.values()[k], copied.values()[k])) << "step " << step;
+  }
+  EXPECT_EQ(canonical_pieces(M, 3, 8), copied.nodes());
+  std::vector<float> wrong(6);
+  taken.reset();
+  EXPECT_THROW(taken.take_leaf(3, wrong), std::invalid_argument);
+  EXPECT_THROW(taken.take_leaf(4, leaves[4]), std::invalid_argument) << "out of order";
+}
+
 TEST(TreeSum, AdversarialValuesGiveTheSameBitsAndStayWithinTheBoundOfAnExactSum) {
   const float huge = std::ldexp(1.0f, 126), tiny = std::numeric_limits<float>::denorm_min();
   const float u = std::ldexp(1.0f, -24);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 
+#include "actors/coordinator/straggler_detector.hpp"
 #include "strategies/planner.hpp"
 
 namespace troupe::actors {
@@ -37,6 +38,7 @@ TEST(JobParamsTest, EveryElasticSettingComesFromTheConfig) {
   c.elastic.replacement_wait_ms = 750;
   c.elastic.max_restarts = 4;
   c.elastic.straggler_policy = "evict";
+  c.elastic.straggler_factor = 1.8;
   const auto plan = plan_for(c);
   const job_params p = make_job_params(c, plan, 0, {});
   EXPECT_EQ(p.members, 5) << "the plan's world and the spares";
@@ -47,6 +49,7 @@ TEST(JobParamsTest, EveryElasticSettingComesFromTheConfig) {
   EXPECT_EQ(p.replacement_wait, 750ms);
   EXPECT_EQ(p.max_restarts, 4);
   EXPECT_EQ(p.straggler_policy, "evict");
+  EXPECT_EQ(p.straggler_factor, 1.8);
   EXPECT_EQ(p.plan, plan);
   EXPECT_EQ(p.cfg.elastic.heartbeat_timeout_ms, 3500) << "the config travels whole";
   EXPECT_EQ(p.coordinator_timeout, 17500ms) << "5 x the heartbeat timeout when not set";
@@ -87,6 +90,8 @@ TEST(JobParamsTest, TheDefaultsOfTheConfigAreTheDefaultsOfTheLogic) {
   const job_params by_hand;
   EXPECT_EQ(derived.heartbeat_timeout, by_hand.heartbeat_timeout);
   EXPECT_EQ(derived.straggler_policy, by_hand.straggler_policy);
+  EXPECT_EQ(derived.straggler_factor, by_hand.straggler_factor);
+  EXPECT_EQ(derived.straggler_factor, straggler_options{}.factor);
   EXPECT_EQ(derived.form_timeout, by_hand.form_timeout);
   EXPECT_EQ(derived.coordinator_timeout, by_hand.coordinator_timeout);
 }

@@ -1,0 +1,76 @@
+#pragma once
+// `--reduction exact` (issue 42): a step's gradient and loss summed in one order whatever the
+// world. Every micro-batch's gradient enters one binary tree over the global micro-batch
+// index (runtime/comm/tree_sum.hpp): a replica sums its own micro-batches into the tree's
+// nodes that lie inside its range (its pieces), and the owner of each slice of the gradient
+// combines every replica's pieces of that slice in tree order. One replica holding every
+// micro-batch computes the same tree, so the bits do not depend on how many replicas there
+// are, which of them holds which micro-batches (uneven plans, rebalanced stragglers), or the
+// transport. The loss is summed over micro-batches in index order, the same way.
+//
+// Traffic: a replica holding one piece sends what a reduce-scatter plus an all-gather send
+// (an all-reduce's bytes); one holding k pieces sends k times its reduce-scatter share. Every
+// split of the default 4 micro-batches over 1 to 4 replicas, and every power-of-two split,
+// gives one piece per replica.
+
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+#include "runtime/comm/communicator.hpp"
+#include "runtime/comm/tree_sum.hpp"
+#include "runtime/config.hpp"
+#include "strategies/mesh.hpp"
+
+namespace troupe::strategies {
+
+/// Whether a job's steps on `shape` are summed by the exact reduction: --reduction exact
+/// (whose unsupported layouts are refused before they get here), or auto (the default) where
+/// it applies: the built-in GPT's data parallelism without tp, pp, ep, experts or ZeRO.
+/// Never with --reduction fast.
+bool reduces_exactly(const train_config& cfg, const layout& shape);
+
+class exact_reducer {
+ public:
+  /// `counts`: the plan's micro-batches per replica, in data-parallel order (replica r holds
+  /// those after replicas 0..r-1's); `replica`: this rank's index among them; `n`: gradient
+  /// floats; `bucket_floats`: the most floats one round of collectives moves (memory bound).
+  /// Throws std::invalid_argument on a replica outside counts or a negative count.
+  exact_reducer(const std::vector<int>& counts, int replica, size_t n, size_t bucket_floats);
+
+  int micro_batches() const { return M_; }
+  /// This replica's micro-batches: [first(), first() + count()) of micro_batches().
+  int first() const { return first_; }
+  int count() const { return count_; }
+
+  /// Starts a step: forgets the last one's leaves and losses (their buffers are kept).
+  void begin_step();
+  /// Micro-batch `index`'s gradient (n floats, taken: `gradient` comes back as a spare buffer
+  /// of n floats with unspecified contents) and its loss summed over its tokens. In index
+  /// order, each of this replica's micro-batches once.
+  void add_micro_batch(int index, std::vector<float>& gradient, double loss_sum);
+
+  /// The sum of every replica's micro-batch gradients into `out` (n floats), the same bits on
+  /// every replica and on any world. Collective over `dp` (the replicas, in plan order).
+  void all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts);
+  /// The step's loss summed over every micro-batch in index order: what one replica holding
+  /// all of them would sum. Collective over `dp`.
+  double job_loss_sum(comm::communicator& dp, const comm::op_options& opts);
+
+ private:
+  void exchange_bucket(comm::communicator& dp, size_t first, size_t len, float* out,
+                       const comm::op_options& opts);
+
+  int M_ = 0, first_ = 0, count_ = 0, replica_ = 0;
+  size_t n_ = 0, bucket_floats_ = 0;
+  std::vector<int> counts_;                            ///< per replica, its micro-batches
+  std::vector<std::vector<comm::tree_node>> pieces_;   ///< per replica, its canonical pieces
+  std::optional<comm::tree_accumulator> accumulator_;  ///< none for a replica without work
+  std::vector<double> losses_;                         ///< this step's, in index order
+  int added_ = 0;
+  // Reused across buckets and steps: what goes out, what comes in, this slice, all slices.
+  std::vector<float> send_, recv_, mine_, gathered_;
+  comm::tree_scratch scratch_;
+};
+
+}  // namespace troupe::strategies
