@@ -428,7 +428,6 @@ void validate(const train_config& c) {
     refuse(p.tp > 1, "parallel.tp (--tp)");
     refuse(p.pp > 1, "parallel.pp (--pp)");
     refuse(p.ep > 1, "parallel.ep (--ep)");
-    refuse(p.zero != 0, "parallel.zero (--zero)");
     refuse(m.experts > 0, "model.experts (--experts)");
   }
   if (c.external_workload()) {

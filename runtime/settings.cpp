@@ -388,7 +388,7 @@ std::vector<setting> build_table() {
        .resumable = may_change,
        .help = "exact: the micro-batch gradients and the loss are summed in one order whatever "
                "the world, so a job gives the same bits on 1 or 4 ranks, through losses and "
-               "rejoins (data parallelism of the built-in GPT, without --zero); fast: each rank "
+               "rejoins (data parallelism of the built-in GPT, --zero 1 included); fast: each rank "
                "sums its own first; auto: exact where it applies, else fast (default auto)",
        .choices = {"auto", "fast", "exact"}});
   // ---- run directory and checkpoints

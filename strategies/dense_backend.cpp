@@ -78,6 +78,15 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
       (shape.tp > 1 && cfg.parallel.zero == 1))
     throw std::logic_error("dense_backend: layout " + describe(shape) +
                            " belongs to another backend");
+  // Asked for, it is refused where it cannot run; as auto's choice, a backend without the
+  // plan's micro-batches (tests of the layouts alone) sums the fast way.
+  const bool asked = cfg.parallel.reduction == "exact";
+  const bool exact = reduces_exactly(cfg, shape) && (asked || !batching.empty());
+  if (asked && (shape.tp > 1 || batching.empty()))
+    throw std::invalid_argument(
+        "dense_backend: --reduction exact needs data parallelism (ZeRO-1 allowed, no tp) and "
+        "the plan's micro-batches; layout " +
+        describe(shape) + (batching.empty() ? " without a plan" : ""));
   const auto& dp = view_.dp;
   dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
   if (shape.tp > 1) {
@@ -92,8 +101,10 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     dense_->set_interrupt(&interrupted_);
     full_numel_ = dense_->num_params();
     if (cfg.parallel.zero == 1) {
+      // The exact reduction's shards hold whole norm blocks and clip as dp does.
+      const zero_options how = exact ? zero_options{norm_block, true} : zero_options{};
       zero_.emplace(cfg.optim, dense_->param_table(), full_numel_, dp.index,
-                    static_cast<int>(dp.ranks.size()));
+                    static_cast<int>(dp.ranks.size()), how);
     } else {
       replicated_.emplace(cfg.optim, dense_->param_table(), full_numel_);
     }
@@ -106,12 +117,7 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     share_ =
         replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
   }
-  if (reduces_exactly(cfg, shape)) {
-    if (tp_ || zero_ || !share_)
-      throw std::invalid_argument(
-          "dense_backend: --reduction exact needs plain data parallelism (no tp, no ZeRO) and "
-          "the plan's micro-batches; layout " +
-          describe(shape) + (share_ ? "" : " without a plan"));
+  if (exact) {
     exact_.emplace(batching.replica_micro_batches, view_.dp.index, full_numel_,
                    static_cast<size_t>(std::max(cfg.bucket_bytes, 4)) / sizeof(float));
     leaf_.resize(full_numel_);
@@ -181,14 +187,21 @@ grad_result dense_backend::compute(const token_dataset& data, int64_t step0) {
 void dense_backend::reduce(const comm::op_options& opts) {
   if (exact_) {
     const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-    exact_->all_reduce(*dp_comm_, dense_->grads(), opts);
+    if (zero_) {
+      exact_->reduce_scatter(*dp_comm_, zero_->shard().block, zero_->grad_shard(), opts);
+      // This rank's part only (finite exactly when its values are): the divergence check's.
+      grad_norm_ = adamw::grad_norm(zero_->grad_shard(), zero_->shard().count);
+    } else {
+      exact_->all_reduce(*dp_comm_, dense_->grads(), opts);
+      // The whole reduced gradient's norm, in the blocks a ZeRO-1 shard sums too.
+      grad_norm_ = exact_grad_norm(dense_->grads(), dense_->num_params());
+    }
     comm::op_options rest = opts;
     rest.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
                                 deadline - std::chrono::steady_clock::now()),
                             std::chrono::milliseconds(1));
     const double total = exact_->job_loss_sum(*dp_comm_, rest);
     reduced_loss_ = view_.dp.index == 0 ? total : 0.0;
-    grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
   } else if (zero_) {
     zero_->reduce_gradients(*dp_comm_, dense_->grads(), opts);
     grad_norm_ = adamw::grad_norm(dense_->grads(), dense_->num_params());
@@ -203,7 +216,12 @@ void dense_backend::reduce(const comm::op_options& opts) {
 }
 
 void dense_backend::apply(int64_t step0, const comm::op_options& opts) {
-  if (zero_) {
+  if (zero_ && exact_) {
+    zero_->apply(*dp_comm_, dense_->params(), step0, cfg_.steps, opts,
+                 [&](const float* g, const zero_shard& s) {
+                   return exact_grad_norm(*dp_comm_, g, s.offset, s.count, s.block, opts);
+                 });
+  } else if (zero_) {
     zero_->apply(*dp_comm_, dense_->params(), step0, cfg_.steps, opts);
   } else if (tp_) {
     tensor_parallel::clip_tp_gradients(*tp_, *replicated_);

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace troupe::strategies {
 namespace {
@@ -24,7 +27,7 @@ bool reduces_exactly(const train_config& cfg, const layout& shape) {
   const auto& p = cfg.parallel;
   if (p.reduction == "exact") return true;
   return p.reduction == "auto" && !cfg.external_workload() && shape.tp == 1 && shape.pp == 1 &&
-         shape.ep == 1 && p.zero == 0 && cfg.model.experts == 0;
+         shape.ep == 1 && cfg.model.experts == 0;
 }
 
 exact_reducer::exact_reducer(const std::vector<int>& counts, int replica, size_t n,
@@ -69,7 +72,7 @@ void exact_reducer::add_micro_batch(int index, std::vector<float>& gradient, dou
   ++added_;
 }
 
-void exact_reducer::all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts) {
+void exact_reducer::check_ready(const comm::communicator& dp) const {
   if (static_cast<size_t>(dp.size()) != pieces_.size() || dp.rank() != replica_)
     throw std::logic_error("exact_reducer: planned for replica " + std::to_string(replica_) +
                            " of " + std::to_string(pieces_.size()) + ", the group has rank " +
@@ -77,70 +80,142 @@ void exact_reducer::all_reduce(comm::communicator& dp, float* out, const comm::o
   if (added_ != count_)
     throw std::logic_error("exact_reducer: " + std::to_string(added_) + " of this replica's " +
                            std::to_string(count_) + " micro-batches were added");
+}
+
+void exact_reducer::combine_alone(float* out) {
+  std::vector<comm::tree_piece> pieces;
+  for (size_t k = 0; k < accumulator_->nodes().size(); ++k)
+    pieces.push_back({accumulator_->nodes()[k], accumulator_->values()[k].data()});
+  comm::combine_pieces(M_, pieces, n_, out, scratch_);
+}
+
+void exact_reducer::all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts) {
+  check_ready(dp);
+  if (dp.size() == 1) return combine_alone(out);
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+  const auto world = static_cast<size_t>(dp.size());
+  for (size_t first = 0; first < n_; first += bucket_floats_) {
+    // Floats [first, first + len): replica j owns the j-th of size() equal slices (the last
+    // ones shorter or empty); the combined slices are then gathered.
+    const size_t len = std::min(bucket_floats_, n_ - first);
+    const size_t slice = (len + world - 1) / world;
+    const auto range_of = [&](size_t j) {
+      const size_t lo = std::min(len, j * slice);
+      return std::pair{first + lo, std::min(len, lo + slice) - lo};
+    };
+    if (mine_.size() < slice) mine_.resize(slice);  // past this rank's range: never read
+    const comm::op_options left = remaining(deadline, opts);
+    combine_ranges(dp, range_of, mine_.data(), left);
+    if (slice * world == len) {  // the slices tile the bucket: gather straight into place
+      dp.all_gather(mine_.data(), out + first, slice * sizeof(float), left);
+      continue;
+    }
+    gathered_.resize(slice * world);
+    dp.all_gather(mine_.data(), gathered_.data(), slice * sizeof(float), left);
+    for (size_t j = 0; j < world; ++j)
+      std::copy_n(gathered_.data() + j * slice, range_of(j).second, out + range_of(j).first);
+  }
+}
+
+void exact_reducer::reduce_scatter(comm::communicator& dp, size_t block, float* shard,
+                                   const comm::op_options& opts) {
+  check_ready(dp);
   if (dp.size() == 1) {
-    std::vector<comm::tree_piece> pieces;
-    for (size_t k = 0; k < accumulator_->nodes().size(); ++k)
-      pieces.push_back({accumulator_->nodes()[k], accumulator_->values()[k].data()});
-    comm::combine_pieces(M_, pieces, n_, out, scratch_);
+    gathered_.resize(n_);
+    combine_alone(gathered_.data());
+    std::copy_n(gathered_.data(), n_, shard);
     return;
   }
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-  for (size_t first = 0; first < n_; first += bucket_floats_)
-    exchange_bucket(dp, first, std::min(bucket_floats_, n_ - first), out,
-                    remaining(deadline, opts));
+  // Chunks of each owner's block, so that what is sent and received at once stays within a
+  // bucket's worth per piece.
+  const size_t chunk = std::max<size_t>(1, bucket_floats_ / static_cast<size_t>(dp.size()));
+  for (size_t c0 = 0; c0 < block; c0 += chunk) {
+    const auto range_of = [&](size_t j) {
+      const size_t lo = std::min(n_, j * block + c0);
+      const size_t hi = std::min({n_, j * block + std::min(block, c0 + chunk)});
+      return std::pair{lo, hi > lo ? hi - lo : size_t{0}};
+    };
+    combine_ranges(dp, range_of, shard + c0, remaining(deadline, opts));
+  }
 }
 
-// Floats [first, first + len) of the gradient: replica j owns the j-th of size() equal slices
-// (the last ones shorter or empty); every replica sends each owner that slice of each of its
-// pieces, the owner combines them in tree order, and the combined slices are gathered.
-void exact_reducer::exchange_bucket(comm::communicator& dp, size_t first, size_t len, float* out,
-                                    const comm::op_options& opts) {
+// Every replica sends owner j floats range_of(j) = [lo, lo + len) of each of its pieces; this
+// replica combines what it receives for its own range, in tree order, into `mine`.
+void exact_reducer::combine_ranges(comm::communicator& dp,
+                                   const std::function<std::pair<size_t, size_t>(size_t)>& range_of,
+                                   float* mine, const comm::op_options& opts) {
   const auto world = static_cast<size_t>(dp.size());
   const auto me = static_cast<size_t>(replica_);
-  const size_t slice = (len + world - 1) / world;
-  const auto slice_len = [&](size_t j) {
-    const size_t lo = std::min(len, j * slice);
-    return std::min(len, lo + slice) - lo;
-  };
   const size_t my_pieces = pieces_[me].size();
+  const size_t mine_len = range_of(me).second;
   std::vector<size_t> send_bytes(world), recv_bytes(world);
   size_t send_floats = 0, recv_floats = 0;
   for (size_t j = 0; j < world; ++j) {
-    send_bytes[j] = my_pieces * slice_len(j) * sizeof(float);
-    recv_bytes[j] = pieces_[j].size() * slice_len(me) * sizeof(float);
-    send_floats += my_pieces * slice_len(j);
-    recv_floats += pieces_[j].size() * slice_len(me);
+    send_bytes[j] = my_pieces * range_of(j).second * sizeof(float);
+    recv_bytes[j] = pieces_[j].size() * mine_len * sizeof(float);
+    send_floats += my_pieces * range_of(j).second;
+    recv_floats += pieces_[j].size() * mine_len;
   }
   send_.resize(send_floats);
   recv_.resize(recv_floats);
   float* at = send_.data();
-  for (size_t j = 0; j < world; ++j)
-    for (size_t k = 0; k < my_pieces; ++k) {
-      const float* from = accumulator_->values()[k].data() + first + j * slice;
-      at = std::copy_n(from, slice_len(j), at);
-    }
+  for (size_t j = 0; j < world; ++j) {
+    const auto [lo, len] = range_of(j);
+    for (size_t k = 0; k < my_pieces; ++k)
+      at = std::copy_n(accumulator_->values()[k].data() + lo, len, at);
+  }
   dp.all_to_allv(send_.data(), send_bytes, recv_.data(), recv_bytes, opts);
-
-  const size_t mine_len = slice_len(me);
-  if (mine_.size() < slice) mine_.resize(slice);  // past mine_len: padding, never read
-  if (mine_len > 0) {
-    std::vector<comm::tree_piece> pieces;
-    const float* from = recv_.data();
-    for (size_t j = 0; j < world; ++j)
-      for (const comm::tree_node& node : pieces_[j]) {
-        pieces.push_back({node, from});
-        from += mine_len;
-      }
-    comm::combine_pieces(M_, pieces, mine_len, mine_.data(), scratch_);
-  }
-  if (slice * world == len) {  // the slices tile the bucket: gather straight into place
-    dp.all_gather(mine_.data(), out + first, slice * sizeof(float), opts);
-    return;
-  }
-  gathered_.resize(slice * world);
-  dp.all_gather(mine_.data(), gathered_.data(), slice * sizeof(float), opts);
+  if (mine_len == 0) return;
+  std::vector<comm::tree_piece> pieces;
+  const float* from = recv_.data();
   for (size_t j = 0; j < world; ++j)
-    std::copy_n(gathered_.data() + j * slice, slice_len(j), out + first + j * slice);
+    for (const comm::tree_node& node : pieces_[j]) {
+      pieces.push_back({node, from});
+      from += mine_len;
+    }
+  comm::combine_pieces(M_, pieces, mine_len, mine, scratch_);
+}
+
+std::vector<double> block_sq_sums(const float* values, size_t first, size_t count) {
+  if (first % norm_block != 0 && count > 0)  // an empty shard may lie at the end, anywhere
+    throw std::invalid_argument("block_sq_sums: values start at " + std::to_string(first) +
+                                ", not at a multiple of " + std::to_string(norm_block));
+  std::vector<double> out;
+  out.reserve((count + norm_block - 1) / norm_block);
+  for (size_t b = 0; b < count; b += norm_block) {
+    double sum = 0;
+    for (size_t i = b; i < std::min(count, b + norm_block); ++i)
+      sum += static_cast<double>(values[i]) * values[i];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+double exact_grad_norm(const float* values, size_t n) {
+  double sum = 0;
+  for (const double block : block_sq_sums(values, 0, n)) sum += block;
+  return std::sqrt(sum);
+}
+
+double exact_grad_norm(comm::communicator& dp, const float* shard, size_t offset, size_t count,
+                       size_t block, const comm::op_options& opts) {
+  if (block % norm_block != 0)
+    throw std::invalid_argument("exact_grad_norm: shards of " + std::to_string(block) +
+                                " floats are not whole norm blocks of " +
+                                std::to_string(norm_block));
+  std::vector<double> mine = block_sq_sums(shard, offset, count);
+  // Every shard has block / norm_block places; those past the model (the last shards) add 0,
+  // which leaves the sum's bits as they are.
+  mine.resize(block / norm_block, 0.0);
+  std::vector<double> all(mine.size() * static_cast<size_t>(dp.size()));
+  if (dp.size() == 1)
+    all = mine;
+  else
+    dp.all_gather(mine.data(), all.data(), mine.size() * sizeof(double), opts);
+  double sum = 0;
+  for (const double b : all) sum += b;
+  return std::sqrt(sum);
 }
 
 double exact_reducer::job_loss_sum(comm::communicator& dp, const comm::op_options& opts) {

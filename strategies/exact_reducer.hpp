@@ -14,7 +14,9 @@
 // gives one piece per replica.
 
 #include <cstddef>
+#include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "runtime/comm/communicator.hpp"
@@ -26,9 +28,25 @@ namespace troupe::strategies {
 
 /// Whether a job's steps on `shape` are summed by the exact reduction: --reduction exact
 /// (whose unsupported layouts are refused before they get here), or auto (the default) where
-/// it applies: the built-in GPT's data parallelism without tp, pp, ep, experts or ZeRO.
+/// it applies: the built-in GPT's data parallelism (ZeRO-1 included) without tp, pp, ep or
+/// experts.
 /// Never with --reduction fast.
 bool reduces_exactly(const train_config& cfg, const layout& shape);
+
+/// The exact gradient norm: the sum of squares in double over fixed blocks of norm_block
+/// floats anchored at index 0, each block summed in index order, the blocks added in block
+/// order. A ZeRO shard that starts at a multiple of norm_block holds whole blocks, so the
+/// shards' block sums, gathered, give the bits the whole buffer gives.
+inline constexpr size_t norm_block = 1024;
+/// The block sums of values [first, first + count) of a buffer (first a multiple of
+/// norm_block unless count is 0; std::invalid_argument otherwise).
+std::vector<double> block_sq_sums(const float* values, size_t first, size_t count);
+/// The exact norm of a whole buffer of n floats.
+double exact_grad_norm(const float* values, size_t n);
+/// The exact norm of a buffer sharded over `dp` in blocks of `block` floats (a multiple of
+/// norm_block), this rank's shard being [offset, offset + count). Collective over `dp`.
+double exact_grad_norm(comm::communicator& dp, const float* shard, size_t offset, size_t count,
+                       size_t block, const comm::op_options& opts);
 
 class exact_reducer {
  public:
@@ -53,13 +71,21 @@ class exact_reducer {
   /// The sum of every replica's micro-batch gradients into `out` (n floats), the same bits on
   /// every replica and on any world. Collective over `dp` (the replicas, in plan order).
   void all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts);
+  /// The same sum, only this replica's block of it (ZeRO-1): floats [r * block, (r + 1) *
+  /// block) of n, clipped to n, into `shard` (block floats; what lies past n is left as it
+  /// is). The bits of the same floats of all_reduce's. Collective over `dp`.
+  void reduce_scatter(comm::communicator& dp, size_t block, float* shard,
+                      const comm::op_options& opts);
   /// The step's loss summed over every micro-batch in index order: what one replica holding
   /// all of them would sum. Collective over `dp`.
   double job_loss_sum(comm::communicator& dp, const comm::op_options& opts);
 
  private:
-  void exchange_bucket(comm::communicator& dp, size_t first, size_t len, float* out,
-                       const comm::op_options& opts);
+  void check_ready(const comm::communicator& dp) const;
+  void combine_alone(float* out);
+  void combine_ranges(comm::communicator& dp,
+                      const std::function<std::pair<size_t, size_t>(size_t)>& range_of, float* mine,
+                      const comm::op_options& opts);
 
   int M_ = 0, first_ = 0, count_ = 0, replica_ = 0;
   size_t n_ = 0, bucket_floats_ = 0;

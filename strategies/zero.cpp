@@ -6,10 +6,11 @@
 
 namespace troupe::strategies {
 
-zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size) {
+zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size, size_t align) {
   zero_shard s;
   const auto dp = static_cast<size_t>(dp_size);
-  s.block = (num_params + dp - 1) / dp;
+  align = std::max<size_t>(1, align);
+  s.block = ((num_params + dp - 1) / dp + align - 1) / align * align;
   s.offset = std::min(num_params, static_cast<size_t>(dp_rank) * s.block);
   s.count = std::min(num_params, s.offset + s.block) - s.offset;
   return s;
@@ -32,10 +33,11 @@ std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_tabl
 }
 
 zero1_optimizer::zero1_optimizer(const optim_config& cfg, const std::vector<param_tensor>& table,
-                                 size_t num_params, int dp_rank, int dp_size)
+                                 size_t num_params, int dp_rank, int dp_size, zero_options options)
     : num_params_(num_params),
       dp_size_(dp_size),
-      shard_(zero_shard_of(num_params, dp_rank, dp_size)),
+      options_(options),
+      shard_(zero_shard_of(num_params, dp_rank, dp_size, options.align)),
       adam_(cfg, shard_table(table, shard_), shard_.count),
       padded_(shard_.block * static_cast<size_t>(dp_size), 0.0f),
       grad_shard_(shard_.block, 0.0f),
@@ -74,8 +76,11 @@ double zero1_optimizer::apply(comm::communicator& dp, float* params, int64_t ste
   const double norm = global_norm(g, shard_);
   if (!std::isfinite(norm)) return norm;  // leave parameters alone; the caller decides
   const double scale = adam_.clip_scale(norm);
-  if (scale != 1.0)
+  if (scale != 1.0 && options_.float_clip) {
+    adam_.clip_to_norm(g, shard_.count, norm);  // the replicated optimizer's float factor
+  } else if (scale != 1.0) {
     for (size_t i = 0; i < shard_.count; ++i) g[i] = static_cast<float>(g[i] * scale);
+  }
 
   std::memcpy(param_shard_.data(), params + shard_.offset, shard_.count * sizeof(float));
   adam_.step(param_shard_.data(), g, step, total_steps);

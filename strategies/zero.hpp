@@ -19,11 +19,20 @@ namespace troupe::strategies {
 /// are equal (`block` floats, the last one shorter) so reduce-scatter and all-gather work
 /// on equal blocks; together they tile [0, num_params).
 struct zero_shard {
-  size_t block = 0;   ///< ceil(num_params / dp)
+  size_t block = 0;   ///< ceil(num_params / dp), rounded up to a multiple of the alignment
   size_t offset = 0;  ///< first owned parameter
-  size_t count = 0;   ///< owned parameters (block, or less for the last ranks)
+  size_t count = 0;   ///< owned parameters (block, or less for the last ranks; maybe 0)
 };
-zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size);
+/// `align`: every shard starts at a multiple of it (the exact reduction's norm blocks).
+zero_shard zero_shard_of(size_t num_params, int dp_rank, int dp_size, size_t align = 1);
+
+/// How a ZeRO-1 optimizer sums and clips: the fast way, or the exact reduction's
+/// (strategies/exact_reducer.hpp): shards aligned to its norm blocks, the gradient clipped by
+/// a float factor as the replicated optimizer clips, so that ZeRO-1 gives dp's bits.
+struct zero_options {
+  size_t align = 1;
+  bool float_clip = false;
+};
 
 /// The weight-decay table of `full_table` restricted to a shard, offsets made relative to it.
 std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_table,
@@ -32,7 +41,7 @@ std::vector<param_tensor> shard_table(const std::vector<param_tensor>& full_tabl
 class zero1_optimizer {
  public:
   zero1_optimizer(const optim_config& cfg, const std::vector<param_tensor>& table,
-                  size_t num_params, int dp_rank, int dp_size);
+                  size_t num_params, int dp_rank, int dp_size, zero_options options = {});
 
   /// Stage 3, before the vote: sums every rank's gradients and keeps this rank's shard.
   void reduce_gradients(comm::communicator& dp, const float* grads, const comm::op_options& opts);
@@ -49,6 +58,9 @@ class zero1_optimizer {
                const comm::op_options& opts, const norm_fn& global_norm);
 
   const zero_shard& shard() const { return shard_; }
+  /// This rank's summed gradients (shard().block floats), for a reduction done elsewhere
+  /// (the exact reducer's reduce_scatter) in place of reduce_gradients().
+  float* grad_shard() { return grad_shard_.data(); }
   double learning_rate(int64_t step, int64_t total_steps) const {
     return adam_.learning_rate(step, total_steps);
   }
@@ -62,6 +74,7 @@ class zero1_optimizer {
  private:
   size_t num_params_;
   int dp_size_;
+  zero_options options_;
   zero_shard shard_;
   adamw adam_;
   std::vector<float> padded_;       // dp * block floats: reduce-scatter input / all-gather output

@@ -112,8 +112,8 @@ def test():
         expect_usage_error(["run", "--zero", "2"], "parallel.zero")
         # --reduction exact covers the built-in GPT's data parallelism only, so far.
         expect_usage_error(["run", "--reduction", "bitwise"], "parallel.reduction")
-        expect_usage_error(["run", "--reduction", "exact", "--zero", "1"], "--reduction exact",
-                           "parallel.zero")
+        expect_usage_error(["run", "--reduction", "exact", "--pp", "2"], "--reduction exact",
+                           "parallel.pp")
         expect_usage_error(["run", "--reduction", "exact", "--tp", "2"], "--reduction exact",
                            "parallel.tp")
         expect_usage_error(["run", "--reduction", "exact", "--", "python3", "train.py"],

@@ -1,4 +1,5 @@
 """--reduction exact (issue 42): the same job trained on 1, 2, 3 and 4 ranks (shared memory),
+on 2 and 3 ranks with ZeRO-1,
 on 3 ranks over TCP, on 4 ranks as 2 nodes (the hierarchical data plane, with the default
 --reduction auto, which is exact for this job), and on 4 ranks that
 lose one at step 10 and get one back from an agent that joins, gives the same loss at every step (==) and the same
@@ -117,6 +118,9 @@ def test():
             if plan != [12 // world] * world:
                 fail(f"world {world} should split 12 micro-batches evenly: {plan}")
             expect_world1(f"world{world}", losses, got_hash)
+        for world in (2, 3):  # ZeRO-1: shards of whole norm blocks, clipped as dp clips
+            expect_world1(f"world{world}-zero1",
+                          *train(tmp, f"world{world}-zero1", world, ["--zero", "1"])[1:])
         expect_world1("world3-tcp", *train(tmp, "world3-tcp", 3,
                                            env=dict(os.environ, TROUPE_TRANSPORT="tcp"))[1:])
         # The default (auto) is exact for this job.

@@ -3,8 +3,9 @@
 //  - exact_reducer alone: micro-batch gradients split among 1 to 4 replicas in every way the
 //    tests name (even, uneven, a replica's several pieces, small buckets with empty slices)
 //    sum to the bits one replica gives, and so does the loss.
-//  - The built-in GPT's dense engine: 3 steps at dp 1 to 4 and at uneven plans give the same
-//    parameters, AdamW moments and step losses, byte for byte.
+//  - The built-in GPT's dense engine: 3 steps at dp 1 to 4 and at uneven plans, with and
+//    without ZeRO-1, give the same parameters, AdamW moments and step losses, byte for byte.
+//  - The exact norm: a buffer's block sums, sharded at any count of shards, give its bits.
 
 #include <gtest/gtest.h>
 
@@ -134,6 +135,22 @@ TEST(ExactReducer, AReplicaWithoutMicroBatchesTakesPart) {
   for (size_t r = 0; r < 3; ++r) EXPECT_TRUE(same_bits(got.grads[r], one.grads[0])) << r;
 }
 
+TEST(ExactNorm, ShardsGiveTheBitsOfTheWholeBuffer) {
+  const size_t n = 5 * norm_block + 321;
+  const std::vector<float> g = leaf(7, n);
+  const double whole = exact_grad_norm(g.data(), n);
+  for (const int world : {1, 2, 3, 4})
+    run_ranks(world, "gloo", [&](int r, const connect_fn& connect) {
+      const auto c = connect({1, "dp", r, world});
+      const size_t block = ((n + world - 1) / world + norm_block - 1) / norm_block * norm_block;
+      const size_t offset = std::min(n, static_cast<size_t>(r) * block);
+      const size_t count = std::min(n, offset + block) - offset;
+      const double got = exact_grad_norm(*c, g.data() + offset, offset, count, block, {10s});
+      EXPECT_EQ(got, whole) << "world " << world << " rank " << r;
+    });
+  EXPECT_THROW(block_sq_sums(g.data(), 3, 10), std::invalid_argument);
+}
+
 TEST(ExactReducer, MisuseIsRefused) {
   EXPECT_THROW(exact_reducer({2, 2}, 2, 10, 10), std::invalid_argument);
   EXPECT_THROW(exact_reducer({0, 0}, 0, 10, 10), std::invalid_argument);
@@ -205,6 +222,12 @@ TEST(ExactDenseEngine, EveryWorldAndSplitGivesTheBitsOfOneRank) {
   const trained eight = train(cfg, {8}, "shm");
   expect_same(train(cfg, {3, 3, 2}, "shm"), eight, "M 8 as 3, 3, 2");
   expect_same(train(cfg, {1, 6, 1}, "gloo"), eight, "M 8 as 1, 6, 1");
+  // ZeRO-1 sums into shards of whole norm blocks and clips as dp does: dp's bits, any split.
+  train_config zero = cfg;
+  zero.parallel.zero = 1;
+  for (const auto& split : std::vector<std::vector<int>>{{8}, {4, 4}, {3, 3, 2}, {2, 2, 2, 2}})
+    expect_same(train(zero, split, "shm"), eight,
+                "ZeRO-1, split of " + std::to_string(split.size()));
   // Not vacuous: the fast reduction on 4 replicas does not give one rank's bits.
   const trained fast = train(cfg, {2, 2, 2, 2}, "shm", "fast");
   EXPECT_FALSE(same_bits(fast.full.params, eight.full.params))
@@ -214,9 +237,9 @@ TEST(ExactDenseEngine, EveryWorldAndSplitGivesTheBitsOfOneRank) {
 TEST(ExactDenseEngine, LayoutsItDoesNotCoverAreRefused) {
   train_config cfg = testing::tiny_config(2);
   cfg.parallel.reduction = "exact";
-  cfg.parallel.zero = 1;
+  cfg.model.n_head = 2;
   layout shape;
-  shape.dp = 1;
+  shape.tp = 2;
   const layout_plan plan = make_plan(shape, cfg.model, constraints_from(cfg));
   connect_fn connect = [](const comm::comm_identity&) -> std::unique_ptr<comm::communicator> {
     return nullptr;
@@ -224,7 +247,7 @@ TEST(ExactDenseEngine, LayoutsItDoesNotCoverAreRefused) {
   try {
     training_engine engine(cfg, plan.shape, 0, 1, connect,
                            micro_batching{plan.micro_batch_size, plan.replica_micro_batches});
-    ADD_FAILURE() << "ZeRO-1 with --reduction exact was accepted";
+    ADD_FAILURE() << "tp with --reduction exact was accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("--reduction exact"), std::string::npos) << e.what();
   }

@@ -40,6 +40,21 @@ TEST(ZeroShardTest, ShardsTileTheLayout) {
       }
       EXPECT_EQ(next, n);
     }
+  // Aligned (the exact reduction's norm blocks): every shard starts at a multiple of the
+  // alignment and they still tile the layout, the last ones maybe empty.
+  for (size_t n : {1u, 1000u, 5000u, 70000u})
+    for (int dp : {1, 2, 3, 4, 8}) {
+      size_t next = 0;
+      for (int r = 0; r < dp; ++r) {
+        auto s = zero_shard_of(n, r, dp, 1024);
+        EXPECT_EQ(s.block % 1024, 0u);
+        EXPECT_GE(s.block * static_cast<size_t>(dp), n);
+        EXPECT_EQ(s.offset, std::min(n, next));
+        EXPECT_EQ(s.offset % 1024 == 0 || s.offset == n, true);
+        next = s.offset + s.count;
+      }
+      EXPECT_EQ(next, n);
+    }
   auto table = shard_table(toy_table(100), zero_shard_of(100, 1, 2));  // [50, 100)
   ASSERT_EQ(table.size(), 2u);
   EXPECT_EQ(table[0].name, "b1");
