@@ -42,7 +42,9 @@ def test():
         biggest = max(per_rank.values())
         print(f"  optimizer state per rank: {biggest} bytes vs {full_state} replicated "
               f"(ratio {biggest / full_state:.3f}, ideal {1 / world:.3f})")
-        if biggest > full_state / world * 1.02 + 64:
+        # The exact reduction (the default) starts each shard at a multiple of its 1,024-float
+        # norm blocks: up to one block more per moment.
+        if biggest > full_state / world * 1.02 + 64 + 2 * 1024 * 4:
             fail(f"zero-1 on {world} ranks holds {biggest} bytes of optimizer state per rank, "
                  f"not ~1/{world} of {full_state}")
 
