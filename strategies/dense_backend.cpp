@@ -82,11 +82,10 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
   // plan's micro-batches (tests of the layouts alone) sums the fast way.
   const bool asked = cfg.parallel.reduction == "exact";
   const bool exact = reduces_exactly(cfg, shape) && (asked || !batching.empty());
-  if (asked && (shape.tp > 1 || batching.empty()))
+  if (asked && batching.empty())
     throw std::invalid_argument(
-        "dense_backend: --reduction exact needs data parallelism (ZeRO-1 allowed, no tp) and "
-        "the plan's micro-batches; layout " +
-        describe(shape) + (batching.empty() ? " without a plan" : ""));
+        "dense_backend: --reduction exact needs the plan's micro-batches; layout " +
+        describe(shape) + " without a plan");
   const auto& dp = view_.dp;
   dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
   if (shape.tp > 1) {
@@ -118,9 +117,12 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
         replica_share(batching.replica_micro_batches, batching.micro_batch_size, view_.dp.index);
   }
   if (exact) {
-    exact_.emplace(batching.replica_micro_batches, view_.dp.index, full_numel_,
+    // Under tp each rank sums its own shard over its dp group: the tp peers' shards are
+    // disjoint, and the model's tp sums are the same at a fixed tp degree whatever the dp.
+    const size_t n = tp_ ? tp_->num_params() : full_numel_;
+    exact_.emplace(batching.replica_micro_batches, view_.dp.index, n,
                    static_cast<size_t>(std::max(cfg.bucket_bytes, 4)) / sizeof(float));
-    leaf_.resize(full_numel_);
+    leaf_.resize(n);
   }
 }
 
@@ -168,12 +170,15 @@ grad_result dense_backend::compute(const token_dataset& data, int64_t step0) {
   if (exact_) {
     exact_->begin_step();
     reduced_loss_.reset();
-    return compute_share_gradients(*dense_, data, cfg_, step0, *share_,
-                                   [&](int index, double loss_sum) {
-                                     dense_->swap_grads(leaf_);
-                                     exact_->add_micro_batch(index, leaf_, loss_sum);
-                                     dense_->zero_grads();
-                                   });
+    const auto leaves = [&](auto& model) {
+      return compute_share_gradients(model, data, cfg_, step0, *share_,
+                                     [&](int index, double loss_sum) {
+                                       model.swap_grads(leaf_);
+                                       exact_->add_micro_batch(index, leaf_, loss_sum);
+                                       model.zero_grads();
+                                     });
+    };
+    return tp_ ? leaves(*tp_) : leaves(*dense_);
   }
   if (share_) {
     if (tp_) return compute_share_gradients(*tp_, data, cfg_, step0, *share_);
@@ -191,6 +196,10 @@ void dense_backend::reduce(const comm::op_options& opts) {
       exact_->reduce_scatter(*dp_comm_, zero_->shard().block, zero_->grad_shard(), opts);
       // This rank's part only (finite exactly when its values are): the divergence check's.
       grad_norm_ = adamw::grad_norm(zero_->grad_shard(), zero_->shard().count);
+    } else if (tp_) {
+      exact_->all_reduce(*dp_comm_, tp_->grads(), opts);
+      // This shard's part (apply clips with the tp group's norm, as the fast path does).
+      grad_norm_ = adamw::grad_norm(tp_->grads(), tp_->num_params());
     } else {
       exact_->all_reduce(*dp_comm_, dense_->grads(), opts);
       // The whole reduced gradient's norm, in the blocks a ZeRO-1 shard sums too.

@@ -26,8 +26,8 @@ comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
 bool reduces_exactly(const train_config& cfg, const layout& shape) {
   const auto& p = cfg.parallel;
   if (p.reduction == "exact") return true;
-  return p.reduction == "auto" && !cfg.external_workload() && shape.tp == 1 && shape.pp == 1 &&
-         shape.ep == 1 && cfg.model.experts == 0;
+  return p.reduction == "auto" && !cfg.external_workload() && shape.pp == 1 && shape.ep == 1 &&
+         cfg.model.experts == 0 && (shape.tp == 1 || p.zero == 0);
 }
 
 exact_reducer::exact_reducer(const std::vector<int>& counts, int replica, size_t n,

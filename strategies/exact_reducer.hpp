@@ -28,8 +28,10 @@ namespace troupe::strategies {
 
 /// Whether a job's steps on `shape` are summed by the exact reduction: --reduction exact
 /// (whose unsupported layouts are refused before they get here), or auto (the default) where
-/// it applies: the built-in GPT's data parallelism (ZeRO-1 included) without tp, pp, ep or
-/// experts.
+/// it applies: the built-in GPT's data parallelism with ZeRO-1 or with tp (not both: that is
+/// the pipeline backend's), without pp, ep or experts. Under tp the guarantee holds while the
+/// tp degree stays fixed: each shard is summed exactly over its dp group, and the model's tp
+/// sums are the same at that degree.
 /// Never with --reduction fast.
 bool reduces_exactly(const train_config& cfg, const layout& shape);
 

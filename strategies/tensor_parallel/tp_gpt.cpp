@@ -246,6 +246,13 @@ void tp_gpt::init_params(uint64_t seed) {
 
 void tp_gpt::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
 
+void tp_gpt::swap_grads(std::vector<float>& other) {
+  if (other.size() != grads_.size())
+    throw std::invalid_argument("tp_gpt::swap_grads: a buffer of " + std::to_string(other.size()) +
+                                " values for a shard of " + std::to_string(grads_.size()));
+  grads_.swap(other);
+}
+
 void tp_gpt::load_from_full(const float* full) {
   for (const shard_tensor& s : shards_) {
     copy_boxes(s, full, params_.data(), false);

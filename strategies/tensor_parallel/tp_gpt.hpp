@@ -128,6 +128,9 @@ class tp_gpt {
   /// initialised once (transiently, on each rank) and sliced, so the two can never drift.
   void init_params(uint64_t seed);
   void zero_grads();
+  /// Exchanges the gradient buffer with `other` (num_params() values; std::invalid_argument
+  /// otherwise): the exact reduction takes each micro-batch's gradient without a copy.
+  void swap_grads(std::vector<float>& other);
 
   /// As gpt::forward_backward: accumulates grad_scale * d(mean loss)/d(shard) into grads()
   /// and returns the mean cross-entropy (the same on every rank). Collective.

@@ -22,8 +22,12 @@ SMALL_MODEL = ["--layers", "2", "--heads", "2", "--d-model", "32", "--context", 
                "--batch", "8", "--micro-batch", "2", "--eval-every", "0", "--no-progress"]
 
 
+_failure = []  # the first line of what failed, repeated last (a CI log keeps the tail)
+
+
 def fail(msg):
     print(f"FAIL: {msg}", flush=True)
+    _failure.append(str(msg).splitlines()[0][:400] if str(msg) else "")
     raise SystemExit(1)
 
 
@@ -203,7 +207,8 @@ def main(test):
         if e.code == SKIPPED:
             print("0 passed, 0 failed, 1 skipped", flush=True)
         elif e.code not in (0, None):
-            print("0 passed, 1 failed", flush=True)
+            said = f" (FAIL: {_failure[-1]})" if _failure else ""
+            print(f"0 passed, 1 failed{said}", flush=True)
         raise
     if _skipped:
         print(f"0 passed, 0 failed, 1 skipped (not run here: {'; '.join(_skipped)})", flush=True)

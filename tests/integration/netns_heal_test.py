@@ -206,10 +206,12 @@ def heal_after(c, tmp, name, heal_s, steps):
     pace = c.delay("n1", PACE_MS)
     print(f"{name}: cut n2 (agent {agent}, workers {workers}, members {members}); heal in "
           f"{heal_s:.0f}s", flush=True)
-    # Measured while every old worker still lives: until the heal (a) or the coordinator
-    # timeout, when they fence themselves (b).
+    # Measured while every old worker still lives: until the heal (a), or until they fence
+    # themselves (b) at the coordinator timeout after their last heartbeat, which came up to
+    # one beat interval (400 ms) before the cut, later under load: a second's margin (0.3 s
+    # was too little, CI 2026-12-07: a worker had gone before the window closed).
     used, window = check_stopped_computing(job, workers, cut_at,
-                                           cut_at + min(heal_s, COORDINATOR_S) - 0.3)
+                                           cut_at + min(heal_s - 0.3, COORDINATOR_S - 1.0))
     heal_ms, regrow_s = heal_and_finish(name, job, cut, pace, cut_at + heal_s)
     events = job.events()
     n2_log = job.log("agent-n2")

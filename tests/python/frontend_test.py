@@ -295,7 +295,7 @@ with troupe.Trainer(job, model, opt, data) as t:
 
 
 GIL_SCRIPT = """
-import os, threading, time, torch, troupe
+import os, sys, threading, time, torch, troupe
 job = troupe.init(steps=4, batch=4, micro_batch=2, seed=1)
 model = torch.nn.Linear(2, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -313,7 +313,10 @@ with troupe.Trainer(job, model, opt, data) as t:
     for step in t.steps():  # the first one waits while the job forms: the GIL is released
         if step.number == 1:
             waited = time.monotonic() - started
-            print(f"gil: {ticks[0] - before} ticks in {waited * 1000:.0f} ms", flush=True)
+            # One write of the whole line: under PYTHONUNBUFFERED print() writes the text and
+            # its newline apart, and two workers' lines on the shared pipe can interleave.
+            sys.stdout.write(f"gil: {ticks[0] - before} ticks in {waited * 1000:.0f} ms\\n")
+            sys.stdout.flush()
         for mb in step.micro_batches():
             x, y = mb.batch()
             step.backward(((model(x) - y) ** 2).mean())
@@ -345,12 +348,14 @@ def test_gil_released(tmp):
 
 
 PRELOAD_SCRIPT = """
-import os, subprocess, torch, troupe
+import os, subprocess, sys, torch, troupe
 from troupe import _native
 job = troupe.init(steps=2, batch=4, micro_batch=2, seed=1)
 child = subprocess.run(["/bin/true"]).returncode
-print(f"preload: interposed={_native.interposed()} inherited={'LD_PRELOAD' in os.environ} "
-      f"child={child}", flush=True)
+# One write of the whole line (see GIL_SCRIPT).
+sys.stdout.write(f"preload: interposed={_native.interposed()} "
+                 f"inherited={'LD_PRELOAD' in os.environ} child={child}\\n")
+sys.stdout.flush()
 model = torch.nn.Linear(2, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with troupe.Trainer(job, model, opt, [(torch.ones(2), torch.zeros(1))] * 8) as t:
