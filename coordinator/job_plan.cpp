@@ -70,13 +70,6 @@ strategies::layout_plan first_layout(const train_config& cfg) {
         "layout: " + strategies::describe(shape) +
         " with MoE experts: expert parallelism does not combine with tensor or pipeline "
         "parallelism yet; use --tp 1 --pp 1 (dp and --ep only) or --experts 0");
-  if (cfg.parallel.reduction == "exact" &&
-      (shape.pp > 1 || (shape.tp > 1 && cfg.parallel.zero == 1)))
-    throw config_error("layout: the planner chose " + strategies::describe(shape) +
-                       (shape.pp > 1 ? "" : " with ZeRO-1") +
-                       ", but --reduction exact runs data parallelism with ZeRO-1 or with tp "
-                       "only yet; give --pp 1 (and --zero 0 with --tp) with a model that fits, "
-                       "or use --reduction fast");
   if (cfg.model.experts > 0 && cfg.parallel.zero == 1)
     throw config_error(
         "layout: ZeRO-1 with MoE experts is not supported yet; use --zero 0 or --experts 0");

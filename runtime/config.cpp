@@ -417,17 +417,14 @@ void validate(const train_config& c) {
               "wait for a silent coordinator longer than it waits for them; got " +
               std::to_string(e.coordinator_timeout_ms));
   if (p.reduction == "exact") {
-    // What the exact sum covers so far: the built-in GPT's data parallelism, with ZeRO-1 or
-    // with tensor parallelism (the dense backend's layouts).
+    // What the exact sum covers so far: the built-in GPT's dense layouts (dp, tp, pp, ZeRO-1).
     const auto refuse = [](bool bad, const std::string& what) {
       require(!bad, "config: parallel.reduction exact (--reduction exact) does not combine with " +
                         what +
-                        " yet: it sums the built-in GPT's data-parallel gradients, with --zero 1 "
-                        "or with --tp; leave it out or use --reduction fast");
+                        " yet: it sums the built-in GPT's gradients under dp, tp, pp and "
+                        "--zero 1; leave it out or use --reduction fast");
     };
     refuse(c.external_workload(), "a workload of your own (`-- PROGRAM`)");
-    refuse(p.tp > 1 && p.zero == 1, "parallel.tp (--tp) and parallel.zero 1 (--zero 1) together");
-    refuse(p.pp > 1, "parallel.pp (--pp)");
     refuse(p.ep > 1, "parallel.ep (--ep)");
     refuse(m.experts > 0, "model.experts (--experts)");
   }

@@ -388,9 +388,9 @@ std::vector<setting> build_table() {
        .resumable = may_change,
        .help = "exact: the micro-batch gradients and the loss are summed in one order whatever "
                "the world, so a job gives the same bits on 1 or 4 ranks, through losses and "
-               "rejoins (the built-in GPT's data parallelism, with --zero 1 or with a fixed --tp); "
-               "fast: each rank sums its own first; auto: exact where it applies, else fast "
-               "(default auto)",
+               "rejoins (the built-in GPT under dp, --zero 1, and a fixed --tp and --pp); fast: "
+               "each rank sums its own first; auto: exact where it applies (not with experts "
+               "or a program of your own), else fast (default auto)",
        .choices = {"auto", "fast", "exact"}});
   // ---- run directory and checkpoints
   add(string_field("run_dir", &tc::run_dir),

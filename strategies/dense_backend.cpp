@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 
@@ -61,6 +62,7 @@ class dense_backend final : public engine_backend {
   // replica; 0 on the others, so that the coordinator's sum in any order is exact).
   std::optional<exact_reducer> exact_;
   std::vector<float> leaf_;
+  std::vector<uint8_t> counted_;  // tp: per local value, 1 if it counts in the full model's norm
   std::optional<double> reduced_loss_;
   std::optional<sample_share> share_;     // this replica's samples, when the plan says
   double grad_norm_ = 0;                  // of the local gradients after the last reduce
@@ -78,14 +80,7 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
       (shape.tp > 1 && cfg.parallel.zero == 1))
     throw std::logic_error("dense_backend: layout " + describe(shape) +
                            " belongs to another backend");
-  // Asked for, it is refused where it cannot run; as auto's choice, a backend without the
-  // plan's micro-batches (tests of the layouts alone) sums the fast way.
-  const bool asked = cfg.parallel.reduction == "exact";
-  const bool exact = reduces_exactly(cfg, shape) && (asked || !batching.empty());
-  if (asked && batching.empty())
-    throw std::invalid_argument(
-        "dense_backend: --reduction exact needs the plan's micro-batches; layout " +
-        describe(shape) + " without a plan");
+  const bool exact = backend_reduces_exactly(cfg, shape, !batching.empty(), "dense_backend");
   const auto& dp = view_.dp;
   dp_comm_ = connect({generation, dp.name, dp.index, static_cast<int>(dp.ranks.size())});
   if (shape.tp > 1) {
@@ -123,6 +118,16 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     exact_.emplace(batching.replica_micro_batches, view_.dp.index, n,
                    static_cast<size_t>(std::max(cfg.bucket_bytes, 4)) / sizeof(float));
     leaf_.resize(n);
+    if (tp_) {
+      // The pipeline backend's norm (fixed blocks, then the tp peers' sums in rank order), so
+      // that tp with ZeRO-1, which that backend runs, gives these bits.
+      counted_.assign(n, 0);
+      const auto& table = tp_->param_table();
+      for (size_t i = 0; i < table.size(); ++i)
+        if (tp_->counts_in_norm(i))
+          std::fill_n(counted_.begin() + static_cast<std::ptrdiff_t>(table[i].offset),
+                      table[i].numel, 1);
+    }
   }
 }
 
@@ -232,6 +237,11 @@ void dense_backend::apply(int64_t step0, const comm::op_options& opts) {
                  });
   } else if (zero_) {
     zero_->apply(*dp_comm_, dense_->params(), step0, cfg_.steps, opts);
+  } else if (tp_ && exact_) {
+    const double sq = comm::sum_in_rank_order(
+        *tp_comm_, exact_sq_sum(tp_->grads(), tp_->num_params(), counted_.data()), opts);
+    replicated_->clip_to_norm(tp_->grads(), tp_->num_params(), std::sqrt(sq));
+    replicated_->step(tp_->params(), tp_->grads(), step0, cfg_.steps);
   } else if (tp_) {
     tensor_parallel::clip_tp_gradients(*tp_, *replicated_);
     replicated_->step(tp_->params(), tp_->grads(), step0, cfg_.steps);

@@ -26,12 +26,21 @@ comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
 bool reduces_exactly(const train_config& cfg, const layout& shape) {
   const auto& p = cfg.parallel;
   if (p.reduction == "exact") return true;
-  return p.reduction == "auto" && !cfg.external_workload() && shape.pp == 1 && shape.ep == 1 &&
-         cfg.model.experts == 0 && (shape.tp == 1 || p.zero == 0);
+  return p.reduction == "auto" && !cfg.external_workload() && shape.ep == 1 &&
+         cfg.model.experts == 0;
+}
+
+bool backend_reduces_exactly(const train_config& cfg, const layout& shape, bool has_plan,
+                             const std::string& backend) {
+  if (cfg.parallel.reduction == "exact" && !has_plan)
+    throw std::invalid_argument(backend +
+                                ": --reduction exact needs the plan's micro-batches; layout " +
+                                describe(shape) + " without a plan");
+  return has_plan && reduces_exactly(cfg, shape);
 }
 
 exact_reducer::exact_reducer(const std::vector<int>& counts, int replica, size_t n,
-                             size_t bucket_floats)
+                             size_t bucket_floats, bool descending)
     : replica_(replica), n_(n), bucket_floats_(std::max<size_t>(1, bucket_floats)) {
   if (replica < 0 || static_cast<size_t>(replica) >= counts.size())
     throw std::invalid_argument("exact_reducer: replica " + std::to_string(replica) + " of " +
@@ -54,12 +63,12 @@ exact_reducer::exact_reducer(const std::vector<int>& counts, int replica, size_t
                             : std::vector<comm::tree_node>{});
     at += c;
   }
-  if (count_ > 0) accumulator_.emplace(M_, first_, count_, n_);
+  if (count_ > 0) accumulator_.emplace(M_, first_, count_, n_, descending);
 }
 
 void exact_reducer::begin_step() {
   if (accumulator_) accumulator_->reset();
-  losses_.clear();
+  losses_.assign(static_cast<size_t>(count_), 0.0);
   added_ = 0;
 }
 
@@ -68,7 +77,7 @@ void exact_reducer::add_micro_batch(int index, std::vector<float>& gradient, dou
     throw std::logic_error("exact_reducer: replica " + std::to_string(replica_) +
                            " holds no micro-batches but was given " + std::to_string(index));
   accumulator_->take_leaf(index, gradient);  // checks the order and the size
-  losses_.push_back(loss_sum);
+  losses_[static_cast<size_t>(index - first_)] = loss_sum;
   ++added_;
 }
 
@@ -90,14 +99,28 @@ void exact_reducer::combine_alone(float* out) {
 }
 
 void exact_reducer::all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts) {
+  all_reduce(dp, out, 0, n_, opts);
+}
+
+void exact_reducer::all_reduce(comm::communicator& dp, float* out, size_t begin, size_t end,
+                               const comm::op_options& opts) {
   check_ready(dp);
-  if (dp.size() == 1) return combine_alone(out);
+  if (begin > end || end > n_)
+    throw std::invalid_argument("exact_reducer: floats [" + std::to_string(begin) + ", " +
+                                std::to_string(end) + ") of " + std::to_string(n_));
+  if (dp.size() == 1 && begin == 0 && end == n_) return combine_alone(out);
+  if (dp.size() == 1) {
+    gathered_.resize(n_);
+    combine_alone(gathered_.data());
+    std::copy(gathered_.data() + begin, gathered_.data() + end, out + begin);
+    return;
+  }
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
   const auto world = static_cast<size_t>(dp.size());
-  for (size_t first = 0; first < n_; first += bucket_floats_) {
+  for (size_t first = begin; first < end; first += bucket_floats_) {
     // Floats [first, first + len): replica j owns the j-th of size() equal slices (the last
     // ones shorter or empty); the combined slices are then gathered.
-    const size_t len = std::min(bucket_floats_, n_ - first);
+    const size_t len = std::min(bucket_floats_, end - first);
     const size_t slice = (len + world - 1) / world;
     const auto range_of = [&](size_t j) {
       const size_t lo = std::min(len, j * slice);
@@ -177,7 +200,8 @@ void exact_reducer::combine_ranges(comm::communicator& dp,
   comm::combine_pieces(M_, pieces, mine_len, mine, scratch_);
 }
 
-std::vector<double> block_sq_sums(const float* values, size_t first, size_t count) {
+std::vector<double> block_sq_sums(const float* values, size_t first, size_t count,
+                                  const uint8_t* counted) {
   if (first % norm_block != 0 && count > 0)  // an empty shard may lie at the end, anywhere
     throw std::invalid_argument("block_sq_sums: values start at " + std::to_string(first) +
                                 ", not at a multiple of " + std::to_string(norm_block));
@@ -185,26 +209,38 @@ std::vector<double> block_sq_sums(const float* values, size_t first, size_t coun
   out.reserve((count + norm_block - 1) / norm_block);
   for (size_t b = 0; b < count; b += norm_block) {
     double sum = 0;
-    for (size_t i = b; i < std::min(count, b + norm_block); ++i)
-      sum += static_cast<double>(values[i]) * values[i];
+    const size_t end = std::min(count, b + norm_block);
+    if (counted == nullptr) {
+      for (size_t i = b; i < end; ++i) sum += static_cast<double>(values[i]) * values[i];
+    } else {  // + 0 for a value left out: the sum's bits stay as they are
+      for (size_t i = b; i < end; ++i)
+        if (counted[i] != 0) sum += static_cast<double>(values[i]) * values[i];
+    }
     out.push_back(sum);
   }
   return out;
 }
 
-double exact_grad_norm(const float* values, size_t n) {
+double exact_sq_sum(const float* values, size_t n, const uint8_t* counted) {
   double sum = 0;
-  for (const double block : block_sq_sums(values, 0, n)) sum += block;
-  return std::sqrt(sum);
+  for (const double block : block_sq_sums(values, 0, n, counted)) sum += block;
+  return sum;
 }
+
+double exact_grad_norm(const float* values, size_t n) { return std::sqrt(exact_sq_sum(values, n)); }
 
 double exact_grad_norm(comm::communicator& dp, const float* shard, size_t offset, size_t count,
                        size_t block, const comm::op_options& opts) {
+  return std::sqrt(exact_sq_sum(dp, shard, offset, count, block, opts));
+}
+
+double exact_sq_sum(comm::communicator& dp, const float* shard, size_t offset, size_t count,
+                    size_t block, const comm::op_options& opts, const uint8_t* counted) {
   if (block % norm_block != 0)
     throw std::invalid_argument("exact_grad_norm: shards of " + std::to_string(block) +
                                 " floats are not whole norm blocks of " +
                                 std::to_string(norm_block));
-  std::vector<double> mine = block_sq_sums(shard, offset, count);
+  std::vector<double> mine = block_sq_sums(shard, offset, count, counted);
   // Every shard has block / norm_block places; those past the model (the last shards) add 0,
   // which leaves the sum's bits as they are.
   mine.resize(block / norm_block, 0.0);
@@ -215,7 +251,7 @@ double exact_grad_norm(comm::communicator& dp, const float* shard, size_t offset
     dp.all_gather(mine.data(), all.data(), mine.size() * sizeof(double), opts);
   double sum = 0;
   for (const double b : all) sum += b;
-  return std::sqrt(sum);
+  return sum;
 }
 
 double exact_reducer::job_loss_sum(comm::communicator& dp, const comm::op_options& opts) {

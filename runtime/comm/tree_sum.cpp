@@ -41,8 +41,14 @@ std::vector<tree_node> canonical_pieces(int M, int a, int b) {
   return out;
 }
 
-tree_accumulator::tree_accumulator(int M, int first, int count, size_t n)
-    : M_(M), next_(first), end_(first + count), width_(tree_width(M)), n_(n), first_(first) {
+tree_accumulator::tree_accumulator(int M, int first, int count, size_t n, bool descending)
+    : M_(M),
+      next_(descending ? first + count - 1 : first),
+      end_(first + count),
+      width_(tree_width(M)),
+      n_(n),
+      descending_(descending),
+      first_(first) {
   if (!(0 <= first && count > 0 && end_ <= M))
     throw std::invalid_argument("tree_accumulator: leaves [" + std::to_string(first) + ", " +
                                 std::to_string(end_) + ") are not within [0, " + std::to_string(M) +
@@ -50,7 +56,7 @@ tree_accumulator::tree_accumulator(int M, int first, int count, size_t n)
 }
 
 void tree_accumulator::check_leaf(int index, size_t size) const {
-  if (index != next_ || index >= end_)
+  if (index != next_ || index >= end_ || index < first_)
     throw std::invalid_argument("tree_accumulator: leaf " + std::to_string(index) +
                                 " out of order (expected " + std::to_string(next_) + ")");
   if (size != n_)
@@ -60,7 +66,7 @@ void tree_accumulator::check_leaf(int index, size_t size) const {
 
 void tree_accumulator::add_leaf(int index, std::span<const float> gradient) {
   check_leaf(index, gradient.size());
-  ++next_;
+  next_ += descending_ ? -1 : 1;
   nodes_.push_back({index, 1});
   if (spare_.empty()) {
     values_.emplace_back(gradient.begin(), gradient.end());
@@ -74,7 +80,7 @@ void tree_accumulator::add_leaf(int index, std::span<const float> gradient) {
 
 void tree_accumulator::take_leaf(int index, std::vector<float>& gradient) {
   check_leaf(index, gradient.size());
-  ++next_;
+  next_ += descending_ ? -1 : 1;
   nodes_.push_back({index, 1});
   std::vector<float> replacement;
   if (spare_.empty()) {
@@ -92,7 +98,7 @@ void tree_accumulator::reset() {
   for (auto& v : values_) spare_.push_back(std::move(v));
   values_.clear();
   nodes_.clear();
-  next_ = first_;
+  next_ = descending_ ? end_ - 1 : first_;
 }
 
 void tree_accumulator::promote_and_merge() {
@@ -103,16 +109,27 @@ void tree_accumulator::promote_and_merge() {
       top.size *= 2;
       continue;
     }
-    if (nodes_.size() < 2) return;
+    if (nodes_.size() < 2) return finish_if_last();
     const tree_node& below = nodes_[nodes_.size() - 2];
-    const bool siblings = below.size == top.size && below.lo % (2 * below.size) == 0 &&
-                          below.lo + below.size == top.lo;
-    if (!siblings) return;
+    // Ascending, the new node is the right sibling; descending, the left one.
+    const int left = std::min(below.lo, top.lo), right = std::max(below.lo, top.lo);
+    const bool siblings =
+        below.size == top.size && left % (2 * top.size) == 0 && left + top.size == right;
+    if (!siblings) return finish_if_last();
+    const tree_node parent{left, 2 * top.size};
     add_into(values_[values_.size() - 2], values_.back());
     spare_.push_back(std::move(values_.back()));
     values_.pop_back();
-    nodes_.pop_back();
-    nodes_.back().size *= 2;
+    nodes_.pop_back();  // `top` with it
+    nodes_.back() = parent;
+  }
+}
+
+void tree_accumulator::finish_if_last() {
+  // Descending, the stack holds the pieces from the last down: nodes() gives index order.
+  if (descending_ && next_ < first_) {
+    std::reverse(nodes_.begin(), nodes_.end());
+    std::reverse(values_.begin(), values_.end());
   }
 }
 

@@ -33,12 +33,15 @@ int tree_width(int M);
 /// 0 <= a < b <= M.
 std::vector<tree_node> canonical_pieces(int M, int a, int b);
 
-/// Sums a rank's leaves, given in ascending index order, into its canonical pieces: a stack of
-/// at most log2(width) + 1 partial sums, each merged with its sibling as soon as both exist.
+/// Sums a rank's leaves, given in ascending index order (or descending, as a GPipe stage's
+/// backward passes come), into its canonical pieces: a stack of at most log2(width) + 1
+/// partial sums, each merged with its sibling as soon as both exist. Either order gives the
+/// same nodes and bits (the addition is commutative).
 class tree_accumulator {
  public:
-  /// The rank's leaves are micro-batches [first, first + count) of M; each is n floats.
-  tree_accumulator(int M, int first, int count, size_t n);
+  /// The rank's leaves are micro-batches [first, first + count) of M; each is n floats; they
+  /// come from the last down when `descending`.
+  tree_accumulator(int M, int first, int count, size_t n, bool descending = false);
 
   /// Adds leaf `index` (the next one in order; std::invalid_argument otherwise).
   void add_leaf(int index, std::span<const float> gradient);
@@ -56,9 +59,11 @@ class tree_accumulator {
  private:
   void check_leaf(int index, size_t size) const;
   void promote_and_merge();
+  void finish_if_last();
 
   int M_, next_, end_, width_;
   size_t n_;
+  bool descending_;
   std::vector<tree_node> nodes_;            ///< the stack, bottom first
   std::vector<std::vector<float>> values_;  ///< one per node, n_ floats
   std::vector<std::vector<float>> spare_;   ///< buffers of merged nodes, for take_leaf

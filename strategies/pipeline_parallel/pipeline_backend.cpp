@@ -2,6 +2,9 @@
 // Each rank holds the tensor-parallel shard of its stage's layers (tp_gpt with a stage_span);
 // a step runs the GPipe or 1F1B schedule over the replica's micro-batches, sums the tied
 // embedding's gradient between the first and last stage, then reduces over the dp group.
+// Under --reduction exact each backward pass's gradient is kept apart and summed along the
+// tree over the dp group first, and the tied embedding's sums of the two stages are added
+// after: the same bits at any dp size, for a fixed tp and pp.
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +18,7 @@
 #include "runtime/optim/adamw.hpp"
 #include "strategies/data_parallel.hpp"
 #include "strategies/engine_backend.hpp"
+#include "strategies/exact_reducer.hpp"
 #include "strategies/pipeline_parallel/pipeline_executor.hpp"
 #include "strategies/planner.hpp"
 #include "strategies/state_layout.hpp"
@@ -34,8 +38,9 @@ class pipeline_backend final : public engine_backend {
   grad_result compute(const token_dataset& data, int64_t step0) override;
   void reduce(const comm::op_options& opts) override;
   double local_grad_norm() const override {
-    return adamw::grad_norm(model_->grads(), model_->num_params());
+    return exact_ ? grad_norm_ : adamw::grad_norm(model_->grads(), model_->num_params());
   }
+  std::optional<double> reduced_loss_sum() const override { return reduced_loss_; }
   void apply(int64_t step0, const comm::op_options& opts) override;
   double learning_rate(int64_t step0) const override {
     return zero_ ? zero_->learning_rate(step0, cfg_.steps)
@@ -60,6 +65,7 @@ class pipeline_backend final : public engine_backend {
 
  private:
   bool last_stage() const { return view_.at.pp == shape_.pp - 1; }
+  void reduce_exactly(const comm::op_options& opts);
   double global_norm(const float* grads, size_t offset, size_t count, bool sharded_over_dp,
                      const comm::op_options& opts);
 
@@ -77,6 +83,12 @@ class pipeline_backend final : public engine_backend {
   std::optional<zero1_optimizer> zero_;
   gradient_allreducer allreducer_;
   std::vector<uint8_t> counted_;  // per local value: 1 if it counts in the full model's norm
+  // --reduction exact: the tree over the step's micro-batches, the buffer each backward pass's
+  // gradient is swapped into, the job's loss (first replica) and this rank's gradient norm.
+  std::optional<exact_reducer> exact_;
+  std::vector<float> leaf_;
+  std::optional<double> reduced_loss_;
+  double grad_norm_ = 0;
   std::vector<timed_op> timeline_;
   pipeline_observer* observer_ = nullptr;
 };
@@ -91,6 +103,7 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
   if (cfg.model.experts > 0 || shape.ep > 1)
     throw std::logic_error("pipeline_backend: layout " + describe(shape) +
                            " belongs to the expert backend");
+  const bool exact = backend_reduces_exactly(cfg, shape, !batching.empty(), "pipeline_backend");
   std::vector<layer_range> stages;
   if (!batching.empty()) {
     // The coordinator's plan (already checked there): this replica's count, possibly not the
@@ -146,9 +159,17 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
 
   const int dp_size = static_cast<int>(view_.dp.ranks.size());
   if (cfg.parallel.zero == 1) {
-    zero_.emplace(cfg.optim, table, model_->num_params(), view_.dp.index, dp_size);
+    // The exact reduction's shards hold whole norm blocks and clip as dp does.
+    const zero_options how = exact ? zero_options{norm_block, true} : zero_options{};
+    zero_.emplace(cfg.optim, table, model_->num_params(), view_.dp.index, dp_size, how);
   } else {
     replicated_.emplace(cfg.optim, table, model_->num_params());
+  }
+  if (exact) {
+    exact_.emplace(batching.replica_micro_batches, view_.dp.index, model_->num_params(),
+                   static_cast<size_t>(std::max(cfg.bucket_bytes, 4)) / sizeof(float),
+                   executor_->backward_descending());
+    leaf_.resize(model_->num_params());
   }
 }
 
@@ -190,7 +211,17 @@ grad_result pipeline_backend::compute(const token_dataset& data, int64_t step0) 
   };
   // The same B/G scaling per micro-batch as the single-rank step (runtime/trainer.hpp).
   const auto scale = static_cast<float>(static_cast<double>(B) / G);
-  stage_step s = executor_->run(fill, scale, opts, observer_);
+  after_backward_fn keep_apart;
+  if (exact_) {
+    exact_->begin_step();
+    reduced_loss_.reset();
+    keep_apart = [&](int micro_batch, double loss_sum) {
+      model_->swap_grads(leaf_);
+      exact_->add_micro_batch(first / B + micro_batch, leaf_, loss_sum);
+      model_->zero_grads();
+    };
+  }
+  stage_step s = executor_->run(fill, scale, opts, observer_, keep_apart);
   // Every step of the session, for the trace: a few dozen passes per step.
   for (timed_op& t : s.timeline) {
     t.step = step0 + 1;
@@ -204,6 +235,7 @@ grad_result pipeline_backend::compute(const token_dataset& data, int64_t step0) 
 }
 
 void pipeline_backend::reduce(const comm::op_options& opts) {
+  if (exact_) return reduce_exactly(opts);
   // The tied embedding: the first stage's wte and the last stage's copy get the sum of both
   // gradients, so both apply the same update and stay equal.
   if (embd_comm_)
@@ -216,11 +248,60 @@ void pipeline_backend::reduce(const comm::op_options& opts) {
   }
 }
 
+// Each replica's gradient along the tree over dp, then the tied embedding: the first and last
+// stage's tree sums added (in either order: the same bits on both). With ZeRO-1 the shard is
+// reduce-scattered and the embedding's region, all-reduced and summed, overwrites its part.
+void pipeline_backend::reduce_exactly(const comm::op_options& opts) {
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+  const auto rest = [&] {
+    comm::op_options o = opts;
+    o.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - std::chrono::steady_clock::now()),
+                         std::chrono::milliseconds(1));
+    return o;
+  };
+  float* grads = model_->grads();
+  const size_t n = model_->num_params();
+  size_t wte = 0, wte_end = 0;  // the tied embedding, on the first and last stage
+  if (embd_comm_) {
+    wte = model_->wte_offset();
+    wte_end = wte + model_->wte_numel();
+  }
+  if (zero_) {
+    const zero_shard& sh = zero_->shard();
+    exact_->reduce_scatter(*dp_comm_, sh.block, zero_->grad_shard(), rest());
+    if (embd_comm_) {
+      exact_->all_reduce(*dp_comm_, grads, wte, wte_end, rest());
+      embd_comm_->all_reduce(grads + wte, wte_end - wte, comm::reduce_op::sum, rest());
+      const size_t lo = std::max(wte, sh.offset), hi = std::min(wte_end, sh.offset + sh.count);
+      if (lo < hi) std::copy(grads + lo, grads + hi, zero_->grad_shard() + (lo - sh.offset));
+    }
+    // This rank's part only (finite exactly when its values are): the divergence check's.
+    grad_norm_ = adamw::grad_norm(zero_->grad_shard(), sh.count);
+  } else {
+    exact_->all_reduce(*dp_comm_, grads, rest());
+    if (embd_comm_)
+      embd_comm_->all_reduce(grads + wte, wte_end - wte, comm::reduce_op::sum, rest());
+    grad_norm_ = adamw::grad_norm(grads, n);
+  }
+  const double total = exact_->job_loss_sum(*dp_comm_, rest());
+  reduced_loss_ = view_.dp.index == 0 ? total : 0.0;
+}
+
 double pipeline_backend::global_norm(const float* grads, size_t offset, size_t count,
                                      bool sharded_over_dp, const comm::op_options& opts) {
   double sq = 0;
-  for (size_t i = 0; i < count; ++i)
-    if (counted_[offset + i] != 0) sq += static_cast<double>(grads[i]) * grads[i];
+  if (exact_) {
+    // In fixed blocks (gathered over dp for a shard): the same bits at any dp size, and
+    // ZeRO-1's the same as the replicated update's.
+    sq = sharded_over_dp ? exact_sq_sum(*dp_comm_, grads, offset, count, zero_->shard().block, opts,
+                                        counted_.data() + offset)
+                         : exact_sq_sum(grads, count, counted_.data() + offset);
+    sharded_over_dp = false;
+  } else {
+    for (size_t i = 0; i < count; ++i)
+      if (counted_[offset + i] != 0) sq += static_cast<double>(grads[i]) * grads[i];
+  }
   // Summed over the dp group (ZeRO shards), then tp, then pp: each sum is the same on every
   // member, so the norm, and with it every clipping factor, is the same on every rank.
   if (sharded_over_dp) sq = comm::sum_in_rank_order(*dp_comm_, sq, opts);

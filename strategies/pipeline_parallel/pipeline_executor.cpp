@@ -54,14 +54,26 @@ pipeline_executor::pipeline_executor(tensor_parallel::tp_gpt& model, comm::commu
   grad_out_.assign(tokens * static_cast<size_t>(model.config().d_model), 0.0f);
 }
 
+bool pipeline_executor::backward_descending() const {
+  int last = -1;
+  for (const pipe_op& op : program_) {
+    if (op.pass != pipe_pass::backward) continue;
+    if (last >= 0) return op.micro_batch < last;
+    last = op.micro_batch;
+  }
+  return false;
+}
+
 stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
-                                  const comm::op_options& opts, pipeline_observer* observer) {
+                                  const comm::op_options& opts, pipeline_observer* observer,
+                                  const after_backward_fn& after_backward) {
   const int B = batch_, T = context_;
   const size_t tokens = static_cast<size_t>(B) * static_cast<size_t>(T);
   const size_t act_bytes = tokens * static_cast<size_t>(model_.config().d_model) * sizeof(float);
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   stage_step out;
   transfer pending;  // a send held back to pair with the next op's receive
+  losses_.assign(static_cast<size_t>(micro_batches_), 0.0);
 
   auto exchange = [&](const transfer& in) {
     if (pending && in) {
@@ -102,6 +114,7 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
       if (last) {
         out.loss_sum += mean * static_cast<double>(tokens);
         out.tokens += static_cast<int64_t>(tokens);
+        losses_[static_cast<size_t>(op.micro_batch)] = mean * static_cast<double>(tokens);
       } else {
         pending = transfer{const_cast<float*>(model_.stage_output(slot)), act_bytes, stage_ + 1,
                            activation_tag};
@@ -112,6 +125,8 @@ stage_step pipeline_executor::run(const micro_batch_fn& fill, float grad_scale,
         std::memcpy(grad_out_.data(), model_.input_grad(), act_bytes);
         pending = transfer{grad_out_.data(), act_bytes, stage_ - 1, gradient_tag};
       }
+      if (after_backward)
+        after_backward(op.micro_batch, losses_[static_cast<size_t>(op.micro_batch)]);
     }
     t.end = now_s();
     out.compute_s += t.end - t.start;

@@ -17,6 +17,11 @@ namespace troupe::strategies {
 /// T target bytes of each.
 using micro_batch_fn = std::function<void(int index, token_id* inputs, token_id* targets)>;
 
+/// Called after each backward pass with the replica's micro-batch index and, on the last
+/// stage, that micro-batch's loss summed over its tokens (0 elsewhere); it may take the
+/// model's gradients and zero them (the exact reduction keeps micro-batches apart).
+using after_backward_fn = std::function<void(int micro_batch, double loss_sum)>;
+
 /// Told before and after every pass of the schedule (the stage actor listens to these).
 struct pipeline_observer {
   virtual ~pipeline_observer() = default;
@@ -49,7 +54,11 @@ class pipeline_executor {
   /// (the caller zeroes them); the head scales micro-batch losses by grad_scale. Throws
   /// comm::comm_error when a neighbour fails or the deadline in `opts` passes.
   stage_step run(const micro_batch_fn& fill, float grad_scale, const comm::op_options& opts,
-                 pipeline_observer* observer = nullptr);
+                 pipeline_observer* observer = nullptr,
+                 const after_backward_fn& after_backward = {});
+  /// Whether this stage's backward passes run from the last micro-batch down (GPipe) rather
+  /// than up (1F1B).
+  bool backward_descending() const;
 
   /// Forward only, one micro-batch of B sequences at a time through every stage, for the
   /// validation loss: returns the mean loss on the last stage (0 elsewhere).
@@ -70,6 +79,7 @@ class pipeline_executor {
   std::vector<pipe_op> program_;
   std::vector<token_id> inputs_, targets_;  // [slots][batch * context]
   std::vector<float> grad_out_;             // staging for the gradient sent to the previous stage
+  std::vector<double> losses_;              // last stage: this step's, per micro-batch
 };
 
 }  // namespace troupe::strategies

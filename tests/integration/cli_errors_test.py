@@ -110,13 +110,10 @@ def test():
         expect_usage_error(["run", "--ep", "2"], "parallel.ep", "model.experts")
         expect_usage_error(["run", "--schedule", "zigzag"], "parallel.schedule")
         expect_usage_error(["run", "--zero", "2"], "parallel.zero")
-        # --reduction exact covers the built-in GPT's data parallelism, with ZeRO-1 or with
-        # tp (not both: that layout is the pipeline backend's), so far.
+        # --reduction exact covers the built-in GPT's dense layouts (dp, tp, pp, ZeRO-1), so far.
         expect_usage_error(["run", "--reduction", "bitwise"], "parallel.reduction")
-        expect_usage_error(["run", "--reduction", "exact", "--pp", "2"], "--reduction exact",
-                           "parallel.pp")
-        expect_usage_error(["run", "--reduction", "exact", "--tp", "2", "--zero", "1"],
-                           "--reduction exact", "parallel.tp (--tp) and parallel.zero 1")
+        expect_usage_error(["run", "--reduction", "exact", "--experts", "4"],
+                           "--reduction exact", "model.experts")
         expect_usage_error(["run", "--reduction", "exact", "--", "python3", "train.py"],
                            "--reduction exact", "workload of your own")
         expect_usage_error(["run", "--top-k", "3"], "model.top_k")

@@ -4,8 +4,8 @@ on 3 ranks over TCP, on 4 ranks as 2 nodes (the hierarchical data plane, with th
 --reduction auto, which is exact for this job), and on 4 ranks that
 lose one at step 10 and get one back from an agent that joins, gives the same loss at every step (==) and the same
 final state, bit for bit (`troupe ckpt hash`: params, both AdamW moments and the step
-count), with Adam's own eps 1e-8. So does --tp 2 on 2 and 4 ranks (dp 1 and 2) against
-itself. The fast reduction on 4 ranks does not (so the comparison is not vacuous)."""
+count), with Adam's own eps 1e-8. So do --tp 2 and --pp 2 on 2 and 4 ranks (dp 1 and 2,
+ZeRO-1, TCP, a lost rank) against themselves. The fast reduction on 4 ranks does not (so the comparison is not vacuous)."""
 
 import json
 import os
@@ -95,29 +95,33 @@ def loss_and_rejoin(tmp):
     return worlds, check_run(name, run_dir, events)
 
 
-def tensor_parallel(tmp):
-    """tp 2 at a fixed degree: 2 ranks (dp 1) and 4 ranks (dp 2, shared memory; over TCP with
-    the default auto; and losing a rank at step 10, going on as dp 1) give the same losses and
-    state. Not world 1's: tp's own sums reassociate the model's products."""
-    _, want_losses, want_hash = train(tmp, "tp2-dp1", 2, ["--tp", "2"])
+def model_parallel(tmp, axis):
+    """tp 2 or pp 2 at a fixed degree: 2 ranks (dp 1) and 4 ranks (dp 2, shared memory; over
+    TCP with the default auto; with ZeRO-1; and losing a rank at step 10, going on as dp 1)
+    give the same losses and state. Not world 1's: tp's sums split the model's products, and
+    pp's stages sum the tied embedding's two halves apart."""
+    base = f"{axis}2"
+    flag = [f"--{axis}", "2"]
+    _, want_losses, want_hash = train(tmp, f"{base}-dp1", 2, flag)
     for name, extra, env, reduction in (
-            ("tp2-dp2", [], None, "exact"),
-            ("tp2-dp2-tcp", [], dict(os.environ, TROUPE_TRANSPORT="tcp"), None),
-            # a rank killed at step 10: the job goes on as tp 2 x dp 1
-            ("tp2-dp2-loses-a-rank", ["--fault", "kill:rank=3:step=10"], None, "exact")):
-        events, losses, got_hash = train(tmp, name, 4, ["--tp", "2"] + extra, env=env,
+            (f"{base}-dp2", [], None, "exact"),
+            (f"{base}-dp2-tcp", [], dict(os.environ, TROUPE_TRANSPORT="tcp"), None),
+            (f"{base}-dp2-zero1", ["--zero", "1"], None, "exact"),
+            # a rank killed at step 10: the job goes on as dp 1
+            (f"{base}-dp2-loses-a-rank", ["--fault", "kill:rank=3:step=10"], None, "exact")):
+        events, losses, got_hash = train(tmp, name, 4, flag + extra, env=env,
                                          reduction=reduction)
         shape = of(events, "training_started")[0]["layout"]["layout"]
-        if (shape.get("tp"), shape.get("dp")) != (2, 2):
-            fail(f"{name}: expected tp 2 x dp 2, training_started says {shape}")
+        if (shape.get(axis), shape.get("dp")) != (2, 2):
+            fail(f"{name}: expected {axis} 2 x dp 2, training_started says {shape}")
         worlds = [g["world"] for g in of(events, "generation")]
         if "loses" in name and worlds != [4, 2]:
             fail(f"{name}: expected generations of 4 and then 2 ranks: {worlds}")
         differing = [s for s in want_losses if losses[s] != want_losses[s]]
         if differing or got_hash != want_hash:
             fail(f"{name}: {len(differing)} step losses and the final state "
-                 f"({got_hash} against {want_hash}) should equal tp 2 x dp 1's")
-        print(f"{name}: every step's loss and the final state equal tp 2 x dp 1's")
+                 f"({got_hash} against {want_hash}) should equal {axis} 2 x dp 1's")
+        print(f"{name}: every step's loss and the final state equal {axis} 2 x dp 1's")
 
 
 def test():
@@ -152,7 +156,8 @@ def test():
         expect_world1("world4-two-nodes", *train(tmp, "world4-two-nodes", 4, ["--nodes", "2"],
                                                  reduction=None)[1:])
 
-        tensor_parallel(tmp)
+        model_parallel(tmp, "tp")
+        model_parallel(tmp, "pp")
 
         worlds, (losses, got_hash) = loss_and_rejoin(tmp)
         expect_world1("world4-loss-and-rejoin", losses, got_hash)

@@ -5,7 +5,7 @@
 //    sum to the bits one replica gives, and so does the loss.
 //  - The built-in GPT's dense engine: 3 steps at dp 1 to 4 and at uneven plans, with and
 //    without ZeRO-1, give the same parameters, AdamW moments and step losses, byte for byte;
-//    so does tp 2 at dp 1 to 3.
+//    so does tp 2 at dp 1 to 3, and pp 2 (GPipe and 1F1B, ZeRO-1 or not, tp 2 inside).
 //  - The exact norm: a buffer's block sums, sharded at any count of shards, give its bits.
 
 #include <gtest/gtest.h>
@@ -170,16 +170,17 @@ struct trained {
 };
 
 trained train(train_config cfg, const std::vector<int>& counts, const std::string& transport,
-              const std::string& reduction = "exact", int tp = 1) {
+              const std::string& reduction = "exact", int tp = 1, int pp = 1) {
   cfg.parallel.reduction = reduction;
   // The one-replica plan, divided as the test says (the planner would refuse 3 even replicas
   // of 4 micro-batches; a job's replan after a loss divides them unevenly like this).
   layout one;
   one.tp = tp;
+  one.pp = pp;
   layout_plan plan = make_plan(one, cfg.model, constraints_from(cfg));
   plan.shape.dp = static_cast<int>(counts.size());
   plan.replica_micro_batches = counts;
-  const int world = plan.shape.dp * tp;
+  const int world = plan.shape.dp * tp * pp;
   const token_dataset data = testing::tiny_data();
   trained out;
   out.losses.assign(static_cast<size_t>(cfg.steps), 0.0);
@@ -254,6 +255,42 @@ TEST(ExactDenseEngine, TensorParallelGivesTheBitsOfOneReplicaAtAnyDp) {
   expect_same(train(cfg, {4, 4}, "gloo", "exact", 2), one, "tp 2 x dp 2 over gloo");
   expect_same(train(cfg, {3, 3, 2}, "shm", "exact", 2), one, "tp 2 x dp 3 as 3, 3, 2");
   const trained fast = train(cfg, {4, 4}, "shm", "fast", 2);
+  EXPECT_FALSE(same_bits(fast.full.params, one.full.params))
+      << "the fast reduction gave one replica's bits: the comparison above would see nothing";
+}
+
+// Pipeline stages at a fixed pp (and tp): each stage's gradient summed along the tree over its
+// dp group, the tied embedding's two stage sums added after, the norm in fixed blocks: the
+// same bits at dp 1 to 3, under GPipe (backward passes from the last micro-batch down) and
+// 1F1B alike, with ZeRO-1 or without, over either transport.
+TEST(ExactPipelineEngine, StagesGiveTheBitsOfOneReplicaAtAnyDpScheduleAndZero) {
+  set_blas_threads(1);
+  train_config cfg = testing::tiny_config(2);
+  cfg.optim.eps = 1e-8;
+  cfg.micro_batch = 1;  // 8 micro-batches
+  cfg.parallel.schedule = "gpipe";
+  const trained one = train(cfg, {8}, "shm", "exact", 1, 2);
+  ASSERT_FALSE(one.full.params.empty());
+  EXPECT_LT(one.losses.back(), one.losses.front()) << "the model should train";
+  expect_same(train(cfg, {4, 4}, "shm", "exact", 1, 2), one, "pp 2 x dp 2, gpipe");
+  expect_same(train(cfg, {3, 3, 2}, "gloo", "exact", 1, 2), one, "pp 2 x dp 3, gpipe, gloo");
+  train_config one_f_one_b = cfg;
+  one_f_one_b.parallel.schedule = "1f1b";
+  expect_same(train(one_f_one_b, {8}, "shm", "exact", 1, 2), one, "pp 2 x dp 1, 1f1b");
+  expect_same(train(one_f_one_b, {4, 4}, "gloo", "exact", 1, 2), one, "pp 2 x dp 2, 1f1b");
+  train_config zero = one_f_one_b;
+  zero.parallel.zero = 1;
+  expect_same(train(zero, {4, 4}, "shm", "exact", 1, 2), one, "pp 2 x dp 2, ZeRO-1");
+  expect_same(train(zero, {3, 3, 2}, "shm", "exact", 1, 2), one, "pp 2 x dp 3, ZeRO-1");
+  // tp 2 inside each stage, and tp with ZeRO-1 (the pipeline backend at pp 1).
+  const trained tp_pp = train(cfg, {8}, "shm", "exact", 2, 2);
+  expect_same(train(zero, {4, 4}, "shm", "exact", 2, 2), tp_pp, "tp 2 x pp 2 x dp 2, ZeRO-1");
+  const trained tp_zero = train(zero, {8}, "shm", "exact", 2, 1);
+  expect_same(train(zero, {4, 4}, "gloo", "exact", 2, 1), tp_zero, "tp 2 x dp 2, ZeRO-1");
+  // The dense backend runs tp without ZeRO-1: the same norm, so the same bits (this config
+  // clips every step).
+  expect_same(train(cfg, {4, 4}, "shm", "exact", 2, 1), tp_zero, "tp 2 x dp 2 (dense backend)");
+  const trained fast = train(cfg, {4, 4}, "shm", "fast", 1, 2);
   EXPECT_FALSE(same_bits(fast.full.params, one.full.params))
       << "the fast reduction gave one replica's bits: the comparison above would see nothing";
 }
