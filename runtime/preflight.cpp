@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/comm/tree_sum.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/sys/run_paths.hpp"
 
@@ -144,7 +145,21 @@ double estimate_rank_bytes(const train_config& cfg) {
   const double params = shared / (tp * pp) + experts / pp;
   // ZeRO-1 shards AdamW's two moments over the data-parallel replicas.
   const double dp = std::max(1.0, std::floor(cfg.world / (tp * pp)));
-  const double state = params * (4 + 4 + 8 / (p.zero == 1 ? dp : 1.0));
+  double state = params * (4 + 4 + 8 / (p.zero == 1 ? dp : 1.0));
+  // The exact reduction (--reduction exact, or auto without experts or a program of your own)
+  // keeps micro-batches' gradients apart: the fullest replica's extra copies.
+  const bool exact = p.reduction == "exact" ||
+                     (p.reduction == "auto" && !cfg.external_workload() && E == 0 && ep == 1);
+  const int M =
+      p.micro_batches > 0 ? p.micro_batches : std::max(1, cfg.batch / std::max(1, cfg.micro_batch));
+  if (exact) {
+    const int per_replica = (M + static_cast<int>(dp) - 1) / static_cast<int>(dp);
+    int copies = 0;
+    for (int first = 0; first < M; first += per_replica)
+      copies =
+          std::max(copies, comm::exact_sum_buffers(M, first, std::min(per_replica, M - first)));
+    state += params * 4 * copies;
+  }
   // Activations of one micro-batch, saved for the backward pass, and as much again for their
   // gradients: per token and block about 16 C values plus the attention scores, per token
   // the logits and their softmax, and with MoE top_k expert MLPs' hidden values.

@@ -184,7 +184,7 @@ accessors faults_field() {
           }};
 }
 
-accessors string_field(std::string name, std::string train_config::*member) {
+accessors string_field(const std::string& name, std::string train_config::*member) {
   return {name,
           [name, member](train_config& c, const json& v) {
             if (!v.is_string())

@@ -263,11 +263,20 @@ eval_share dense_backend::evaluate(const token_dataset& data) {
   const int B = cfg_.micro_batch, T = cfg_.model.context;
   const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
   std::vector<token_id> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  std::vector<double> losses;
   for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
     data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
-    out.loss_sum += tp_ ? tp_->forward_loss(in.data(), tgt.data(), B, T)
-                        : dense_->forward_loss(in.data(), tgt.data(), B, T);
+    losses.push_back(tp_ ? tp_->forward_loss(in.data(), tgt.data(), B, T)
+                         : dense_->forward_loss(in.data(), tgt.data(), B, T));
+    out.loss_sum += losses.back();
     ++out.batches;
+  }
+  if (exact_) {
+    // In batch order on the first replica, nothing on the others: the coordinator's sum in
+    // arrival order is then exact too.
+    const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
+    const double total = exact_eval_sum(*dp_comm_, losses, cfg_.eval_batches, opts);
+    out = dp_rank == 0 ? eval_share{total, cfg_.eval_batches} : eval_share{};
   }
   if (!reports_loss()) out = {};
   return out;

@@ -254,6 +254,26 @@ double exact_sq_sum(comm::communicator& dp, const float* shard, size_t offset, s
   return sum;
 }
 
+double exact_eval_sum(comm::communicator& dp, const std::vector<double>& mine, int batches,
+                      const comm::op_options& opts) {
+  const auto world = static_cast<size_t>(dp.size());
+  const size_t per = (static_cast<size_t>(std::max(batches, 0)) + world - 1) / world;
+  if (mine.size() > per)
+    throw std::invalid_argument("exact_eval_sum: " + std::to_string(mine.size()) +
+                                " losses for a replica's share of " + std::to_string(per));
+  std::vector<double> padded(per, 0.0);
+  std::copy(mine.begin(), mine.end(), padded.begin());
+  std::vector<double> all(per * world);
+  if (world == 1)
+    all = padded;
+  else if (per > 0)
+    dp.all_gather(padded.data(), all.data(), per * sizeof(double), opts);
+  double sum = 0;
+  for (size_t b = 0; b < static_cast<size_t>(std::max(batches, 0)); ++b)
+    sum += all[(b % world) * per + b / world];
+  return sum;
+}
+
 double exact_reducer::job_loss_sum(comm::communicator& dp, const comm::op_options& opts) {
   if (added_ != count_)
     throw std::logic_error(

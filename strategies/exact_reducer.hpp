@@ -66,6 +66,12 @@ double exact_sq_sum(const float* values, size_t n, const uint8_t* counted = null
 double exact_sq_sum(comm::communicator& dp, const float* shard, size_t offset, size_t count,
                     size_t block, const comm::op_options& opts, const uint8_t* counted = nullptr);
 
+/// The validation loss summed in batch order, the same on any world: batch b of `batches` is
+/// replica b % dp's, and `mine` holds this replica's per-batch losses in its order (b = r,
+/// r + dp, ...). Collective over `dp`; every replica gets the sum.
+double exact_eval_sum(comm::communicator& dp, const std::vector<double>& mine, int batches,
+                      const comm::op_options& opts);
+
 class exact_reducer {
  public:
   /// `counts`: the plan's micro-batches per replica, in data-parallel order (replica r holds

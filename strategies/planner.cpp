@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "runtime/comm/tree_sum.hpp"
+
 namespace troupe::strategies {
 namespace {
 
@@ -165,6 +167,16 @@ estimate estimate_of(const layout& l, const model_config& m, const plan_constrai
   }
   // fp32 weights and gradients, AdamW's two moments (sharded over dp with ZeRO-1).
   e.memory_bytes = e.params_per_rank * (8 + 8 / (c.zero == 1 ? dp : 1.0));
+  // The exact reduction keeps micro-batches' gradients apart: the fullest replica's copies.
+  if (c.exact_reduction && l.ep == 1 && E == 0) {
+    const int per_replica = (micro_batches + l.dp - 1) / l.dp;
+    int copies = 0;
+    for (int first = 0; first < micro_batches; first += per_replica)
+      copies =
+          std::max(copies, comm::exact_sum_buffers(micro_batches, first,
+                                                   std::min(per_replica, micro_batches - first)));
+    e.memory_bytes += e.params_per_rank * 4 * copies;
+  }
 
   const int max_layers = stages.front().size();  // the first stages are the fullest
   const double mb = static_cast<double>(c.batch) / micro_batches;  // sequences / micro-batch
@@ -351,6 +363,9 @@ plan_constraints constraints_from(const train_config& cfg) {
   c.pp = cfg.parallel.pp > 1 ? cfg.parallel.pp : 0;
   c.ep = cfg.parallel.ep > 1 ? cfg.parallel.ep : 0;
   c.zero = cfg.parallel.zero;
+  c.exact_reduction =
+      cfg.parallel.reduction == "exact" ||
+      (cfg.parallel.reduction == "auto" && !cfg.external_workload() && cfg.model.experts == 0);
   if (cfg.external_workload()) c.tp = c.pp = c.ep = 1;  // a user's program: replicas only
   return c;
 }

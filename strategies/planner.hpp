@@ -93,7 +93,10 @@ struct plan_constraints {
   double inter_node_bytes_per_s = 12.5e9;  ///< bandwidth between nodes
   double latency_s = 10e-6;                ///< fixed cost of one collective call or send
   bool allow_spares = false;               ///< when the whole world fits no layout, use fewer ranks
-  std::string order{default_rank_order};   ///< rank order of the planned layout
+  /// The exact reduction's gradient copies count in the memory estimate (where the layout
+  /// has no experts; runtime/comm/tree_sum.hpp: exact_sum_buffers).
+  bool exact_reduction = false;
+  std::string order{default_rank_order};  ///< rank order of the planned layout
 };
 
 /// The constraints a job's config implies: batch, micro-batching, zero, and tp/pp/ep

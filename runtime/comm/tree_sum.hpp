@@ -11,6 +11,7 @@
 // is fl(left + right), elementwise; a node whose right half lies past M is its left child
 // (no addition).
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -32,6 +33,39 @@ int tree_width(int M);
 /// rank holding micro-batches [a, b) sums on its own. Throws std::invalid_argument unless
 /// 0 <= a < b <= M.
 std::vector<tree_node> canonical_pieces(int M, int a, int b);
+
+/// The gradient-sized buffers the exact reduction adds to a rank that holds leaves
+/// [first, first + count) of M's tree (count >= 1), beyond the model's own gradient: one to
+/// swap each leaf out of the model, and the accumulator's deepest stack of partial sums
+/// (counted as a leaf arrives, before it merges), in either order. Header-only, so that the
+/// planner and the preflight memory estimate can use it (runtime/preflight.cpp).
+inline int exact_sum_buffers(int M, int first, int count) {
+  int width = 1;
+  while (width < M) width *= 2;
+  int deepest = 0;
+  for (const bool descending : {false, true}) {
+    std::vector<tree_node> stack;
+    for (int k = 0; k < count; ++k) {
+      stack.push_back({descending ? first + count - 1 - k : first + k, 1});
+      deepest = std::max(deepest, static_cast<int>(stack.size()));
+      for (;;) {  // as tree_accumulator merges
+        tree_node& top = stack.back();
+        if (top.size < width && top.lo % (2 * top.size) == 0 && top.lo + top.size >= M) {
+          top.size *= 2;
+          continue;
+        }
+        if (stack.size() < 2) break;
+        const tree_node& below = stack[stack.size() - 2];
+        const int left = std::min(below.lo, top.lo), right = std::max(below.lo, top.lo);
+        if (below.size != top.size || left % (2 * top.size) != 0 || left + top.size != right) break;
+        const tree_node parent{left, 2 * top.size};
+        stack.pop_back();
+        stack.back() = parent;
+      }
+    }
+  }
+  return 1 + deepest;
+}
 
 /// Sums a rank's leaves, given in ascending index order (or descending, as a GPipe stage's
 /// backward passes come), into its canonical pieces: a stack of at most log2(width) + 1

@@ -331,10 +331,16 @@ eval_share pipeline_backend::evaluate(const token_dataset& data) {
   const int dp_rank = view_.dp.index, dp_size = static_cast<int>(view_.dp.ranks.size());
   const comm::op_options opts{std::chrono::milliseconds(cfg_.step_timeout_ms)};
   std::vector<token_id> in(static_cast<size_t>(B) * static_cast<size_t>(T)), tgt(in.size());
+  std::vector<double> losses;
   for (int b = dp_rank; b < cfg_.eval_batches; b += dp_size) {
     data.fill_val(cfg_.seed, b, 0, B, T, in.data(), tgt.data());
-    out.loss_sum += executor_->forward_only(in.data(), tgt.data(), B, opts);
+    losses.push_back(executor_->forward_only(in.data(), tgt.data(), B, opts));
+    out.loss_sum += losses.back();
     ++out.batches;
+  }
+  if (exact_) {  // as the dense backend: in batch order, reported by the first replica
+    const double total = exact_eval_sum(*dp_comm_, losses, cfg_.eval_batches, opts);
+    out = dp_rank == 0 ? eval_share{total, cfg_.eval_batches} : eval_share{};
   }
   if (!reports_loss()) out = {};
   return out;

@@ -19,8 +19,10 @@ STEPS = 120
 # (two pieces of the tree each), 3 ranks 4 (one piece), 2 ranks 6 (two pieces).
 MODEL = SMALL_MODEL[:]
 MODEL[MODEL.index("--batch") + 1] = "24"
+# Validation at steps 60 and 120 over 6 batches (uneven over 4 replicas), compared too.
 ARGS = MODEL + ["--d-model", "64", "--steps", str(STEPS), "--checkpoint-every", "0",
-                "--metrics-port", "0", "--adam-eps", "1e-8"]
+                "--metrics-port", "0", "--adam-eps", "1e-8", "--eval-every", "60",
+                "--eval-batches", "6"]
 
 
 def of(events, name):
@@ -50,7 +52,11 @@ def check_run(name, run_dir, events, reduction="exact"):
     in_effect = of(events, "training_started")[0]["layout"].get("reduction")
     if in_effect != ("fast" if reduction == "fast" else "exact"):
         fail(f"{name}: training_started says the reduction in effect is {in_effect!r}")
-    return losses, state_hash(run_dir)
+    # The validation losses, by step, join the step losses (negative keys: no step clashes).
+    validation = {-e["step"]: e["val_loss"] for e in of(events, "validation")}
+    if sorted(validation) != [-STEPS, -60]:
+        fail(f"{name}: expected validation at steps 60 and {STEPS}: {of(events, 'validation')}")
+    return {**losses, **validation}, state_hash(run_dir)
 
 
 def train(tmp, name, world, extra=(), env=None, reduction="exact"):
@@ -135,8 +141,9 @@ def test():
             differing = [s for s in want_losses if losses[s] != want_losses[s]]
             if differing:
                 s = differing[0]
+                what = f"step {s}" if s > 0 else f"the validation at step {-s}"
                 fail(f"{name}: the loss of {len(differing)} steps differs from world 1's, first "
-                     f"step {s}: {losses[s]!r} against {want_losses[s]!r}")
+                     f"{what}: {losses[s]!r} against {want_losses[s]!r}")
             if got_hash != want_hash:
                 fail(f"{name}: the final state differs from world 1's:\n  {got_hash}\n  {want_hash}")
             print(f"{name}: every step's loss and the final state equal world 1's")

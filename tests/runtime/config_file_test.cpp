@@ -267,6 +267,10 @@ TEST(PreflightTest, MemoryAndCorpusAgainstTheMachine) {
   train_config one_pass = c;
   one_pass.parallel.micro_batches = 1;
   EXPECT_GT(estimate_rank_bytes(one_pass), estimate_rank_bytes(c));
+  // The exact reduction (the default's auto here) keeps micro-batches' gradients apart.
+  train_config fast = c;
+  fast.parallel.reduction = "fast";
+  EXPECT_GT(estimate_rank_bytes(c), estimate_rank_bytes(fast));
 
   auto message = [&](const train_config& cfg, const host_facts& f) -> std::string {
     try {

@@ -37,6 +37,7 @@ void run_ranks(int world, const std::string& transport,
   comm::tcp_store_server server;
   std::vector<std::string> errors(static_cast<size_t>(world));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
@@ -150,6 +151,33 @@ TEST(ExactNorm, ShardsGiveTheBitsOfTheWholeBuffer) {
       EXPECT_EQ(got, whole) << "world " << world << " rank " << r;
     });
   EXPECT_THROW(block_sq_sums(g.data(), 3, 10), std::invalid_argument);
+}
+
+// The validation loss in batch order at any dp: values whose sum depends on the grouping
+// (per-batch losses are floats widened to double, whose short sums are exact in any order,
+// but nothing guarantees that), batch b on replica b % dp.
+TEST(ExactEval, TheValidationSumIsTheBatchOrderSumAtAnyDp) {
+  const int batches = 7;
+  const std::vector<double> loss{1e16, 1.0, -1e16, 3.0, 0.1, 1e-3, 2.5};
+  double want = 0;
+  for (const double v : loss) want += v;
+  for (const int world : {1, 2, 3, 4}) {
+    double grouped = 0;  // the fast way: each replica's sum, then the replicas'
+    for (int r = 0; r < world; ++r) {
+      double mine = 0;
+      for (int b = r; b < batches; b += world) mine += loss[static_cast<size_t>(b)];
+      grouped += mine;
+    }
+    if (world == 2) {
+      EXPECT_NE(grouped, want) << "the values would not show a grouping";
+    }
+    run_ranks(world, "gloo", [&](int r, const connect_fn& connect) {
+      const auto c = connect({1, "dp", r, world});
+      std::vector<double> mine;
+      for (int b = r; b < batches; b += world) mine.push_back(loss[static_cast<size_t>(b)]);
+      EXPECT_EQ(exact_eval_sum(*c, mine, batches, {10s}), want) << "world " << world;
+    });
+  }
 }
 
 TEST(ExactReducer, MisuseIsRefused) {

@@ -339,6 +339,13 @@ TEST(Planner, MemoryBudgetForcesModelParallelism) {
   z.zero = 1;
   EXPECT_LT(ts::make_plan({16, 1, 1, 1}, big, z).memory_bytes,
             ts::make_plan({16, 1, 1, 1}, big, batch_of(256, 4)).memory_bytes);
+  // The exact reduction's gradient copies count: 4 micro-batches per replica need the leaf's
+  // buffer and up to 3 partial sums, 4 gradients more.
+  auto exact = batch_of(256, 4);
+  exact.exact_reduction = true;
+  const auto fast_plan = ts::make_plan({16, 1, 1, 1}, big, batch_of(256, 4));
+  EXPECT_EQ(ts::make_plan({16, 1, 1, 1}, big, exact).memory_bytes,
+            fast_plan.memory_bytes + 4 * 4 * fast_plan.params_per_rank);
 }
 
 TEST(Planner, ImpossibleRequestsNameTheConstraint) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <set>
 #include <vector>
 
 namespace troupe::comm {
@@ -183,6 +184,33 @@ TEST(TreeSum, DescendingLeavesGiveTheBitsOfAscendingOnes) {
   }
   tree_accumulator down(8, 2, 4, 3, true);
   EXPECT_THROW(down.add_leaf(2, std::vector<float>(3)), std::invalid_argument) << "5 comes first";
+}
+
+// What the planner and the preflight count (exact_sum_buffers) is what the accumulator
+// allocates: the buffers that pass through take_leaf, in the worse of the two orders, over two
+// steps (the second allocates nothing new).
+TEST(TreeSum, TheMemoryEstimateCountsTheBuffersTakeLeafAllocates) {
+  for (int M = 1; M <= 16; ++M)
+    for (int a = 0; a < M; ++a)
+      for (int b = a + 1; b <= M; ++b) {
+        size_t most = 0;
+        for (const bool descending : {false, true}) {
+          tree_accumulator acc(M, a, b - a, 2, descending);
+          std::vector<float> buffer(2);  // the backend's leaf_
+          std::set<const float*> seen{buffer.data()};
+          for (int step = 0; step < 2; ++step) {
+            acc.reset();
+            for (int k = 0; k < b - a; ++k) {
+              acc.take_leaf(descending ? b - 1 - k : a + k, buffer);
+              seen.insert(buffer.data());
+            }
+            for (const auto& v : acc.values()) seen.insert(v.data());
+          }
+          most = std::max(most, seen.size());
+        }
+        EXPECT_EQ(most, static_cast<size_t>(exact_sum_buffers(M, a, b - a)))
+            << "M " << M << " [" << a << ", " << b << ")";
+      }
 }
 
 TEST(TreeSum, AdversarialValuesGiveTheSameBitsAndStayWithinTheBoundOfAnExactSum) {
