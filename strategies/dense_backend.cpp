@@ -203,18 +203,14 @@ void dense_backend::reduce(const comm::op_options& opts) {
       grad_norm_ = adamw::grad_norm(zero_->grad_shard(), zero_->shard().count);
     } else if (tp_) {
       exact_->all_reduce(*dp_comm_, tp_->grads(), opts);
-      // This shard's part (apply clips with the tp group's norm, as the fast path does).
+      // This shard's part, for the divergence check (apply clips with the blocks' norm).
       grad_norm_ = adamw::grad_norm(tp_->grads(), tp_->num_params());
     } else {
       exact_->all_reduce(*dp_comm_, dense_->grads(), opts);
       // The whole reduced gradient's norm, in the blocks a ZeRO-1 shard sums too.
       grad_norm_ = exact_grad_norm(dense_->grads(), dense_->num_params());
     }
-    comm::op_options rest = opts;
-    rest.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                deadline - std::chrono::steady_clock::now()),
-                            std::chrono::milliseconds(1));
-    const double total = exact_->job_loss_sum(*dp_comm_, rest);
+    const double total = exact_->job_loss_sum(*dp_comm_, remaining(deadline, opts));
     reduced_loss_ = view_.dp.index == 0 ? total : 0.0;
   } else if (zero_) {
     zero_->reduce_gradients(*dp_comm_, dense_->grads(), opts);

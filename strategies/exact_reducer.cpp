@@ -9,9 +9,6 @@
 #include <utility>
 
 namespace troupe::strategies {
-namespace {
-
-// What remains of a deadline shared by several collectives, at least 1 ms.
 comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
                            const comm::op_options& opts) {
   comm::op_options out = opts;
@@ -20,8 +17,6 @@ comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
   out.timeout = std::max(left, std::chrono::milliseconds(1));
   return out;
 }
-
-}  // namespace
 
 bool reduces_exactly(const train_config& cfg, const layout& shape) {
   const auto& p = cfg.parallel;

@@ -13,6 +13,7 @@
 // split of the default 4 micro-batches over 1 to 4 replicas, and every power-of-two split,
 // gives one piece per replica.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,6 +37,10 @@ namespace troupe::strategies {
 /// the same at those degrees.
 /// Never with --reduction fast.
 bool reduces_exactly(const train_config& cfg, const layout& shape);
+/// What remains of a deadline shared by several collectives (`opts` with its timeout cut to
+/// the time left, at least 1 ms).
+comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
+                           const comm::op_options& opts);
 /// Whether an engine backend built for `shape` sums exactly: reduces_exactly, with the plan's
 /// micro-batches at hand (`has_plan`). --reduction exact without them is refused
 /// (std::invalid_argument naming `backend`); auto sums the fast way there (tests of the

@@ -253,13 +253,7 @@ void pipeline_backend::reduce(const comm::op_options& opts) {
 // reduce-scattered and the embedding's region, all-reduced and summed, overwrites its part.
 void pipeline_backend::reduce_exactly(const comm::op_options& opts) {
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-  const auto rest = [&] {
-    comm::op_options o = opts;
-    o.timeout = std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                             deadline - std::chrono::steady_clock::now()),
-                         std::chrono::milliseconds(1));
-    return o;
-  };
+  const auto rest = [&] { return remaining(deadline, opts); };
   float* grads = model_->grads();
   const size_t n = model_->num_params();
   size_t wte = 0, wte_end = 0;  // the tied embedding, on the first and last stage
