@@ -131,6 +131,19 @@ void faulty_communicator::all_to_allv(const void* in, const std::vector<size_t>&
   inner_->all_to_allv(in, send_bytes, out, recv_bytes, opts);
 }
 
+void faulty_communicator::all_reduce_tree(const comm::tree_sum_parts& parts, size_t begin,
+                                          size_t end, float* out, const comm::op_options& opts) {
+  before_collective("all_reduce_tree", opts);
+  inner_->all_reduce_tree(parts, begin, end, out, opts);
+}
+
+void faulty_communicator::reduce_scatter_tree(const comm::tree_sum_parts& parts,
+                                              std::span<const comm::extent> owned, float* out,
+                                              const comm::op_options& opts) {
+  before_collective("reduce_scatter_tree", opts);
+  inner_->reduce_scatter_tree(parts, owned, out, opts);
+}
+
 void faulty_communicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
                                const comm::op_options& opts) {
   before_collective("send", opts);

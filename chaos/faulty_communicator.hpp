@@ -55,6 +55,10 @@ class faulty_communicator final : public comm::communicator {
                   const comm::op_options& opts) override;
   void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes, const comm::op_options& opts) override;
+  void all_reduce_tree(const comm::tree_sum_parts& parts, size_t begin, size_t end, float* out,
+                       const comm::op_options& opts) override;
+  void reduce_scatter_tree(const comm::tree_sum_parts& parts, std::span<const comm::extent> owned,
+                           float* out, const comm::op_options& opts) override;
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const comm::op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag,

@@ -3,21 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 namespace troupe::strategies {
-comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
-                           const comm::op_options& opts) {
-  comm::op_options out = opts;
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
-  out.timeout = std::max(left, std::chrono::milliseconds(1));
-  return out;
-}
-
 bool reduces_exactly(const train_config& cfg, const layout& shape) {
   const auto& p = cfg.parallel;
   if (p.reduction == "exact") return true;
@@ -86,15 +76,16 @@ void exact_reducer::check_ready(const comm::communicator& dp) const {
                            std::to_string(count_) + " micro-batches were added");
 }
 
-void exact_reducer::combine_alone(float* out) {
-  std::vector<comm::tree_piece> pieces;
-  for (size_t k = 0; k < accumulator_->nodes().size(); ++k)
-    pieces.push_back({accumulator_->nodes()[k], accumulator_->values()[k].data()});
-  comm::combine_pieces(M_, pieces, n_, out, scratch_);
-}
-
 void exact_reducer::all_reduce(comm::communicator& dp, float* out, const comm::op_options& opts) {
   all_reduce(dp, out, 0, n_, opts);
+}
+
+comm::tree_sum_parts exact_reducer::parts() {
+  piece_values_.clear();
+  if (accumulator_)  // a replica without micro-batches sends nothing and combines the rest
+    for (const auto& v : accumulator_->values()) piece_values_.push_back(v.data());
+  return {M_, &pieces_, piece_values_, std::max<size_t>(1, bucket_floats_ / pieces_.size()),
+          &buffers_};
 }
 
 void exact_reducer::all_reduce(comm::communicator& dp, float* out, size_t begin, size_t end,
@@ -103,97 +94,34 @@ void exact_reducer::all_reduce(comm::communicator& dp, float* out, size_t begin,
   if (begin > end || end > n_)
     throw std::invalid_argument("exact_reducer: floats [" + std::to_string(begin) + ", " +
                                 std::to_string(end) + ") of " + std::to_string(n_));
-  if (dp.size() == 1 && begin == 0 && end == n_) return combine_alone(out);
-  if (dp.size() == 1) {
-    gathered_.resize(n_);
-    combine_alone(gathered_.data());
-    std::copy(gathered_.data() + begin, gathered_.data() + end, out + begin);
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-  const auto world = static_cast<size_t>(dp.size());
-  for (size_t first = begin; first < end; first += bucket_floats_) {
-    // Floats [first, first + len): replica j owns the j-th of size() equal slices (the last
-    // ones shorter or empty); the combined slices are then gathered.
-    const size_t len = std::min(bucket_floats_, end - first);
-    const size_t slice = (len + world - 1) / world;
-    const auto range_of = [&](size_t j) {
-      const size_t lo = std::min(len, j * slice);
-      return std::pair{first + lo, std::min(len, lo + slice) - lo};
-    };
-    if (mine_.size() < slice) mine_.resize(slice);  // past this rank's range: never read
-    const comm::op_options left = remaining(deadline, opts);
-    combine_ranges(dp, range_of, mine_.data(), left);
-    if (slice * world == len) {  // the slices tile the bucket: gather straight into place
-      dp.all_gather(mine_.data(), out + first, slice * sizeof(float), left);
-      continue;
-    }
-    gathered_.resize(slice * world);
-    dp.all_gather(mine_.data(), gathered_.data(), slice * sizeof(float), left);
-    for (size_t j = 0; j < world; ++j)
-      std::copy_n(gathered_.data() + j * slice, range_of(j).second, out + range_of(j).first);
-  }
+  dp.all_reduce_tree(parts(), begin, end, out, opts);
 }
 
 void exact_reducer::reduce_scatter(comm::communicator& dp, size_t block, float* shard,
                                    const comm::op_options& opts) {
   check_ready(dp);
-  if (dp.size() == 1) {
-    gathered_.resize(n_);
-    combine_alone(gathered_.data());
-    std::copy_n(gathered_.data(), n_, shard);
-    return;
+  std::vector<comm::extent> owned(pieces_.size());
+  for (size_t j = 0; j < owned.size(); ++j) {
+    const size_t lo = std::min(n_, j * block);
+    owned[j] = {lo, std::min(n_, lo + block) - lo};
   }
-  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
-  // Chunks of each owner's block, so that what is sent and received at once stays within a
-  // bucket's worth per piece.
-  const size_t chunk = std::max<size_t>(1, bucket_floats_ / static_cast<size_t>(dp.size()));
-  for (size_t c0 = 0; c0 < block; c0 += chunk) {
-    const auto range_of = [&](size_t j) {
-      const size_t lo = std::min(n_, j * block + c0);
-      const size_t hi = std::min({n_, j * block + std::min(block, c0 + chunk)});
-      return std::pair{lo, hi > lo ? hi - lo : size_t{0}};
-    };
-    combine_ranges(dp, range_of, shard + c0, remaining(deadline, opts));
-  }
+  dp.reduce_scatter_tree(parts(), owned, shard, opts);
 }
 
-// Every replica sends owner j floats range_of(j) = [lo, lo + len) of each of its pieces; this
-// replica combines what it receives for its own range, in tree order, into `mine`.
-void exact_reducer::combine_ranges(comm::communicator& dp,
-                                   const std::function<std::pair<size_t, size_t>(size_t)>& range_of,
-                                   float* mine, const comm::op_options& opts) {
-  const auto world = static_cast<size_t>(dp.size());
-  const auto me = static_cast<size_t>(replica_);
-  const size_t my_pieces = pieces_[me].size();
-  const size_t mine_len = range_of(me).second;
-  std::vector<size_t> send_bytes(world), recv_bytes(world);
-  size_t send_floats = 0, recv_floats = 0;
-  for (size_t j = 0; j < world; ++j) {
-    send_bytes[j] = my_pieces * range_of(j).second * sizeof(float);
-    recv_bytes[j] = pieces_[j].size() * mine_len * sizeof(float);
-    send_floats += my_pieces * range_of(j).second;
-    recv_floats += pieces_[j].size() * mine_len;
+namespace {
+
+// comm::sum_of_squares's eight running sums, with the values whose flag is 0 left out (a square
+// is never negative, so adding +0 in their place would leave the same bits).
+double masked_sum_of_squares(const float* values, const uint8_t* counted, size_t n) {
+  double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < n; ++i) {
+    const double v = values[i];
+    s[i % 8] += counted[i] != 0 ? v * v : 0.0;
   }
-  send_.resize(send_floats);
-  recv_.resize(recv_floats);
-  float* at = send_.data();
-  for (size_t j = 0; j < world; ++j) {
-    const auto [lo, len] = range_of(j);
-    for (size_t k = 0; k < my_pieces; ++k)
-      at = std::copy_n(accumulator_->values()[k].data() + lo, len, at);
-  }
-  dp.all_to_allv(send_.data(), send_bytes, recv_.data(), recv_bytes, opts);
-  if (mine_len == 0) return;
-  std::vector<comm::tree_piece> pieces;
-  const float* from = recv_.data();
-  for (size_t j = 0; j < world; ++j)
-    for (const comm::tree_node& node : pieces_[j]) {
-      pieces.push_back({node, from});
-      from += mine_len;
-    }
-  comm::combine_pieces(M_, pieces, mine_len, mine, scratch_);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+
+}  // namespace
 
 std::vector<double> block_sq_sums(const float* values, size_t first, size_t count,
                                   const uint8_t* counted) {
@@ -203,15 +131,9 @@ std::vector<double> block_sq_sums(const float* values, size_t first, size_t coun
   std::vector<double> out;
   out.reserve((count + norm_block - 1) / norm_block);
   for (size_t b = 0; b < count; b += norm_block) {
-    double sum = 0;
-    const size_t end = std::min(count, b + norm_block);
-    if (counted == nullptr) {
-      for (size_t i = b; i < end; ++i) sum += static_cast<double>(values[i]) * values[i];
-    } else {  // + 0 for a value left out: the sum's bits stay as they are
-      for (size_t i = b; i < end; ++i)
-        if (counted[i] != 0) sum += static_cast<double>(values[i]) * values[i];
-    }
-    out.push_back(sum);
+    const size_t len = std::min(count, b + norm_block) - b;
+    out.push_back(counted == nullptr ? comm::sum_of_squares(values + b, len)
+                                     : masked_sum_of_squares(values + b, counted + b, len));
   }
   return out;
 }

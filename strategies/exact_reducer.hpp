@@ -16,7 +16,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -37,10 +36,8 @@ namespace troupe::strategies {
 /// the same at those degrees.
 /// Never with --reduction fast.
 bool reduces_exactly(const train_config& cfg, const layout& shape);
-/// What remains of a deadline shared by several collectives (`opts` with its timeout cut to
-/// the time left, at least 1 ms).
-comm::op_options remaining(std::chrono::steady_clock::time_point deadline,
-                           const comm::op_options& opts);
+/// What remains of a deadline that several collectives share (runtime/comm/communicator.hpp).
+using comm::remaining;
 /// Whether an engine backend built for `shape` sums exactly: reduces_exactly, with the plan's
 /// micro-batches at hand (`has_plan`). --reduction exact without them is refused
 /// (std::invalid_argument naming `backend`); auto sums the fast way there (tests of the
@@ -49,7 +46,8 @@ bool backend_reduces_exactly(const train_config& cfg, const layout& shape, bool 
                              const std::string& backend);
 
 /// The exact gradient norm: the sum of squares in double over fixed blocks of norm_block
-/// floats anchored at index 0, each block summed in index order, the blocks added in block
+/// floats anchored at index 0, each block summed as comm::sum_of_squares sums (eight running
+/// sums, value i into sum i mod 8, then added in a fixed order), the blocks added in block
 /// order. A ZeRO shard that starts at a multiple of norm_block holds whole blocks, so the
 /// shards' block sums, gathered, give the bits the whole buffer gives.
 inline constexpr size_t norm_block = 1024;
@@ -81,7 +79,8 @@ class exact_reducer {
  public:
   /// `counts`: the plan's micro-batches per replica, in data-parallel order (replica r holds
   /// those after replicas 0..r-1's); `replica`: this rank's index among them; `n`: gradient
-  /// floats; `bucket_floats`: the most floats one round of collectives moves (memory bound).
+  /// floats; `bucket_floats`: the most floats one round of the portable tree sum moves (its
+  /// memory; the shared-memory and gloo backends send or read the pieces in place).
   /// `descending`: this replica's micro-batches come from its last down (a GPipe stage's
   /// backward passes). Throws std::invalid_argument on a replica outside counts or a negative
   /// count.
@@ -118,10 +117,8 @@ class exact_reducer {
 
  private:
   void check_ready(const comm::communicator& dp) const;
-  void combine_alone(float* out);
-  void combine_ranges(comm::communicator& dp,
-                      const std::function<std::pair<size_t, size_t>(size_t)>& range_of, float* mine,
-                      const comm::op_options& opts);
+  /// This step's pieces as the data plane's tree sums take them.
+  comm::tree_sum_parts parts();
 
   int M_ = 0, first_ = 0, count_ = 0, replica_ = 0;
   size_t n_ = 0, bucket_floats_ = 0;
@@ -130,9 +127,8 @@ class exact_reducer {
   std::optional<comm::tree_accumulator> accumulator_;  ///< none for a replica without work
   std::vector<double> losses_;                         ///< this step's, by index - first_
   int added_ = 0;
-  // Reused across buckets and steps: what goes out, what comes in, this slice, all slices.
-  std::vector<float> send_, recv_, mine_, gathered_;
-  comm::tree_scratch scratch_;
+  std::vector<const float*> piece_values_;  ///< parts()'s, reused
+  comm::tree_sum_buffers buffers_;          ///< the data plane's, reused
 };
 
 }  // namespace troupe::strategies

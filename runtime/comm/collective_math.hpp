@@ -48,6 +48,22 @@ inline void add_into(float* __restrict dst, const float* __restrict src, size_t 
   for (; i < n; ++i) dst[i] += src[i];
 }
 
+/// dst = a + b, elementwise (dst may be a or b: each element is read before it is written).
+/// Vectorised as add_into is; the bits are those of the scalar loop (one rounding per element).
+inline void add_pair(float* dst, const float* a, const float* b, size_t n) {
+  if (dst == a) return add_into(dst, b, n);
+  if (dst == b) return add_into(dst, a, n);  // addition is commutative: the same bits
+  const auto sum = [](float* __restrict d, const float* __restrict x, const float* __restrict y,
+                      size_t len) {
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      for (size_t j = 0; j < 16; ++j) d[i + j] = x[i + j] + y[i + j];
+    }
+    for (; i < len; ++i) d[i] = x[i] + y[i];
+  };
+  sum(dst, a, b, n);
+}
+
 /// Average is the sum divided by the group size, exactly as a reference would compute it.
 inline void divide(float* p, size_t n, float d) {
   for (size_t i = 0; i < n; ++i) p[i] /= d;

@@ -6,9 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "runtime/comm/collective_math.hpp"
+#include "runtime/comm/tree_sum.hpp"
 
 namespace troupe::comm {
 
@@ -49,6 +53,27 @@ struct comm_identity {
   int size = 1;                 ///< group size
 };
 
+/// What the portable tree sum (all_reduce_tree, reduce_scatter_tree) keeps between calls, so
+/// that a step's sums allocate nothing once warm. One per caller; backends that read their
+/// peers' pieces in place use only `combine`.
+struct tree_sum_buffers {
+  std::vector<float> send, recv, mine, gathered;
+  tree_scratch combine;
+};
+
+/// One tree sum over a group (runtime/comm/tree_sum.hpp): the tree of M leaves, every rank's
+/// canonical pieces of it (together they tile [0, M); the same list on every rank) and this
+/// rank's pieces' values, buffers of one common length.
+struct tree_sum_parts {
+  int M = 1;
+  const std::vector<std::vector<tree_node>>* pieces = nullptr;  ///< per rank, in rank order
+  std::span<const float* const> values;  ///< this rank's pieces' values, as pieces[rank()]
+  /// The most floats of a piece the portable path sends to one rank at once: it holds about
+  /// (pieces x round_floats) floats of buffers. Backends that read in place ignore it.
+  size_t round_floats = size_t{1} << 20;
+  tree_sum_buffers* buffers = nullptr;  ///< reused between calls; nullptr: fresh ones
+};
+
 /// A group communicator. Collectives are blocking and called from one thread;
 /// abort() may be called from any thread and makes a blocked collective throw
 /// comm_error{aborted} promptly. After abort() or a peer_lost/timeout error the
@@ -84,6 +109,21 @@ class communicator {
   /// entries, and recv_bytes[j] must equal what rank j sends here (exchange counts first).
   virtual void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                            const std::vector<size_t>& recv_bytes, const op_options& opts) = 0;
+  /// Floats [begin, end) of the tree sum of `parts` into the same floats of `out`: each is the
+  /// sum of its pieces' values in the tree's order, so every rank gets the bits one rank
+  /// holding every leaf would compute, whatever the group's size and whoever holds which
+  /// leaves (--reduction exact, issue 42). The pieces' buffers must not change until every
+  /// rank has returned. The default is portable: per round an all_to_allv of each owner's
+  /// share of every piece, the owner's combine, an all_gather; the shared-memory and gloo
+  /// backends have their own (shm_tree_sum.cpp reads the pieces in place, gloo_tree_sum.cpp
+  /// streams them to each slice's owner).
+  virtual void all_reduce_tree(const tree_sum_parts& parts, size_t begin, size_t end, float* out,
+                               const op_options& opts);
+  /// The same sum, each rank only its `owned[rank()]` floats of the pieces' buffers, into
+  /// `out` (owned[rank()].len floats); `owned` has one extent per rank, the same on every rank.
+  virtual void reduce_scatter_tree(const tree_sum_parts& parts, std::span<const extent> owned,
+                                   float* out, const op_options& opts);
+
   /// Point-to-point, matched by (peer, tag) on both sides and, per (peer, tag), in call order;
   /// for pipeline stages. Both sides must give the same size. Only the two ranks take part.
   /// A zero-byte transfer completes at once without contacting the peer. A send may wait
@@ -116,6 +156,26 @@ class communicator {
   virtual std::unique_ptr<communicator> shrink(const comm_identity& id,
                                                const std::vector<int>& kept);
 };
+
+/// What is wrong with a tree sum's arguments on rank `rank` of `size`, or "" when nothing: the
+/// pieces' list and their tiling of [0, M), this rank's values, and all_reduce_tree's range
+/// [begin, end) and `out`, or reduce_scatter_tree's `owned` extents (one per rank) and `out`.
+std::string tree_sum_argument_error(int rank, int size, const tree_sum_parts& parts, size_t begin,
+                                    size_t end, const float* out);
+std::string tree_sum_argument_error(int rank, int size, const tree_sum_parts& parts,
+                                    std::span<const extent> owned, const float* out);
+/// What a tree sum's shape adds to a backend's check that every rank runs the same op: M and
+/// the positions `a`, `b` (a range, or an owned extent's begin and length).
+uint64_t tree_sum_shape(const tree_sum_parts& parts, size_t a, size_t b);
+
+/// A group of one's tree sum: floats [begin, begin + len) of its pieces' buffers combined into
+/// `out` (len floats).
+void combine_alone(const tree_sum_parts& parts, size_t begin, size_t len, float* out,
+                   tree_scratch& scratch);
+
+/// `opts` with its timeout cut to what remains of `deadline` (at least 1 ms): for several
+/// collectives that share one deadline.
+op_options remaining(std::chrono::steady_clock::time_point deadline, const op_options& opts);
 
 /// The sum of one double per rank, the same bits on every rank: the values are all-gathered
 /// and added in rank order (an all-reduce of floats would round them, and its order may

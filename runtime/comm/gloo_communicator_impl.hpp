@@ -101,6 +101,10 @@ class gloo_communicator final : public communicator {
                   const op_options& opts) override;
   void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes, const op_options& opts) override;
+  void all_reduce_tree(const tree_sum_parts& parts, size_t begin, size_t end, float* out,
+                       const op_options& opts) override;
+  void reduce_scatter_tree(const tree_sum_parts& parts, std::span<const extent> owned, float* out,
+                           const op_options& opts) override;
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
@@ -142,6 +146,8 @@ class gloo_communicator final : public communicator {
     all_gather = 5,
     all_to_all = 6,
     all_to_allv = 7,
+    all_reduce_tree = 8,
+    reduce_scatter_tree = 9,
   };
 
   /// Slot layout: [63..24] op sequence number, [23..12] shape tag, [11..8] kind, [7..0] step.
@@ -476,6 +482,13 @@ class gloo_communicator final : public communicator {
   /// send_off[j] of `in` to rank j and receives recv_bytes[j] at recv_off[j] of `out` from it.
   void exchange(const op_ctx& op, const char* in, const size_t* send_bytes, const size_t* send_off,
                 char* out, const size_t* recv_bytes, const size_t* recv_off);
+  /// The tree sums (gloo_tree_sum.cpp): rank j owns floats `slices[j]` of the pieces'
+  /// buffers; every rank sends each owner its pieces' floats of that slice, segment by segment,
+  /// and the owner combines each segment as soon as all of it has arrived, into `out` (where
+  /// float x of the buffers lands at out[x - out_offset]). With `gather`, each combined segment
+  /// goes on to every rank at once, received in place (an all-reduce; out_offset 0).
+  void tree_exchange(const op_ctx& op, const tree_sum_parts& parts,
+                     const std::vector<extent>& slices, float* out, size_t out_offset, bool gather);
   uint64_t p2p_slot(std::map<std::pair<int, uint32_t>, uint64_t>& seqs, int peer, uint32_t tag,
                     size_t bytes);
   void check_peer(const char* name, int peer) const;
@@ -490,6 +503,10 @@ class gloo_communicator final : public communicator {
   std::vector<float> ring_scratch_;
   std::unique_ptr<ubuf> ring_buf_;
   std::vector<float> small_scratch_;
+  std::vector<std::vector<float>> tree_recv_;          ///< per peer: its pieces' segments in flight
+  std::vector<std::unique_ptr<ubuf>> tree_recv_bufs_;  ///< over tree_recv_, one per peer
+  std::vector<tree_piece> tree_pieces_;                ///< one segment's pieces, reused
+  tree_scratch tree_scratch_;                          ///< the combine's inner nodes, reused
   std::vector<std::unique_ptr<ubuf>> small_bufs_;
   std::array<char, 64> barrier_rx_{};
   char barrier_tx_ = 0;

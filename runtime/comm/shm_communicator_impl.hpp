@@ -149,6 +149,10 @@ class shm_communicator final : public communicator, public staging_holder {
                   const op_options& opts) override;
   void all_to_allv(const void* in, const std::vector<size_t>& send_bytes, void* out,
                    const std::vector<size_t>& recv_bytes, const op_options& opts) override;
+  void all_reduce_tree(const tree_sum_parts& parts, size_t begin, size_t end, float* out,
+                       const op_options& opts) override;
+  void reduce_scatter_tree(const tree_sum_parts& parts, std::span<const extent> owned, float* out,
+                           const op_options& opts) override;
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag, const op_options& opts) override;
@@ -186,6 +190,8 @@ class shm_communicator final : public communicator, public staging_holder {
     all_gather,
     all_to_all,
     all_to_allv,
+    all_reduce_tree,
+    reduce_scatter_tree,
   };
 
   static uint64_t shape_of(op_kind kind, uint64_t detail) {
@@ -266,6 +272,21 @@ class shm_communicator final : public communicator, public staging_holder {
   void all_reduce_small(const op_ctx& op, float* data, size_t count, reduce_op rop);
   void all_reduce_sliced(const op_ctx& op, float* data, size_t count, reduce_op rop);
   void all_reduce_single_copy(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  // The tree sums (shm_tree_sum.cpp).
+  void tree_small(const op_ctx& op, const tree_sum_parts& parts, size_t begin, size_t len,
+                  float* out);
+  void tree_sliced(const op_ctx& op, const tree_sum_parts& parts, size_t begin, size_t len,
+                   float* out);
+  /// Publishes this rank's pieces (and `out`, whose slices the peers may read later) in round
+  /// k's staging; returns every rank's addresses: [j][0] its out, [j][1 + t] its piece t.
+  std::vector<std::vector<uint64_t>> share_tree_addresses(const op_ctx& op,
+                                                          const tree_sum_parts& parts,
+                                                          const float* out);
+  /// Floats `range` of the tree sum into `out` (range.len floats), reading the peers' pieces
+  /// at `addresses` block by block (process_vm_readv).
+  void combine_pulled(const op_ctx& op, const tree_sum_parts& parts,
+                      const std::vector<std::vector<uint64_t>>& addresses, extent range,
+                      float* out);
   /// Publishes `p` as this rank's buffer of round k (call before complete_round(op, k)).
   void publish_addr(uint64_t k, const void* p) {
     block(id_.rank).addr[k % 2].store(reinterpret_cast<uint64_t>(p), std::memory_order_relaxed);
@@ -304,11 +325,13 @@ class shm_communicator final : public communicator, public staging_holder {
   std::vector<int> pidfds_;  ///< per rank, the staging pool's; -1 for this rank
   std::vector<int32_t> pids_;
   uint64_t round_ = 0;  ///< rounds this rank has started; touched by the calling thread only
-  uint64_t waiting_round_ = 0;       ///< the round complete_round() waits for (for messages)
-  bool in_round_wait_ = false;       ///< complete_round() is waiting (see wait_for's polls)
-  std::vector<size_t> offsets_;      ///< all_to_all(v)'s block offsets: send then receive
-  std::optional<bool> single_copy_;  ///< see single_copy(); unknown until an operation asks
-  std::vector<float> scratch_;       ///< single-copy all-reduce: accumulator and incoming block
+  uint64_t waiting_round_ = 0;           ///< the round complete_round() waits for (for messages)
+  bool in_round_wait_ = false;           ///< complete_round() is waiting (see wait_for's polls)
+  std::vector<size_t> offsets_;          ///< all_to_all(v)'s block offsets: send then receive
+  std::optional<bool> single_copy_;      ///< see single_copy(); unknown until an operation asks
+  std::vector<float> scratch_;           ///< single-copy all-reduce: accumulator and incoming block
+  std::vector<tree_piece> tree_pieces_;  ///< the tree sums' pieces of one block, reused
+  tree_scratch tree_scratch_;            ///< the tree sums' inner nodes, reused
 
   std::atomic<bool> aborted_{false};
   mutable std::mutex m_;

@@ -44,6 +44,14 @@ class timed_communicator final : public communicator {
                    const std::vector<size_t>& recv_bytes, const op_options& opts) override {
     timed([&] { inner_->all_to_allv(in, send_bytes, out, recv_bytes, opts); });
   }
+  void all_reduce_tree(const tree_sum_parts& parts, size_t begin, size_t end, float* out,
+                       const op_options& opts) override {
+    timed([&] { inner_->all_reduce_tree(parts, begin, end, out, opts); });
+  }
+  void reduce_scatter_tree(const tree_sum_parts& parts, std::span<const extent> owned, float* out,
+                           const op_options& opts) override {
+    timed([&] { inner_->reduce_scatter_tree(parts, owned, out, opts); });
+  }
   void send(const void* data, size_t bytes, int peer, uint32_t tag,
             const op_options& opts) override {
     timed([&] { inner_->send(data, bytes, peer, tag, opts); });

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/comm/collective_math.hpp"
+
 namespace troupe::comm {
 namespace {
 
@@ -12,7 +14,7 @@ namespace {
 int real_end(const tree_node& node, int M) { return std::min(node.lo + node.size, M); }
 
 void add_into(std::vector<float>& left, const std::vector<float>& right) {
-  for (size_t i = 0; i < left.size(); ++i) left[i] += right[i];
+  comm::add_into(left.data(), right.data(), left.size());
 }
 
 }  // namespace
@@ -173,7 +175,7 @@ void combine_pieces(int M, std::span<const tree_piece> pieces, size_t n, float* 
     if (scratch.levels.size() <= depth) scratch.levels.resize(depth + 1);
     if (scratch.levels[depth].size() < n) scratch.levels[depth].resize(n);
     const float* right = self(self, lo + half, half, scratch.levels[depth].data(), depth + 1);
-    for (size_t i = 0; i < n; ++i) dst[i] = left[i] + right[i];
+    add_pair(dst, left, right, n);
     return dst;
   };
   const float* root = eval(eval, 0, width, out, 0);

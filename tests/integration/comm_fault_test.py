@@ -15,7 +15,7 @@ TIMEOUT_MS = 3000
 def attack(plan, expect):
     env = dict(os.environ, TROUPE_CHAOS_RANK1=plan)
     # --reduction fast: one all-reduce a step, so collective N is in step N (the exact sum makes
-    # three calls a step: an all-to-all and two all-gathers).
+    # two calls a step: the tree sum and the loss's all-gather).
     args = SMALL_MODEL + ["--world", "2", "--min-ranks", "2", "--steps", "100000", "--metrics-port", "0", "--checkpoint-every", "0",
                           "--step-timeout-ms", str(TIMEOUT_MS), "--reduction", "fast"]
     with Job(args, env=env) as job:

@@ -11,7 +11,7 @@ from harness import SMALL_MODEL, Job, fail, main
 DELAY_MS = 200
 FROM_CALL = 8  # rank 1's 8th collective: a few steps into training (one all-reduce a step)
 STEPS = 20
-# --reduction fast: one collective a step (the exact sum makes three).
+# --reduction fast: one collective a step (the exact sum makes two).
 ARGS = SMALL_MODEL + ["--world", "2", "--steps", str(STEPS), "--checkpoint-every", "0",
                       "--metrics-port", "0", "--reduction", "fast"]
 

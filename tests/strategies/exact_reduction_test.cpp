@@ -10,7 +10,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -22,6 +21,7 @@
 #include "strategies/engine.hpp"
 #include "strategies/exact_reducer.hpp"
 #include "strategies/planner.hpp"
+#include "tests/runtime/comm/tree_leaves.hpp"
 #include "tests/strategies/gather_state.hpp"
 #include "tests/strategies/tiny_job.hpp"
 
@@ -55,17 +55,8 @@ void run_ranks(int world, const std::string& transport,
   for (int r = 0; r < world; ++r) EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
 }
 
-// Leaf i's gradient: values of mixed magnitudes and signs, so that any reassociation shows.
-std::vector<float> leaf(int i, size_t n) {
-  std::vector<float> v(n);
-  uint64_t h = 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i + 1);
-  for (float& x : v) {
-    h = h * 6364136223846793005ULL + 1442695040888963407ULL;
-    x = std::ldexp(static_cast<float>(static_cast<int32_t>(h >> 40)) / 8388608.0f,
-                   static_cast<int>(h % 30) - 15);
-  }
-  return v;
-}
+// Leaf i's gradient: values whose order of summation shows.
+std::vector<float> leaf(int i, size_t n) { return test::tree_leaf(i, n); }
 
 struct summed {
   std::vector<std::vector<float>> grads;  // per replica
@@ -151,6 +142,16 @@ TEST(ExactNorm, ShardsGiveTheBitsOfTheWholeBuffer) {
       EXPECT_EQ(got, whole) << "world " << world << " rank " << r;
     });
   EXPECT_THROW(block_sq_sums(g.data(), 3, 10), std::invalid_argument);
+  // The masked sum (a pipeline stage's tied copy, a tp peer's replicas left out) is the
+  // unmasked one when nothing is left out, and leaving a value out is adding its zero.
+  std::vector<uint8_t> every(n, 1), some(n, 1);
+  std::vector<float> zeroed = g;
+  for (size_t i = 0; i < n; i += 3) {
+    some[i] = 0;
+    zeroed[i] = 0.0f;
+  }
+  EXPECT_EQ(exact_sq_sum(g.data(), n, every.data()), exact_sq_sum(g.data(), n));
+  EXPECT_EQ(exact_sq_sum(g.data(), n, some.data()), exact_sq_sum(zeroed.data(), n));
 }
 
 // The validation loss in batch order at any dp: values whose sum depends on the grouping

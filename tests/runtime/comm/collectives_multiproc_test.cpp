@@ -1,5 +1,5 @@
-// reduce-scatter, all-gather, all-to-all(v) and send/recv across real processes, on the
-// backend this binary is built for (backend.hpp: comm_gloo_collectives_multiproc_test,
+// reduce-scatter, all-gather, all-to-all(v), send/recv and the tree sums across real processes, on
+// the backend this binary is built for (backend.hpp: comm_gloo_collectives_multiproc_test,
 // comm_shm_collectives_multiproc_test): results against local references on 2, 3 and 4 ranks and at
 // 64 MiB, sub-groups alive beside the world group, tags that must not cross, and failures (a killed
 // peer, abort).
@@ -42,6 +42,17 @@ TEST_P(big, sixty_four_mib_buffers_match_the_local_reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(processes, big, ::testing::Values(2, 4),
+                         [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
+
+class tree_sums : public ranks, public ::testing::WithParamInterface<int> {};
+
+// --reduction exact's sums: the bits of one process's tree whatever the split, on every path.
+TEST_P(tree_sums, give_the_bits_of_one_rank_on_every_split_and_path) {
+  spawn_all(GetParam(), "tree_sums");
+  expect_peers_succeed(150s);
+}
+
+INSTANTIATE_TEST_SUITE_P(processes, tree_sums, ::testing::Values(2, 3, 4),
                          [](const auto& p) { return std::to_string(p.param) + "_ranks"; });
 
 TEST_F(ranks, two_pair_groups_and_the_world_group_at_once) {

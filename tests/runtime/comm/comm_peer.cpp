@@ -24,6 +24,7 @@
 #include "tests/runtime/comm/collective_scenarios.hpp"
 #include "tests/runtime/comm/hierarchical_scenarios.hpp"
 #include "tests/runtime/comm/patterns.hpp"
+#include "tests/runtime/comm/tree_sum_scenarios.hpp"
 
 using namespace troupe;
 using namespace std::chrono_literals;
@@ -260,6 +261,7 @@ const std::map<std::string, int (*)(comm::kv_store&, int, int)> set_scenarios{
     {"hier_until_lost", test::hier_until_lost},
     {"hier_park", test::hier_park},
     {"gloo_torn_message", test::gloo_torn_message},
+    {"tree_sums", test::tree_sums},
 };
 
 int serve() {
