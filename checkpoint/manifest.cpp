@@ -75,27 +75,75 @@ std::string to_json(const manifest& m) {
 
 namespace {
 
-/// A parsed object keeps one of two equal keys, so a duplicate name would vanish unseen; this
-/// remembers the first key found twice among the top-level fields or in an object directly
-/// under them (format 3's counters and extras). Deeper objects are not tracked, so a large
-/// format 2 manifest costs nothing more to parse.
-class duplicate_keys {
+/// The manifest's parser: nlohmann's own DOM builder, with a depth bound and a watch for
+/// duplicate keys on top. A parsed object keeps one of two equal keys, so a duplicate name
+/// would vanish unseen; this remembers the first key found twice among the top-level fields
+/// or in an object directly under them (format 3's counters and extras). Deeper objects are
+/// not tracked. (nlohmann 3.11.2's callback parser, used before, searches an object's parent
+/// for a discarded value at the end of every object: quadratic in the pieces, 9 s for the
+/// 210,000 pieces of a 70,000-rank job.)
+class bounded_parser {
  public:
-  void see(int depth, doc_json::parse_event_t event, const doc_json& parsed) {
-    if (event == doc_json::parse_event_t::object_start && depth < 2) {
-      keys_[static_cast<size_t>(depth)].clear();
-    } else if (event == doc_json::parse_event_t::key && (depth == 1 || depth == 2) &&
-               first_.empty() && parsed.is_string()) {
-      const std::string& key = parsed.get_ref<const std::string&>();
-      if (depth == 1) parent_ = key;
-      if (!keys_[static_cast<size_t>(depth - 1)].insert(key).second)
-        first_ = depth == 1 ? key : parent_ + "/" + key;
-    }
+  bounded_parser(doc_json& out, const fs::path& where) : dom_(out), where_(where) {}
+
+  bool null() { return value() && dom_.null(); }
+  bool boolean(bool v) { return value() && dom_.boolean(v); }
+  bool number_integer(doc_json::number_integer_t v) { return value() && dom_.number_integer(v); }
+  bool number_unsigned(doc_json::number_unsigned_t v) { return value() && dom_.number_unsigned(v); }
+  bool number_float(doc_json::number_float_t v, const doc_json::string_t& text) {
+    return value() && dom_.number_float(v, text);
   }
+  bool string(doc_json::string_t& v) { return value() && dom_.string(v); }
+  bool binary(doc_json::binary_t& v) { return value() && dom_.binary(v); }
+  bool start_object(std::size_t n) {
+    deeper();
+    if (depth_ < 3) keys_[static_cast<size_t>(depth_ - 1)].clear();
+    return dom_.start_object(n);
+  }
+  bool key(doc_json::string_t& k) {
+    if (depth_ > max_manifest_depth) too_deep();
+    if ((depth_ == 1 || depth_ == 2) && first_.empty()) {
+      if (depth_ == 1) parent_ = k;
+      if (!keys_[static_cast<size_t>(depth_ - 1)].insert(k).second)
+        first_ = depth_ == 1 ? k : parent_ + "/" + k;
+    }
+    return dom_.key(k);
+  }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    deeper();
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+  template <class Exception>
+  bool parse_error(std::size_t at, const std::string& token, const Exception& e) {
+    return dom_.parse_error(at, token, e);
+  }
+
   /// "counters/step" or "step"; empty when every key was unique.
-  [[nodiscard]] const std::string& first() const { return first_; }
+  [[nodiscard]] const std::string& first_duplicate() const { return first_; }
 
  private:
+  // A container opened inside `depth_` others, as the callback parser counted depth.
+  void deeper() {
+    if (depth_ > max_manifest_depth) too_deep();
+    ++depth_;
+  }
+  bool value() const {
+    if (depth_ > max_manifest_depth) too_deep();
+    return true;
+  }
+  [[noreturn]] void too_deep() const { bad_field(where_, "(document)", "nests too deep"); }
+
+  nlohmann::detail::json_sax_dom_parser<doc_json> dom_;
+  const fs::path& where_;
+  int depth_ = 0;
   std::array<std::set<std::string>, 2> keys_;  // of the top level, of the object under it
   std::string parent_, first_;
 };
@@ -104,17 +152,11 @@ class duplicate_keys {
 
 manifest from_json(std::string_view text, const fs::path& where) {
   doc_json doc;
-  duplicate_keys duplicates;
+  bounded_parser parser(doc, where);
   try {
     // A manifest is a few levels deep; anything deeper is refused while parsing, before the
     // recursive seal could run out of stack on it.
-    const doc_json::parser_callback_t shallow = [&](int depth, doc_json::parse_event_t event,
-                                                    doc_json& parsed) {
-      if (depth > max_manifest_depth) bad_field(where, "(document)", "nests too deep");
-      duplicates.see(depth, event, parsed);
-      return true;
-    };
-    doc = doc_json::parse(text.begin(), text.end(), shallow);
+    doc_json::sax_parse(text.begin(), text.end(), &parser);
   } catch (const doc_json::exception& e) {  // malformed text, or a number no double holds
     io::fail(error_kind::corrupt, where,
              std::string("is not valid JSON (") + sys::printable(e.what(), 256) +
@@ -134,8 +176,9 @@ manifest from_json(std::string_view text, const fs::path& where) {
                  ". It was written by a newer troupe; restore with that version.");
   }
   if (version < 1) bad_field(where, "format_version", "is 0, which no troupe ever wrote");
-  if (version >= static_cast<uint64_t>(workload_format_version) && !duplicates.first().empty())
-    bad_field(where, duplicates.first(), "appears twice");
+  if (version >= static_cast<uint64_t>(workload_format_version) &&
+      !parser.first_duplicate().empty())
+    bad_field(where, parser.first_duplicate(), "appears twice");
   const std::string recorded_seal = get_string(doc, seal_key, where);
   doc.erase(seal_key);
   if (const std::string seal = seal_of(doc); seal != recorded_seal) {

@@ -9,11 +9,26 @@ namespace troupe::cli {
 
 int run_control_plane_bench(const std::vector<std::string>& args) {
   command_line cl("troupe bench control-plane");
-  for (const char* v :
-       {"--members", "--first-member", "--steps", "--step-ms", "--jitter-ms", "--members-per-node",
-        "--lose", "--lose-at", "--lose-percent", "--lose-percent-at", "--straggler",
-        "--checkpoint-every", "--heartbeat-timeout-ms", "--connect-threads", "--hello-timeout-s",
-        "--coordinator", "--join-token", "--run-dir", "--vote-window-ms"})
+  for (const char* v : {"--members",
+                        "--first-member",
+                        "--steps",
+                        "--step-ms",
+                        "--jitter-ms",
+                        "--members-per-node",
+                        "--lose",
+                        "--lose-at",
+                        "--lose-percent",
+                        "--lose-percent-at",
+                        "--straggler",
+                        "--checkpoint-every",
+                        "--heartbeat-timeout-ms",
+                        "--connect-threads",
+                        "--hello-timeout-s",
+                        "--coordinator",
+                        "--join-token",
+                        "--run-dir",
+                        "--vote-window-ms",
+                        "--d-model"})
     cl.value(v);
   cl.flag("--json");
   cl.flag("--aggregate");
@@ -53,6 +68,7 @@ int run_control_plane_bench(const std::vector<std::string>& args) {
   number("--straggler", 1, 1000, o.straggler);
   integer("--checkpoint-every", 0, 1000000, o.checkpoint_every);
   integer("--heartbeat-timeout-ms", 100, 3600000, o.heartbeat_timeout_ms);
+  integer("--d-model", 8, 1024, o.d_model);
   integer("--connect-threads", 1, 256, o.connect_threads);
   integer("--hello-timeout-s", 1, 86400, o.hello_timeout_s);
   o.coordinator = cl.last("--coordinator").value_or("");

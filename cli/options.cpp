@@ -564,7 +564,10 @@ loss's time to the next commit, the coordinator's CPU per step and memory per me
   --lose-percent P           P % of the members lost at once after --lose-percent-at
   --lose-percent-at STEP     (default three quarters into the run)
   --straggler F              the first simulated member's steps take F times as long
-  --checkpoint-every K       as troupe run's (default 0: only at the end)
+  --checkpoint-every K       as troupe run's (default 0: only at the end); each simulated
+                             rank writes its share of the model's state, as a rank does
+  --d-model D                the job's model width, 8..1024 (default 8): the size of its
+                             checkpoints and how many pieces a manifest lists
   --heartbeat-timeout-ms MS  as troupe run's (default 2000)
   --connect-threads T        nodes connecting at once (default 8)
   --hello-timeout-s S        forming must finish within S seconds (default 600)

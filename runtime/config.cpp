@@ -473,9 +473,6 @@ bool is_key_safe(char ch) {
 
 void validate_etcd(const train_config& c) {
   const auto& e = c.etcd;
-  require(!c.elastic.relay || e.endpoints.empty(),
-          "config: elastic.relay (--relay) does not combine with etcd.endpoints (--etcd) yet: "
-          "the agents' relays do not follow a takeover to the new leader; leave out one of them");
   require(c.job_id.size() <= 128 && std::all_of(c.job_id.begin(), c.job_id.end(), is_key_safe),
           "config: job_id (--job-id) names the job's keys in etcd, so it must be letters, "
           "digits, '.', '_' and '-', at most 128 of them; got '" +

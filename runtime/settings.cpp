@@ -500,7 +500,7 @@ std::vector<setting> build_table() {
       {"--relay", "", g_elastic, may_change,
        "each agent carries its node's votes and heartbeats to the coordinator as one message "
        "and hands out one commit for the node: a message per node instead of per rank "
-       "(docs/benchmarks/scale.md); not with --etcd (default off)"});
+       "(docs/benchmarks/scale.md); with --etcd the relays follow a takeover (default off)"});
   add(section_string_field("elastic.straggler_policy", &tc::elastic,
                            &elastic_config::straggler_policy),
       {.flag = "--straggler-policy",

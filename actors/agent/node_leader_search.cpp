@@ -164,6 +164,11 @@ void search_succeeded(self_ptr self, const caf::actor& leader, size_t index,
   s.unsent_exits.clear();
   if (s.unsent_preempt) self->send(s.coordinator, preempt_atom::value);
   s.unsent_preempt = false;
+  // The node's relay carries its workers' votes and beats to the new leader from now on (if
+  // the leader's beat has not reached the relay first).
+  if (plan.relay && s.args.relay)
+    self->send(s.args.relay, lead_atom::value, s.coordinator,
+               static_cast<int32_t>(heartbeat_interval(s.heartbeat_timeout).count()), plan.epoch);
   for (int32_t member : std::exchange(s.removed_while_rehoming, {}))
     if (const pid_t pid = start_again(self, member); pid > 0) s.workers[member] = pid;
 }

@@ -29,6 +29,23 @@ void send_votes(relay_actor* self, std::pair<uint64_t, int64_t> key) {
   self->send(s.setup.coordinator, std::move(bundle));
 }
 
+// `leader` leads with epoch `epoch` (its own word, a member's or the agent's): a newer leader
+// than the relay's (a takeover) is carried to from now on. False for an older one.
+bool follow(relay_actor* self, const caf::actor& leader, int64_t epoch) {
+  auto& s = self->state;
+  if (epoch < s.epoch) return false;
+  if (epoch > s.epoch && leader) {
+    s.epoch = epoch;
+    s.setup.coordinator = leader;
+  }
+  return true;
+}
+
+// A coordinator's own message: dropped (false) when an older leader sent it.
+bool from_leader(relay_actor* self, int64_t epoch) {
+  return follow(self, caf::actor_cast<caf::actor>(self->current_sender()), epoch);
+}
+
 }  // namespace
 
 caf::behavior node_relay(relay_actor* self, relay_setup setup) {
@@ -38,16 +55,20 @@ caf::behavior node_relay(relay_actor* self, relay_setup setup) {
   self->delayed_send(self, self->state.setup.beat_interval, flush_beats_atom::value);
   return {
       [=](relay_placed_atom, int32_t member, const caf::actor& who, uint64_t generation,
-          int32_t rank) {
+          int32_t rank, const caf::actor& leader, int64_t epoch) {
         auto& s = self->state;
+        follow(self, leader, epoch);
         s.placed[member] = {who, generation, rank};
         // Votes of an older generation will never be counted: the coordinator moved on.
         std::erase_if(s.waiting, [&](const auto& w) { return w.first.first < generation; });
       },
-      [=](lead_atom, const caf::actor& coordinator, int32_t beat_interval_ms) {
-        self->state.setup.coordinator = coordinator;
+      [=](lead_atom, const caf::actor& coordinator, int32_t beat_interval_ms, int64_t epoch) {
+        auto& s = self->state;
         if (beat_interval_ms > 0)
-          self->state.setup.beat_interval = std::chrono::milliseconds(beat_interval_ms);
+          s.setup.beat_interval = std::chrono::milliseconds(beat_interval_ms);
+        if (epoch < s.epoch) return;  // a newer leader has spoken to the relay already
+        s.epoch = epoch;
+        s.setup.coordinator = coordinator;
       },
       [=](watch_atom, const caf::actor& owner) { self->monitor(owner); },
       [=](const step_done& vote) {
@@ -71,6 +92,7 @@ caf::behavior node_relay(relay_actor* self, relay_setup setup) {
           return;
         }
         count(s.setup.from_coordinator);  // the coordinator's: every member hears it
+        if (!from_leader(self, beat.epoch)) return;
         for (const auto& [id, p] : s.placed) self->send(p.member, beat);
       },
       [=](flush_beats_atom) {
@@ -88,6 +110,7 @@ caf::behavior node_relay(relay_actor* self, relay_setup setup) {
       [=](const node_commit& c) {
         auto& s = self->state;
         count(s.setup.from_coordinator);
+        if (!from_leader(self, c.msg.epoch)) return;
         for (size_t i = 0; i < c.members.size(); ++i) {
           auto it = s.placed.find(c.members[i]);
           if (it == s.placed.end()) continue;

@@ -8,11 +8,16 @@
 // - Heartbeats: the newest beat of each member is sent once per `beat_interval` as one
 //   node_beats.
 // - The coordinator's node_commit is handed to each member it names; its beat to every member.
-// A member says where it stands with (relay_placed_atom, member, its actor, generation, rank)
-// when it says hello and whenever it takes its place in a generation.
+// A member says where it stands with (relay_placed_atom, member, its actor, generation, rank,
+// its leader, that leader's epoch) when it says hello and whenever it takes its place in a
+// generation.
 // The agent runs one when the job asks for it (--relay: launch_plan::relay), as do the
 // simulator's nodes (bench/control_plane --aggregate). The coordinator to carry to, and the
-// members' heartbeat interval, come as (lead_atom, coordinator, interval in ms).
+// members' heartbeat interval, come as (lead_atom, coordinator, interval in ms, epoch).
+// With standby coordinators (--etcd) the leader changes: the relay carries to the leader with
+// the newest epoch it has heard of, from that leader (a beat, a commit), from a member taking
+// its place (before its first vote of the generation, so no vote goes to the old leader) or
+// from its agent, whichever comes first; what an older leader sends it is dropped.
 
 #include <atomic>
 #include <caf/actor.hpp>
@@ -48,6 +53,7 @@ struct relay_state {
   std::unordered_map<int32_t, place> placed;                               ///< by member id
   std::map<std::pair<uint64_t, int64_t>, std::vector<step_done>> waiting;  ///< by (gen, step)
   std::map<int32_t, heartbeat> beats;  ///< each member's newest, until the next bundle
+  int64_t epoch = 0;                   ///< the leadership epoch of `setup.coordinator`
   static inline const char* name = "node_relay";
 };
 

@@ -278,12 +278,13 @@ void use_relay(self_ptr self, const launch_plan& plan) {
   }
   if (!s.args.relay) {
     monitoring::log(monitoring::level::warn, agent_ctx,
-                    "the job asks for --relay, but this agent runs none (it follows several "
-                    "coordinators): its workers talk to the coordinator directly");
+                    "the job asks for --relay, but this agent runs none (it could not listen "
+                    "for one): its workers talk to the coordinator directly");
     return;
   }
   const auto interval = heartbeat_interval(s.heartbeat_timeout);
-  self->send(s.args.relay, lead_atom::value, s.coordinator, static_cast<int32_t>(interval.count()));
+  self->send(s.args.relay, lead_atom::value, s.coordinator, static_cast<int32_t>(interval.count()),
+             plan.epoch);
   ::setenv("TROUPE_NODE_RELAY",
            (s.args.relay_host + ":" + std::to_string(s.args.relay_port)).c_str(), 1);
 }
@@ -551,16 +552,19 @@ int run_agent(const agent_args& args) {
     }
   }
   agent_args with_relay = args;
-  if (!several) {
+  {
     // Ready for a job that asks for it (--relay). It listens where every listener of this node's
-    // processes does: the node's address (--advertise, or the route toward the coordinator),
-    // over TLS with the job's token.
+    // processes does: the node's address (--advertise, or the route toward the coordinator,
+    // the first one named when there are several), over TLS with the job's token. The leader
+    // it carries to comes with the launch plan, and again after a takeover.
     relay_setup r;
     r.coordinator = coordinator;
     with_relay.relay = sys.spawn(node_relay, r);
-    with_relay.relay_host = args.advertise.empty()
-                                ? local_address_toward(args.coordinator_host, args.coordinator_port)
-                                : args.advertise;
+    const std::string toward_host =
+        several ? args.coordinators.front().host : args.coordinator_host;
+    const uint16_t toward_port = several ? args.coordinators.front().port : args.coordinator_port;
+    with_relay.relay_host =
+        args.advertise.empty() ? local_address_toward(toward_host, toward_port) : args.advertise;
     auto port = publish_for_job(sys, with_relay.relay, 0, with_relay.relay_host, false, "relay");
     if (port) {
       with_relay.relay_port = *port;

@@ -50,7 +50,9 @@ using silent_atom = caf::atom_constant<caf::atom("silent")>;
 using pause_atom = caf::atom_constant<caf::atom("pause")>;
 // Aggregation through the agents (hello::relay): a member tells its node's relay where it
 // stands, (relay_placed_atom, member, the actor that takes its commits and the coordinator's
-// beats, generation, rank); generation 0 and rank -1 before its first generation.
+// beats, generation, rank, the coordinator it follows, that leader's epoch); generation 0 and
+// rank -1 before its first generation. Sent before the member's first vote of a generation, so
+// after a takeover the relay knows the new leader before it carries a vote to it.
 using relay_placed_atom = caf::atom_constant<caf::atom("placed")>;
 
 /// CAF 0.17 packs doubles with its own IEEE 754 code (caf/detail/ieee_754.hpp): a NaN arrives

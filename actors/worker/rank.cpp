@@ -761,11 +761,10 @@ int run_worker(const worker_args& args, const workload_factory& make) {
     if (!member) return 0;  // not needed: the agent stops or is gone
     mine.member = *member;
   }
-  // --relay: its agent's relay, on the node's address (actors/agent/node_relay.hpp). Only a job
-  // with one coordinator asks for it (config validation), so a takeover never has to move it.
+  // --relay: its agent's relay, on the node's address (actors/agent/node_relay.hpp). It stays
+  // this worker's way to the leader through a takeover: the relay follows the new leader.
   caf::actor relay;
-  if (const char* at = std::getenv("TROUPE_NODE_RELAY");
-      at && *at && args.coordinators.size() <= 1) {
+  if (const char* at = std::getenv("TROUPE_NODE_RELAY"); at && *at) {
     std::string host;
     uint16_t port = 0;
     if (!parse_endpoint(at, host, port)) {

@@ -169,6 +169,7 @@ std::optional<int> rehome(worker& w, const std::string& why) {
   hello h{protocol_version,          w.member, getpid(), this_host(), w.node, w.control,
           comm::transport_identity()};
   h.rejoin = true;
+  h.relay = w.relay;  // the new leader commits and beats through it, as the old one did
   h.epoch_seen = w.epoch_seen;
   h.newest_generation = w.newest_generation;
   const state_report held = report_for(w, 0);
@@ -226,7 +227,8 @@ std::optional<int> rehome(worker& w, const std::string& why) {
     w.shared->epoch_seen().store(w.epoch_seen);
     w.shared->set_coordinator(w.coordinator);
     w.store = std::move(store);
-    if (w.beats) w.beats->retarget(w.coordinator);
+    // Beats keep going through the node's relay, which follows the new leader itself.
+    if (w.beats) w.beats->retarget(w.relay ? w.relay : w.coordinator);
     w.shared->coordinator_seen();
     w.shared->rehoming().store(false);
     const auto took =

@@ -118,11 +118,13 @@ void tell_coordinator(worker& w, Message&& msg) {
   w.self->send(w.coordinator, std::forward<Message>(msg));
 }
 
-/// Tells the node's relay (if any) where this member stands: the votes of a step it waits for
-/// and where its commits and the coordinator's beats go (the control actor).
+/// Tells the node's relay (if any) where this member stands: the votes of a step it waits for,
+/// where its commits and the coordinator's beats go (the control actor), and the leader it
+/// follows (after a takeover, the relay's way to the new one before any vote needs it).
 inline void tell_relay_placed(worker& w, uint64_t generation, int32_t rank) {
   if (w.relay)
-    w.self->send(w.relay, relay_placed_atom::value, w.member, w.control, generation, rank);
+    w.self->send(w.relay, relay_placed_atom::value, w.member, w.control, generation, rank,
+                 w.coordinator, w.epoch_seen);
 }
 
 /// Builds this member's part of generation `r` and restores its state; answers `reconfigured`.

@@ -21,6 +21,7 @@
 
 #include "actors/coordinator/job/membership.hpp"
 #include "actors/wire/connect.hpp"
+#include "bench/control_plane/checkpoint_figures.hpp"
 #include "bench/control_plane/coordinator_process.hpp"
 #include "bench/control_plane/etcd_writes.hpp"
 #include "bench/control_plane/measure.hpp"
@@ -225,6 +226,8 @@ void check(const bench_options& o) {
     bad("--etcd starts the coordinator with its own etcd: it does not go with --coordinator");
   if (o.steps < 4) bad("--steps must be at least 4 (two warm-up steps, then measured ones)");
   if (o.members_per_node < 1) bad("--members-per-node must be at least 1");
+  if (o.d_model != 8 && !o.coordinator.empty())
+    bad("--d-model sizes the coordinator started here; another's has its own model");
   if (o.lose < 0 || o.lose >= o.members) bad("--lose K must be in 0..members-1");
   if (o.lose_percent < 0 || o.lose_percent >= 100) bad("--lose-percent must be in 0..<100");
   if (o.lose_at < 0 || o.lose_at >= o.steps || o.lose_percent_at < 0 ||
@@ -273,6 +276,7 @@ int run_control_plane_bench(const bench_options& opt) {
     req.connections = nodes_count;
     req.steps = o.steps;
     req.checkpoint_every = o.checkpoint_every;
+    req.d_model = o.d_model;
     req.heartbeat_timeout_ms = o.heartbeat_timeout_ms;
     req.metrics_port = free_local_port();
     if (o.etcd) req.extra = {"--etcd", "local"};
@@ -300,6 +304,9 @@ int run_control_plane_bench(const bench_options& opt) {
   const auto interval =
       actors::heartbeat_interval(std::chrono::milliseconds(o.heartbeat_timeout_ms));
   const int64_t t_start = now_ns();
+  const int64_t unix_ms_at_start = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       std::chrono::system_clock::now().time_since_epoch())
+                                       .count();
   std::vector<pid_t> sims;
   struct reap_sims {
     std::vector<pid_t>& pids;
@@ -410,6 +417,9 @@ int run_control_plane_bench(const bench_options& opt) {
     if (k % 10 == 0 && !o.json) say("step " + std::to_string(k) + " committed");
   }
   const auto final_sample = cpid > 0 ? sample_process(cpid) : std::nullopt;
+  const int64_t final_sample_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count();
   std::optional<int> exit_code;
   bool stopped = true;
   if (coordinator) {
@@ -446,6 +456,7 @@ int run_control_plane_bench(const bench_options& opt) {
   r["aggregate"] = o.aggregate;
   r["steps"] = o.steps;
   r["step_ms"] = o.step_ms;
+  r["d_model"] = o.d_model;
   r["connect_s"] = seconds_since(t_start, t_connected);
   r["forming_s"] = seconds_since(t_start, t_formed);
   r["first_commit_s"] = seconds_since(t_start, t_first_commit);
@@ -523,6 +534,27 @@ int run_control_plane_bench(const bench_options& opt) {
       r["metrics_bytes"] = metrics.bytes;  // one scrape of /metrics
       r["metrics_series"] = metrics.series;
       r["metrics_scrape_ms"] = metrics.ms;
+    }
+    const checkpoint_figures ck =
+        checkpoints_of(events, o.run_dir, ledger, t_start, unix_ms_at_start, final_sample_unix_ms);
+    r["checkpoints_committed"] = ck.committed;
+    r["checkpoints_failed"] = ck.failed;
+    r["checkpoint_shares_written"] = ledger.shares_written.load();
+    if (!ck.commit_s.empty()) {
+      r["checkpoint_shares_s_p50"] = percentile(ck.shares_s, 0.5);
+      r["checkpoint_commit_s_p50"] = percentile(ck.commit_s, 0.5);
+      r["checkpoint_commit_s_max"] = percentile(ck.commit_s, 1.0);
+      r["checkpoint_coordinator_s_p50"] = percentile(ck.coordinator_s, 0.5);
+      r["checkpoint_coordinator_s_max"] = percentile(ck.coordinator_s, 1.0);
+      r["manifest_bytes"] = ck.manifest_bytes;
+      r["manifest_pieces"] = ck.manifest_pieces;
+      // The committer thread's CPU (it validates and writes each manifest; it runs at nice 10
+      // on cores training leaves idle, so its wall time above includes waiting for one) over
+      // the checkpoints it had committed when the coordinator was last sampled.
+      if (final_sample && ck.committed_before > 0)
+        for (const auto& [tid, t] : final_sample->threads)
+          if (t.first == "troupe-ckpt-c")
+            r["checkpoint_committer_cpu_s"] = t.second / ck.committed_before;
     }
   }
   uint64_t newest_generation = 0;

@@ -22,6 +22,8 @@ struct bench_options {
   int64_t lose_percent_at = 0;  ///< 0 = three quarters into the run
   double straggler = 0;  ///< > 1: the first simulated member's steps take this many times as long
   int checkpoint_every = 0;
+  /// The job's model width: the model's size, so the checkpoints' (shares, manifest pieces).
+  int d_model = 8;
   int heartbeat_timeout_ms = 2000;
   /// Aggregation through the agents: each node's relay bundles its members' votes and beats
   /// and takes one commit for them (sim_relay.hpp); off, every member talks to the coordinator.

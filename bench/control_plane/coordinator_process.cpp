@@ -99,9 +99,10 @@ std::vector<std::string> coordinator_argv(const coordinator_request& req) {
   std::vector<std::string> argv = {
       sys::self_executable(), "coordinator", "--run-dir", req.run_dir, "--host", "127.0.0.1",
       "--port", "0", "--world", std::to_string(req.members), "--layers", "1", "--heads", "1",
-      "--d-model", "8", "--context", "8", "--batch", std::to_string(req.members), "--micro-batch",
-      "1", "--steps", std::to_string(req.steps), "--eval-every", "0", "--checkpoint-every",
-      std::to_string(req.checkpoint_every), "--join-timeout-ms", "900000", "--heartbeat-timeout-ms",
+      "--d-model", std::to_string(req.d_model), "--context", "8", "--batch",
+      std::to_string(req.members), "--micro-batch", "1", "--steps", std::to_string(req.steps),
+      "--eval-every", "0", "--checkpoint-every", std::to_string(req.checkpoint_every),
+      "--join-timeout-ms", "900000", "--heartbeat-timeout-ms",
       std::to_string(req.heartbeat_timeout_ms),
       // The FLOP/s measurement at start is a training machine's; nothing trains here.
       "--peak-flops", "1e12", "--metrics-port", std::to_string(req.metrics_port)};

@@ -17,6 +17,7 @@ struct coordinator_request {
   int members = 0;
   int64_t steps = 50;
   int checkpoint_every = 0;
+  int d_model = 8;
   int heartbeat_timeout_ms = 2000;
   int metrics_port = 0;
   int connections = 0;  ///< simulated nodes: one connection each

@@ -40,6 +40,7 @@ struct step_record {
   std::atomic<int64_t> last_vote_ns{0};    ///< the latest vote for this step left a member
   std::atomic<int64_t> last_commit_ns{0};  ///< the latest commit of this step arrived
   std::atomic<int32_t> commits{0};         ///< commits of this step received
+  std::atomic<int64_t> last_share_ns{0};   ///< the latest checkpoint share of this step left
 };
 
 /// Steers the simulator's processes from the bench's main process.
@@ -82,8 +83,9 @@ class sim_ledger {
   std::atomic<uint64_t> reconfigures{0};
   std::atomic<uint64_t> aborts{0};
   std::atomic<uint64_t> reports{0};
-  std::atomic<uint64_t> refusals{0};  ///< hellos refused or unanswered
-  std::atomic<uint64_t> stops{0};     ///< members told to stop (the job's end, an eviction)
+  std::atomic<uint64_t> refusals{0};        ///< hellos refused or unanswered
+  std::atomic<uint64_t> stops{0};           ///< members told to stop (the job's end, an eviction)
+  std::atomic<uint64_t> shares_written{0};  ///< checkpoint shares written and reported
   /// Messages on the wire while training, whatever they carry (a node_votes counts once): what
   /// the coordinator's I/O thread handles, apart from the generations' messages.
   std::atomic<uint64_t> messages_to_coordinator{0};

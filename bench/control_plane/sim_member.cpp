@@ -31,6 +31,7 @@ void enter(member_actor* self, const reconfigure& r) {
   s.epoch = r.epoch;
   s.generation = r.generation;
   s.rank = r.rank;
+  s.world = r.world;
   s.committed = r.start_step;
   auto& rec = s.setup.ledger->member(s.setup.id);
   rec.generation.store(r.generation);
@@ -46,7 +47,7 @@ void enter(member_actor* self, const reconfigure& r) {
   s.held_rank = r.rank;
   if (s.setup.relay)
     self->send(s.setup.relay, relay_placed_atom::value, s.setup.id, caf::actor{self}, r.generation,
-               r.rank);
+               r.rank, s.setup.coordinator, s.epoch);
   if (r.rank >= 0) schedule_vote(self, r.start_step + 1);
 }
 
@@ -75,6 +76,7 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
               return leave(self);
             }
             s.epoch = w.epoch;
+            s.shares = process_share_writer(w.config_json, *s.setup.ledger, s.shares_error);
             s.setup.ledger->member(s.setup.id).welcomed.store(true);
           },
           [=](caf::error&) {
@@ -121,18 +123,19 @@ caf::behavior sim_member(member_actor* self, member_setup setup) {
           step->commits.fetch_add(1, std::memory_order_relaxed);
         }
         if (c.checkpoint) {
-          // No state to write: the share is reported as skipped, word for word as a rank whose
-          // previous write is still in flight reports it (rank_checkpoints.cpp): not ok, so
-          // that the coordinator looks for no pieces and no optimizer step in it (a mixed job's
-          // real ranks send theirs).
-          shard_written w;
-          w.generation = c.generation;
-          w.step = c.step;
-          w.rank = s.rank;
-          w.ok = false;
-          w.skipped = true;
-          w.error = "the previous checkpoint was still being written (checkpoint_overlap skip)";
-          self->send(s.setup.coordinator, w);
+          // The rank's share, written in the background as a rank's checkpointer writes it;
+          // the report goes to the coordinator from the writer's thread.
+          if (s.shares) {
+            s.shares->enqueue({s.rank, s.world, c.generation, c.step, s.setup.coordinator});
+          } else {
+            shard_written w;
+            w.generation = c.generation;
+            w.step = c.step;
+            w.rank = s.rank;
+            w.ok = false;
+            w.error = s.shares_error;
+            self->send(s.setup.coordinator, w);
+          }
         }
         if (c.evaluate) self->send(s.setup.coordinator, eval_done{c.generation, c.step, s.rank});
         if (!c.hold) schedule_vote(self, c.step + 1);

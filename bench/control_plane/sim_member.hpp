@@ -11,6 +11,7 @@
 #include <string>
 
 #include "bench/control_plane/sim_ledger.hpp"
+#include "bench/control_plane/sim_shares.hpp"
 
 namespace troupe::bench::control_plane {
 
@@ -31,11 +32,14 @@ struct member_state {
   member_setup setup;
   uint64_t generation = 0;
   int32_t rank = -1;
+  int32_t world = 0;
   int64_t committed = 0;  ///< the newest step it applied
   uint64_t held_generation = 0;
   int32_t held_rank = -1;
   int64_t epoch = 0;
   std::mt19937 rng;
+  share_writer* shares = nullptr;  ///< this process's, once welcomed (null: shares fail)
+  std::string shares_error;        ///< why there is none
   static inline const char* name = "sim_member";
 };
 

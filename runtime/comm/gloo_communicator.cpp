@@ -95,6 +95,19 @@ void gloo_communicator::all_reduce_ring(const op_ctx& op, float* data, size_t co
   for (size_t i = 0; i < sends; ++i) wait_send(op, *mine, (id_.rank + 1) % id_.size);
 }
 
+void gloo_communicator::all_reduce_ring_into(const op_ctx& op, const float* input, float* out,
+                                             size_t count) {
+  ubuf* mine = user_buffer(out, count * sizeof(float));
+  ring_source source{input, user_buffer(const_cast<float*>(input), count * sizeof(float)), 0};
+  exposure seen(*this, op, {mine, source.buffer});
+  size_t sends = 0;
+  ring_reduce_scatter(op, op.slot, out, count, *mine, 0, sends, &source);
+  ring_all_gather(op, op.slot + 1, count, sizeof(float), *mine, 0, sends);
+  const int next = (id_.rank + 1) % id_.size;
+  for (size_t i = 0; i < source.sends; ++i) wait_send(op, *source.buffer, next);
+  for (size_t i = 0; i < sends; ++i) wait_send(op, *mine, next);
+}
+
 void gloo_communicator::ensure_ring_scratch(size_t seg_bytes, size_t depth) {
   const size_t floats = depth * ceil_div(seg_bytes, sizeof(float));
   if (ring_scratch_.size() < floats) {
@@ -105,7 +118,8 @@ void gloo_communicator::ensure_ring_scratch(size_t seg_bytes, size_t depth) {
 }
 
 void gloo_communicator::ring_reduce_scatter(const op_ctx& op, uint64_t slot, float* data,
-                                            size_t count, ubuf& mine, long shift, size_t& sends) {
+                                            size_t count, ubuf& mine, long shift, size_t& sends,
+                                            ring_source* source) {
   const int p = id_.size;
   const long r = id_.rank + shift;
   const int next = (id_.rank + 1) % p;
@@ -123,9 +137,15 @@ void gloo_communicator::ring_reduce_scatter(const op_ctx& op, uint64_t slot, flo
     return extent{b.begin + s.begin, s.len};
   };
   // Both sides skip empty segments, so sends and receives still pair up in order.
-  auto send = [&](size_t block, size_t k) {
+  // The first step sends this rank's own block: from `source` when its values are there.
+  auto send = [&](size_t block, size_t k, bool own) {
     const extent s = seg(block, k);
     if (s.len == 0) return;
+    if (own && source) {
+      post_send(op, *source->buffer, next, slot, s.begin * sizeof(float), s.len * sizeof(float));
+      ++source->sends;
+      return;
+    }
     post_send(op, mine, next, slot, s.begin * sizeof(float), s.len * sizeof(float));
     ++sends;
   };
@@ -138,7 +158,7 @@ void gloo_communicator::ring_reduce_scatter(const op_ctx& op, uint64_t slot, flo
               s.len * sizeof(float));
   };
   for (size_t u = 0; u < std::min(depth, units); ++u) recv(u);
-  for (size_t k = 0; k < nseg; ++k) send(block_of(r), k);
+  for (size_t k = 0; k < nseg; ++k) send(block_of(r), k, true);
   for (size_t u = 0; u < units; ++u) {
     const size_t step = u / nseg;
     const size_t k = u % nseg;
@@ -146,10 +166,15 @@ void gloo_communicator::ring_reduce_scatter(const op_ctx& op, uint64_t slot, flo
     const extent s = seg(block, k);
     if (s.len > 0) {
       wait_recv(op, *ring_buf_, prev);
-      add_into(data + s.begin, ring_scratch_.data() + (u % depth) * seg_elems, s.len);
+      // Each block but this rank's own is received once: the first sum into `data`.
+      const float* received = ring_scratch_.data() + (u % depth) * seg_elems;
+      if (source)
+        add_pair(data + s.begin, source->values + s.begin, received, s.len);
+      else
+        add_into(data + s.begin, received, s.len);
     }
     if (u + depth < units) recv(u + depth);
-    if (step + 2 < static_cast<size_t>(p)) send(block, k);
+    if (step + 2 < static_cast<size_t>(p)) send(block, k, false);
   }
 }
 

@@ -461,11 +461,23 @@ class gloo_communicator final : public communicator {
 
   void all_reduce_small(const op_ctx& op, float* data, size_t count, reduce_op rop);
   void all_reduce_ring(const op_ctx& op, float* data, size_t count, reduce_op rop);
+  /// The ring's sum of `input` (this rank's `count` floats, left as they are) into `out`: the
+  /// same bits as copying `input` to `out` and summing in place, without the copy.
+  void all_reduce_ring_into(const op_ctx& op, const float* input, float* out, size_t count);
+  /// Where a ring reduce-scatter reads this rank's own values when they are not in `data`:
+  /// `values` (covered by `buffer` from its first float) stands in for `data` until each block
+  /// is first summed into `data`; `sends` counts what went from `buffer`.
+  struct ring_source {
+    const float* values = nullptr;
+    ubuf* buffer = nullptr;
+    size_t sends = 0;
+  };
   /// Ring reduce-scatter over `count` floats cut into size() blocks (piece()), in place; `mine`
   /// covers `data`. Rank r ends up owning block r + 1 + shift, fully reduced. Adds the sends it
-  /// posts to `sends` (the caller waits for them).
+  /// posts to `sends` (the caller waits for them). With `source`, this rank's own values come
+  /// from there rather than from `data` (whose blocks are written before they are read).
   void ring_reduce_scatter(const op_ctx& op, uint64_t slot, float* data, size_t count, ubuf& mine,
-                           long shift, size_t& sends);
+                           long shift, size_t& sends, ring_source* source = nullptr);
   /// Ring all-gather over `elems` elements of `elem_size` bytes cut into size() blocks, in
   /// place; rank r starts owning block r + 1 + shift. Adds its sends to `sends`.
   void ring_all_gather(const op_ctx& op, uint64_t slot, size_t elems, size_t elem_size, ubuf& mine,

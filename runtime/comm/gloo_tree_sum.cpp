@@ -25,9 +25,8 @@ void gloo_communicator::all_reduce_tree(const tree_sum_parts& parts, size_t begi
             len * sizeof(float) <= (size_t{2} << 20)) {
           // Two pieces make one addition per float, whatever its order: the ring all-reduce's
           // sum of two ranks (x0 + x1 per block) has the tree's bits, and on small sums its
-          // two steps beat the exchange below.
-          std::copy_n(parts.values[0] + begin, len, out + begin);
-          all_reduce_ring(ctx, out + begin, len, reduce_op::sum);
+          // two steps beat the exchange below. The piece is read where it is.
+          all_reduce_ring_into(ctx, parts.values[0] + begin, out + begin, len);
           return;
         }
         // Two ranks that hold a piece at most each send one another what a reduce-scatter

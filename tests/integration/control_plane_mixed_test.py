@@ -3,7 +3,10 @@ members 0 and 1 are real `troupe agent --ranks 2` workers on the null data plane
 (TROUPE_TRANSPORT=null: their collectives do nothing, so each trains on its own data), members
 2..9 are simulated (`troupe bench control-plane --coordinator ... --first-member 2`). The job
 trains and commits every step, loses one simulated member after step 12 (the bench kills only
-its own), goes on at world 9, and every process exits 0."""
+its own), goes on at world 9, and every process exits 0. It checkpoints every 10 steps: the
+real ranks and the simulated ones write their shares into the same run directory, and the
+coordinator commits manifests of both (the simulated ranks' shares are checked as a real
+rank's: the same optimizer step, pieces that tile every tensor with the real ones)."""
 
 import json
 import os
@@ -19,7 +22,7 @@ DEADLINE_S = 240  # for the whole job; the test's TIMEOUT is 300
 # The smallest model: the control plane is what is checked. --peak-flops skips the FLOP/s
 # measurement at start, which no one reads here.
 COORDINATOR = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--world",
-               str(WORLD), "--steps", str(STEPS), "--checkpoint-every", "0", "--eval-every", "0",
+               str(WORLD), "--steps", str(STEPS), "--checkpoint-every", "10", "--eval-every", "0",
                "--layers", "1", "--heads", "1", "--d-model", "16", "--context", "16", "--batch",
                str(WORLD), "--micro-batch", "1", "--peak-flops", "1e12", "--no-progress"]
 
@@ -85,7 +88,29 @@ def check_events(events):
         problems.append(f"real workers exited during the job: {exits}")
     if not any(e.get("event") == "job_done" for e in events):
         problems.append("no job_done event")
+    committed = sorted(e.get("step") for e in events if e.get("event") == "checkpoint")
+    failed = [e for e in events if e.get("event") == "checkpoint_failed"]
+    # Step 10's may still be collecting its shares when the loss after step 12 ends its
+    # generation: then it is abandoned and the next step committed writes one in its place.
+    if len(committed) != 3 or not 10 <= committed[0] <= LOSE_AT + 3 or \
+            committed[1:] != [20, 30] or failed:
+        problems.append(f"checkpoints committed at steps {committed} (expected 10 or its "
+                        f"stand-in, 20, 30), failed: {failed}")
     return problems
+
+
+def manifest_problems(run_dir):
+    """The last checkpoint (step 30, world 9) holds shares of every rank, real and simulated."""
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "step-00000030", "manifest.json")) as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        return [f"the manifest of step 30: {e}"]
+    ranks = {p["rank"] for p in m["pieces"] if p["tensor"] == "wte.weight"}
+    if m.get("world") != WORLD - 1 or ranks != set(range(WORLD - 1)):
+        return [f"the manifest of step 30 is of world {m.get('world')} with shares of wte from "
+                f"ranks {sorted(ranks)}, not every rank of world {WORLD - 1}"]
+    return []
 
 
 def check_bench(out):
@@ -164,7 +189,7 @@ def test():
                     bench.wait(timeout=30)
                 # The coordinator, the agent and the workers it reported: Job.close kills them.
         wall = time.monotonic() - start
-        problems = check_events(coord.events())
+        problems = check_events(coord.events()) + manifest_problems(coord.run_dir)
         bench_problems, r = check_bench(open(bench_out_path).read())
         problems += bench_problems
         agent_text = open(agent_log_path, errors="replace").read()

@@ -3,7 +3,9 @@ control-plane`) forms the job, commits every step, survives one loss and a 10 % 
 generation for the 200, not one per loss), and stays within bounds on step latency and memory
 per member; once with every member talking to the coordinator, once aggregated through the
 nodes' relays (--aggregate), which must cut the coordinator's messages per step by the
-members per node. Bad options are exit 2 with a one-line message."""
+members per node. The direct run checkpoints every 10 steps: every simulated rank writes its
+share, and the coordinator commits manifests of up to 2,000 ranks' shares. Bad options are
+exit 2 with a one-line message."""
 
 import json
 import os
@@ -91,9 +93,40 @@ def scale(extra):
         problems += generation_problems(os.path.join(run_dir, "run", "events.jsonl"))
         if r.get("aggregate") != ("--aggregate" in extra):
             problems.append(f"aggregate is {r.get('aggregate')}")
+        if "--checkpoint-every" in extra:
+            problems += checkpoint_problems(r, os.path.join(run_dir, "run"))
         if problems:
             fail(f"{extra}: " + "; ".join(problems) + f"\ncoordinator log:\n{log}")
         return r
+
+
+def checkpoint_problems(r, run):
+    """Checkpoints at steps 10, 20, 30 and 40 (one may be abandoned by the 10 % loss right after
+    its step, and made up by the next step's), none failed, and the newest manifest holds a
+    share of the word embedding (2,048 floats) from every rank of the final world."""
+    problems = []
+    if not r.get("checkpoints_committed", 0) >= 3 or r.get("checkpoints_failed") != 0:
+        problems.append(f"checkpoints committed {r.get('checkpoints_committed')!r}, failed "
+                        f"{r.get('checkpoints_failed')!r}: expected 3 or more and none")
+    if not r.get("checkpoint_shares_written", 0) >= 3 * (MEMBERS - 1 - MEMBERS // 10):
+        problems.append(f"checkpoint_shares_written {r.get('checkpoint_shares_written')!r}")
+    for key in ("checkpoint_commit_s_p50", "checkpoint_coordinator_s_p50", "manifest_bytes"):
+        if not isinstance(r.get(key), (int, float)) or r[key] <= 0:
+            problems.append(f"{key} = {r.get(key)!r}")
+    try:
+        latest = open(os.path.join(run, "checkpoints", "LATEST")).read().strip()
+        with open(os.path.join(run, "checkpoints", latest, "manifest.json")) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as e:
+        return problems + [f"the newest checkpoint's manifest: {e}"]
+    world = MEMBERS - 1 - MEMBERS // 10
+    ranks = {p["rank"] for p in manifest["pieces"] if p["tensor"] == "wte.weight"}
+    if manifest.get("step") != STEPS or manifest.get("world") != world or \
+            ranks != set(range(world)):
+        problems.append(f"the manifest of {latest}: step {manifest.get('step')}, world "
+                        f"{manifest.get('world')}, {len(ranks)} ranks' shares of wte; expected "
+                        f"step {STEPS}, world {world} and every rank's")
+    return problems
 
 
 def messages_problems(direct, aggregated):
@@ -136,6 +169,7 @@ def bad_options():
         (["--lose", "5", "--members", "5"], "--lose"),
         (["--members", "10", "--coordinator", "x:1"], "--join-token"),
         (["--members", "10", "--vote-window-ms", "5"], "--aggregate"),
+        (["--members", "10", "--d-model", "4"], "--d-model"),
     ]
     for args, needle in cases:
         start = time.monotonic()
@@ -150,7 +184,7 @@ def bad_options():
 
 def test():
     bad_options()
-    direct = scale([])
+    direct = scale(["--checkpoint-every", "10"])
     aggregated = scale(["--aggregate"])
     problems = messages_problems(direct, aggregated)
     if problems:

@@ -21,13 +21,12 @@ Skipped when etcd is not installed."""
 
 import os
 import signal
-import socket
 import tempfile
 import time
 import urllib.request
 
-from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, free_port, main, pid_alive,
-                     relative_difference, run_ok, skip, step_losses, wait_until)
+from harness import (SMALL_MODEL, Job, checkpoint_param_diff, fail, main, pid_alive,
+                     relative_difference, run_ok, skip, step_losses, two_free_ports, wait_until)
 
 ETCD = "/usr/bin/etcd"
 STEPS = 24
@@ -162,18 +161,6 @@ def killed(tmp, ref_dir, reference, name, fault):
         fail(f"{name}: the first commit after the kill came {gap_ms} ms later (limit 3000)")
     exact(name, tmp, ref_dir, rec_dir, reference, events)
     print(f"ok: {name}: exact, workers kept, takeover in {gap_ms} ms", flush=True)
-
-
-def two_free_ports():
-    """A port P with P + 1 free too: coordinator i of --coordinators serves metrics on P + i."""
-    while True:
-        p = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", p + 1))
-                return p
-            except OSError:
-                continue
 
 
 def leadership_gauges(port):

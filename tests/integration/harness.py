@@ -37,6 +37,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def two_free_ports():
+    """A port P with P + 1 free too: coordinator i of --coordinators serves metrics on P + i."""
+    while True:
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+
+
 def wait_until(predicate, timeout, what):
     """Polls `predicate` until it returns a truthy value or `timeout` seconds pass."""
     deadline = time.monotonic() + timeout
