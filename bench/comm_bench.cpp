@@ -283,16 +283,14 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
   // Touched before timing: first touch of fresh memory is slow here.
   std::vector<float> in(top / 4, 0.0f);
   std::vector<float> out(top / 4, 0.0f);
-  for (const auto& name : o.ops) {
-    const op_table& t = *find_op(name);
-    if (rank == 0) {
-      std::printf("\n# %s, %d ranks (%s)\n", t.name, size, label.c_str());
-      // calls: how many times the op ran at this size (warm-up, probe, timed batches), so a
-      // harness that counts a link's bytes can divide them by op.
-      std::printf("# %12s %12s %10s %8s %8s %9s %7s\n", "size(B)", "count(elts)", "time(us)",
-                  "algbw", "busbw", "busbw/cpy", "calls");
-    }
-    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+  // At each size the ops run one after the other, so that each is measured beside the others
+  // (the machine's state drifts over a sweep: an op measured minutes later is not comparable);
+  // the table is printed per op at the end, with a line per size on stderr as it goes.
+  std::vector<std::string> rows(o.ops.size());
+  for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
+    for (size_t k = 0; k < o.ops.size(); ++k) {
+      const std::string& name = o.ops[k];
+      const op_table& t = *find_op(name);
       // Sizes are rounded down to whole floats per rank, as nccl-tests does.
       const size_t per_rank = std::max<size_t>(1, bytes / 4 / n);
       const size_t count = t.bus_factor == all_reduce_factor ? bytes / 4 : per_rank * n;
@@ -341,11 +339,26 @@ int run_rank(comm::kv_store& store, int rank, int size, const std::string& trans
       const double algbw = size_b / secs / 1e9;
       const double busbw = algbw * t.bus_factor(size);
       if (rank == 0) {
-        std::printf("  %12zu %12zu %10.1f %8.3f %8.3f %9.3f %7d\n", count * 4, count, secs * 1e6,
-                    algbw, busbw, busbw * 1e9 / memcpy_bw, 2 + iters * o.batches);
-        std::fflush(stdout);
+        char line[160];
+        std::snprintf(line, sizeof line, "  %12zu %12zu %10.1f %8.3f %8.3f %9.3f %7d\n", count * 4,
+                      count, secs * 1e6, algbw, busbw, busbw * 1e9 / memcpy_bw,
+                      2 + iters * o.batches);
+        rows[k] += line;
+        std::fprintf(stderr, "# %s, %d ranks (%s), %zu B: %.3f GB/s busbw\n", t.name, size,
+                     label.c_str(), count * 4, busbw);
       }
     }
+  }
+  if (rank == 0) {
+    for (size_t k = 0; k < o.ops.size(); ++k) {
+      std::printf("\n# %s, %d ranks (%s)\n", find_op(o.ops[k])->name, size, label.c_str());
+      // calls: how many times the op ran at this size (warm-up, probe, timed batches), so a
+      // harness that counts a link's bytes can divide them by op.
+      std::printf("# %12s %12s %10s %8s %8s %9s %7s\n", "size(B)", "count(elts)", "time(us)",
+                  "algbw", "busbw", "busbw/cpy", "calls");
+      std::fputs(rows[k].c_str(), stdout);
+    }
+    std::fflush(stdout);
   }
   c->barrier(op);
   return 0;

@@ -88,6 +88,7 @@ dense_backend::dense_backend(const train_config& cfg, const layout& shape, int r
     tp_comm_ = std::make_unique<comm::timed_communicator>(
         connect({generation, tp.name, tp.index, static_cast<int>(tp.ranks.size())}));
     tp_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_);
+    tp_->sum_in_rank_order(exact);
     full_numel_ = tp_->full_num_params();
     replicated_.emplace(cfg.optim, tp_->param_table(), tp_->num_params());
   } else {

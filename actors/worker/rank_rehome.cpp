@@ -193,7 +193,7 @@ std::optional<int> rehome(worker& w, const std::string& why) {
           std::min(store_wait, std::chrono::milliseconds(w.cfg.step_timeout_ms)));
       return "";
     } catch (const std::exception& ex) {
-      const std::string why_not =
+      std::string why_not =
           "the store of the coordinator at " + endpoint_name(e) + ": " + ex.what();
       monitoring::log(monitoring::level::warn, w.log_ctx(), why_not);
       return why_not;

@@ -191,6 +191,7 @@ fault_result lose_members(sim_ledger& ledger, int count, std::chrono::millisecon
   uint64_t before = 0;
   for (int32_t m : live) before = std::max(before, ledger.member(m).generation.load());
   std::vector<int32_t> victims;
+  victims.reserve(static_cast<size_t>(count));
   const double stride = static_cast<double>(live.size()) / count;
   for (int i = 0; i < count; ++i)
     victims.push_back(live[static_cast<size_t>(std::floor(i * stride))]);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
@@ -53,12 +54,33 @@ std::string tree_parts_error(int rank, int size, const tree_sum_parts& parts) {
 
 }  // namespace
 
+namespace {
+
+// The sum is written while the pieces are still read (an owner's slice is combined into the
+// output as the others' pieces arrive, and a tree's left subtree may be summed into the output
+// before a right leaf is read), so an output over a piece would lose that piece.
+std::string overlap_error(const tree_sum_parts& parts, const float* out, size_t out_len, size_t lo,
+                          size_t hi) {
+  if (out_len == 0 || hi <= lo) return {};
+  const auto at = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  for (size_t t = 0; t < parts.values.size(); ++t) {
+    const float* v = parts.values[t];
+    if (v && at(out) < at(v + hi) && at(v + lo) < at(out + out_len))
+      return "the output overlaps piece " + std::to_string(t) +
+             "'s values (the sum would overwrite the piece before it is read); give the sum a "
+             "buffer of its own";
+  }
+  return {};
+}
+
+}  // namespace
+
 std::string tree_sum_argument_error(int rank, int size, const tree_sum_parts& parts, size_t begin,
                                     size_t end, const float* out) {
   if (auto why = tree_parts_error(rank, size, parts); !why.empty()) return why;
   if (begin > end) return "a range that ends before it begins";
   if (end > begin && out == nullptr) return "no output buffer";
-  return {};
+  return overlap_error(parts, out + begin, end - begin, begin, end);
 }
 
 std::string tree_sum_argument_error(int rank, int size, const tree_sum_parts& parts,
@@ -66,8 +88,12 @@ std::string tree_sum_argument_error(int rank, int size, const tree_sum_parts& pa
   if (auto why = tree_parts_error(rank, size, parts); !why.empty()) return why;
   if (owned.size() != static_cast<size_t>(size))
     return std::to_string(owned.size()) + " owned ranges for " + std::to_string(size) + " ranks";
-  if (owned[static_cast<size_t>(rank)].len > 0 && out == nullptr) return "no output buffer";
-  return {};
+  const extent mine = owned[static_cast<size_t>(rank)];
+  if (mine.len > 0 && out == nullptr) return "no output buffer";
+  size_t lo = SIZE_MAX, hi = 0;
+  for (const extent& e : owned)
+    if (e.len > 0) lo = std::min(lo, e.begin), hi = std::max(hi, e.begin + e.len);
+  return overlap_error(parts, out, mine.len, lo, hi);
 }
 
 uint64_t tree_sum_shape(const tree_sum_parts& parts, size_t a, size_t b) {

@@ -700,6 +700,7 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
       }
       scoped.set_string("acknowledged/" + std::to_string(id.rank), "1");
       std::vector<std::string> acknowledged;
+      acknowledged.reserve(static_cast<size_t>(id.size));
       for (int j = 0; j < id.size; ++j) acknowledged.push_back("acknowledged/" + std::to_string(j));
       scoped.wait(acknowledged, std::max(std::chrono::milliseconds(1),
                                          std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -710,6 +711,7 @@ std::unique_ptr<communicator> make_gloo_communicator(kv_store& store, const comm
       signing.reset();
       scoped.set_string("unsigned/" + std::to_string(id.rank), "1");
       std::vector<std::string> keys;
+      keys.reserve(static_cast<size_t>(id.size));
       for (int j = 0; j < id.size; ++j) keys.push_back("unsigned/" + std::to_string(j));
       scoped.wait(keys, std::max(std::chrono::milliseconds(1),
                                  std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -144,6 +144,7 @@ pipeline_backend::pipeline_backend(const train_config& cfg, const layout& shape,
   span.head = last_stage();
   const comm::op_options opts{std::chrono::milliseconds(cfg.step_timeout_ms)};
   model_ = std::make_unique<tensor_parallel::tp_gpt>(cfg.model, *tp_comm_, opts, span);
+  model_->sum_in_rank_order(exact);
   executor_ = std::make_unique<pipeline_executor>(
       *model_, *pp_comm_, parse_schedule_kind(cfg.parallel.schedule), micro_batches_,
       micro_batch_size_, cfg.model.context);

@@ -55,7 +55,7 @@ struct tp_gpt::block_view {
 
 tp_gpt::tp_gpt(const model_config& cfg, comm::communicator& tp_comm, comm::op_options opts,
                stage_span span)
-    : cfg_(cfg), span_(span), group_{&tp_comm, opts} {
+    : cfg_(cfg), span_(span), group_{&tp_comm, opts, nullptr} {
   const int t = tp_comm.size();
   const int r = tp_comm.rank();
   auto fail = [&](const std::string& why) {

@@ -108,6 +108,12 @@ class tp_gpt {
   void set_tp_comm(comm::communicator& tp_comm);
   /// The deadline of every collective this shard issues.
   void set_op_options(const comm::op_options& opts) { group_.opts = opts; }
+  /// --reduction exact: the model's tp sums in rank order on any transport (3 ranks or more;
+  /// two ranks' sums have one order already).
+  void sum_in_rank_order(bool on) {
+    group_.rank_order =
+        on && tp_size() >= 3 ? std::make_shared<rank_order_tree>(tp_size()) : nullptr;
+  }
 
   /// Values in this rank's shard; params() and grads() hold this many.
   size_t num_params() const { return params_.size(); }

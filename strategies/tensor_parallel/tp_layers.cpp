@@ -8,13 +8,30 @@
 
 namespace troupe::tensor_parallel {
 
-void reduce_from_tensor_parallel_region(const tp_group& g, float* x, size_t n) {
-  // A group of one has nothing to add; skipping keeps t = 1 free of any communicator cost.
-  if (g.size() > 1) g.comm->all_reduce(x, n, comm::reduce_op::sum, g.opts);
+rank_order_tree::rank_order_tree(int ranks) : pieces(static_cast<size_t>(ranks)) {
+  for (int r = 0; r < ranks; ++r) pieces[static_cast<size_t>(r)] = {comm::tree_node{r, 1}};
 }
 
+void tp_sum(const tp_group& g, float* x, size_t n) {
+  // A group of one has nothing to add; skipping keeps t = 1 free of any communicator cost.
+  if (g.size() <= 1) return;
+  if (!g.rank_order) return g.comm->all_reduce(x, n, comm::reduce_op::sum, g.opts);
+  // The leaf is copied out first: the sum is written while the pieces are read, and into x.
+  rank_order_tree& tree = *g.rank_order;
+  tree.leaf.assign(x, x + n);
+  const float* const mine[] = {tree.leaf.data()};
+  comm::tree_sum_parts parts;
+  parts.M = g.size();
+  parts.pieces = &g.rank_order->pieces;
+  parts.values = mine;
+  parts.buffers = &g.rank_order->buffers;
+  g.comm->all_reduce_tree(parts, 0, n, x, g.opts);
+}
+
+void reduce_from_tensor_parallel_region(const tp_group& g, float* x, size_t n) { tp_sum(g, x, n); }
+
 void copy_to_tensor_parallel_region_backward(const tp_group& g, float* dx, size_t n) {
-  if (g.size() > 1) g.comm->all_reduce(dx, n, comm::reduce_op::sum, g.opts);
+  tp_sum(g, dx, n);
 }
 
 void column_parallel_linear_forward(float* out_l, const float* inp, const float* weight_l,

@@ -10,20 +10,40 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "runtime/comm/communicator.hpp"
 #include "runtime/data/token.hpp"
 
 namespace troupe::tensor_parallel {
 
+/// The tree a group sums along in rank order: one leaf per rank (rank r holds leaf r), and the
+/// buffers the sums reuse.
+struct rank_order_tree {
+  explicit rank_order_tree(int ranks);
+  std::vector<std::vector<comm::tree_node>> pieces;
+  std::vector<float> leaf;  ///< this rank's leaf: the sum may not be written over it
+  comm::tree_sum_buffers buffers;
+};
+
 /// The tensor-parallel group a layer reduces over, and the deadline of each collective.
 struct tp_group {
   comm::communicator* comm = nullptr;
   comm::op_options opts;
+  /// Set (--reduction exact, 3 ranks or more): every sum is the rank-order tree
+  /// (communicator::all_reduce_tree), so its bits do not depend on the transport the group
+  /// runs on (shared memory on one node, the gloo ring across nodes). Two ranks' sum is one
+  /// addition per float, the same in any order, so two need none.
+  std::shared_ptr<rank_order_tree> rank_order;
 
   int rank() const { return comm->rank(); }
   int size() const { return comm->size(); }
 };
+
+/// Every rank's `x` summed over the group, into `x` on every rank (in rank order when the
+/// group says so).
+void tp_sum(const tp_group& g, float* x, size_t n);
 
 /// The region after a row-parallel layer, forward: each rank holds a partial sum of x[n];
 /// afterwards every rank holds the full sum. Its backward is the identity (no collective).

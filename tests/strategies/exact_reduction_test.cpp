@@ -288,6 +288,30 @@ TEST(ExactDenseEngine, TensorParallelGivesTheBitsOfOneReplicaAtAnyDp) {
       << "the fast reduction gave one replica's bits: the comparison above would see nothing";
 }
 
+// Three tp ranks: with the exact reduction the model's tp sums are the rank-order tree, so a
+// tp group on shared memory (one node) and on the gloo ring (across nodes: sums above its
+// 64 KiB small-message path, which the ring adds in an order that starts at each block's own
+// rank) gives the same bits. Not vacuous: the fast reduction's tp sums differ between the two.
+TEST(ExactDenseEngine, ThreeTensorParallelRanksGiveTheSameBitsOnEveryTransport) {
+  set_blas_threads(1);
+  train_config cfg = testing::tiny_config(1);
+  cfg.optim.eps = 1e-8;
+  cfg.model.n_head = 3;
+  cfg.model.d_model = 48;
+  cfg.model.vocab = 258;  // divisible by 3: the vocabulary-parallel embedding
+  cfg.model.context = 64;
+  cfg.micro_batch = 8;  // one micro-batch of 8 x 64 tokens: 24,576-float activation sums
+  const trained shm = train(cfg, {1}, "shm", "exact", 3);
+  ASSERT_FALSE(shm.full.params.empty());
+  EXPECT_LT(shm.losses.back(), shm.losses.front()) << "the model should train";
+  expect_same(train(cfg, {1}, "gloo", "exact", 3), shm, "tp 3 over gloo");
+  const trained fast_shm = train(cfg, {1}, "shm", "fast", 3);
+  const trained fast_gloo = train(cfg, {1}, "gloo", "fast", 3);
+  EXPECT_FALSE(same_bits(fast_shm.full.params, fast_gloo.full.params))
+      << "the fast reduction's tp sums gave the same bits on both transports: the comparison "
+         "above would see nothing";
+}
+
 // Pipeline stages at a fixed pp (and tp): each stage's gradient summed along the tree over its
 // dp group, the tied embedding's two stage sums added after, the norm in fixed blocks: the
 // same bits at dp 1 to 3, under GPipe (backward passes from the last micro-batch down) and

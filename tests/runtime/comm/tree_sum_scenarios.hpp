@@ -142,6 +142,20 @@ inline int tree_sums(comm::kv_store& store, int rank, int size) {
     if (e.code() != comm::comm_errc::invalid)
       return report(rank, std::string("refused as ") + comm::to_string(e.code()) + ": " + e.what());
   }
+  // An output over the rank's own piece is refused too: the sum would overwrite the piece
+  // before it is read (an owner combines its slice into the output as the pieces arrive).
+  std::vector<std::vector<comm::tree_node>> one_each(up);
+  for (int r = 0; r < size; ++r) one_each[static_cast<size_t>(r)] = {{r, 1}};
+  const comm::tree_sum_parts in_place{size, &one_each, std::span<const float* const>(own, 1), 16,
+                                      nullptr};
+  try {
+    c->all_reduce_tree(in_place, 0, 8, buf.data(), op);
+    return report(rank, "an output over the rank's own piece was accepted");
+  } catch (const comm::comm_error& e) {
+    if (e.code() != comm::comm_errc::invalid ||
+        std::string(e.what()).find("overlaps") == std::string::npos)
+      return report(rank, std::string("refused as ") + comm::to_string(e.code()) + ": " + e.what());
+  }
   c->barrier({30s});
   return 0;
 }
